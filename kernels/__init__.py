@@ -1,0 +1,1 @@
+"""WGSL kernel sources, one file per op family (shipped inside the wheel as mambactl.kernels)."""

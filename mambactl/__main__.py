@@ -1,0 +1,3 @@
+from mambactl.cli import main
+
+main()

@@ -1,0 +1,1 @@
+"""`mambactl devices`: list the adapters wgpu sees."""

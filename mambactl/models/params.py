@@ -1,0 +1,96 @@
+"""Parameter description of a model: names (mamba_ssm / HF transformers), shapes, init and weight decay.
+
+One table drives initialisation, the optimizer's no-decay set, checkpoint validation and import/export,
+so a name is spelled in exactly one place.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from mambactl.models.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    shape: tuple[int, ...]
+    init: str  # how `init_parameters` fills it; see there
+    no_decay: bool  # AdamW leaves it undecayed (mamba_ssm's `_no_weight_decay` + norms, biases)
+
+
+def parameter_specs(cfg: ModelConfig) -> list[ParamSpec]:
+    """All parameters in a fixed order: embedding, layers 0..n-1, norm_f. The head is tied to the embedding."""
+    d, V = cfg.d_model, cfg.padded_vocab_size
+    specs = [ParamSpec("backbone.embeddings.weight", (V, d), "embedding", True)]
+    for i, kind in enumerate(cfg.layers):
+        p = f"backbone.layers.{i}."
+        specs.append(ParamSpec(p + "norm.weight", (d,), "ones", True))
+        if kind == "mamba1":
+            specs += _mamba1_specs(cfg, p + "mixer.")
+    specs.append(ParamSpec("backbone.norm_f.weight", (d,), "ones", True))
+    return specs
+
+
+def _mamba1_specs(cfg: ModelConfig, p: str) -> list[ParamSpec]:
+    m, d, di, R = cfg.mamba1, cfg.d_model, cfg.d_inner, cfg.dt_rank
+    specs = [ParamSpec(p + "in_proj.weight", (2 * di, d), "linear", False)]
+    if m.bias:
+        specs.append(ParamSpec(p + "in_proj.bias", (2 * di,), "zeros", True))
+    specs.append(ParamSpec(p + "conv1d.weight", (di, 1, m.d_conv), "conv", False))
+    if m.conv_bias:
+        specs.append(ParamSpec(p + "conv1d.bias", (di,), "conv_bias", True))
+    specs += [
+        ParamSpec(p + "x_proj.weight", (R + 2 * m.d_state, di), "linear", False),
+        ParamSpec(p + "dt_proj.weight", (di, R), "dt_proj", False),
+        ParamSpec(p + "dt_proj.bias", (di,), "dt_bias", True),
+        ParamSpec(p + "A_log", (di, m.d_state), "A_log", True),
+        ParamSpec(p + "D", (di,), "ones", True),
+        ParamSpec(p + "out_proj.weight", (d, di), "out_proj", False),
+    ]
+    if m.bias:
+        specs.append(ParamSpec(p + "out_proj.bias", (d,), "zeros", True))
+    return specs
+
+
+def count_parameters(cfg: ModelConfig) -> int:
+    return sum(int(np.prod(s.shape)) for s in parameter_specs(cfg))
+
+
+def init_parameters(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
+    """mamba_ssm's initialisation (mamba_simple.Mamba.__init__ + mixer_seq_simple._init_weights), float32."""
+    rng = np.random.default_rng(seed)
+    m = cfg.mamba1
+    out: dict[str, np.ndarray] = {}
+    for s in parameter_specs(cfg):
+        fan_in = int(np.prod(s.shape[1:])) if len(s.shape) > 1 else 1
+        # PyTorch's default Linear/Conv init: kaiming_uniform(a=sqrt(5)) -> U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+        bound = 1.0 / math.sqrt(fan_in)
+        if s.init == "embedding":
+            w = rng.normal(0.0, 0.02, s.shape)
+        elif s.init == "ones":
+            w = np.ones(s.shape)
+        elif s.init == "zeros":
+            w = np.zeros(s.shape)
+        elif s.init in ("linear", "conv"):
+            w = rng.uniform(-bound, bound, s.shape)
+        elif s.init == "conv_bias":
+            w = rng.uniform(-1.0 / math.sqrt(m.d_conv), 1.0 / math.sqrt(m.d_conv), s.shape)
+        elif s.init == "out_proj":
+            w = rng.uniform(-bound, bound, s.shape) / math.sqrt(cfg.n_layer)
+        elif s.init == "dt_proj":
+            std = cfg.dt_rank ** -0.5
+            w = rng.uniform(-std, std, s.shape)
+        elif s.init == "dt_bias":
+            dt = np.exp(rng.uniform(0, 1, s.shape) * (math.log(m.dt_max) - math.log(m.dt_min)) + math.log(m.dt_min))
+            dt = np.maximum(dt, m.dt_init_floor)
+            w = dt + np.log(-np.expm1(-dt))  # inverse softplus
+        elif s.init == "A_log":
+            w = np.log(np.broadcast_to(np.arange(1, s.shape[1] + 1, dtype=np.float64), s.shape))
+        else:
+            raise AssertionError(f"unknown init {s.init!r} for {s.name}")
+        out[s.name] = np.ascontiguousarray(w, dtype=np.float32)
+    return out
