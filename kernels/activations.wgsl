@@ -1,0 +1,114 @@
+// Element-wise functions and their backward. One thread per element over a 2-D grid
+// (index = y * groups_x * 256 + x) so tensors larger than 65535 workgroups still fit.
+// softplus follows PyTorch: x above threshold 20, else log1p(exp(x)).
+
+struct Params { n: u32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> other: array<f32>;
+@group(0) @binding(3) var<storage, read> dy: array<f32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(5) var<storage, read_write> dx: array<f32>;
+@group(0) @binding(6) var<storage, read_write> d_other: array<f32>;
+
+fn index(gid: vec3<u32>, nwg: vec3<u32>) -> u32 { return gid.y * nwg.x * 256u + gid.x; }
+
+fn sigmoid_of(v: f32) -> f32 { return 1.0 / (1.0 + exp(-v)); }
+
+// log1p(e) for e = exp(v) in (0, e^20]: exact enough in f32 for small e via the log(1+e) - ((1+e)-1-e)/(1+e) correction.
+fn log1p_of(e: f32) -> f32 {
+    let u = 1.0 + e;
+    if (u == 1.0) { return e; }
+    return log(u) * (e / (u - 1.0));
+}
+
+fn softplus_of(v: f32) -> f32 {
+    if (v > 20.0) { return v; }
+    return log1p_of(exp(v));
+}
+
+@compute @workgroup_size(256)
+fn silu_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = index(gid, nwg);
+    if (i >= p.n) { return; }
+    let v = x[i];
+    y[i] = v * sigmoid_of(v);
+}
+
+@compute @workgroup_size(256)
+fn silu_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = index(gid, nwg);
+    if (i >= p.n) { return; }
+    let v = x[i];
+    let s = sigmoid_of(v);
+    dx[i] = dy[i] * s * (1.0 + v * (1.0 - s));
+}
+
+@compute @workgroup_size(256)
+fn softplus_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = index(gid, nwg);
+    if (i >= p.n) { return; }
+    y[i] = softplus_of(x[i]);
+}
+
+@compute @workgroup_size(256)
+fn softplus_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = index(gid, nwg);
+    if (i >= p.n) { return; }
+    let v = x[i];
+    var g = 1.0;
+    if (v <= 20.0) { g = sigmoid_of(v); }
+    dx[i] = dy[i] * g;
+}
+
+@compute @workgroup_size(256)
+fn sigmoid_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = index(gid, nwg);
+    if (i >= p.n) { return; }
+    y[i] = sigmoid_of(x[i]);
+}
+
+@compute @workgroup_size(256)
+fn sigmoid_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = index(gid, nwg);
+    if (i >= p.n) { return; }
+    let s = sigmoid_of(x[i]);
+    dx[i] = dy[i] * s * (1.0 - s);
+}
+
+@compute @workgroup_size(256)
+fn exp_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = index(gid, nwg);
+    if (i >= p.n) { return; }
+    y[i] = exp(x[i]);
+}
+
+@compute @workgroup_size(256)
+fn exp_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = index(gid, nwg);
+    if (i >= p.n) { return; }
+    dx[i] = dy[i] * exp(x[i]);
+}
+
+@compute @workgroup_size(256)
+fn add_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = index(gid, nwg);
+    if (i >= p.n) { return; }
+    y[i] = x[i] + other[i];
+}
+
+@compute @workgroup_size(256)
+fn mul_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = index(gid, nwg);
+    if (i >= p.n) { return; }
+    y[i] = x[i] * other[i];
+}
+
+@compute @workgroup_size(256)
+fn mul_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = index(gid, nwg);
+    if (i >= p.n) { return; }
+    dx[i] = dy[i] * other[i];
+    d_other[i] = dy[i] * x[i];
+}

@@ -1,0 +1,73 @@
+// Fused softmax cross-entropy over logits [M, V] with targets [M] (i32; ignore_index rows count 0).
+// Forward: one 256-thread workgroup per row writes lse[row] and loss[row] = lse − logit[target].
+// Backward: dlogits = (softmax − onehot) · scale on counted rows, 0 on ignored rows, where scale is
+// 1 / (number of counted rows) for the mean.
+
+struct Params { rows: u32, vocab: u32, ignore_index: i32, scale: f32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> logits: array<f32>;
+@group(0) @binding(2) var<storage, read> targets: array<i32>;
+@group(0) @binding(3) var<storage, read> lse_in: array<f32>;
+@group(0) @binding(4) var<storage, read_write> lse: array<f32>;
+@group(0) @binding(5) var<storage, read_write> loss: array<f32>;
+@group(0) @binding(6) var<storage, read_write> dlogits: array<f32>;
+
+var<workgroup> red: array<f32, 256>;
+
+fn reduce_max(v: f32, t: u32) -> f32 {
+    red[t] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if (t < s) { red[t] = max(red[t], red[t + s]); }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+fn reduce_sum(v: f32, t: u32) -> f32 {
+    red[t] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if (t < s) { red[t] += red[t + s]; }
+        workgroupBarrier();
+    }
+    let r = red[0];
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(256)
+fn cross_entropy_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                         @builtin(local_invocation_id) lid: vec3<u32>) {
+    let row = wid.y * nwg.x + wid.x;
+    if (row >= p.rows) { return; }  // uniform per workgroup
+    let base = row * p.vocab;
+    var m = -3.0e38;
+    for (var i = lid.x; i < p.vocab; i += 256u) { m = max(m, logits[base + i]); }
+    m = reduce_max(m, lid.x);
+    var s = 0.0;
+    for (var i = lid.x; i < p.vocab; i += 256u) { s += exp(logits[base + i] - m); }
+    s = reduce_sum(s, lid.x);
+    if (lid.x == 0u) {
+        let l = m + log(s);
+        lse[row] = l;
+        let tgt = targets[row];
+        if (tgt == p.ignore_index) { loss[row] = 0.0; } else { loss[row] = l - logits[base + u32(tgt)]; }
+    }
+}
+
+@compute @workgroup_size(256)
+fn cross_entropy_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * 256u + gid.x;
+    if (i >= p.rows * p.vocab) { return; }
+    let row = i / p.vocab;
+    let col = i % p.vocab;
+    let tgt = targets[row];
+    if (tgt == p.ignore_index) { dlogits[i] = 0.0; return; }
+    var g = exp(logits[i] - lse_in[row]);
+    if (i32(col) == tgt) { g -= 1.0; }
+    dlogits[i] = g * p.scale;
+}

@@ -1,0 +1,46 @@
+// Two-pass reductions with no races: pass 1 writes one partial per workgroup (grid-stride over the
+// input) into partials[offset + wid]; pass 2, one workgroup, sums all partials into out[out_index].
+// SQUARE selects Σx² (gradient norms) instead of Σx (losses).
+
+override SQUARE: bool = false;
+
+struct Params { n: u32, offset: u32, out_index: u32, scale: f32 }
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> partials: array<f32>;
+@group(0) @binding(3) var<storage, read> partials_in: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+
+var<workgroup> red: array<f32, 256>;
+
+fn tree_sum(v: f32, t: u32) -> f32 {
+    red[t] = v;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if (t < s) { red[t] += red[t + s]; }
+        workgroupBarrier();
+    }
+    return red[0];
+}
+
+@compute @workgroup_size(256)
+fn reduce_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_id) lid: vec3<u32>) {
+    var s = 0.0;
+    for (var i = wid.x * 256u + lid.x; i < p.n; i += nwg.x * 256u) {
+        let v = x[i];
+        if (SQUARE) { s += v * v; } else { s += v; }
+    }
+    let total = tree_sum(s, lid.x);
+    if (lid.x == 0u) { partials[p.offset + wid.x] = total; }
+}
+
+// out[out_index] = scale · Σ partials_in[0 .. n)
+@compute @workgroup_size(256)
+fn reduce_final(@builtin(local_invocation_id) lid: vec3<u32>) {
+    var s = 0.0;
+    for (var i = lid.x; i < p.n; i += 256u) { s += partials_in[i]; }
+    let total = tree_sum(s, lid.x);
+    if (lid.x == 0u) { out[p.out_index] = total * p.scale; }
+}

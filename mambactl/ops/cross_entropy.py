@@ -1,0 +1,41 @@
+"""Fused softmax cross-entropy with an ignore index, mean over counted rows (kernels/cross_entropy.wgsl)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mambactl.ops.checks import I32, expect, grid_1d
+from mambactl.ops.reduce import reduce_sum
+from mambactl.runtime.tensor import Tensor
+
+IGNORE_INDEX = -100
+
+
+def cross_entropy(logits: Tensor, targets: Tensor, count: int, ignore_index: int = IGNORE_INDEX):
+    """logits [M, V], targets [M] int32, count = number of rows whose target != ignore_index (known on
+    the host from the batch). -> (loss [1] = mean CE over counted rows, lse [M] saved for the backward)."""
+    expect("cross_entropy", "logits", logits, (None, None))
+    M, V = logits.shape
+    expect("cross_entropy", "targets", targets, (M,), I32)
+    rt = logits.runtime
+    lse, loss_rows = rt.empty((M,)), rt.empty((M,))
+    rt.run("cross_entropy_forward", grid_1d(M, 1), logits=logits, targets=targets, lse=lse, loss=loss_rows,
+           rows=M, vocab=V, ignore_index=ignore_index, scale=0.0)
+    loss = reduce_sum(loss_rows, scale=1.0 / max(count, 1))
+    return loss, lse
+
+
+def cross_entropy_backward(logits: Tensor, targets: Tensor, lse: Tensor, count: int,
+                           ignore_index: int = IGNORE_INDEX) -> Tensor:
+    """-> dlogits [M, V] = (softmax − onehot) / count on counted rows, 0 on ignored rows."""
+    M, V = logits.shape
+    expect("cross_entropy_backward", "targets", targets, (M,), I32)
+    expect("cross_entropy_backward", "lse", lse, (M,))
+    dlogits = logits.runtime.empty((M, V))
+    logits.runtime.run("cross_entropy_backward", grid_1d(M * V), logits=logits, targets=targets, lse_in=lse,
+                       dlogits=dlogits, rows=M, vocab=V, ignore_index=ignore_index, scale=1.0 / max(count, 1))
+    return dlogits
+
+
+def count_targets(targets: np.ndarray, ignore_index: int = IGNORE_INDEX) -> int:
+    return int(np.count_nonzero(np.asarray(targets) != ignore_index))

@@ -1,0 +1,57 @@
+"""Embedding lookup and its scatter-add backward (kernels/embedding.wgsl)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mambactl.errors import ShapeError
+from mambactl.ops.checks import U32, expect, grid_1d
+from mambactl.runtime.tensor import Tensor
+
+
+def check_ids(ids: np.ndarray, vocab_size: int) -> np.ndarray:
+    """Host-side validation before upload: token ids must index the table."""
+    ids = np.asarray(ids)
+    if ids.size == 0:
+        raise ShapeError("embedding: empty token sequence")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ShapeError(f"embedding: token ids must be integers, got {ids.dtype}")
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= vocab_size:
+        raise ShapeError(f"embedding: token id {lo if lo < 0 else hi} outside the vocabulary [0, {vocab_size})")
+    return ids.astype(np.uint32)
+
+
+def embedding(ids: Tensor, table: Tensor) -> Tensor:
+    """ids [T] uint32 (validated with `check_ids`), table [V, D] -> [T, D]."""
+    expect("embedding", "ids", ids, (None,), U32)
+    expect("embedding", "table", table, (None, None))
+    T, D = ids.shape[0], table.shape[1]
+    out = table.runtime.empty((T, D))
+    table.runtime.run("embedding_forward", grid_1d(T * D), ids=ids, table=table, out=out, tokens=T, dim=D, unique=0)
+    return out
+
+
+class EmbeddingGradPlan:
+    """The CSR of token positions grouped by id, built on the host once per batch from the ids."""
+
+    def __init__(self, runtime, ids: np.ndarray):
+        ids = np.asarray(ids, dtype=np.int64).ravel()
+        order = np.argsort(ids, kind="stable")
+        uniq, starts = np.unique(ids[order], return_index=True)
+        self.tokens = ids.size
+        self.unique = uniq.size
+        self.unique_ids = runtime.from_numpy(uniq.astype(np.uint32))
+        self.starts = runtime.from_numpy(np.append(starts, ids.size).astype(np.uint32))
+        self.positions = runtime.from_numpy(order.astype(np.uint32))
+
+
+def embedding_backward(plan: EmbeddingGradPlan, dy: Tensor, d_table: Tensor) -> Tensor:
+    """d_table [V, D] += scatter of dy [T, D] by token id (accumulates; zero it first if needed)."""
+    expect("embedding_backward", "dy", dy, (plan.tokens, None))
+    D = dy.shape[1]
+    expect("embedding_backward", "d_table", d_table, (None, D))
+    dy.runtime.run("embedding_backward", grid_1d(plan.unique * D), dy=dy, unique_ids=plan.unique_ids,
+                   starts=plan.starts, positions=plan.positions, d_table=d_table, tokens=plan.tokens, dim=D,
+                   unique=plan.unique)
+    return d_table

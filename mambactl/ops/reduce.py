@@ -1,0 +1,37 @@
+"""Race-free two-pass reductions (kernels/reduce.wgsl): sums and sums of squares."""
+
+from __future__ import annotations
+
+from mambactl.ops.checks import expect
+from mambactl.runtime.tensor import Tensor
+
+_MAX_PARTIALS = 256  # workgroups per tensor in pass 1; each walks the tensor with a grid stride
+
+
+def _partial_groups(n: int) -> int:
+    return max(1, min(_MAX_PARTIALS, -(-n // 1024)))
+
+
+def _reduce(tensors: list[Tensor], square: bool, scale: float) -> Tensor:
+    rt = tensors[0].runtime
+    groups = [_partial_groups(t.size) for t in tensors]
+    partials = rt.empty((sum(groups),))
+    offset = 0
+    for t, g in zip(tensors, groups):
+        expect("reduce", "x", t)
+        rt.run("reduce_partial", (g,), {"SQUARE": square}, x=t, partials=partials, n=t.size, offset=offset,
+               out_index=0, scale=1.0)
+        offset += g
+    out = rt.empty((1,))
+    rt.run("reduce_final", (1,), partials_in=partials, out=out, n=offset, offset=0, out_index=0, scale=scale)
+    return out
+
+
+def reduce_sum(x: Tensor, scale: float = 1.0) -> Tensor:
+    """-> [1] = scale · Σ x."""
+    return _reduce([x], False, scale)
+
+
+def sum_of_squares(tensors: list[Tensor]) -> Tensor:
+    """-> [1] = Σ over all tensors of Σ x² (the squared global gradient norm), in a fixed order."""
+    return _reduce(list(tensors), True, 1.0)

@@ -1,0 +1,37 @@
+"""RMSNorm over the last dim (kernels/rmsnorm.wgsl)."""
+
+from __future__ import annotations
+
+from mambactl.ops.checks import expect, grid_1d
+from mambactl.runtime.tensor import Tensor
+
+
+def rmsnorm(x: Tensor, w: Tensor, eps: float = 1e-5) -> tuple[Tensor, Tensor]:
+    """x [M, D], w [D] -> (y [M, D], rstd [M]); rstd is saved for the backward."""
+    expect("rmsnorm", "x", x, (None, None))
+    M, D = x.shape
+    expect("rmsnorm", "w", w, (D,))
+    rt = x.runtime
+    y, rstd = rt.empty((M, D)), rt.empty((M,))
+    rt.run("rmsnorm_forward", grid_1d(M, 1), x=x, w=w, y=y, rstd=rstd, rows=M, dim=D, eps=eps)
+    return y, rstd
+
+
+def rmsnorm_backward(x: Tensor, w: Tensor, rstd: Tensor, dy: Tensor, dw: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """-> (dx [M, D], dw [D]); pass `dw` to accumulate into it."""
+    expect("rmsnorm_backward", "x", x, (None, None))
+    M, D = x.shape
+    expect("rmsnorm_backward", "w", w, (D,))
+    expect("rmsnorm_backward", "rstd", rstd, (M,))
+    expect("rmsnorm_backward", "dy", dy, (M, D))
+    rt = x.runtime
+    dx = rt.empty((M, D))
+    rt.run("rmsnorm_backward", grid_1d(M, 1), x=x, w=w, rstd_in=rstd, dy=dy, dx=dx, rows=M, dim=D, eps=0.0)
+    accumulate = dw is not None
+    if accumulate:
+        expect("rmsnorm_backward", "dw", dw, (D,))
+    else:
+        dw = rt.empty((D,))
+    rt.run("rmsnorm_weight_backward", (-(-D // 64),), {"ACCUMULATE": accumulate},
+           x=x, rstd_in=rstd, dy=dy, dw=dw, rows=M, dim=D, eps=0.0)
+    return dx, dw

@@ -1,0 +1,216 @@
+"""The GPU runtime: one device, a pipeline cache, a buffer pool and a command recorder.
+
+Ops call `rt.run(entry, groups, **bindings_and_params)`; dispatches are recorded, not submitted, until
+something needs the results on the host (`read`) or new host data (`write`), so a whole training step
+becomes a handful of submits. All of a batch's uniform parameters go up in one write.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import wgpu
+
+from mambactl.errors import ShapeError
+from mambactl.runtime import device as device_mod
+from mambactl.runtime.kernels import all_modules, entry_point
+from mambactl.runtime.memory import BufferPool
+from mambactl.runtime.tensor import DTYPES, Tensor
+
+_UNIFORM_SLOT = 256  # >= minUniformBufferOffsetAlignment on every backend
+_UNIFORM_SLOTS = 4096
+_PACK = {"u32": "I", "i32": "i", "f32": "f"}
+_BIND_TYPE = {
+    "uniform": {"buffer": {"type": wgpu.BufferBindingType.uniform}},
+    "read": {"buffer": {"type": wgpu.BufferBindingType.read_only_storage}},
+    "read_write": {"buffer": {"type": wgpu.BufferBindingType.storage}},
+}
+
+
+def grid_1d(n: int, workgroup: int = 256) -> tuple[int, int]:
+    """Workgroups for n threads as a 2-D grid (kernels index y * groups_x * workgroup + x)."""
+    groups = max(1, -(-n // workgroup))
+    gx = min(groups, 65535)
+    return gx, -(-groups // gx)
+
+
+class Runtime:
+    def __init__(self, device: str | int | None = None):
+        self.adapter, self.info = device_mod.choose_adapter(device)
+        self.device, self.features = device_mod.create_device(self.adapter)
+        self.limits = dict(self.device.limits)
+        self.max_binding = int(self.limits["max-storage-buffer-binding-size"])
+        self.max_groups = int(self.limits["max-compute-workgroups-per-dimension"])
+        self.pool = BufferPool(self.device)
+        self._shader_modules: dict[str, object] = {}
+        self._pipelines: dict[tuple, tuple] = {}
+        self._uniforms = self.device.create_buffer(
+            size=_UNIFORM_SLOT * _UNIFORM_SLOTS, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
+        )
+        self._uniform_bytes = bytearray()
+        self._pending: list[tuple] = []
+        self._fence = None
+        # Tests set this: every new tensor starts as NaN, so an element a kernel forgets to write fails.
+        self.poison = False
+        self.submits = 0  # counted so tests and benchmarks can check "a handful of submits per step"
+
+    # pipelines --------------------------------------------------------------------------------------
+    def pipeline(self, entry: str, constants: dict | None = None):
+        """Compile (once per process) the entry point's module and pipeline, with an explicit layout."""
+        key = (entry, tuple(sorted((constants or {}).items())))
+        if key not in self._pipelines:
+            ep = entry_point(entry)
+            if ep.module not in self._shader_modules:
+                self._shader_modules[ep.module] = self.device.create_shader_module(
+                    label=ep.module, code=all_modules()[ep.module].source
+                )
+            bgl = self.device.create_bind_group_layout(
+                entries=[
+                    {"binding": b.number, "visibility": wgpu.ShaderStage.COMPUTE, **_BIND_TYPE[b.kind]}
+                    for b in ep.bindings
+                ]
+            )
+            layout = self.device.create_pipeline_layout(bind_group_layouts=[bgl])
+            stage = {"module": self._shader_modules[ep.module], "entry_point": entry}
+            if constants:
+                stage["constants"] = {k: float(v) for k, v in constants.items()}
+            pipe = self.device.create_compute_pipeline(label=entry, layout=layout, compute=stage)
+            self._pipelines[key] = (pipe, bgl, ep)
+        return self._pipelines[key]
+
+    # recording --------------------------------------------------------------------------------------
+    def run(self, entry: str, groups, constants: dict | None = None, **args) -> None:
+        """Record one dispatch. `args` names every buffer (Tensor) and uniform field (number) it uses."""
+        pipe, bgl, ep = self.pipeline(entry, constants)
+        groups = tuple(int(g) for g in groups) + (1,) * (3 - len(groups))
+        if min(groups) < 1 or max(groups) > self.max_groups:
+            raise ShapeError(f"{entry}: workgroup grid {groups} outside [1, {self.max_groups}] per dimension")
+        entries = []
+        for b in ep.bindings:
+            if b.kind == "uniform":
+                if len(self._uniform_bytes) // _UNIFORM_SLOT >= _UNIFORM_SLOTS:
+                    self.flush()
+                offset = len(self._uniform_bytes)
+                self._uniform_bytes += self._pack_params(entry, ep.params, args)
+                entries.append({"binding": b.number, "resource": {"buffer": self._uniforms, "offset": offset, "size": _UNIFORM_SLOT}})
+                continue
+            t = args.get(b.name)
+            if not isinstance(t, Tensor):
+                raise ShapeError(f"{entry}: buffer {b.name!r} not given (got {type(t).__name__})")
+            if t.nbytes > self.max_binding:
+                raise ShapeError(
+                    f"{entry}: tensor {b.name!r} {t.shape} is {t.nbytes} bytes, over this device's storage binding "
+                    f"limit of {self.max_binding} bytes"
+                )
+            buf = t.buffer
+            entries.append({"binding": b.number, "resource": {"buffer": buf, "offset": 0, "size": buf.size}})
+        bind_group = self.device.create_bind_group(layout=bgl, entries=entries)
+        self._pending.append(("dispatch", pipe, bind_group, groups))
+
+    @staticmethod
+    def _pack_params(entry: str, fields, args) -> bytes:
+        values = []
+        for name, ty in fields:
+            if name not in args:
+                raise ShapeError(f"{entry}: uniform parameter {name!r} not given")
+            values.append(args[name])
+        raw = struct.pack("<" + "".join(_PACK[t] for _, t in fields), *values)
+        return raw + bytes(_UNIFORM_SLOT - len(raw))
+
+    def copy(self, src: Tensor, dst: Tensor, nbytes: int | None = None, src_offset: int = 0, dst_offset: int = 0) -> None:
+        """Record a buffer-to-buffer copy (ordered with the dispatches around it)."""
+        n = src.nbytes if nbytes is None else nbytes
+        self._pending.append(("copy", src.buffer, src_offset, dst.buffer, dst_offset, n))
+
+    def flush(self) -> None:
+        """Submit everything recorded so far as one command buffer (compute passes split only by copies)."""
+        if not self._pending:
+            return
+        if self._uniform_bytes:
+            self.device.queue.write_buffer(self._uniforms, 0, bytes(self._uniform_bytes))
+        encoder = self.device.create_command_encoder()
+        cpass = None
+        for cmd in self._pending:
+            if cmd[0] == "dispatch":
+                if cpass is None:
+                    cpass = encoder.begin_compute_pass()
+                _, pipe, bind_group, groups = cmd
+                cpass.set_pipeline(pipe)
+                cpass.set_bind_group(0, bind_group)
+                cpass.dispatch_workgroups(*groups)
+            else:
+                if cpass is not None:
+                    cpass.end()
+                    cpass = None
+                _, src, so, dst, do, n = cmd
+                encoder.copy_buffer_to_buffer(src, so, dst, do, n)
+        if cpass is not None:
+            cpass.end()
+        self.device.queue.submit([encoder.finish()])
+        self.submits += 1
+        self._pending.clear()
+        self._uniform_bytes = bytearray()
+
+    def sync(self) -> None:
+        """Flush and wait until the GPU has finished (for timing)."""
+        self.flush()
+        # A 4-byte readback waits for all submitted work (wgpu 0.32's on_submitted_work_done is broken).
+        if self._fence is None:
+            self._fence = self.empty((1,))
+        self.read(self._fence)
+
+    # tensors ----------------------------------------------------------------------------------------
+    def empty(self, shape, dtype=np.float32) -> Tensor:
+        dtype = np.dtype(dtype)
+        if dtype not in DTYPES:
+            raise ShapeError(f"unsupported dtype {dtype}; mambactl tensors are float32, int32 or uint32")
+        n = int(np.prod(shape, dtype=np.int64)) * 4
+        if n > int(self.limits["max-buffer-size"]):
+            raise ShapeError(f"tensor {tuple(shape)} needs {n} bytes, over this device's max buffer size")
+        t = Tensor(self, self.pool.acquire(n), shape, dtype)
+        if self.poison and t.size:
+            self.run("fill", grid_1d(t.size), dst=t, n=t.size, value=float("nan"))
+        return t
+
+    def from_numpy(self, array) -> Tensor:
+        array = np.ascontiguousarray(array)
+        if array.dtype == np.float64:
+            array = array.astype(np.float32)
+        elif array.dtype == np.int64:
+            array = array.astype(np.int32)
+        t = self.empty(array.shape, array.dtype)
+        self.write(t, array)
+        return t
+
+    def write(self, t: Tensor, array) -> None:
+        # queue.write_buffer runs before any later submit; flush first so a pooled buffer that
+        # recorded-but-unsubmitted work still reads is not overwritten early.
+        self.flush()
+        data = np.ascontiguousarray(array, dtype=t.dtype)
+        if data.size != t.size:
+            raise ShapeError(f"write: array of {data.size} elements into a tensor of {t.size}")
+        if data.size:
+            self.device.queue.write_buffer(t.buffer, 0, data.tobytes())
+
+    def read(self, t: Tensor) -> np.ndarray:
+        self.flush()
+        if t.size == 0:
+            return np.zeros(t.shape, t.dtype)
+        mem = self.device.queue.read_buffer(t.buffer, 0, t.nbytes)
+        return np.frombuffer(mem, dtype=t.dtype).reshape(t.shape).copy()
+
+    def fill(self, t: Tensor, value: float) -> None:
+        """Set every element (e.g. NaN to poison outputs in tests, 0 to reset gradient accumulators)."""
+        self.write(t, np.full(t.shape, value, dtype=t.dtype))
+
+
+_RUNTIMES: dict = {}
+
+
+def get_runtime(device: str | int | None = None) -> Runtime:
+    """The process-wide runtime for a device spec (None: MAMBACTL_DEVICE or the best adapter)."""
+    key = device if device not in ("", None) else None
+    if key not in _RUNTIMES:
+        _RUNTIMES[key] = Runtime(key)
+    return _RUNTIMES[key]

@@ -1,0 +1,122 @@
+"""WGSL sources: find every entry point, and reflect what explicit bind group layouts need.
+
+Each `kernels/NAME.wgsl` is one op family. Globals are declared as
+`@group(0) @binding(N) var<storage, read> x: array<f32>;` (or `read_write`, or `var<uniform> p: Params`).
+For an entry point we collect the globals it reaches (its body and the functions it calls), so its
+bind group layout lists exactly those bindings with their real numbers and access modes — never `auto`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+_GLOBAL = re.compile(
+    r"@group\(0\)\s*@binding\((\d+)\)\s*var<\s*(storage|uniform)\s*(?:,\s*(read_write|read))?\s*>\s*(\w+)\s*:\s*([^;]+);"
+)
+_FN = re.compile(r"(@compute[^\n]*\n)?\s*fn\s+(\w+)\s*\(")
+_STRUCT = re.compile(r"struct\s+(\w+)\s*\{([^}]*)\}")
+_IDENT = re.compile(r"(?<![\w.])[A-Za-z_]\w*")  # not a member access like gid.y
+_COMMENT = re.compile(r"//[^\n]*")
+_SCALAR_SIZE = {"u32": 4, "i32": 4, "f32": 4}
+
+
+@dataclass(frozen=True)
+class Binding:
+    number: int
+    name: str
+    kind: str  # "uniform" | "read" | "read_write"
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    module: str  # file stem, e.g. "linear"
+    name: str
+    bindings: tuple[Binding, ...]  # sorted by number
+    params: tuple[tuple[str, str], ...]  # uniform struct fields (name, scalar type), in order; () if none
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str
+    source: str
+    entries: dict
+
+
+def _functions(src: str) -> dict[str, tuple[bool, str]]:
+    """name -> (is_compute_entry, body text) by brace matching."""
+    out = {}
+    for m in _FN.finditer(src):
+        start = src.index("{", m.end())
+        depth, i = 0, start
+        while True:
+            if src[i] == "{":
+                depth += 1
+            elif src[i] == "}":
+                depth -= 1
+                if depth == 0:
+                    break
+            i += 1
+        out[m.group(2)] = (m.group(1) is not None, src[m.end() : i + 1])
+    return out
+
+
+def parse_module(name: str, source: str) -> Module:
+    source = _COMMENT.sub("", source)
+    globals_ = {m.group(4): (int(m.group(1)), m.group(2), m.group(3), m.group(5).strip()) for m in _GLOBAL.finditer(source)}
+    structs = {m.group(1): m.group(2) for m in _STRUCT.finditer(source)}
+    funcs = _functions(source)
+    entries = {}
+    for fname, (is_entry, _) in funcs.items():
+        if not is_entry:
+            continue
+        used: set[str] = set()
+        seen: set[str] = set()
+        todo = [fname]
+        while todo:
+            f = todo.pop()
+            if f in seen:
+                continue
+            seen.add(f)
+            for ident in _IDENT.findall(funcs[f][1]):
+                if ident in globals_:
+                    used.add(ident)
+                elif ident in funcs and ident not in seen:
+                    todo.append(ident)
+        bindings, params = [], ()
+        for g in used:
+            number, space, access, ty = globals_[g]
+            kind = "uniform" if space == "uniform" else (access or "read")
+            bindings.append(Binding(number, g, kind))
+            if space == "uniform":
+                fields = [f.strip() for f in structs[ty].split(",") if f.strip()]
+                params = tuple((f.split(":")[0].strip(), f.split(":")[1].strip()) for f in fields)
+                for pname, pty in params:
+                    if pty not in _SCALAR_SIZE:
+                        raise ValueError(f"{name}.wgsl: uniform field {pname} has type {pty}; only u32/i32/f32")
+        entries[fname] = EntryPoint(name, fname, tuple(sorted(bindings, key=lambda b: b.number)), params)
+    return Module(name, source, entries)  # source without comments is what gets compiled
+
+
+@lru_cache(maxsize=None)
+def all_modules() -> dict[str, Module]:
+    root = resources.files("mambactl.kernels")
+    mods = {}
+    for f in sorted(root.iterdir(), key=lambda p: p.name):
+        if f.name.endswith(".wgsl"):
+            mods[f.name[:-5]] = parse_module(f.name[:-5], f.read_text())
+    return mods
+
+
+@lru_cache(maxsize=None)
+def entry_point(name: str) -> EntryPoint:
+    for mod in all_modules().values():
+        if name in mod.entries:
+            return mod.entries[name]
+    raise KeyError(f"no WGSL entry point named {name!r}")
+
+
+def module_source(name: str) -> str:
+    return all_modules()[name].source
