@@ -39,9 +39,8 @@ def mamba1_block_backward(params, saved, dy, cfg):
     """dy [B, L, d_model] -> (dx [B, L, d_model], grads: dict name -> array, shaped as params)."""
     s = saved
     Bsz, L, d = dy.shape
-    di = cfg.d_inner
+    di, N = cfg.d_inner, cfg.mamba1.d_state
     grads = {}
-
     dys, grads["out_proj.weight"], db = linear_backward(s["ys"].reshape(-1, di), params["out_proj.weight"],
                                                        dy.reshape(-1, d))
     if "out_proj.bias" in params:
@@ -51,7 +50,7 @@ def mamba1_block_backward(params, saved, dy, cfg):
     grads["A_log"] = exp_backward(params["A_log"], -dA)
     ddt_pre = softplus_backward(s["dt_pre"], ddelta).reshape(-1, di)
     ddt, grads["dt_proj.weight"], grads["dt_proj.bias"] = linear_backward(s["dt"], params["dt_proj.weight"], ddt_pre)
-    ddbc = column_concat([ddt, dB.reshape(-1, dB.shape[-1]), dC.reshape(-1, dC.shape[-1])])
+    ddbc = column_concat([ddt, dB.reshape(-1, N), dC.reshape(-1, N)])
     du_x, grads["x_proj.weight"], _ = linear_backward(s["u"].reshape(-1, di), params["x_proj.weight"], ddbc)
     du = du + du_x.reshape(Bsz, L, di)
     dxs, grads["conv1d.weight"], db = conv1d_backward(s["xs"], params["conv1d.weight"], silu_backward(s["xc"], du))

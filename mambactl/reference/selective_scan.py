@@ -35,17 +35,15 @@ def selective_scan_backward(u, delta, A, B, C, D, z, dy):
     g_t = ∂loss/∂h_t = C_t dy'_t + exp(Δ_{t+1} A) g_{t+1}, where dy' is dy through the gate.
     """
     Bsz, L, Dc = u.shape
-    hs = [np.zeros((Bsz, Dc, A.shape[1]))]  # hs[t] = h_{t-1}
+    hs = [np.zeros((Bsz, Dc, A.shape[1]))]  # hs[t + 1] = h_t
     for t in range(L):
         hs.append(np.exp(delta[:, t, :, None] * A) * hs[-1] + (delta[:, t] * u[:, t])[:, :, None] * B[:, t, None, :])
     if z is None:
         dz = None
     else:
-        y = np.stack([np.einsum("bdn,bn->bd", hs[t + 1], C[:, t]) for t in range(L)], axis=1) + D * u
-        dz = silu_backward(z, dy * y)
+        dz = silu_backward(z, dy * selective_scan(u, delta, A, B, C, D))
         dy = dy * silu(z)
-    du, ddelta, dB, dC = D * dy, np.zeros_like(delta), np.zeros_like(B), np.zeros_like(C)
-    dA = np.zeros_like(A)
+    du, ddelta, dA, dB, dC = D * dy, np.zeros_like(delta), np.zeros_like(A), np.zeros_like(B), np.zeros_like(C)
     dD = np.sum(dy * u, axis=(0, 1))
     g = np.zeros_like(hs[0])
     for t in reversed(range(L)):
