@@ -1,0 +1,194 @@
+"""Every core op on the GPU against its float64 reference, at awkward shapes, with poisoned outputs.
+
+The reference runs on the float32-rounded inputs, so the comparison measures the kernel, not input
+rounding. Element-wise ops must agree to 1e-5, reductions and GEMMs to 1e-4 (relative, ‖gpu−ref‖/‖ref‖).
+"""
+
+import numpy as np
+import pytest
+
+from mambactl.ops import activations, conv1d, cross_entropy, embedding, fill, linear, reduce, rmsnorm, slice
+from mambactl.reference import activations as ref_act
+from mambactl.reference import conv1d as ref_conv
+from mambactl.reference import cross_entropy as ref_ce
+from mambactl.reference import embedding as ref_emb
+from mambactl.reference import linear as ref_linear
+from mambactl.reference import reduce as ref_reduce
+from mambactl.reference import rmsnorm as ref_norm
+from mambactl.reference import slice as ref_slice
+from mambactl.runtime.gpu import get_runtime
+
+ELEMENTWISE_TOL = 1e-5
+REDUCTION_TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def rt():
+    r = get_runtime()
+    r.poison = True
+    yield r
+    r.poison = False
+
+
+@pytest.fixture
+def rng(request):
+    return np.random.default_rng(abs(hash(request.node.name)) % 2**32)
+
+
+def rel(gpu, ref):
+    gpu, ref = np.asarray(gpu, np.float64), np.asarray(ref, np.float64)
+    assert np.all(np.isfinite(gpu)), "unwritten (NaN-poisoned) or non-finite elements in the GPU output"
+    denom = np.linalg.norm(ref)
+    assert denom > 0, "the reference is all zeros: the test would prove nothing"
+    return np.linalg.norm(gpu - ref) / denom
+
+
+def f32(rng, *shape, scale=1.0):
+    """Random float32 data and its exact float64 value."""
+    x = (rng.standard_normal(shape) * scale).astype(np.float32)
+    return x, x.astype(np.float64)
+
+
+UNARY = ["silu", "softplus", "sigmoid", "exp"]
+
+
+@pytest.mark.parametrize("name", UNARY)
+@pytest.mark.parametrize("n", [1, 3, 17, 65, 130, 70_000])
+def test_unary_forward_backward(rt, rng, name, n):
+    x32, x = f32(rng, n, scale=4.0)
+    if name == "softplus" and n >= 17:  # both sides of PyTorch's threshold 20
+        x32[:6] = [19.5, 20.0, 20.5, 35.0, -30.0, 0.0]
+        x = x32.astype(np.float64)
+    dy32, dy = f32(rng, n)
+    gx = rt.from_numpy(x32)
+    y = getattr(activations, name)(gx).numpy()
+    dx = getattr(activations, name + "_backward")(gx, rt.from_numpy(dy32)).numpy()
+    assert rel(y, getattr(ref_act, name)(x)) < ELEMENTWISE_TOL
+    assert rel(dx, getattr(ref_act, name + "_backward")(x, dy)) < ELEMENTWISE_TOL
+
+
+@pytest.mark.parametrize("n", [1, 17, 130])
+def test_add_mul(rt, rng, n):
+    (a32, a), (b32, b), (dy32, dy) = f32(rng, n), f32(rng, n), f32(rng, n)
+    ga, gb = rt.from_numpy(a32), rt.from_numpy(b32)
+    assert rel(activations.add(ga, gb).numpy(), a + b) < ELEMENTWISE_TOL
+    assert rel(activations.mul(ga, gb).numpy(), a * b) < ELEMENTWISE_TOL
+    da, db = activations.mul_backward(ga, gb, rt.from_numpy(dy32))
+    rda, rdb = ref_act.mul_backward(a, b, dy)
+    assert rel(da.numpy(), rda) < ELEMENTWISE_TOL and rel(db.numpy(), rdb) < ELEMENTWISE_TOL
+
+
+@pytest.mark.parametrize("M,K,N", [(1, 1, 1), (3, 17, 5), (17, 3, 65), (65, 130, 33), (130, 64, 200)])
+def test_linear_forward_backward(rt, rng, M, K, N):
+    (x32, x), (w32, w), (b32, b), (dy32, dy) = f32(rng, M, K), f32(rng, N, K), f32(rng, N), f32(rng, M, N)
+    gx, gw = rt.from_numpy(x32), rt.from_numpy(w32)
+    y = linear.linear(gx, gw, rt.from_numpy(b32)).numpy()
+    assert rel(y, ref_linear.linear(x, w, b)) < REDUCTION_TOL
+    dx, dw, db = linear.linear_backward(gx, gw, rt.from_numpy(dy32), has_bias=True)
+    rdx, rdw, rdb = ref_linear.linear_backward(x, w, dy)
+    assert rel(dx.numpy(), rdx) < REDUCTION_TOL
+    assert rel(dw.numpy(), rdw) < REDUCTION_TOL
+    assert rel(db.numpy(), rdb) < REDUCTION_TOL
+
+
+def test_linear_backward_accumulates(rt, rng):
+    (x32, x), (w32, w), (dy32, dy), (acc32, acc), (bacc32, bacc) = (
+        f32(rng, 9, 7), f32(rng, 5, 7), f32(rng, 9, 5), f32(rng, 5, 7), f32(rng, 5))
+    dw, db = rt.from_numpy(acc32), rt.from_numpy(bacc32)
+    linear.linear_backward(rt.from_numpy(x32), rt.from_numpy(w32), rt.from_numpy(dy32), dw=dw, db=db, need_dx=False)
+    _, rdw, rdb = ref_linear.linear_backward(x, w, dy)
+    assert rel(dw.numpy(), acc + rdw) < REDUCTION_TOL
+    assert rel(db.numpy(), bacc + rdb) < REDUCTION_TOL
+
+
+@pytest.mark.parametrize("M,D", [(1, 3), (3, 17), (65, 130), (4, 768)])
+def test_rmsnorm_forward_backward(rt, rng, M, D):
+    (x32, x), (w32, w), (dy32, dy) = f32(rng, M, D), f32(rng, D), f32(rng, M, D)
+    gx, gw = rt.from_numpy(x32), rt.from_numpy(w32)
+    y, rstd = rmsnorm.rmsnorm(gx, gw, eps=1e-5)
+    assert rel(y.numpy(), ref_norm.rmsnorm(x, w, 1e-5)) < ELEMENTWISE_TOL
+    dx, dw = rmsnorm.rmsnorm_backward(gx, gw, rstd, rt.from_numpy(dy32))
+    rdx, rdw = ref_norm.rmsnorm_backward(x, w, dy, 1e-5)
+    assert rel(dx.numpy(), rdx) < REDUCTION_TOL
+    assert rel(dw.numpy(), rdw) < REDUCTION_TOL
+
+
+@pytest.mark.parametrize("B,L,C,K", [(1, 1, 1, 4), (2, 3, 17, 4), (1, 65, 3, 2), (3, 17, 130, 4)])
+def test_conv1d_forward_backward(rt, rng, B, L, C, K):
+    (x32, x), (w32, w), (b32, b), (dy32, dy) = f32(rng, B, L, C), f32(rng, C, K), f32(rng, C), f32(rng, B, L, C)
+    gx, gw = rt.from_numpy(x32), rt.from_numpy(w32)
+    assert rel(conv1d.conv1d(gx, gw, rt.from_numpy(b32)).numpy(), ref_conv.conv1d(x, w, b)) < ELEMENTWISE_TOL
+    dx, dw, db = conv1d.conv1d_backward(gx, gw, rt.from_numpy(dy32))
+    rdx, rdw, rdb = ref_conv.conv1d_backward(x, w, dy)
+    assert rel(dx.numpy(), rdx) < REDUCTION_TOL
+    assert rel(dw.numpy(), rdw) < REDUCTION_TOL
+    assert rel(db.numpy(), rdb) < REDUCTION_TOL
+
+
+def test_conv1d_taps_follow_pytorch(rt):
+    """Tap K−1 multiplies the current step (PyTorch), not tap 0 (the old engine's reversed convention)."""
+    x = np.zeros((1, 5, 1), np.float32)
+    x[0, 2, 0] = 1.0
+    w = np.array([[1.0, 2.0, 3.0]], np.float32)
+    y = conv1d.conv1d(rt.from_numpy(x), rt.from_numpy(w), rt.from_numpy(np.zeros(1, np.float32))).numpy()
+    np.testing.assert_array_equal(y[0, :, 0], [0, 0, 3, 2, 1])
+
+
+@pytest.mark.parametrize("M,P,start,width", [(1, 5, 1, 3), (3, 17, 0, 17), (65, 130, 64, 66)])
+def test_column_slice_and_backward(rt, rng, M, P, start, width):
+    x32, x = f32(rng, M, P)
+    got = slice.column_slice(rt.from_numpy(x32), start, width).numpy()
+    np.testing.assert_array_equal(got, ref_slice.column_slice(x, start, width))
+    dy32, dy = f32(rng, M, width)
+    back = slice.column_slice_backward(rt.from_numpy(dy32), start, P).numpy()
+    np.testing.assert_array_equal(back, ref_slice.column_slice_backward(dy, start, P))
+
+
+def test_column_concat(rt, rng):
+    parts = [f32(rng, 7, w) for w in (3, 1, 17)]
+    got = slice.column_concat([rt.from_numpy(p32) for p32, _ in parts]).numpy()
+    np.testing.assert_array_equal(got, ref_slice.column_concat([p for _, p in parts]))
+
+
+@pytest.mark.parametrize("T,V,D", [(1, 2, 1), (17, 5, 3), (130, 65, 17)])
+def test_embedding_forward_backward(rt, rng, T, V, D):
+    ids = rng.integers(0, V, T)
+    (tab32, tab), (dy32, dy), (acc32, acc) = f32(rng, V, D), f32(rng, T, D), f32(rng, V, D)
+    gids = rt.from_numpy(embedding.check_ids(ids, V))
+    out = embedding.embedding(gids, rt.from_numpy(tab32)).numpy()
+    np.testing.assert_array_equal(out, ref_emb.embedding(ids, tab))
+    d_table = rt.from_numpy(acc32)  # the scatter adds into what is there (the tied head's gradient)
+    embedding.embedding_backward(embedding.EmbeddingGradPlan(rt, ids), rt.from_numpy(dy32), d_table)
+    assert rel(d_table.numpy(), acc + ref_emb.embedding_backward(ids, dy, V)) < REDUCTION_TOL
+
+
+@pytest.mark.parametrize("M,V", [(1, 3), (17, 65), (65, 1000), (3, 5000)])
+def test_cross_entropy_forward_backward(rt, rng, M, V):
+    lg32, lg = f32(rng, M, V, scale=3.0)
+    targets = rng.integers(0, V, M).astype(np.int32)
+    targets[1::3] = cross_entropy.IGNORE_INDEX
+    count = cross_entropy.count_targets(targets)
+    gl, gt = rt.from_numpy(lg32), rt.from_numpy(targets)
+    loss, lse = cross_entropy.cross_entropy(gl, gt, count)
+    assert rel(loss.numpy(), [ref_ce.cross_entropy(lg, targets)]) < REDUCTION_TOL
+    d = cross_entropy.cross_entropy_backward(gl, gt, lse, count).numpy()
+    assert rel(d, ref_ce.cross_entropy_backward(lg, targets)) < REDUCTION_TOL
+    assert np.all(d[targets == cross_entropy.IGNORE_INDEX] == 0.0)
+
+
+def test_sum_of_squares_many_tensors(rt, rng):
+    xs = [f32(rng, n) for n in (1, 3, 300, 70_000, 300_000)]
+    got = reduce.sum_of_squares([rt.from_numpy(x32) for x32, _ in xs]).numpy()
+    assert rel(got, [sum(ref_reduce.sum_of_squares(x) for _, x in xs)]) < REDUCTION_TOL
+
+
+def test_reduce_sum(rt, rng):
+    x32, x = f32(rng, 100_003)
+    assert rel(reduce.reduce_sum(rt.from_numpy(x32), scale=0.5).numpy(), [0.5 * x.sum()]) < REDUCTION_TOL
+
+
+def test_fill_and_zeros(rt):
+    t = fill.zeros(rt, (3, 70_000))
+    assert np.count_nonzero(t.numpy()) == 0
+    fill.fill(t, 2.5)
+    assert np.all(t.numpy() == 2.5)

@@ -1,0 +1,119 @@
+"""The runtime: adapter choice, pipelines for every WGSL entry point, batching, and errors before dispatch."""
+
+import numpy as np
+import pytest
+
+from mambactl.errors import MambactlError, ShapeError
+from mambactl.ops import activations, linear
+from mambactl.runtime import device
+from mambactl.runtime.gpu import get_runtime
+from mambactl.runtime.kernels import all_modules, parse_module
+
+
+@pytest.fixture(scope="module")
+def rt():
+    return get_runtime()
+
+
+def test_every_entry_point_compiles_and_builds_its_pipeline(rt):
+    names = [e for m in all_modules().values() for e in m.entries]
+    assert len(names) >= 20
+    for name in names:
+        pipe, layout, ep = rt.pipeline(name)
+        assert pipe is not None and ep.name == name
+
+
+def test_layout_lists_only_the_bindings_an_entry_uses():
+    mod = parse_module(
+        "t",
+        """
+        struct Params { n: u32 }
+        @group(0) @binding(0) var<uniform> p: Params;
+        @group(0) @binding(1) var<storage, read> x: array<f32>;
+        @group(0) @binding(2) var<storage, read_write> y: array<f32>;
+        @group(0) @binding(3) var<storage, read_write> unused: array<f32>;
+        fn helper(i: u32) -> f32 { return x[i]; }
+        @compute @workgroup_size(1)
+        fn main(@builtin(global_invocation_id) gid: vec3<u32>) { if (gid.x < p.n) { y[gid.x] = helper(gid.x); } }
+        """,
+    )
+    ep = mod.entries["main"]
+    assert [(b.number, b.name, b.kind) for b in ep.bindings] == [(0, "p", "uniform"), (1, "x", "read"), (2, "y", "read_write")]
+    assert ep.params == (("n", "u32"),)
+
+
+def test_best_adapter_is_ranked_and_devices_are_listed():
+    infos = device.list_adapters()
+    assert infos, "this machine should have at least a software adapter"
+    _, best = device.choose_adapter()
+    assert device._rank(best) == min(device._rank(i) for i in infos)
+    for info in infos:
+        assert info.limits["max-storage-buffer-binding-size"] > 0
+
+
+def test_device_spec_by_index_name_and_env(monkeypatch):
+    infos = device.list_adapters()
+    _, by_index = device.choose_adapter("0")
+    assert by_index.index == 0
+    _, by_name = device.choose_adapter(infos[-1].name[:6] + "/" + infos[-1].backend)
+    assert by_name.backend == infos[-1].backend
+    monkeypatch.setenv("MAMBACTL_DEVICE", str(len(infos) - 1))
+    assert device.choose_adapter()[1].index == len(infos) - 1
+    with pytest.raises(MambactlError, match="does not exist"):
+        device.choose_adapter("99")
+    with pytest.raises(MambactlError, match="no adapter matches"):
+        device.choose_adapter("no-such-gpu")
+
+
+def test_device_gets_the_adapters_real_limits(rt):
+    for key in ("max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size"):
+        assert rt.limits[key] == rt.adapter.limits[key]
+
+
+def test_ops_are_recorded_and_submitted_together(rt):
+    x = rt.from_numpy(np.random.default_rng(0).standard_normal(1000).astype(np.float32))
+    before = rt.submits
+    y = x
+    for _ in range(20):
+        y = activations.silu(y)
+    assert rt.submits == before, "recording must not submit"
+    y.numpy()
+    assert rt.submits == before + 1
+
+
+def test_shape_and_dtype_errors_name_the_op_and_tensor_before_dispatch(rt):
+    a = rt.from_numpy(np.ones((3, 4), np.float32))
+    b = rt.from_numpy(np.ones((5, 6), np.float32))
+    ids = rt.from_numpy(np.ones(3, np.int32))
+    rt.flush()
+    pending = len(rt._pending)
+    with pytest.raises(ShapeError, match=r"linear: w has shape \(5, 6\), expected \(\*, 4\)"):
+        linear.linear(a, b)
+    with pytest.raises(ShapeError, match="silu_forward: x has dtype int32"):
+        activations.silu(ids)
+    with pytest.raises(ShapeError, match="add_forward: b has shape"):
+        activations.add(a, b)
+    assert len(rt._pending) == pending, "nothing may be recorded for a rejected call"
+
+
+def test_tensor_over_the_binding_limit_is_refused_before_dispatch(rt):
+    n = rt.max_binding // 4 + 1
+    if n * 4 > rt.limits["max-buffer-size"]:
+        pytest.skip("the adapter's buffer limit equals its binding limit")
+    big = rt.empty((n,))
+    with pytest.raises(ShapeError, match=r"silu_forward: tensor 'x' .* over this device's storage binding limit"):
+        activations.silu(big)
+
+
+def test_reshape_is_a_view(rt):
+    t = rt.from_numpy(np.arange(12, dtype=np.float32))
+    v = t.reshape(3, -1)
+    assert v.shape == (3, 4) and v.buffer is t.buffer
+    np.testing.assert_array_equal(v.numpy(), np.arange(12).reshape(3, 4))
+
+
+def test_pool_reuses_buffers(rt):
+    t = rt.empty((1000,))
+    buf = t.buffer
+    del t
+    assert rt.empty((1000,)).buffer is buf
