@@ -1,0 +1,91 @@
+// AdamW with global-norm clipping, a trust region and a NaN/Inf guard, entirely on the GPU.
+// Per step: optimizer_begin_step (one thread) reads the squared global gradient norm and decides, on the
+// GPU, whether the step happens and with which clip scale; then one adamw_update per parameter tensor.
+// The host never has to read anything back, so a training step needs no round trip.
+// Exact CPU mirror: mambactl/reference/adamw.py.
+
+// The optimizer's GPU-side counters and per-step values (mambactl/ops/adamw.py mirrors this layout).
+struct OptState {
+    t: u32,            // updates applied; the bias corrections use it, so skipped steps don't advance it
+    skipped: u32,      // steps skipped because the global gradient norm was not finite
+    bad: atomic<u32>,  // elements the per-element guard left unchanged, over all steps (integer: order-free)
+    skip_now: u32,     // 1 while the current step is skipped: every adamw_update then writes nothing
+    scale: f32,        // the current step's clip scale, min(1, max_norm / norm)
+    bc1: f32,          // 1 - beta1^t
+    bc2: f32,          // 1 - beta2^t
+    grad_norm: f32,    // the latest step's global gradient norm (NaN or Inf when that step was skipped)
+}
+
+struct BeginParams { one_minus_beta1: f32, one_minus_beta2: f32, max_norm: f32, guard_norm: u32 }
+
+// keep = 1 - lr·wd, formed on the host in float64 (0 decay for no-decay parameters gives keep = 1 exactly).
+struct UpdateParams {
+    n: u32, lr: f32, beta1: f32, beta2: f32, one_minus_beta1: f32, one_minus_beta2: f32,
+    eps: f32, keep: f32, max_delta: f32,
+}
+
+@group(0) @binding(0) var<uniform> bp: BeginParams;
+@group(0) @binding(1) var<storage, read> norm_sq: array<f32>;
+@group(0) @binding(2) var<storage, read_write> state: OptState;
+@group(0) @binding(3) var<uniform> up: UpdateParams;
+@group(0) @binding(4) var<storage, read_write> param: array<f32>;
+@group(0) @binding(5) var<storage, read> grad: array<f32>;
+@group(0) @binding(6) var<storage, read_write> m: array<f32>;
+@group(0) @binding(7) var<storage, read_write> v: array<f32>;
+
+// Bit tests, because compilers may fold `x != x` away under fast-math assumptions.
+fn is_finite(x: f32) -> bool { return (bitcast<u32>(x) & 0x7f800000u) != 0x7f800000u; }
+fn is_nan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
+
+@compute @workgroup_size(1)
+fn optimizer_begin_step() {
+    let nsq = norm_sq[0];
+    let finite = is_finite(nsq);
+    let norm = sqrt(nsq);
+    state.grad_norm = norm;
+    if (!finite && bp.guard_norm != 0u) {
+        state.skipped += 1u;
+        state.skip_now = 1u;
+        return;
+    }
+    state.skip_now = 0u;
+    state.t += 1u;
+    // 1 - beta^t by the recurrence q' = q + (1 - beta)·(1 - q): both terms are non-negative, so it keeps
+    // q's relative error at a few ulp even at small t, where pow(beta, t) in float32 would lose ~1e-4 of
+    // 1 - 0.999^t to cancellation (and pow on GPUs is exp2(t·log2 beta) with loose error bounds).
+    state.bc1 = state.bc1 + bp.one_minus_beta1 * (1.0 - state.bc1);
+    state.bc2 = state.bc2 + bp.one_minus_beta2 * (1.0 - state.bc2);
+    // Without the norm guard a non-finite norm can't give a meaningful scale: that step goes unclipped
+    // and the per-element guard alone protects the weights.
+    var scale = 1.0;
+    if (bp.max_norm > 0.0 && finite && norm > bp.max_norm) { scale = bp.max_norm / norm; }
+    state.scale = scale;
+}
+
+// In place over one parameter tensor: param, m, v [n] updated from grad [n].
+@compute @workgroup_size(256)
+fn adamw_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * 256u + gid.x;
+    if (i >= up.n || state.skip_now != 0u) { return; }
+    let g0 = grad[i];
+    let m0 = m[i];
+    let v0 = v[i];
+    let g = g0 * state.scale;
+    let m1 = up.beta1 * m0 + up.one_minus_beta1 * g;
+    let v1 = up.beta2 * v0 + up.one_minus_beta2 * g * g;
+    var step = up.lr * (m1 / state.bc1) / (sqrt(v1 / state.bc2) + up.eps);
+    // A NaN must stay NaN through the trust region (min/max may drop it); an infinite step clamps to
+    // ±max_delta, as in the mirror.
+    if (up.max_delta > 0.0 && !is_nan(step)) { step = clamp(step, -up.max_delta, up.max_delta); }
+    // Inputs are tested too: arithmetic on NaN/Inf is indeterminate in WGSL, so a result alone can't prove it.
+    let ok = is_finite(g0) && is_finite(m0) && is_finite(v0) && is_finite(g) && is_finite(m1) && is_finite(v1)
+        && is_finite(step);
+    if (!ok) {
+        // The old engine updated the moments anyway, which froze the weight forever after one bad gradient.
+        atomicAdd(&state.bad, 1u);
+        return;
+    }
+    param[i] = param[i] * up.keep - step;
+    m[i] = m1;
+    v[i] = v1;
+}
