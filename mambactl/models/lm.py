@@ -1,0 +1,101 @@
+"""The language model on the GPU: parameters, gradients, forward and backward (no general autograd).
+
+embedding -> per layer h = h + mixer(RMSNorm(h)) -> norm_f -> logits = h Eᵀ (tied head) -> cross-entropy.
+The same structure as `mambactl.reference.lm`, which is its float64 oracle. Each layer type provides a
+(forward, backward) pair in `LAYERS`; the LM owns the activations saved between the two.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mambactl.errors import ShapeError
+from mambactl.models.config import ModelConfig
+from mambactl.models.mamba1 import mamba1_backward, mamba1_forward
+from mambactl.models.params import parameter_specs
+from mambactl.ops import activations, cross_entropy, embedding, linear, rmsnorm
+from mambactl.ops.fill import fill
+from mambactl.runtime.tensor import Tensor
+
+LAYERS = {"mamba1": (mamba1_forward, mamba1_backward)}
+EMBED, NORM_F = "backbone.embeddings.weight", "backbone.norm_f.weight"
+
+
+class LanguageModel:
+    """Parameters and gradient accumulators as GPU tensors, keyed by mamba_ssm / HF parameter names."""
+
+    def __init__(self, cfg: ModelConfig, runtime, weights: dict[str, np.ndarray]):
+        self.cfg, self.rt = cfg, runtime
+        self.specs = parameter_specs(cfg)
+        for s in self.specs:
+            if s.name not in weights:
+                raise ShapeError(f"missing parameter {s.name} (expected shape {s.shape})")
+            if tuple(weights[s.name].shape) != s.shape:
+                raise ShapeError(f"parameter {s.name} has shape {tuple(weights[s.name].shape)}, expected {s.shape}")
+        self.params = {s.name: runtime.from_numpy(np.asarray(weights[s.name], np.float32)) for s in self.specs}
+        self.grads = {s.name: runtime.empty(s.shape) for s in self.specs}
+        self.zero_grad()
+
+    def zero_grad(self) -> None:
+        for g in self.grads.values():
+            fill(g, 0.0)
+
+    def _layer(self, table: dict, i: int) -> dict:
+        prefix = f"backbone.layers.{i}.mixer."
+        return {k[len(prefix):]: v for k, v in table.items() if k.startswith(prefix)}
+
+    def forward(self, ids: np.ndarray, targets: np.ndarray | None = None):
+        """ids, targets [B, L] ints (targets may hold -100). -> (loss Tensor [1] or None, logits [B·L, V], saved).
+        Nothing is read back: the caller reads the loss when it wants to."""
+        cfg, rt = self.cfg, self.rt
+        ids = np.asarray(ids)
+        if ids.ndim != 2 or ids.shape[1] == 0:
+            raise ShapeError(f"forward: ids must be [batch, length] with length >= 1, got shape {ids.shape}")
+        B, L = ids.shape
+        # Every host upload happens before recording starts, so the step stays one submit.
+        gids = rt.from_numpy(embedding.check_ids(ids.reshape(-1), cfg.padded_vocab_size))
+        saved = dict(ids=ids)
+        if targets is not None:
+            targets = np.asarray(targets, np.int32).reshape(-1)
+            if targets.size != B * L:
+                raise ShapeError(f"forward: targets have {targets.size} elements, ids have {B * L}")
+            saved.update(targets=rt.from_numpy(targets), count=cross_entropy.count_targets(targets),
+                         embedding_plan=embedding.EmbeddingGradPlan(rt, ids.reshape(-1)))
+        h = embedding.embedding(gids, self.params[EMBED])
+        layers = []
+        for i, kind in enumerate(cfg.layers):
+            xn, rstd = rmsnorm.rmsnorm(h, self.params[f"backbone.layers.{i}.norm.weight"], cfg.norm_eps)
+            out, layer_saved = LAYERS[kind][0](self._layer(self.params, i), xn, B, L, cfg)
+            layers.append((h, rstd, layer_saved))
+            h = activations.add(h, out)
+        hf, rstd_f = rmsnorm.rmsnorm(h, self.params[NORM_F], cfg.norm_eps)
+        logits = linear.linear(hf, self.params[EMBED])
+        saved.update(layers=layers, h=h, rstd_f=rstd_f, hf=hf, logits=logits)
+        loss = None
+        if targets is not None:
+            loss, saved["lse"] = cross_entropy.cross_entropy(logits, saved["targets"], saved["count"])
+        return loss, logits, saved
+
+    def backward(self, saved: dict, grad_count: int | None = None) -> None:
+        """Add the gradient of the loss to `self.grads`. With gradient accumulation, pass the number of
+        counted targets over all micro-batches as `grad_count` so the sum is the gradient of the global mean."""
+        cfg, s = self.cfg, saved
+        if "targets" not in s:
+            raise ShapeError("backward: forward was called without targets")
+        count = grad_count or s["count"]
+        dlogits = cross_entropy.cross_entropy_backward(s["logits"], s["targets"], s["lse"], count)
+        dhf, _, _ = linear.linear_backward(s["hf"], self.params[EMBED], dlogits, dw=self.grads[EMBED])
+        dh, _ = rmsnorm.rmsnorm_backward(s["h"], self.params[NORM_F], s["rstd_f"], dhf, dw=self.grads[NORM_F])
+        for i in reversed(range(cfg.n_layer)):
+            h_in, rstd, layer_saved = s["layers"][i]
+            dxn = LAYERS[cfg.layers[i]][1](self._layer(self.params, i), self._layer(self.grads, i), layer_saved, dh, cfg)
+            norm = f"backbone.layers.{i}.norm.weight"
+            dh_norm, _ = rmsnorm.rmsnorm_backward(h_in, self.params[norm], rstd, dxn, dw=self.grads[norm])
+            dh = activations.add(dh, dh_norm)
+        embedding.embedding_backward(s["embedding_plan"], dh, self.grads[EMBED])
+
+    def weights_numpy(self) -> dict[str, np.ndarray]:
+        return {k: t.numpy() for k, t in self.params.items()}
+
+    def grads_numpy(self) -> dict[str, np.ndarray]:
+        return {k: t.numpy() for k, t in self.grads.items()}

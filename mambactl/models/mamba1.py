@@ -1,0 +1,67 @@
+"""Mamba-1 (S6) mixer on the GPU: forward and backward through the ops (mamba_ssm `Mamba`, HF `MambaMixer`).
+
+in_proj -> [x | z] columns -> causal depthwise conv1d + SiLU -> x_proj -> [dt | B | C] -> dt_proj (its bias
+is fused into the scan) -> selective scan with softplus(Δ), D skip and SiLU(z) gate -> out_proj.
+`p` and `g` map this layer's mixer names without prefix ("in_proj.weight", "A_log", ...) to parameter and
+gradient tensors; gradients are accumulated into `g` (gradient accumulation over micro-batches).
+"""
+
+from __future__ import annotations
+
+from mambactl.models.config import ModelConfig
+from mambactl.ops import activations, conv1d, linear, slice
+from mambactl.ops.fill import zeros
+from mambactl.ops.selective_scan import selective_scan, selective_scan_backward
+from mambactl.runtime.tensor import Tensor
+
+
+def mamba1_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig):
+    """x [B·L, d_model] -> (y [B·L, d_model], saved)."""
+    m, di, R, N = cfg.mamba1, cfg.d_inner, cfg.dt_rank, cfg.mamba1.d_state
+    rt = x.runtime
+    xz = linear.linear(x, p["in_proj.weight"], p.get("in_proj.bias"))
+    xs = slice.column_slice(xz, 0, di)
+    z = slice.column_slice(xz, di, di)
+    conv_w = p["conv1d.weight"].reshape(di, m.d_conv)
+    conv_b = p["conv1d.bias"] if m.conv_bias else zeros(rt, (di,))
+    conv = conv1d.conv1d(xs.reshape(batch, length, di), conv_w, conv_b).reshape(-1, di)
+    u = activations.silu(conv)
+    x_dbl = linear.linear(u, p["x_proj.weight"])
+    dt_in = slice.column_slice(x_dbl, 0, R)
+    Bm = slice.column_slice(x_dbl, R, N)
+    Cm = slice.column_slice(x_dbl, R + N, N)
+    delta = linear.linear(dt_in, p["dt_proj.weight"])  # dt_proj.bias is added inside the scan
+    shape3 = (batch, length, di)
+    y, scan_saved = selective_scan(
+        u.reshape(shape3), delta.reshape(shape3), p["A_log"], Bm.reshape(batch, length, N),
+        Cm.reshape(batch, length, N), p["D"], z.reshape(shape3), p["dt_proj.bias"],
+    )
+    y = y.reshape(-1, di)
+    out = linear.linear(y, p["out_proj.weight"], p.get("out_proj.bias"))
+    saved = dict(x=x, xs=xs, conv=conv, u=u, dt_in=dt_in, y=y, scan=scan_saved, conv_w=conv_w,
+                 batch=batch, length=length)
+    return out, saved
+
+
+def mamba1_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfig) -> Tensor:
+    """dout [B·L, d_model] -> dx [B·L, d_model]; parameter gradients are added into `g`."""
+    m, di = cfg.mamba1, cfg.d_inner
+    s = saved
+    dy, _, _ = linear.linear_backward(s["y"], p["out_proj.weight"], dout, dw=g["out_proj.weight"], db=g.get("out_proj.bias"))
+    du, ddelta, _, dB, dC, _, dz, _ = selective_scan_backward(
+        s["scan"], dy.reshape(s["batch"], s["length"], di),
+        grads={"A_log": g["A_log"], "D": g["D"], "delta_bias": g["dt_proj.bias"]},
+    )
+    ddt_in, _, _ = linear.linear_backward(s["dt_in"], p["dt_proj.weight"], ddelta.reshape(-1, di), dw=g["dt_proj.weight"])
+    dx_dbl = slice.column_concat([ddt_in, dB.reshape(-1, m.d_state), dC.reshape(-1, m.d_state)])
+    du2, _, _ = linear.linear_backward(s["u"], p["x_proj.weight"], dx_dbl, dw=g["x_proj.weight"])
+    dconv = activations.silu_backward(s["conv"], activations.add(du.reshape(-1, di), du2))
+    conv_dw = g["conv1d.weight"].reshape(di, m.d_conv)
+    conv_db = g["conv1d.bias"] if m.conv_bias else zeros(dout.runtime, (di,))
+    dxs, _, _ = conv1d.conv1d_backward(
+        s["xs"].reshape(s["batch"], s["length"], di), s["conv_w"], dconv.reshape(s["batch"], s["length"], di),
+        dw=conv_dw, db=conv_db,
+    )
+    dxz = slice.column_concat([dxs.reshape(-1, di), dz.reshape(-1, di)])
+    dx, _, _ = linear.linear_backward(s["x"], p["in_proj.weight"], dxz, dw=g["in_proj.weight"], db=g.get("in_proj.bias"))
+    return dx
