@@ -1,0 +1,138 @@
+"""Mamba-1 selective scan with fused softplus and SiLU gate, forward and exact backward (kernels/selective_scan.wgsl).
+
+As mamba_ssm's `selective_scan_fn(u, delta, A, B, C, D, z, delta_bias, delta_softplus=True)` in time-major
+layout, with A passed as A_log:
+
+    Δ = softplus(delta + delta_bias),  A = −exp(A_log),
+    h_t = exp(Δ_t A) h_{t−1} + Δ_t B_t u_t,  y_t = (C_t·h_t + D u_t) · silu(z_t).
+
+Memory: the forward keeps the state entering each chunk of `chunk` steps ([B, ceil(L / chunk), Dc, N]); the
+backward recomputes the states in between. Its transient buffers are the tile entry states of one chunk
+([B, Dc / CH, chunk / 8, 128]) and the per-workgroup partials of dB and dC (2 × [Dc / CH, B, L, N]), where CH,
+the channels per workgroup, is 128 / N rounded down to a power of two (8 for N = 16).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from mambactl.errors import ShapeError
+from mambactl.ops.checks import expect, grid_1d
+from mambactl.runtime.tensor import Tensor
+
+# Mirrors of kernels/selective_scan.wgsl's WG, T and CH_MAX.
+WORKGROUP = 128
+TILE = 8
+MAX_CHANNELS_PER_GROUP = 32
+MAX_STATE = WORKGROUP  # one thread per state of a channel
+DEFAULT_CHUNK = 128
+
+
+@dataclass
+class ScanSaved:
+    """What the backward needs: the forward's inputs (not copied) and the chunk entry states."""
+
+    u: Tensor
+    delta: Tensor
+    A_log: Tensor
+    B: Tensor
+    C: Tensor
+    D: Tensor
+    z: Tensor
+    delta_bias: Tensor
+    states: Tensor  # [B, n_chunks, Dc, N]: the state before step k·chunk
+    chunk: int
+
+
+def channels_per_group(nstate: int) -> int:
+    """Channels per workgroup: the largest power of two ≤ min(128 / N, 32), so it divides the workgroup."""
+    ch = 1
+    while ch * 2 <= min(WORKGROUP // nstate, MAX_CHANNELS_PER_GROUP):
+        ch *= 2
+    return ch
+
+
+def _check_inputs(op: str, u, delta, A_log, B, C, D, z, delta_bias) -> tuple[int, int, int, int]:
+    expect(op, "u", u, (None, None, None))
+    batch, length, channels = u.shape
+    if min(u.shape) < 1:
+        raise ShapeError(f"{op}: u has shape {u.shape}; batch, length and channels must be at least 1")
+    expect(op, "delta", delta, u.shape)
+    expect(op, "z", z, u.shape)
+    expect(op, "A_log", A_log, (channels, None))
+    nstate = A_log.shape[1]
+    if not 1 <= nstate <= MAX_STATE:
+        raise ShapeError(f"{op}: A_log has shape {A_log.shape}; the state size N must be in [1, {MAX_STATE}]")
+    expect(op, "B", B, (batch, length, nstate))
+    expect(op, "C", C, (batch, length, nstate))
+    expect(op, "D", D, (channels,))
+    expect(op, "delta_bias", delta_bias, (channels,))
+    return batch, length, channels, nstate
+
+
+def _scan_params(batch: int, length: int, channels: int, nstate: int, chunk: int) -> dict:
+    return dict(batch=batch, len=length, channels=channels, nstate=nstate, ch=channels_per_group(nstate),
+                chunk=chunk, nchunks=-(-length // chunk))
+
+
+def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor,
+                   delta_bias: Tensor, chunk: int = DEFAULT_CHUNK) -> tuple[Tensor, ScanSaved]:
+    """u, delta, z [B, L, Dc]; A_log [Dc, N]; B, C [B, L, N]; D, delta_bias [Dc] -> (y [B, L, Dc], saved).
+
+    `chunk` (a positive multiple of 8) is the number of steps between saved states.
+    """
+    op = "selective_scan"
+    batch, length, channels, nstate = _check_inputs(op, u, delta, A_log, B, C, D, z, delta_bias)
+    if chunk < TILE or chunk % TILE:
+        raise ShapeError(f"{op}: chunk is {chunk}; it must be a positive multiple of {TILE}")
+    chunk = min(chunk, -(-length // TILE) * TILE)  # a chunk past the end would only enlarge the scratch
+    params = _scan_params(batch, length, channels, nstate, chunk)
+    rt = u.runtime
+    y = rt.empty(u.shape)
+    states = rt.empty((batch, params["nchunks"], channels, nstate))
+    rt.run("selective_scan_forward", (-(-channels // params["ch"]), batch), u=u, delta=delta, A_log=A_log, B=B, C=C,
+           D=D, z=z, delta_bias=delta_bias, y=y, states=states, **params)
+    return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk)
+
+
+def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Tensor] | None = None):
+    """dy [B, L, Dc] -> (du, ddelta, dA_log, dB, dC, dD, dz, ddelta_bias), shaped like the inputs.
+
+    ddelta is the gradient w.r.t. the forward's `delta` (before bias and softplus). `grads`, a mapping with
+    keys "A_log", "D" and "delta_bias", makes the parameter gradients add into those tensors (and returns them).
+    """
+    op = "selective_scan_backward"
+    s = saved
+    batch, length, channels, nstate = _check_inputs(op, s.u, s.delta, s.A_log, s.B, s.C, s.D, s.z, s.delta_bias)
+    expect(op, "dy", dy, s.u.shape)
+    params = _scan_params(batch, length, channels, nstate, s.chunk)
+    expect(op, "saved states", s.states, (batch, params["nchunks"], channels, nstate))
+    accumulate = grads is not None
+    if accumulate:
+        missing = {"A_log", "D", "delta_bias"} - set(grads)
+        if missing:
+            raise ShapeError(f"{op}: grads lacks {sorted(missing)}; give all of A_log, D and delta_bias")
+        dA_log = expect(op, "grads['A_log']", grads["A_log"], (channels, nstate))
+        dD = expect(op, "grads['D']", grads["D"], (channels,))
+        ddelta_bias = expect(op, "grads['delta_bias']", grads["delta_bias"], (channels,))
+    rt = dy.runtime
+    if not accumulate:
+        dA_log, dD, ddelta_bias = rt.empty((channels, nstate)), rt.empty((channels,)), rt.empty((channels,))
+    groups = -(-channels // params["ch"])
+    du, ddelta, dz = rt.empty(s.u.shape), rt.empty(s.u.shape), rt.empty(s.u.shape)
+    dB_part = rt.empty((groups, batch, length, nstate))
+    dC_part = rt.empty((groups, batch, length, nstate))
+    param_part = rt.empty((batch, channels, nstate + 2))
+    tile_states = rt.empty((batch, groups, s.chunk // TILE, WORKGROUP))
+    rt.run("selective_scan_backward", (groups, batch), u=s.u, delta=s.delta, A_log=s.A_log, B=s.B, C=s.C, D=s.D,
+           z=s.z, delta_bias=s.delta_bias, dy=dy, saved_states=s.states, du=du, ddelta=ddelta, dz=dz,
+           dB_part=dB_part, dC_part=dC_part, param_part=param_part, tile_states=tile_states, **params)
+    dB, dC = rt.empty(s.B.shape), rt.empty(s.C.shape)
+    count = batch * length * nstate
+    rt.run("selective_scan_sum_slices", grid_1d(count), part=dB_part, total=dB, count=count, slices=groups)
+    rt.run("selective_scan_sum_slices", grid_1d(count), part=dC_part, total=dC, count=count, slices=groups)
+    count = channels * (nstate + 2)
+    rt.run("selective_scan_param_grads", grid_1d(count), {"ACCUMULATE": accumulate}, part=param_part,
+           dA_log=dA_log, dD=dD, ddelta_bias=ddelta_bias, count=count, batch=batch, nstate=nstate)
+    return du, ddelta, dA_log, dB, dC, dD, dz, ddelta_bias

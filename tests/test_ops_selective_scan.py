@@ -1,0 +1,132 @@
+"""GPU selective scan (mambactl/ops/selective_scan.py) against the float64 reference scan, composed with
+softplus(delta + delta_bias) and A = −exp(A_log) as mamba_ssm's selective_scan_fn(delta_softplus=True)."""
+
+import numpy as np
+import pytest
+
+from mambactl.errors import ShapeError
+from mambactl.ops.selective_scan import channels_per_group, selective_scan, selective_scan_backward
+from mambactl.reference import selective_scan as ref
+from mambactl.reference.activations import softplus, softplus_backward
+from mambactl.runtime.gpu import get_runtime
+
+NAMES = ("u", "delta", "A_log", "B", "C", "D", "z", "delta_bias")
+GRADS = ("du", "ddelta", "dA_log", "dB", "dC", "dD", "dz", "ddelta_bias")
+
+
+@pytest.fixture(scope="session")
+def rt():
+    runtime = get_runtime()
+    runtime.poison = True  # an output element a kernel forgets to write reads NaN
+    return runtime
+
+
+def make_inputs(batch, length, channels, nstate, seed=0):
+    """Float32 inputs: Δ = softplus(delta + bias) ≈ 0.7 with a few delta > 20 (softplus's linear branch)."""
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape, scale=1.0):
+        return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+    delta = normal(batch, length, channels, scale=0.5)
+    delta.flat[::23] = 21.0 + rng.random(delta.flat[::23].shape).astype(np.float32)
+    return dict(u=normal(batch, length, channels), delta=delta,
+                A_log=(np.log(np.arange(1, nstate + 1)) + normal(channels, nstate, scale=0.1)).astype(np.float32),
+                B=normal(batch, length, nstate), C=normal(batch, length, nstate), D=normal(channels),
+                z=normal(batch, length, channels), delta_bias=normal(channels, scale=0.2))
+
+
+def reference(x, dy):
+    """Float64 y and gradients, in the order of GRADS (dA_log = dA·A, ddelta through softplus)."""
+    x = {k: v.astype(np.float64) for k, v in x.items()}
+    pre = x["delta"] + x["delta_bias"]
+    dt, A = softplus(pre), -np.exp(x["A_log"])
+    args = (x["u"], dt, A, x["B"], x["C"], x["D"], x["z"])
+    y = ref.selective_scan(*args)
+    du, ddt, dA, dB, dC, dD, dz = ref.selective_scan_backward(*args, dy.astype(np.float64))
+    ddelta = softplus_backward(pre, ddt)
+    return y, (du, ddelta, dA * A, dB, dC, dD, dz, ddelta.sum(axis=(0, 1)))
+
+
+def rel_err(got, want):
+    # An all-zero reference (dA_log at L = 1, where every h_{t−1} is 0) must come back exactly zero.
+    return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
+
+
+def run_gpu(rt, x, dy, chunk=128, grads=None):
+    y, saved = selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), chunk=chunk)
+    out = selective_scan_backward(saved, rt.from_numpy(dy), grads)
+    return y.numpy(), [g.numpy() for g in out], saved
+
+
+@pytest.mark.parametrize("batch,length,channels,nstate,chunk", [
+    (1, 1, 5, 3, 128),
+    (2, 2, 3, 1, 128),
+    (2, 63, 9, 16, 16),    # L not a multiple of the tile or chunk
+    (1, 64, 12, 16, 32),
+    (2, 65, 70, 16, 32),   # channels not a multiple of the 8 per workgroup
+    (1, 1000, 6, 16, 128),
+    (1, 50, 5, 20, 24),    # N = 20: 4 channels of 20 threads per workgroup
+    (1, 17, 3, 128, 8),    # the largest N, one channel per workgroup
+])
+def test_matches_reference(rt, batch, length, channels, nstate, chunk):
+    x = make_inputs(batch, length, channels, nstate)
+    dy = np.random.default_rng(1).standard_normal((batch, length, channels)).astype(np.float32)
+    y, grads, _ = run_gpu(rt, x, dy, chunk)
+    y_ref, grads_ref = reference(x, dy)
+    assert rel_err(y, y_ref) < 1e-4
+    for name, got, want in zip(GRADS, grads, grads_ref):
+        assert got.shape == want.shape, name
+        assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
+
+
+def test_parameter_grads_accumulate_deterministically(rt):
+    x = make_inputs(2, 40, 11, 16, seed=2)
+    dy = np.random.default_rng(3).standard_normal((2, 40, 11)).astype(np.float32)
+    _, fresh, _ = run_gpu(rt, x, dy, chunk=16)
+    _, again, _ = run_gpu(rt, x, dy, chunk=16)
+    for name, a, b in zip(GRADS, fresh, again):
+        assert np.array_equal(a, b), f"{name} differs between identical runs"
+    rng = np.random.default_rng(4)
+    start = {"A_log": rng.standard_normal((11, 16)), "D": rng.standard_normal(11), "delta_bias": rng.standard_normal(11)}
+    acc = {k: rt.from_numpy(v) for k, v in start.items()}
+    _, summed, _ = run_gpu(rt, x, dy, chunk=16, grads=acc)
+    by_name = dict(zip(GRADS, summed))
+    for key, name in (("A_log", "dA_log"), ("D", "dD"), ("delta_bias", "ddelta_bias")):
+        np.testing.assert_allclose(by_name[name], start[key] + dict(zip(GRADS, fresh))[name], rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(acc[key].numpy(), by_name[name])
+
+
+def test_saved_states_are_chunk_boundaries_only(rt):
+    batch, length, channels, nstate, chunk = 2, 300, 5, 16, 64
+    x = make_inputs(batch, length, channels, nstate)
+    _, saved = selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), chunk=chunk)
+    n_chunks = -(-length // chunk)
+    assert saved.states.shape == (batch, n_chunks, channels, nstate)
+    # Everything saved beyond the inputs themselves: O(B·Dc·N·L / chunk), not the B·Dc·N·L states.
+    inputs = {id(getattr(saved, k).buffer) for k in NAMES}
+    extra = sum(t.size for t in vars(saved).values() if hasattr(t, "buffer") and id(t.buffer) not in inputs)
+    assert extra == batch * channels * nstate * n_chunks
+    assert extra <= batch * channels * nstate * length / chunk + batch * channels * nstate
+    assert channels_per_group(16) == 8
+
+
+def test_shape_errors(rt):
+    x = {k: rt.from_numpy(v) for k, v in make_inputs(1, 4, 3, 2).items()}
+    args = [x[k] for k in NAMES]
+    bad_B = rt.from_numpy(np.zeros((1, 4, 5), np.float32))
+    with pytest.raises(ShapeError, match="B has shape"):
+        selective_scan(*args[:3], bad_B, *args[4:])
+    with pytest.raises(ShapeError, match="state size"):
+        big = rt.from_numpy(np.zeros((3, 129), np.float32))
+        selective_scan(x["u"], x["delta"], big, *(rt.from_numpy(np.zeros((1, 4, 129), np.float32)) for _ in "BC"),
+                       *args[5:])
+    with pytest.raises(ShapeError, match="chunk"):
+        selective_scan(*args, chunk=12)
+    with pytest.raises(ShapeError, match="dtype"):
+        selective_scan(*args[:6], rt.from_numpy(np.zeros((1, 4, 3), np.int32)), args[7])
+    _, saved = selective_scan(*args)
+    with pytest.raises(ShapeError, match="dy has shape"):
+        selective_scan_backward(saved, rt.from_numpy(np.zeros((1, 4, 2), np.float32)))
+    with pytest.raises(ShapeError, match="grads lacks"):
+        selective_scan_backward(saved, rt.from_numpy(np.zeros((1, 4, 3), np.float32)), {"D": x["D"]})
