@@ -237,13 +237,18 @@ def load_config(path: str | Path, overrides: typing.Iterable[str] = ()) -> Train
         raise MambactlError(f"{path}: no such config file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise MambactlError(f"{path}: cannot read the config: {exc}") from None
-    raw = _parse_toml(text, str(path))
-    config = TrainConfig.from_dict(raw, str(path))
+    return parse_config(text, str(path), overrides)
+
+
+def parse_config(text: str, origin: str, overrides: typing.Iterable[str] = ()) -> TrainConfig:
+    """`load_config` for TOML text (e.g. a preset); errors name `origin`."""
+    raw = _parse_toml(text, origin)
+    config = TrainConfig.from_dict(raw, origin)
     for item in overrides:
-        origin = f"{path} (--set {item})"
-        keys, value = _parse_override(item, origin)
-        _assign(raw, keys, value, origin)
-        config = TrainConfig.from_dict(raw, origin)
+        origin_item = f"{origin} (--set {item})"
+        keys, value = _parse_override(item, origin_item)
+        _assign(raw, keys, value, origin_item)
+        config = TrainConfig.from_dict(raw, origin_item)
     return config
 
 
