@@ -103,3 +103,27 @@ fn bias_backward(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (ACCUMULATE) { s += db[col]; }
     db[col] = s;
 }
+
+// The same product without workgroup memory or barriers: each thread reads its 4 rows and 4 columns
+// straight from memory. On CPU adapters (llvmpipe/lavapipe run a workgroup's invocations as loops and
+// every barrier is a context switch) the caches do the tiling's job and this is several times faster.
+@compute @workgroup_size(16, 16)
+fn matmul_direct(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let r0 = wid.y * TILE + lid.y * 4u;
+    let c0 = wid.x * TILE + lid.x * 4u;
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    for (var kk = 0u; kk < p.k; kk++) {
+        let bv = vec4<f32>(load_b(kk, c0), load_b(kk, c0 + 1u), load_b(kk, c0 + 2u), load_b(kk, c0 + 3u));
+        acc0 += load_a(r0, kk) * bv;
+        acc1 += load_a(r0 + 1u, kk) * bv;
+        acc2 += load_a(r0 + 2u, kk) * bv;
+        acc3 += load_a(r0 + 3u, kk) * bv;
+    }
+    store_row(r0, c0, acc0);
+    store_row(r0 + 1u, c0, acc1);
+    store_row(r0 + 2u, c0, acc2);
+    store_row(r0 + 3u, c0, acc3);
+}

@@ -91,6 +91,22 @@ def test_linear_forward_backward(rt, rng, M, K, N):
     assert rel(db.numpy(), rdb) < REDUCTION_TOL
 
 
+@pytest.mark.parametrize("kernel", ["matmul", "matmul_direct"])
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("M,K,N", [(1, 5, 3), (65, 17, 130), (70, 129, 66)])
+def test_both_matmul_kernels_every_transpose(rt, rng, kernel, ta, tb, M, K, N):
+    """Both kernels run on every adapter here, whichever one the adapter type selects by default."""
+    (a32, a), (b32, b), (bias32, bias), (acc32, acc) = (
+        f32(rng, *((K, M) if ta else (M, K))), f32(rng, *((N, K) if tb else (K, N))), f32(rng, N), f32(rng, M, N))
+    ref = (a.T if ta else a) @ (b.T if tb else b)
+    got = linear.matmul(rt.from_numpy(a32), rt.from_numpy(b32), trans_a=ta, trans_b=tb,
+                        bias=rt.from_numpy(bias32), kernel=kernel).numpy()
+    assert rel(got, ref + bias) < REDUCTION_TOL
+    out = rt.from_numpy(acc32)
+    linear.matmul(rt.from_numpy(a32), rt.from_numpy(b32), trans_a=ta, trans_b=tb, out=out, kernel=kernel)
+    assert rel(out.numpy(), acc + ref) < REDUCTION_TOL
+
+
 def test_linear_backward_accumulates(rt, rng):
     (x32, x), (w32, w), (dy32, dy), (acc32, acc), (bacc32, bacc) = (
         f32(rng, 9, 7), f32(rng, 5, 7), f32(rng, 9, 5), f32(rng, 5, 7), f32(rng, 5))

@@ -9,9 +9,11 @@ from mambactl.runtime.tensor import Tensor
 _TILE = 64
 
 
-def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor | None = None, out: Tensor | None = None) -> Tensor:
+def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor | None = None, out: Tensor | None = None,
+           kernel: str | None = None) -> Tensor:
     """C[M, N] = op(A) op(B) (+ bias); A is [M, K] ([K, M] if trans_a), B is [K, N] ([N, K] if trans_b).
-    With `out`, the product is added into it (gradient accumulation)."""
+    With `out`, the product is added into it (gradient accumulation). `kernel` forces "matmul" (tiled through
+    workgroup memory, for GPUs) or "matmul_direct" (no barriers, for CPU adapters); default: by adapter type."""
     expect("matmul", "a", a)
     expect("matmul", "b", b)
     if a.ndim != 2 or b.ndim != 2:
@@ -30,7 +32,8 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
         out = rt.empty((M, N))
     consts = {"TRANS_A": trans_a, "TRANS_B": trans_b, "HAS_BIAS": bias is not None, "ACCUMULATE": accumulate}
     groups = (-(-N // _TILE), -(-M // _TILE))
-    rt.run("matmul", groups, consts, a=a, b=b, bias=bias if bias is not None else a, c=out, m=M, n=N, k=K)
+    entry = kernel or ("matmul_direct" if rt.info.type == "CPU" else "matmul")
+    rt.run(entry, groups, consts, a=a, b=b, bias=bias if bias is not None else a, c=out, m=M, n=N, k=K)
     return out
 
 
