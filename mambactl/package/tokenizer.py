@@ -78,6 +78,7 @@ def train_tokenizer(
 
 
 def _is_utf8(path: Path) -> bool:
+    """Whether a file decodes as UTF-8 (read in 1 MiB chunks)."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     try:
         with open(path, "rb") as f:
