@@ -1,0 +1,238 @@
+"""Benchmark: full Mamba-1 LM training steps on one wgpu adapter (forward + backward + AdamW with grad clip, fp32).
+
+    python bench/train_step.py --d-model 768 --layers 24 --vocab 50280 --seq 1024 --batch 8 --steps 5 \
+        [--device NVIDIA/Vulkan] [--peer hf-mambapy] [--out results.jsonl]
+
+Each step: zero the gradients, forward with the loss, backward, `adamw_step` (clip 1.0, weight decay 0.1 on
+the decayed set), on a fresh random token batch; then `rt.sync()` (flush + wait for the GPU). The clock runs
+from just before the step to just after its sync, so a step's time is everything it costs the host and the
+GPU; warm-up steps (pipeline compilation, first allocations) are excluded and the median step is reported.
+
+With --peer IMPL (hf | hf-mambapy | mambapy | ssm) and torch importable, the PyTorch peer of
+../shared/bench/peer_torch.py runs the same shape in a subprocess *before* our measurement (so the two never
+share the GPU), on cuda when our adapter is a GPU and torch sees one, else on the CPU (--peer-device to force).
+Prints a small table and one JSON line (also appended to --out FILE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import importlib.util
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+
+import mambactl  # noqa: E402
+from mambactl.models.config import Mamba1Config, ModelConfig  # noqa: E402
+from mambactl.models.lm import LanguageModel  # noqa: E402
+from mambactl.models.params import count_parameters, init_parameters, parameter_specs  # noqa: E402
+from mambactl.ops.adamw import AdamWState, adamw_step  # noqa: E402
+from mambactl.runtime.gpu import get_runtime  # noqa: E402
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--d-state", type=int, default=16)
+    p.add_argument("--steps", type=int, default=10, help="timed steps")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    p.add_argument("--device", default=None, help="adapter index or name[/backend]; default MAMBACTL_DEVICE or the best")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="append the JSON line to this file")
+    p.add_argument("--peer", default=None, help="also time peer_torch.py --impl PEER on the same shape")
+    p.add_argument("--peer-script", default=str(REPO.parent / "shared" / "bench" / "peer_torch.py"))
+    p.add_argument("--peer-device", default="auto", help="cuda | cpu | auto (cuda when our adapter is a GPU and torch sees one)")
+    p.add_argument("--peer-steps", type=int, default=None, help="peer timed steps (default: --steps)")
+    p.add_argument("--peer-warmup", type=int, default=None, help="peer warm-up steps (default: --warmup)")
+    p.add_argument("--peer-tf32", action="store_true", help="let the peer use TF32 matmuls (ours is plain fp32)")
+    p.add_argument("--peer-timeout", type=float, default=900.0)
+    p.add_argument("--progress", action="store_true", help="print each step's time to stderr as it ends")
+    return p.parse_args(argv)
+
+
+def commit() -> str:
+    """The measured code: MAMBACTL_COMMIT when set (machines without .git, or a snapshot of a commit run from
+    inside another checkout), else `git describe --always --dirty`."""
+    if os.environ.get("MAMBACTL_COMMIT"):
+        return os.environ["MAMBACTL_COMMIT"]
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True,
+                             text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def run_peer(a, gpu_adapter: bool) -> dict:
+    """Time the PyTorch peer in a subprocess; returns its fields, or {"error": ...}."""
+    if importlib.util.find_spec("torch") is None:
+        return {"impl": a.peer, "error": "torch is not importable"}
+    script = Path(a.peer_script)
+    if not script.is_file():
+        return {"impl": a.peer, "error": f"no peer script at {script}"}
+    device = a.peer_device
+    if device == "auto":
+        device = "cpu"
+        if gpu_adapter:
+            probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                                   capture_output=True, text=True)
+            device = "cuda" if probe.stdout.strip() == "True" else "cpu"
+    cmd = [sys.executable, str(script), "--impl", a.peer, "--arch", "mamba1", "--d-model", str(a.d_model),
+           "--layers", str(a.layers), "--vocab", str(a.vocab), "--d-state", str(a.d_state), "--seq", str(a.seq),
+           "--batch", str(a.batch), "--steps", str(a.peer_steps or a.steps),
+           "--warmup", str(a.peer_warmup if a.peer_warmup is not None else a.warmup), "--device", device]
+    if a.peer_tf32:
+        cmd.append("--tf32")
+    t0 = time.perf_counter()
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.peer_timeout)
+    except subprocess.TimeoutExpired:
+        return {"impl": a.peer, "device": device, "error": f"timed out after {a.peer_timeout:.0f} s"}
+    line = next((x for x in r.stdout.splitlines() if x.startswith("PEER ")), None)
+    if r.returncode != 0 or line is None:
+        tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {"impl": a.peer, "device": device, "error": f"exit {r.returncode}: {tail[0][:300]}"}
+    fields = dict(re.findall(r"(\S+)=(\S+)", line))
+    out = {"impl": a.peer, "device": device, "tf32": a.peer_tf32, "line": line,
+           "wall_s": round(time.perf_counter() - t0, 1)}
+    if device == "cuda":
+        name = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.get_device_name(0))"],
+                              capture_output=True, text=True).stdout.strip()
+        out["device_name"] = name
+    for k, conv in (("tokens_per_s", float), ("step_s", float), ("params", int), ("loss", float)):
+        if k in fields:
+            out[k] = conv(fields[k])
+    out["timing"] = "mean of timed steps (peer_torch.py), one fixed batch"
+    return out
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    rt = get_runtime(a.device)
+    info = rt.info
+    gpu_adapter = info.type != "CPU"
+
+    peer = run_peer(a, gpu_adapter) if a.peer else None
+    if a.progress and peer is not None:
+        print(f"peer: {peer.get('line') or peer.get('error')}", file=sys.stderr, flush=True)
+
+    cfg = ModelConfig(vocab_size=a.vocab, d_model=a.d_model, n_layer=a.layers, mamba1=Mamba1Config(d_state=a.d_state))
+    specs = parameter_specs(cfg)
+    lm = LanguageModel(cfg, rt, init_parameters(cfg, a.seed))
+    params = [lm.params[s.name] for s in specs]
+    grads = [lm.grads[s.name] for s in specs]
+    no_decay = [s.no_decay for s in specs]
+    opt = AdamWState.zeros(params)
+    rng = np.random.default_rng(a.seed)
+    B, L, V = a.batch, a.seq, a.vocab
+
+    def step():
+        tokens = rng.integers(0, V, (B, L + 1))
+        lm.zero_grad()
+        loss, _, saved = lm.forward(tokens[:, :-1], tokens[:, 1:])
+        lm.backward(saved)
+        adamw_step(params, grads, opt, lr=a.lr, weight_decay=0.1, no_decay=no_decay, max_grad_norm=1.0)
+        del saved
+        return loss
+
+    rt.sync()
+    t_warm = time.perf_counter()
+    loss = None
+    for i in range(a.warmup):
+        loss = step()
+        rt.sync()
+        if a.progress:
+            print(f"warm-up step {i}: {time.perf_counter() - t_warm:.3f} s since start", file=sys.stderr, flush=True)
+    warm_s = time.perf_counter() - t_warm
+    first_loss = float(loss.numpy()[0]) if loss is not None else None
+
+    times, submits0 = [], rt.submits
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        loss = step()
+        rt.sync()
+        times.append(time.perf_counter() - t0)
+        if a.progress:
+            print(f"step {len(times)}: {times[-1] * 1e3:.1f} ms", file=sys.stderr, flush=True)
+    submits = (rt.submits - submits0) / max(1, a.steps)
+    last_loss = float(loss.numpy()[0]) if loss is not None else None
+    counters = opt.read_counters()
+
+    med = statistics.median(times) if times else float("nan")
+    tokens = B * L
+    result = {
+        "bench": "train_step",
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "mambactl": mambactl.__version__,
+        "commit": commit(),
+        "device": {"name": info.name, "backend": info.backend, "type": info.type, "driver": info.driver},
+        "config": {"arch": "mamba1", "d_model": a.d_model, "layers": a.layers, "vocab": a.vocab, "seq": L, "batch": B,
+                   "d_state": a.d_state, "dtype": "fp32", "params": count_parameters(cfg),
+                   "optimizer": "adamw clip=1.0 wd=0.1"},
+        "steps": a.steps,
+        "warmup": a.warmup,
+        "warmup_s": round(warm_s, 3),
+        "step_ms": round(med * 1e3, 3),
+        "step_ms_min": round(min(times) * 1e3, 3) if times else None,
+        "step_ms_max": round(max(times) * 1e3, 3) if times else None,
+        "tokens_per_s": round(tokens / med, 1) if times else None,
+        "submits_per_step": submits,
+        "loss_first": first_loss,
+        "loss_last": last_loss,
+        "optimizer_steps": counters["step"],
+        "skipped_steps": counters["skipped_steps"],
+        "pool_bytes": rt.pool.allocated_bytes,
+    }
+    if peer is not None:
+        result["peer"] = peer
+        if result["tokens_per_s"] and peer.get("tokens_per_s"):
+            result["ratio_vs_peer"] = round(result["tokens_per_s"] / peer["tokens_per_s"], 4)
+
+    rows = [
+        ("device", f"{info.name} ({info.backend}, {info.type})"),
+        ("config", f"d_model {a.d_model}, {a.layers} layers, vocab {V}, L {L}, batch {B}, d_state {a.d_state}, fp32"),
+        ("params", f"{result['config']['params']:,}"),
+        ("step (median)", f"{result['step_ms']:.2f} ms  (min {result['step_ms_min']}, max {result['step_ms_max']}, "
+                          f"{a.steps} timed, {a.warmup} warm-up in {warm_s:.1f} s)"),
+        ("tokens/s", f"{result['tokens_per_s']:,.0f}"),
+        ("submits/step", f"{submits:g}"),
+        ("loss", f"{first_loss} -> {last_loss}"),
+    ]
+    if peer is not None:
+        if "tokens_per_s" in peer:
+            rows.append((f"peer {peer['impl']} ({peer['device']})", f"{peer['tokens_per_s']:,.0f} tokens/s"))
+            rows.append(("ratio ours/peer", f"{result.get('ratio_vs_peer', float('nan')):.3f}"))
+        else:
+            rows.append((f"peer {peer['impl']}", peer["error"]))
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    line = json.dumps(result, sort_keys=False)
+    print(line)
+    if a.out:
+        with open(a.out, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
