@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
-from mambactl.ops.selective_scan import channels_per_group, selective_scan, selective_scan_backward
+from mambactl.ops.selective_scan import channels_per_group, selective_scan, selective_scan_backward, tile_steps
 from mambactl.reference import selective_scan as ref
 from mambactl.reference.activations import softplus, softplus_backward
 from mambactl.runtime.gpu import get_runtime
@@ -66,8 +66,9 @@ def run_gpu(rt, x, dy, chunk=128, grads=None):
     (1, 64, 12, 16, 32),
     (2, 65, 70, 16, 32),   # channels not a multiple of the 8 per workgroup
     (1, 1000, 6, 16, 128),
-    (1, 50, 5, 20, 24),    # N = 20: 4 channels of 20 threads per workgroup
-    (1, 17, 3, 128, 8),    # the largest N, one channel per workgroup
+    (1, 50, 5, 20, 24),    # N = 20: 4 channels of 20 threads per workgroup; tiles of 8 steps
+    (2, 70, 6, 20, 32),    # tiles of 16 steps
+    (1, 17, 3, 128, 8),    # the largest N, one channel per workgroup; tiles of 4 steps
 ])
 def test_matches_reference(rt, batch, length, channels, nstate, chunk):
     x = make_inputs(batch, length, channels, nstate)
@@ -88,7 +89,8 @@ def test_parameter_grads_accumulate_deterministically(rt):
     for name, a, b in zip(GRADS, fresh, again):
         assert np.array_equal(a, b), f"{name} differs between identical runs"
     rng = np.random.default_rng(4)
-    start = {"A_log": rng.standard_normal((11, 16)), "D": rng.standard_normal(11), "delta_bias": rng.standard_normal(11)}
+    start = {"A_log": rng.standard_normal((11, 16)), "D": rng.standard_normal(11),
+             "delta_bias": rng.standard_normal(11)}
     acc = {k: rt.from_numpy(v) for k, v in start.items()}
     _, summed, _ = run_gpu(rt, x, dy, chunk=16, grads=acc)
     by_name = dict(zip(GRADS, summed))
@@ -109,6 +111,11 @@ def test_saved_states_are_chunk_boundaries_only(rt):
     assert extra == batch * channels * nstate * n_chunks
     assert extra <= batch * channels * nstate * length / chunk + batch * channels * nstate
     assert channels_per_group(16) == 8
+
+
+def test_tile_choice():
+    assert [tile_steps(n, 128) for n in (1, 4, 16, 20, 128)] == [8, 4, 8, 16, 4]
+    assert tile_steps(20, 24) == 8
 
 
 def test_shape_errors(rt):

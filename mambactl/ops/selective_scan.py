@@ -8,8 +8,10 @@ layout, with A passed as A_log:
 
 Memory: the forward keeps the state entering each chunk of `chunk` steps ([B, ceil(L / chunk), Dc, N]); the
 backward recomputes the states in between. Its transient buffers are the tile entry states of one chunk
-([B, Dc / CH, chunk / 8, 128]) and the per-workgroup partials of dB and dC (2 × [Dc / CH, B, L, N]), where CH,
-the channels per workgroup, is 128 / N rounded down to a power of two (8 for N = 16).
+([B, Dc / CH, ceil(min(chunk, L) / T), 128]) and the per-workgroup partials of dB and dC
+(2 × [Dc / CH, B, L, N]), where CH, the channels per workgroup, is min(128 / N, 32) rounded down to a power
+of two (8 for N = 16), and T, the steps per tile, is the largest of 16, 8, 4 that divides `chunk` and keeps
+workgroup memory within 16 KiB (8 for N = 16).
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ from mambactl.errors import ShapeError
 from mambactl.ops.checks import expect, grid_1d
 from mambactl.runtime.tensor import Tensor
 
-# Mirrors of kernels/selective_scan.wgsl's WG, T and CH_MAX.
-WORKGROUP = 128
-TILE = 8
-MAX_CHANNELS_PER_GROUP = 32
+WORKGROUP = 128  # mirrors WG in kernels/selective_scan.wgsl
+MAX_CHANNELS_PER_GROUP = 32  # bounds the per-(step, channel) tiles when N is tiny
 MAX_STATE = WORKGROUP  # one thread per state of a channel
+TILES = (16, 8, 4)  # steps per tile, largest first
+# WebGPU's guaranteed workgroup memory. Devices with more would take longer tiles, but on an H200 those ran
+# slower (fewer workgroups resident per SM), so the tile is sized to this on every device.
+WORKGROUP_MEMORY = 16384
+CHUNK_MULTIPLE = 8
 DEFAULT_CHUNK = 128
 
 
@@ -53,6 +58,15 @@ def channels_per_group(nstate: int) -> int:
     return ch
 
 
+def tile_steps(nstate: int, chunk: int) -> int:
+    """Steps per tile: the largest of TILES that divides `chunk` and whose workgroup memory (the kernel's
+    six [T, CH] tiles, two [T, N] tiles and two [T, CH·(N + 1)] tiles of f32) fits WORKGROUP_MEMORY;
+    T = 4 always does (N ≤ 128, chunk a multiple of 8)."""
+    ch = channels_per_group(nstate)
+    return next(t for t in TILES
+                if chunk % t == 0 and 4 * t * (6 * ch + 2 * nstate + 2 * ch * (nstate + 1)) <= WORKGROUP_MEMORY)
+
+
 def _check_inputs(op: str, u, delta, A_log, B, C, D, z, delta_bias) -> tuple[int, int, int, int]:
     expect(op, "u", u, (None, None, None))
     batch, length, channels = u.shape
@@ -71,9 +85,12 @@ def _check_inputs(op: str, u, delta, A_log, B, C, D, z, delta_bias) -> tuple[int
     return batch, length, channels, nstate
 
 
-def _scan_params(batch: int, length: int, channels: int, nstate: int, chunk: int) -> dict:
-    return dict(batch=batch, len=length, channels=channels, nstate=nstate, ch=channels_per_group(nstate),
-                chunk=chunk, nchunks=-(-length // chunk))
+def _scan_params(batch: int, length: int, channels: int, chunk: int) -> dict:
+    return dict(batch=batch, len=length, channels=channels, chunk=chunk, nchunks=-(-length // chunk))
+
+
+def _constants(nstate: int, chunk: int) -> dict:
+    return {"N": nstate, "CH": channels_per_group(nstate), "T": tile_steps(nstate, chunk)}
 
 
 def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor,
@@ -84,15 +101,15 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
     """
     op = "selective_scan"
     batch, length, channels, nstate = _check_inputs(op, u, delta, A_log, B, C, D, z, delta_bias)
-    if chunk < TILE or chunk % TILE:
-        raise ShapeError(f"{op}: chunk is {chunk}; it must be a positive multiple of {TILE}")
-    chunk = min(chunk, -(-length // TILE) * TILE)  # a chunk past the end would only enlarge the scratch
-    params = _scan_params(batch, length, channels, nstate, chunk)
+    if chunk < CHUNK_MULTIPLE or chunk % CHUNK_MULTIPLE:
+        raise ShapeError(f"{op}: chunk is {chunk}; it must be a positive multiple of {CHUNK_MULTIPLE}")
     rt = u.runtime
+    constants = _constants(nstate, chunk)
+    params = _scan_params(batch, length, channels, chunk)
     y = rt.empty(u.shape)
     states = rt.empty((batch, params["nchunks"], channels, nstate))
-    rt.run("selective_scan_forward", (-(-channels // params["ch"]), batch), u=u, delta=delta, A_log=A_log, B=B, C=C,
-           D=D, z=z, delta_bias=delta_bias, y=y, states=states, **params)
+    rt.run("selective_scan_forward", (-(-channels // constants["CH"]), batch), constants, u=u, delta=delta,
+           A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states, **params)
     return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk)
 
 
@@ -106,7 +123,7 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
     s = saved
     batch, length, channels, nstate = _check_inputs(op, s.u, s.delta, s.A_log, s.B, s.C, s.D, s.z, s.delta_bias)
     expect(op, "dy", dy, s.u.shape)
-    params = _scan_params(batch, length, channels, nstate, s.chunk)
+    params = _scan_params(batch, length, channels, s.chunk)
     expect(op, "saved states", s.states, (batch, params["nchunks"], channels, nstate))
     accumulate = grads is not None
     if accumulate:
@@ -119,15 +136,16 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
     rt = dy.runtime
     if not accumulate:
         dA_log, dD, ddelta_bias = rt.empty((channels, nstate)), rt.empty((channels,)), rt.empty((channels,))
-    groups = -(-channels // params["ch"])
+    constants = _constants(nstate, s.chunk)
+    groups, tile = -(-channels // constants["CH"]), constants["T"]
     du, ddelta, dz = rt.empty(s.u.shape), rt.empty(s.u.shape), rt.empty(s.u.shape)
     dB_part = rt.empty((groups, batch, length, nstate))
     dC_part = rt.empty((groups, batch, length, nstate))
     param_part = rt.empty((batch, channels, nstate + 2))
-    tile_states = rt.empty((batch, groups, s.chunk // TILE, WORKGROUP))
-    rt.run("selective_scan_backward", (groups, batch), u=s.u, delta=s.delta, A_log=s.A_log, B=s.B, C=s.C, D=s.D,
-           z=s.z, delta_bias=s.delta_bias, dy=dy, saved_states=s.states, du=du, ddelta=ddelta, dz=dz,
-           dB_part=dB_part, dC_part=dC_part, param_part=param_part, tile_states=tile_states, **params)
+    tile_states = rt.empty((batch, groups, -(-min(s.chunk, length) // tile), WORKGROUP))
+    rt.run("selective_scan_backward", (groups, batch), constants, u=s.u, delta=s.delta, A_log=s.A_log, B=s.B,
+           C=s.C, D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy, saved_states=s.states, du=du, ddelta=ddelta,
+           dz=dz, dB_part=dB_part, dC_part=dC_part, param_part=param_part, tile_states=tile_states, **params)
     dB, dC = rt.empty(s.B.shape), rt.empty(s.C.shape)
     count = batch * length * nstate
     rt.run("selective_scan_sum_slices", grid_1d(count), part=dB_part, total=dB, count=count, slices=groups)
