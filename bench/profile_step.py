@@ -1,0 +1,83 @@
+"""Where a training step's GPU time goes: per-entry-point time of one Mamba-1 LM step.
+
+    python bench/profile_step.py --d-model 768 --layers 24 --vocab 50280 --seq 1024 --batch 8 [--device D]
+
+Every dispatch is submitted and waited for on its own (a profiling mode, so the step is slower than in
+training); the table lists each WGSL entry point's total wall time, its dispatch count and share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import numpy as np  # noqa: E402
+
+from mambactl.models.config import Mamba1Config, ModelConfig  # noqa: E402
+from mambactl.models.lm import LanguageModel  # noqa: E402
+from mambactl.models.params import init_parameters, parameter_specs  # noqa: E402
+from mambactl.ops.adamw import AdamWState, adamw_step  # noqa: E402
+from mambactl.runtime.gpu import get_runtime  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    for name, default in (("d-model", 64), ("layers", 2), ("vocab", 512), ("seq", 64), ("batch", 8), ("d-state", 16)):
+        p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--device", default=None)
+    a = p.parse_args()
+    rt = get_runtime(a.device)
+    cfg = ModelConfig(vocab_size=a.vocab, d_model=a.d_model, n_layer=a.layers, mamba1=Mamba1Config(d_state=a.d_state))
+    lm = LanguageModel(cfg, rt, init_parameters(cfg, 0))
+    specs = parameter_specs(cfg)
+    params, grads = [lm.params[s.name] for s in specs], [lm.grads[s.name] for s in specs]
+    opt = AdamWState.zeros(params)
+    rng = np.random.default_rng(0)
+
+    def step():
+        ids = rng.integers(0, a.vocab, (a.batch, a.seq))
+        lm.zero_grad()
+        _, _, saved = lm.forward(ids, np.roll(ids, -1, axis=1))
+        lm.backward(saved)
+        del saved
+        adamw_step(params, grads, opt, lr=1e-3, weight_decay=0.1, max_grad_norm=1.0)
+        rt.sync()
+
+    step()  # compile pipelines, fill the pool
+    t = time.perf_counter()
+    step()
+    plain = time.perf_counter() - t
+
+    times: dict = collections.defaultdict(float)
+    counts: dict = collections.Counter()
+    run = rt.run
+
+    def timed(entry, groups, constants=None, **kw):
+        rt.sync()
+        t0 = time.perf_counter()
+        run(entry, groups, constants, **kw)
+        rt.sync()
+        key = entry + ("" if not constants else "[" + ",".join(k for k, v in sorted(constants.items()) if v) + "]")
+        times[key] += time.perf_counter() - t0
+        counts[key] += 1
+
+    rt.run = timed
+    step()
+    total = sum(times.values())
+    print(f"{rt.info.name} ({rt.info.backend}); step {plain * 1e3:.1f} ms unprofiled; {total * 1e3:.1f} ms in dispatches")
+    print(f"{'entry point':48s} {'ms':>9s} {'calls':>6s} {'share':>6s}")
+    for k, v in sorted(times.items(), key=lambda kv: -kv[1]):
+        print(f"{k:48s} {v * 1e3:9.2f} {counts[k]:6d} {v / total:6.1%}")
+    print(json.dumps({"device": rt.info.name, "step_ms": plain * 1e3,
+                      "entries": {k: [round(v * 1e3, 3), counts[k]] for k, v in times.items()}}))
+
+
+if __name__ == "__main__":
+    main()
