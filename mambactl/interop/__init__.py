@@ -1,0 +1,10 @@
+"""Interoperability: import transformers / mamba_ssm checkpoints, export to transformers and to GGUF (llama.cpp).
+
+Neither torch, transformers nor gguf is needed: tensors are read and written with numpy, safetensors and
+mambactl's own torch-zip reader and GGUF writer. See docs/interop.md.
+"""
+
+from mambactl.interop.gguf import export_gguf
+from mambactl.interop.hf import export_hf, import_checkpoint
+
+__all__ = ["export_gguf", "export_hf", "import_checkpoint"]
