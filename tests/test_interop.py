@@ -238,6 +238,39 @@ def test_export_hf_then_import_round_trips(tmp_path, package):
         np.testing.assert_array_equal(back.weights[name], value, err_msg=name)
 
 
+def _bf16_safetensors(tensors):
+    """safetensors bytes of float32 arrays stored as BF16 (truncated), written by hand: numpy has no bfloat16."""
+    header, blobs, offset = {}, [], 0
+    for name, array in tensors.items():
+        blob = (np.ascontiguousarray(array, np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(array.shape), "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    text = json.dumps(header).encode()
+    return len(text).to_bytes(8, "little") + text + b"".join(blobs)
+
+
+def test_import_sharded_f16_and_bf16_safetensors(tmp_path, package):
+    """model.safetensors.index.json naming two shards, one F16 and one BF16: values widen exactly."""
+    export_hf(package, tmp_path / "hf")
+    weights = safetensors.numpy.load_file(tmp_path / "hf" / "model.safetensors")
+    (tmp_path / "hf" / "model.safetensors").unlink()
+    names = sorted(weights)
+    half, bf16 = names[: len(names) // 2], names[len(names) // 2:]
+    safetensors.numpy.save_file({n: weights[n].astype(np.float16) for n in half},
+                                tmp_path / "hf" / "model-00001-of-00002.safetensors")
+    (tmp_path / "hf" / "model-00002-of-00002.safetensors").write_bytes(_bf16_safetensors({n: weights[n] for n in bf16}))
+    weight_map = {n: f"model-0000{1 + (n in bf16)}-of-00002.safetensors" for n in names}
+    (tmp_path / "hf" / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    import_checkpoint(tmp_path / "hf", tmp_path / "back.evermind")
+    back = load(tmp_path / "back.evermind").weights
+    for n in half:
+        np.testing.assert_array_equal(back[n], weights[n].astype(np.float16).astype(np.float32), err_msg=n)
+    for n in bf16:
+        truncated = (weights[n].view(np.uint32) & 0xFFFF0000).view(np.float32)
+        np.testing.assert_array_equal(back[n], truncated, err_msg=n)
+
+
 # export: GGUF ---------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["f32", "f16"])
 def test_export_gguf_reads_back(tmp_path, package, tok, dtype):
