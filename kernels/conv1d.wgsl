@@ -1,9 +1,7 @@
 // Causal depthwise conv over the sequence with PyTorch's taps: x, y [B, L, C] (time-major rows),
 // w [C, K] (a [C, 1, K] weight), bias [C]; y[b, t, c] = Σ_k w[c, k] · x[b, t − K + 1 + k, c] + bias[c].
 
-override ACCUMULATE: bool = false;
-
-struct Params { batch: u32, len: u32, channels: u32, taps: u32 }
+struct Params { batch: u32, len: u32, channels: u32, taps: u32, block_rows: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
@@ -12,8 +10,8 @@ struct Params { batch: u32, len: u32, channels: u32, taps: u32 }
 @group(0) @binding(4) var<storage, read> dy: array<f32>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
 @group(0) @binding(6) var<storage, read_write> dx: array<f32>;
-@group(0) @binding(7) var<storage, read_write> dw: array<f32>;
-@group(0) @binding(8) var<storage, read_write> db: array<f32>;
+@group(0) @binding(7) var<storage, read_write> dw_part: array<f32>;
+@group(0) @binding(8) var<storage, read_write> db_part: array<f32>;
 
 @compute @workgroup_size(256)
 fn conv1d_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -44,25 +42,26 @@ fn conv1d_backward_input(@builtin(global_invocation_id) gid: vec3<u32>, @builtin
     dx[i] = s;
 }
 
-// dw[c, k] (+)= Σ_{b,t} dy[b, t, c] · x[b, t − K + 1 + k, c]; the k = 0 thread also does db[c].
-// One thread per (c, k): x.y picks the tap, threads along c read consecutive addresses.
+// Per row block: dw_part[block, c·K + k] = Σ_{rows in block} dy[b, t, c] · x[b, t − K + 1 + k, c] and
+// db_part[block, c] = Σ dy (the k = 0 thread). ops.reduce.column_sums then sums the blocks, so the
+// reduction over B·L rows is spread across many threads and runs in a fixed order.
+// One thread per (c, k, block): threads along c read consecutive addresses.
 @compute @workgroup_size(64)
 fn conv1d_backward_weight(@builtin(global_invocation_id) gid: vec3<u32>) {
     let c = gid.x;
     let k = gid.y;
+    let block = gid.z;
     if (c >= p.channels || k >= p.taps) { return; }
     let lag = p.taps - 1u - k;
+    let end = min(p.batch * p.len, (block + 1u) * p.block_rows);
     var s = 0.0;
     var sb = 0.0;
-    for (var b = 0u; b < p.batch; b++) {
-        for (var t = 0u; t < p.len; t++) {
-            let i = (b * p.len + t) * p.channels + c;
-            let g = dy[i];
-            if (t >= lag) { s += g * x[i - lag * p.channels]; }
-            sb += g;
-        }
+    for (var row = block * p.block_rows; row < end; row++) {
+        let i = row * p.channels + c;
+        let g = dy[i];
+        if (row % p.len >= lag) { s += g * x[i - lag * p.channels]; }
+        sb += g;
     }
-    if (ACCUMULATE) { s += dw[c * p.taps + k]; sb += db[c]; }
-    dw[c * p.taps + k] = s;
-    if (k == 0u) { db[c] = sb; }
+    dw_part[block * p.channels * p.taps + c * p.taps + k] = s;
+    if (k == 0u) { db_part[block * p.channels + c] = sb; }
 }

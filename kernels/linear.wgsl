@@ -17,8 +17,6 @@ struct Params { m: u32, n: u32, k: u32 }
 @group(0) @binding(2) var<storage, read> b: array<f32>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> c: array<f32>;
-@group(0) @binding(5) var<storage, read> dy: array<f32>;
-@group(0) @binding(6) var<storage, read_write> db: array<f32>;
 
 const TILE: u32 = 64u;
 const KTILE: u32 = 16u;
@@ -91,17 +89,6 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) l
     store_row(r0 + 1u, c0, acc1);
     store_row(r0 + 2u, c0, acc2);
     store_row(r0 + 3u, c0, acc3);
-}
-
-// db[n] (+)= Σ_m dy[m, n]: one thread per column walks the rows (coalesced across threads).
-@compute @workgroup_size(256)
-fn bias_backward(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let col = gid.x;
-    if (col >= p.n) { return; }
-    var s = 0.0;
-    for (var row = 0u; row < p.m; row++) { s += dy[row * p.n + col]; }
-    if (ACCUMULATE) { s += db[col]; }
-    db[col] = s;
 }
 
 // The same product without workgroup memory or barriers: each thread reads its 4 rows and 4 columns

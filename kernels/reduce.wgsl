@@ -3,6 +3,7 @@
 // SQUARE selects Σx² (gradient norms) instead of Σx (losses).
 
 override SQUARE: bool = false;
+override ACCUMULATE: bool = false;
 
 struct Params { n: u32, offset: u32, out_index: u32, scale: f32 }
 
@@ -43,4 +44,27 @@ fn reduce_final(@builtin(local_invocation_id) lid: vec3<u32>) {
     for (var i = lid.x; i < p.n; i += 256u) { s += partials_in[i]; }
     let total = tree_sum(s, lid.x);
     if (lid.x == 0u) { out[p.out_index] = total * p.scale; }
+}
+
+// Column sums of a row-major [rows, cols] matrix in row blocks: thread (col, block) adds rows
+// [block·block_rows, (block+1)·block_rows) and writes sums[block, col] (ACCUMULATE: adds into it).
+// Called twice — blocks of rows, then the block partials — so every column sum is spread over many
+// threads and still summed in a fixed order (no atomics).
+struct ColumnParams { rows: u32, cols: u32, block_rows: u32 }
+
+@group(0) @binding(5) var<uniform> cp: ColumnParams;
+@group(0) @binding(6) var<storage, read> matrix: array<f32>;
+@group(0) @binding(7) var<storage, read_write> sums: array<f32>;
+
+@compute @workgroup_size(64)
+fn column_sums(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let col = gid.x;
+    let block = gid.y;
+    if (col >= cp.cols) { return; }
+    let end = min(cp.rows, (block + 1u) * cp.block_rows);
+    var s = 0.0;
+    for (var r = block * cp.block_rows; r < end; r++) { s += matrix[r * cp.cols + col]; }
+    let i = block * cp.cols + col;
+    if (ACCUMULATE) { s += sums[i]; }
+    sums[i] = s;
 }

@@ -1,8 +1,6 @@
 // RMSNorm over the last dim: y = x · rstd · w with rstd = 1 / sqrt(mean(x²) + eps), eps a parameter
 // (1e-5 is the Mamba default). One 64-thread workgroup per row; rows on a 2-D grid.
 
-override ACCUMULATE: bool = false;
-
 struct Params { rows: u32, dim: u32, eps: f32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -13,7 +11,7 @@ struct Params { rows: u32, dim: u32, eps: f32 }
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
 @group(0) @binding(6) var<storage, read_write> rstd: array<f32>;
 @group(0) @binding(7) var<storage, read_write> dx: array<f32>;
-@group(0) @binding(8) var<storage, read_write> dw: array<f32>;
+@group(0) @binding(8) var<storage, read_write> dw_rows: array<f32>;
 
 var<workgroup> partial: array<f32, 64>;
 
@@ -43,7 +41,8 @@ fn rmsnorm_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     if (lid.x == 0u) { rstd[row] = r; }
 }
 
-// dx = rstd·(dy·w) − x·rstd³·mean(dy·w·x)
+// dx = rstd·(dy·w) − x·rstd³·mean(dy·w·x); dw_rows = dy·x·rstd, the per-row terms of dw, which
+// ops.reduce.column_sums then sums over rows in blocks.
 @compute @workgroup_size(64)
 fn rmsnorm_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                     @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -54,16 +53,8 @@ fn rmsnorm_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     var s = 0.0;
     for (var i = lid.x; i < p.dim; i += 64u) { s += dy[base + i] * w[i] * x[base + i]; }
     let c = r * r * r * workgroup_sum(s, lid.x) / f32(p.dim);
-    for (var i = lid.x; i < p.dim; i += 64u) { dx[base + i] = r * dy[base + i] * w[i] - x[base + i] * c; }
-}
-
-// dw[i] (+)= Σ_rows dy·x·rstd: one thread per column walks the rows.
-@compute @workgroup_size(64)
-fn rmsnorm_weight_backward(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
-    if (i >= p.dim) { return; }
-    var s = 0.0;
-    for (var row = 0u; row < p.rows; row++) { s += dy[row * p.dim + i] * x[row * p.dim + i] * rstd_in[row]; }
-    if (ACCUMULATE) { s += dw[i]; }
-    dw[i] = s;
+    for (var i = lid.x; i < p.dim; i += 64u) {
+        dx[base + i] = r * dy[base + i] * w[i] - x[base + i] * c;
+        dw_rows[base + i] = dy[base + i] * x[base + i] * r;
+    }
 }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mambactl.ops.checks import expect, grid_1d
+from mambactl.ops.reduce import column_sums
 from mambactl.runtime.tensor import Tensor
 
 
@@ -13,12 +14,16 @@ def _dims(op: str, x: Tensor, w: Tensor):
     return B, L, C, w.shape[1]
 
 
+_BLOCK_ROWS = 256
+
+
 def conv1d(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
     """x [B, L, C], w [C, K] (the [C, 1, K] weight flattened), b [C] -> y [B, L, C]."""
     B, L, C, K = _dims("conv1d", x, w)
     expect("conv1d", "b", b, (C,))
     y = x.runtime.empty(x.shape)
-    x.runtime.run("conv1d_forward", grid_1d(x.size), x=x, w=w, bias=b, y=y, batch=B, len=L, channels=C, taps=K)
+    x.runtime.run("conv1d_forward", grid_1d(x.size), x=x, w=w, bias=b, y=y, batch=B, len=L, channels=C, taps=K,
+                  block_rows=0)
     return y
 
 
@@ -26,15 +31,15 @@ def conv1d_backward(x: Tensor, w: Tensor, dy: Tensor, dw: Tensor | None = None, 
     """-> (dx [B, L, C], dw [C, K], db [C]); pass dw and db together to accumulate into them."""
     B, L, C, K = _dims("conv1d_backward", x, w)
     expect("conv1d_backward", "dy", dy, x.shape)
-    rt = x.runtime
-    dx = rt.empty(x.shape)
-    dims = dict(batch=B, len=L, channels=C, taps=K)
-    rt.run("conv1d_backward_input", grid_1d(x.size), w=w, dy=dy, dx=dx, **dims)
-    accumulate = dw is not None
-    if accumulate:
+    if dw is not None or db is not None:
         expect("conv1d_backward", "dw", dw, (C, K))
         expect("conv1d_backward", "db", db, (C,))
-    else:
-        dw, db = rt.empty((C, K)), rt.empty((C,))
-    rt.run("conv1d_backward_weight", (-(-C // 64), K), {"ACCUMULATE": accumulate}, x=x, dy=dy, dw=dw, db=db, **dims)
-    return dx, dw, db
+    rt = x.runtime
+    dx = rt.empty(x.shape)
+    dims = dict(batch=B, len=L, channels=C, taps=K, block_rows=_BLOCK_ROWS)
+    rt.run("conv1d_backward_input", grid_1d(x.size), w=w, dy=dy, dx=dx, **dims)
+    blocks = -(-(B * L) // _BLOCK_ROWS)
+    dw_part, db_part = rt.empty((blocks, C * K)), rt.empty((blocks, C))
+    rt.run("conv1d_backward_weight", (-(-C // 64), K, blocks), x=x, dy=dy, dw_part=dw_part, db_part=db_part, **dims)
+    dw = column_sums(dw_part, None if dw is None else dw.reshape(C * K)).reshape(C, K)
+    return dx, dw, column_sums(db_part, db)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from mambactl.errors import ShapeError
 from mambactl.ops.checks import expect
+from mambactl.ops.reduce import column_sums
 from mambactl.runtime.tensor import Tensor
 
 _TILE = 64
@@ -47,14 +48,7 @@ def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
 def bias_backward(dy: Tensor, out: Tensor | None = None) -> Tensor:
     """db [N] (+)= Σ_m dy[m, :]."""
     expect("bias_backward", "dy", dy, (None, None))
-    M, N = dy.shape
-    accumulate = out is not None
-    if accumulate:
-        expect("bias_backward", "out", out, (N,))
-    else:
-        out = dy.runtime.empty((N,))
-    dy.runtime.run("bias_backward", (-(-N // 256),), {"ACCUMULATE": accumulate}, dy=dy, db=out, m=M, n=N, k=0)
-    return out
+    return column_sums(dy, out)
 
 
 def linear_backward(x: Tensor, w: Tensor, dy: Tensor, *, dw: Tensor | None = None, db: Tensor | None = None,

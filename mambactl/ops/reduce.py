@@ -35,3 +35,26 @@ def reduce_sum(x: Tensor, scale: float = 1.0) -> Tensor:
 def sum_of_squares(tensors: list[Tensor]) -> Tensor:
     """-> [1] = Σ over all tensors of Σ x² (the squared global gradient norm), in a fixed order."""
     return _reduce(list(tensors), True, 1.0)
+
+
+_BLOCK_ROWS = 128
+
+
+def column_sums(x: Tensor, out: Tensor | None = None) -> Tensor:
+    """x [R, n] -> [n] = Σ_r x[r, :] (added into `out` when given). Two passes over row blocks, so a tall
+    matrix (a gradient summed over B·L rows) keeps the GPU busy and the order of summation is fixed."""
+    expect("column_sums", "x", x, (None, None))
+    R, n = x.shape
+    rt = x.runtime
+    accumulate = out is not None
+    if accumulate:
+        expect("column_sums", "out", out, (n,))
+    else:
+        out = rt.empty((n,))
+    blocks = -(-R // _BLOCK_ROWS)
+    if blocks > 1:
+        partial = rt.empty((blocks, n))
+        rt.run("column_sums", (-(-n // 64), blocks), matrix=x, sums=partial, rows=R, cols=n, block_rows=_BLOCK_ROWS)
+        x, R = partial, blocks
+    rt.run("column_sums", (-(-n // 64), 1), {"ACCUMULATE": accumulate}, matrix=x, sums=out, rows=R, cols=n, block_rows=R)
+    return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mambactl.ops.checks import expect, grid_1d
+from mambactl.ops.reduce import column_sums
 from mambactl.runtime.tensor import Tensor
 
 
@@ -24,14 +25,10 @@ def rmsnorm_backward(x: Tensor, w: Tensor, rstd: Tensor, dy: Tensor, dw: Tensor 
     expect("rmsnorm_backward", "w", w, (D,))
     expect("rmsnorm_backward", "rstd", rstd, (M,))
     expect("rmsnorm_backward", "dy", dy, (M, D))
-    rt = x.runtime
-    dx = rt.empty((M, D))
-    rt.run("rmsnorm_backward", grid_1d(M, 1), x=x, w=w, rstd_in=rstd, dy=dy, dx=dx, rows=M, dim=D, eps=0.0)
-    accumulate = dw is not None
-    if accumulate:
+    if dw is not None:
         expect("rmsnorm_backward", "dw", dw, (D,))
-    else:
-        dw = rt.empty((D,))
-    rt.run("rmsnorm_weight_backward", (-(-D // 64),), {"ACCUMULATE": accumulate},
-           x=x, rstd_in=rstd, dy=dy, dw=dw, rows=M, dim=D, eps=0.0)
-    return dx, dw
+    rt = x.runtime
+    dx, dw_rows = rt.empty((M, D)), rt.empty((M, D))
+    rt.run("rmsnorm_backward", grid_1d(M, 1), x=x, w=w, rstd_in=rstd, dy=dy, dx=dx, dw_rows=dw_rows,
+           rows=M, dim=D, eps=0.0)
+    return dx, column_sums(dw_rows, dw)
