@@ -91,19 +91,22 @@ def test_linear_forward_backward(rt, rng, M, K, N):
     assert rel(db.numpy(), rdb) < REDUCTION_TOL
 
 
-@pytest.mark.parametrize("kernel", ["matmul", "matmul_direct"])
+@pytest.mark.parametrize("kernel", ["matmul", "matmul_large", "matmul_direct"])
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
-@pytest.mark.parametrize("M,K,N", [(1, 5, 3), (65, 17, 130), (70, 129, 66)])
-def test_both_matmul_kernels_every_transpose(rt, rng, kernel, ta, tb, M, K, N):
-    """Both kernels run on every adapter here, whichever one the adapter type selects by default."""
+@pytest.mark.parametrize("M,K,N,split_k", [(1, 5, 3, 1), (65, 17, 130, 1), (70, 129, 66, 1), (130, 300, 7, 3), (9, 1000, 140, 4)])
+def test_every_matmul_kernel_transpose_and_k_split(rt, rng, kernel, ta, tb, M, K, N, split_k):
+    """All kernels run on every adapter here, whichever one the adapter type selects by default."""
     (a32, a), (b32, b), (bias32, bias), (acc32, acc) = (
         f32(rng, *((K, M) if ta else (M, K))), f32(rng, *((N, K) if tb else (K, N))), f32(rng, N), f32(rng, M, N))
     ref = (a.T if ta else a) @ (b.T if tb else b)
-    got = linear.matmul(rt.from_numpy(a32), rt.from_numpy(b32), trans_a=ta, trans_b=tb,
-                        bias=rt.from_numpy(bias32), kernel=kernel).numpy()
-    assert rel(got, ref + bias) < REDUCTION_TOL
+    ga, gb = rt.from_numpy(a32), rt.from_numpy(b32)
+    if split_k == 1:
+        got = linear.matmul(ga, gb, trans_a=ta, trans_b=tb, bias=rt.from_numpy(bias32), kernel=kernel).numpy()
+        assert rel(got, ref + bias) < REDUCTION_TOL
+    got = linear.matmul(ga, gb, trans_a=ta, trans_b=tb, kernel=kernel, split_k=split_k).numpy()
+    assert rel(got, ref) < REDUCTION_TOL
     out = rt.from_numpy(acc32)
-    linear.matmul(rt.from_numpy(a32), rt.from_numpy(b32), trans_a=ta, trans_b=tb, out=out, kernel=kernel)
+    linear.matmul(ga, gb, trans_a=ta, trans_b=tb, out=out, kernel=kernel, split_k=split_k)
     assert rel(out.numpy(), acc + ref) < REDUCTION_TOL
 
 
