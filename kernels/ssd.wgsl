@@ -1,0 +1,803 @@
+// Mamba-2 SSD scan (state space duality), chunked as mamba_ssm's ssd_minimal / Triton ssd_combined, and its
+// exact backward. Per batch b and head h (headdim P, state P × N, heads h share group h / (H / G) of B, C):
+//   Δ_t = clamp(softplus(dt_raw_t + dt_bias), dt_min, dt_max),  a_t = Δ_t A,  A = −exp(A_log),
+//   S_t = exp(a_t) S_{t−1} + Δ_t x_t B_tᵀ,  y_t = S_t C_t + D x_t.
+// Layouts: x, y, dy [B, L, H, P] and B, C [B, L, G, N] (rows of the in_proj / conv matrices); dt_raw [B, L, H].
+//
+// Chunks of Q steps; cs_r = Σ_{s ≤ r} a_s within a chunk (cs_end = cs_{Q−1}), E_c the state entering chunk c:
+//   y_r = Σ_{s ≤ r} exp(cs_r − cs_s) (C_r·B_s) Δ_s x_s + exp(cs_r) E_c C_r + D x_r   (ssd_chunk_scan)
+//   E_{c+1} = exp(cs_end) E_c + Σ_s exp(cs_end − cs_s) Δ_s x_s B_sᵀ                  (chunk_state + passing)
+// Every chunk-level product is a 64 × 64 output tile per 16 × 16 workgroup (4 × 4 registers per thread) fed
+// through workgroup memory in slices of 16, as kernels/linear.wgsl (about 30 KiB of workgroup memory at most,
+// for any P, N and chunk). Chunk states go in order in their own dispatch (one thread per state element walks
+// the chunks), so no workgroup waits on another.
+//
+// Backward, with dE_c = ∂loss/∂E_c and dS_c = dE_{c+1} (zero for the last chunk):
+//   dE_c = Σ_r exp(cs_r) dy_r C_rᵀ + exp(cs_end) dE_{c+1}                    (chunk_state + reverse passing)
+//   dxd_s = ∂/∂(Δ_s x_s) = Σ_{t ≥ s} exp(cs_t − cs_s)(B_s·C_t) dy_t + exp(cs_end − cs_s) dS_c B_s
+//   dC_t = Σ_heads [Σ_{s ≤ t} exp(cs_t − cs_s)(dy_t·Δ_s x_s) B_s + exp(cs_t) E_cᵀ dy_t]
+//   dB_s = Σ_heads [Σ_{t ≥ s} exp(cs_t − cs_s)(Δ_s x_s·dy_t) C_t + exp(cs_end − cs_s) dS_cᵀ Δ_s x_s]
+// all four by one tile kernel (ssd_chunk_scan with REVERSE / Q_DT / K_DT / transposed state strides). Then
+// dx = Δ dxd + D dy and ∂loss/∂Δ_s = x_s·dxd_s + A ∂loss/∂a_s, where a_σ is inside the decay of every term
+// that passes step σ:
+//   ∂loss/∂a_σ = Σ_{o < σ ≤ t} T_to + Σ_{t ≥ σ} dy_t·y_off_t + Σ_{o < σ} Δ_o x_o·dxd_state_o + W_c,
+//   T_to = exp(Σ_{o<k≤t} a_k)(C_t·B_o)(dy_t·Δ_o x_o),  y_off_t = exp(cs_t) E_c C_t,
+//   dxd_state_o = exp(cs_end − cs_o) dS_c B_o,  W_c = exp(cs_end)⟨E_c, dS_c⟩.
+// These are direct sums, as mamba_ssm's "stable" ddA kernels: the shorter identity ∂loss/∂cs_r =
+// dy_r·(y_r − D x_r) − Δ_r x_r·dxd_r cancels large near-diagonal terms and loses ∂A to float32 rounding
+// when the decay is strong. The crossing sums Σ_{o<σ≤t} T_to come from ssd_decay_grad.
+// Decays are never differences of chunk-long cumsums either (their rounding, |cs|·2⁻²⁴, would swamp a small
+// difference late in a strongly decaying chunk): ssd_prep writes direct sums (all a ≤ 0, so every partial sum
+// is accurate to its own size): the chunk prefix cs_r, the chunk suffix Σ_{s>r} a_s (= cs_end − cs_r), and
+// prefix / suffix sums within sub-blocks of SUB steps; a pair decay Σ_{o<s≤r} a_s is a difference of two
+// sums within one sub-block, or sub-block suffix + the whole sub-blocks between + sub-block prefix (the
+// blockwise form of ssd_minimal's stable segsum).
+// The forward saves only E (O(B·H·P·N·L/Q)); Δ and the decays are recomputed. Sums over workgroups go out as
+// partials added in a fixed order by a later dispatch: deterministic, no atomics. Positions past L (the last
+// chunk's padding) have Δ = 0 and read x = B = C = dy = 0, and every exp is of a value ≤ 0, so nothing there
+// can become inf or NaN.
+
+const WG: u32 = 256u;          // threads of the 1-D kernels; ssd_prep / ssd_dt_backward give each a segment
+const MAX_CHUNK: u32 = 1024u;  // = WG · 4: the longest chunk those two kernels hold in workgroup memory
+const TILE: u32 = 64u;
+const KT: u32 = 16u;           // depth of a slice through workgroup memory
+const SUB: u32 = 16u;          // sub-block of the pair decays; TILE / SUB = 4 per tile
+// Rows of `dec`.
+const DT: u32 = 0u;
+const CS: u32 = 1u;
+const SFX: u32 = 2u;
+const LO: u32 = 3u;
+const RLO: u32 = 4u;
+
+override REVERSE: bool = false;   // ssd_chunk_scan: pairs o ≥ r with decay Σ a over (r, o] (the adjoint)
+override Q_DT: bool = false;      // ssd_chunk_scan: row operand scaled by the row's Δ
+override K_DT: bool = false;      // ssd_chunk_scan: column operand scaled by the column's Δ
+override ADD_SKIP: bool = false;  // ssd_chunk_scan: output += D · (value operand at the row)
+override PAIRS: bool = true;      // ssd_chunk_scan: false = the state term only (y_off)
+override STATE_OUT: bool = false; // ssd_chunk_scan: also write the state term alone to out_state
+override GRAD: bool = false;      // ssd_chunk_state: weights exp(cs_r) (backward) instead of exp(cs_end − cs_r) Δ_r
+override ACCUMULATE: bool = false;
+
+struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nstate: u32, chunk: u32, nchunks: u32,
+              dt_min: f32, dt_max: f32 }
+// ssd_chunk_scan: output tiles [rows of a chunk × v_dim] per (chunk, unit, batch); a unit is a head (y, dxd) or a
+// group (dB, dC) whose `nh` heads are summed. q/k rows hold qk_width blocks of qk_dim (block of head h: h / qk_div);
+// v rows and the output hold `units` blocks of v_dim (block: the unit). State element (j, k) of head h, chunk c
+// is st_in[((b·nchunks + c)·heads + h)·pn + j·s_j + k·s_k].
+struct ScanDims { len: u32, heads: u32, chunk: u32, nchunks: u32, units: u32, nh: u32, qk_width: u32,
+                  qk_dim: u32, qk_div: u32, v_dim: u32, s_j: u32, s_k: u32, pn: u32 }
+
+@group(0) @binding(0) var<uniform> d: Dims;
+@group(0) @binding(1) var<uniform> s: ScanDims;
+@group(0) @binding(2) var<storage, read> dt_raw: array<f32>;        // [B, L, H]
+@group(0) @binding(3) var<storage, read> dt_bias: array<f32>;       // [H]
+@group(0) @binding(4) var<storage, read> A_log: array<f32>;         // [H]
+// [B, H, nchunks, 5, Q] per position r of a chunk: Δ_r; cs_r = Σ_{s≤r} a_s; Σ_{s>r} a_s; the sums over s ≤ r
+// and over s > r within r's sub-block of SUB steps (rows DT, CS, SFX, LO, RLO).
+@group(0) @binding(5) var<storage, read_write> dec_out: array<f32>;
+@group(0) @binding(6) var<storage, read> dec: array<f32>;
+@group(0) @binding(7) var<storage, read> left: array<f32>;          // ssd_chunk_state: x or dy
+@group(0) @binding(8) var<storage, read> right: array<f32>;         // ssd_chunk_state: B or C
+@group(0) @binding(9) var<storage, read_write> states: array<f32>;  // [B, nchunks, H, P, N]
+@group(0) @binding(10) var<storage, read> q_in: array<f32>;
+@group(0) @binding(11) var<storage, read> k_in: array<f32>;
+@group(0) @binding(12) var<storage, read> v_in: array<f32>;
+@group(0) @binding(13) var<storage, read> st_in: array<f32>;
+@group(0) @binding(14) var<storage, read> skip: array<f32>;         // D [H]
+@group(0) @binding(15) var<storage, read_write> out: array<f32>;
+@group(0) @binding(16) var<storage, read_write> out_state: array<f32>;
+@group(0) @binding(17) var<storage, read> saved_states: array<f32>; // E [B, nchunks, H, P, N]
+@group(0) @binding(18) var<storage, read_write> w_part: array<f32>;  // [B, H, nchunks, ceil(P·N / WG)]: W_c
+@group(0) @binding(19) var<storage, read> b_in: array<f32>;
+@group(0) @binding(20) var<storage, read> c_in: array<f32>;
+@group(0) @binding(21) var<storage, read> x: array<f32>;
+@group(0) @binding(22) var<storage, read> dy: array<f32>;
+@group(0) @binding(23) var<storage, read_write> x_part: array<f32>;  // [B, H, nchunks, ceil(Q / 64), Q]
+@group(0) @binding(24) var<storage, read> y_off: array<f32>;
+@group(0) @binding(25) var<storage, read> dxd_state: array<f32>;
+@group(0) @binding(26) var<storage, read_write> dx: array<f32>;     // holds dxd on entry to ssd_dt_backward
+@group(0) @binding(27) var<storage, read_write> ddt_raw: array<f32>;
+// [B, nchunks, H, 3]: ∂A_log, ∂D, ∂dt_bias
+@group(0) @binding(28) var<storage, read_write> param_part: array<f32>;
+@group(0) @binding(29) var<storage, read_write> dA_log: array<f32>;
+@group(0) @binding(30) var<storage, read_write> dD: array<f32>;
+@group(0) @binding(31) var<storage, read_write> ddt_bias: array<f32>;
+
+// GEMM slices: [KT][TILE], depth-major so a thread reads its 4 rows (or columns) as one vec4.
+var<workgroup> q_tile: array<f32, 1024>;
+var<workgroup> kv_tile: array<f32, 1024>;
+var<workgroup> pair_tile: array<f32, 4096>;  // 64 × 64 products of one row block and one column block
+var<workgroup> row_dt: array<f32, 64>;
+var<workgroup> row_scale: array<f32, 64>;
+var<workgroup> row_lo: array<f32, 64>;
+var<workgroup> row_rlo: array<f32, 64>;
+var<workgroup> col_dt: array<f32, 64>;
+var<workgroup> col_lo: array<f32, 64>;
+var<workgroup> col_rlo: array<f32, 64>;
+var<workgroup> mid: array<f32, 16>;  // [row sub-block][column sub-block]: Σ a over the whole sub-blocks between
+var<workgroup> scan_buf: array<f32, 256>;
+// Per chunk position: a (prep), the crossing sums (ssd_decay_grad), the per-position terms (ssd_dt_backward).
+var<workgroup> seg_a: array<f32, 1024>;
+var<workgroup> seg_b: array<f32, 1024>;
+var<workgroup> seg_c: array<f32, 1024>;
+
+fn sigmoid(v: f32) -> f32 { return 1.0 / (1.0 + exp(-v)); }
+
+// PyTorch's softplus (threshold 20), log1p-accurate without log1p (as kernels/selective_scan.wgsl).
+fn softplus(v: f32) -> f32 {
+    if (v > 20.0) { return v; }
+    let e = exp(v);
+    let one_plus = 1.0 + e;
+    if (one_plus == 1.0) { return e; }
+    return log(one_plus) * e / (one_plus - 1.0);
+}
+
+// Σ_{i < t} v_i over the workgroup's threads (t a permutation of 0..WG−1), in a fixed order (Hillis–Steele).
+fn exclusive_prefix(v: f32, t: u32) -> f32 {
+    scan_buf[t] = v;
+    workgroupBarrier();
+    for (var off = 1u; off < WG; off <<= 1u) {
+        var add = 0.0;
+        if (t >= off) { add = scan_buf[t - off]; }
+        workgroupBarrier();
+        scan_buf[t] += add;
+        workgroupBarrier();
+    }
+    var before = 0.0;
+    if (t > 0u) { before = scan_buf[t - 1u]; }
+    workgroupBarrier();  // the buffer is reused by the next call
+    return before;
+}
+
+fn workgroup_sum(v: f32, t: u32) -> f32 {
+    scan_buf[t] = v;
+    workgroupBarrier();
+    for (var half = WG / 2u; half > 0u; half >>= 1u) {
+        if (t < half) { scan_buf[t] += scan_buf[t + half]; }
+        workgroupBarrier();
+    }
+    let total = scan_buf[0];
+    workgroupBarrier();
+    return total;
+}
+
+fn dec_base(b: u32, h: u32, c: u32) -> u32 { return ((b * d.heads + h) * d.nchunks + c) * 5u * d.chunk; }
+
+fn head_at(b: u32, pos: u32, h: u32, p: u32) -> u32 { return ((b * d.len + pos) * d.heads + h) * d.headdim + p; }
+
+fn group_at(b: u32, pos: u32, g: u32, n: u32) -> u32 { return ((b * d.len + pos) * d.ngroups + g) * d.nstate + n; }
+
+// The decay sums of `dec` for every position of a chunk (padding: Δ = 0, so a = 0 there). Thread t owns the
+// consecutive positions [t·seg, (t + 1)·seg). Grid (nchunks, H, B).
+@compute @workgroup_size(256)
+fn ssd_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let c = wid.x;
+    let h = wid.y;
+    let b = wid.z;
+    let t = lid.x;
+    let a = -exp(A_log[h]);
+    let seg = (d.chunk + WG - 1u) / WG;
+    let q = d.chunk;
+    let base = dec_base(b, h, c);
+    var run = 0.0;
+    for (var i = 0u; i < seg; i++) {
+        let r = t * seg + i;
+        let pos = c * q + r;
+        if (r < q) {
+            var dt = 0.0;
+            if (pos < d.len) {
+                dt = clamp(softplus(dt_raw[(b * d.len + pos) * d.heads + h] + dt_bias[h]), d.dt_min, d.dt_max);
+            }
+            dec_out[base + DT * q + r] = dt;
+            seg_a[r] = dt * a;
+            run += dt * a;
+            seg_b[r] = run;
+        }
+    }
+    let before = exclusive_prefix(run, t);          // Σ a over the earlier threads' segments
+    let after = exclusive_prefix(run, WG - 1u - t); // and over the later ones
+    var suffix = after;
+    for (var i = seg; i > 0u; i--) {
+        let r = t * seg + i - 1u;
+        if (r < q) {
+            dec_out[base + CS * q + r] = before + seg_b[r];
+            dec_out[base + SFX * q + r] = suffix;
+            suffix += seg_a[r];
+        }
+    }
+    // Sub-block sums, one thread per sub-block (the prefix calls' barriers made seg_a visible).
+    if (t < (q + SUB - 1u) / SUB) {
+        let r0 = t * SUB;
+        let r1 = min(r0 + SUB, q);
+        var acc = 0.0;
+        for (var r = r0; r < r1; r++) {
+            acc += seg_a[r];
+            dec_out[base + LO * q + r] = acc;
+        }
+        acc = 0.0;
+        for (var r = r1; r > r0; r--) {
+            dec_out[base + RLO * q + r - 1u] = acc;
+            acc += seg_a[r - 1u];
+        }
+    }
+}
+
+
+fn row4(from_pairs: bool, i: u32) -> vec4<f32> {
+    if (from_pairs) { return vec4<f32>(pair_tile[i], pair_tile[i + 1u], pair_tile[i + 2u], pair_tile[i + 3u]); }
+    return vec4<f32>(q_tile[i], q_tile[i + 1u], q_tile[i + 2u], q_tile[i + 3u]);
+}
+
+// One slice of a tile product into a thread's 4 × 4 block: rows from q_tile (or from pair_tile, starting at
+// `offset`), columns from kv_tile.
+fn mac_slice(a0: ptr<function, vec4<f32>>, a1: ptr<function, vec4<f32>>, a2: ptr<function, vec4<f32>>,
+             a3: ptr<function, vec4<f32>>, lid: vec3<u32>, from_pairs: bool, offset: u32) {
+    for (var kk = 0u; kk < KT; kk++) {
+        let av = row4(from_pairs, offset + kk * TILE + lid.y * 4u);
+        let bv = vec4<f32>(kv_tile[kk * TILE + lid.x * 4u], kv_tile[kk * TILE + lid.x * 4u + 1u],
+                           kv_tile[kk * TILE + lid.x * 4u + 2u], kv_tile[kk * TILE + lid.x * 4u + 3u]);
+        *a0 += av.x * bv;
+        *a1 += av.y * bv;
+        *a2 += av.z * bv;
+        *a3 += av.w * bv;
+    }
+}
+
+fn pick(i: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>) -> vec4<f32> {
+    if (i == 0u) { return a0; }
+    if (i == 1u) { return a1; }
+    if (i == 2u) { return a2; }
+    return a3;
+}
+
+// Per chunk, head: states[j, k] = Σ_r w_r left_r[j] right_r[k] over the chunk's valid steps, j < P, k < N, with
+// w_r = exp(cs_end − cs_r) Δ_r (forward: the state the chunk adds) or exp(cs_r) (GRAD: dE's in-chunk part).
+// Grid (ceil(P / 64) · ceil(N / 64), nchunks · H, B).
+@compute @workgroup_size(16, 16)
+fn ssd_chunk_state(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let tiles_j = (d.headdim + TILE - 1u) / TILE;
+    let j0 = (wid.x % tiles_j) * TILE;
+    let k0 = (wid.x / tiles_j) * TILE;
+    let c = wid.y % d.nchunks;
+    let h = wid.y / d.nchunks;
+    let b = wid.z;
+    let g = h / (d.heads / d.ngroups);
+    let tid = lid.y * 16u + lid.x;
+    let q = d.chunk;
+    let base = dec_base(b, h, c);
+    let t0 = c * q;
+    let steps = min(q, d.len - t0);
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    for (var r0 = 0u; r0 < steps; r0 += KT) {
+        for (var l = 0u; l < 4u; l++) {
+            let i = tid + l * 256u;
+            let rr = i / TILE;  // both operands are contiguous along their column index
+            let cc = i % TILE;
+            let r = r0 + rr;
+            var lv = 0.0;
+            var rv = 0.0;
+            if (r < steps) {
+                if (j0 + cc < d.headdim) {
+                    var w = exp(dec[base + CS * q + r]);
+                    if (!GRAD) { w = exp(dec[base + SFX * q + r]) * dec[base + DT * q + r]; }
+                    lv = left[head_at(b, t0 + r, h, j0 + cc)] * w;
+                }
+                if (k0 + cc < d.nstate) { rv = right[group_at(b, t0 + r, g, k0 + cc)]; }
+            }
+            q_tile[rr * TILE + cc] = lv;
+            kv_tile[rr * TILE + cc] = rv;
+        }
+        workgroupBarrier();
+        mac_slice(&acc0, &acc1, &acc2, &acc3, lid, false, 0u);
+        workgroupBarrier();
+    }
+    let obase = ((b * d.nchunks + c) * d.heads + h) * d.headdim * d.nstate;
+    for (var i = 0u; i < 4u; i++) {
+        let j = j0 + lid.y * 4u + i;
+        let v = pick(i, acc0, acc1, acc2, acc3);
+        for (var jq = 0u; jq < 4u; jq++) {
+            let k = k0 + lid.x * 4u + jq;
+            if (j < d.headdim && k < d.nstate) { states[obase + j * d.nstate + k] = v[jq]; }
+        }
+    }
+}
+
+fn cs_end_of(b: u32, h: u32, c: u32) -> f32 { return dec[dec_base(b, h, c) + CS * d.chunk + d.chunk - 1u]; }
+
+// In place: the states each chunk adds become the states entering each chunk, E_0 = 0,
+// E_{c+1} = exp(cs_end_c) E_c + added_c. One thread per (b, h, state element). Grid grid_1d(B·H·P·N).
+@compute @workgroup_size(256)
+fn ssd_state_passing(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * WG + gid.x;
+    let pn = d.headdim * d.nstate;
+    if (i >= d.batch * d.heads * pn) { return; }
+    let e = i % pn;
+    let h = (i / pn) % d.heads;
+    let b = i / (pn * d.heads);
+    var carry = 0.0;
+    for (var c = 0u; c < d.nchunks; c++) {
+        let k = ((b * d.nchunks + c) * d.heads + h) * pn + e;
+        let added = states[k];
+        states[k] = carry;
+        carry = exp(cs_end_of(b, h, c)) * carry + added;
+    }
+}
+
+// In place, last chunk to first: the in-chunk parts of dE become dS_c = dE_{c+1}, with
+// dE_c = part_c + exp(cs_end_c) dE_{c+1}; and W_c = exp(cs_end_c)⟨E_c, dS_c⟩ per workgroup of WG state
+// elements goes to w_part. Grid (ceil(P·N / WG), H, B).
+@compute @workgroup_size(256)
+fn ssd_state_passing_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                              @builtin(local_invocation_id) lid: vec3<u32>) {
+    let pn = d.headdim * d.nstate;
+    let e = wid.x * WG + lid.x;
+    let h = wid.y;
+    let b = wid.z;
+    var carry = 0.0;
+    for (var c = d.nchunks; c > 0u; c--) {
+        let k = ((b * d.nchunks + c - 1u) * d.heads + h) * pn + e;
+        let decay = exp(cs_end_of(b, h, c - 1u));
+        var part = 0.0;
+        var prod = 0.0;
+        if (e < pn) {
+            part = states[k];
+            states[k] = carry;
+            prod = carry * saved_states[k];
+        }
+        let total = workgroup_sum(prod, lid.x);
+        if (lid.x == 0u) { w_part[((b * d.heads + h) * d.nchunks + c - 1u) * nwg.x + wid.x] = decay * total; }
+        carry = part + decay * carry;
+    }
+}
+
+// Stage Δ, the sub-block sums and the state-term scale of rows [rb, rb + 64) of a chunk (zero past `steps`).
+fn stage_rows(base: u32, q: u32, rb: u32, steps: u32, tid: u32) {
+    if (tid < TILE) {
+        let r = rb + tid;
+        var dt = 0.0;
+        var lo = 0.0;
+        var rlo = 0.0;
+        var scale = 0.0;
+        if (r < steps) {
+            dt = dec[base + DT * q + r];
+            lo = dec[base + LO * q + r];
+            rlo = dec[base + RLO * q + r];
+            scale = exp(dec[base + select(CS, SFX, REVERSE) * q + r]);
+            if (Q_DT) { scale *= dt; }
+        }
+        row_dt[tid] = dt;
+        row_lo[tid] = lo;
+        row_rlo[tid] = rlo;
+        row_scale[tid] = scale;
+    }
+}
+
+// Stage columns [ob, ob + 64) likewise, and the sums over the whole sub-blocks between each row sub-block and
+// each column sub-block.
+fn stage_cols(base: u32, q: u32, rb: u32, ob: u32, steps: u32, tid: u32) {
+    if (tid < TILE) {
+        let o = ob + tid;
+        var dt = 0.0;
+        var lo = 0.0;
+        var rlo = 0.0;
+        if (o < steps) {
+            dt = dec[base + DT * q + o];
+            lo = dec[base + LO * q + o];
+            rlo = dec[base + RLO * q + o];
+        }
+        col_dt[tid] = dt;
+        col_lo[tid] = lo;
+        col_rlo[tid] = rlo;
+    }
+    if (tid < 16u) {
+        let kr = rb / SUB + tid / 4u;
+        let ko = ob / SUB + tid % 4u;
+        var between = 0.0;
+        for (var k = min(kr, ko) + 1u; k < max(kr, ko); k++) {
+            if (k * SUB + SUB <= q) { between += dec[base + LO * q + k * SUB + SUB - 1u]; }
+        }
+        mid[tid] = between;
+    }
+}
+
+// Σ a over (o, r] for o ≤ r (forward) or over (r, o] for o ≥ r (reverse); r, o local to blocks rb, ob.
+fn decay_sum(r: u32, o: u32, rb: u32, ob: u32, reverse: bool) -> f32 {
+    let same = (rb + r) / SUB == (ob + o) / SUB;
+    let between = mid[(r / SUB) * 4u + o / SUB];
+    if (reverse) { return select(col_lo[o] + row_rlo[r] + between, col_lo[o] - row_lo[r], same); }
+    return select(row_lo[r] + col_rlo[o] + between, row_lo[r] - col_lo[o], same);
+}
+
+fn qk_at(b: u32, pos: u32, h: u32, k: u32) -> u32 {
+    return ((b * s.len + pos) * s.qk_width + h / s.qk_div) * s.qk_dim + k;
+}
+
+fn v_at(b: u32, pos: u32, u: u32, j: u32) -> u32 { return ((b * s.len + pos) * s.units + u) * s.v_dim + j; }
+
+fn scan_dec_base(b: u32, h: u32, c: u32) -> u32 { return ((b * s.heads + h) * s.nchunks + c) * 5u * s.chunk; }
+
+// out[r, j] = Σ_{h of the unit} [ Σ_k rowscale_r q_r[k] S[j, k] + Σ_{o ~ r} w_ro (q_r·k_o) v_o[j] ] (+ D v_r[j])
+// over rows r of a chunk (tile of 64) and j < v_dim (tile of 64). Forward pairs o ≤ r with w = exp(Σ a over
+// (o, r]) and rowscale exp(cs_r); REVERSE pairs o ≥ r with w = exp(Σ a over (r, o]) and rowscale
+// exp(cs_end − cs_r). Q_DT / K_DT scale q_r / k_o by Δ_r / Δ_o. Modes (q, k, v, S):
+//   y   (C, B·Δ, x, E)        forward, ADD_SKIP       dxd (B, C, dy, dS)       REVERSE, STATE_OUT
+//   dC  (dy, x·Δ, B, Eᵀ)      forward, per group      dB  (x·Δ, dy, C, dSᵀ)    REVERSE, per group
+//   y_off (C, -, -, E)        PAIRS = false
+// Grid (ceil(v_dim / 64) · ceil(Q / 64), nchunks · units, B).
+@compute @workgroup_size(16, 16)
+fn ssd_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let tiles_j = (s.v_dim + TILE - 1u) / TILE;
+    let j0 = (wid.x % tiles_j) * TILE;
+    let rb = (wid.x / tiles_j) * TILE;
+    let c = wid.y % s.nchunks;
+    let u = wid.y / s.nchunks;
+    let b = wid.z;
+    let q = s.chunk;
+    let t0 = c * q;
+    let steps = min(q, s.len - t0);
+    if (rb >= steps) { return; }  // a tile wholly in the padding (uniform over the workgroup)
+    let tid = lid.y * 16u + lid.x;
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    for (var hi = 0u; hi < s.nh; hi++) {
+        let h = u * s.nh + hi;
+        let base = scan_dec_base(b, h, c);
+        stage_rows(base, q, rb, steps, tid);
+        workgroupBarrier();
+
+        // The state term: rowscale_r Σ_k q_r[k] S[j, k].
+        let sbase = ((b * s.nchunks + c) * s.heads + h) * s.pn;
+        for (var k0 = 0u; k0 < s.qk_dim; k0 += KT) {
+            for (var l = 0u; l < 4u; l++) {
+                let i = tid + l * 256u;
+                let rr = i / KT;  // q rows are contiguous in k
+                let kk = i % KT;
+                var qv = 0.0;
+                if (rb + rr < steps && k0 + kk < s.qk_dim) {
+                    qv = q_in[qk_at(b, t0 + rb + rr, h, k0 + kk)] * row_scale[rr];
+                }
+                q_tile[kk * TILE + rr] = qv;
+                // Walk whichever state index is contiguous, so loads coalesce.
+                var jj = i / KT;
+                var ks = i % KT;
+                if (s.s_k != 1u) { jj = i % TILE; ks = i / TILE; }
+                var sv = 0.0;
+                if (j0 + jj < s.v_dim && k0 + ks < s.qk_dim) {
+                    sv = st_in[sbase + (j0 + jj) * s.s_j + (k0 + ks) * s.s_k];
+                }
+                kv_tile[ks * TILE + jj] = sv;
+            }
+            workgroupBarrier();
+            mac_slice(&acc0, &acc1, &acc2, &acc3, lid, false, 0u);
+            workgroupBarrier();
+        }
+        if (STATE_OUT) {  // only with one head per unit, so acc is this head's state term
+            for (var i = 0u; i < 4u; i++) {
+                let r = rb + lid.y * 4u + i;
+                let v = pick(i, acc0, acc1, acc2, acc3);
+                for (var jq = 0u; jq < 4u; jq++) {
+                    let j = j0 + lid.x * 4u + jq;
+                    if (r < steps && j < s.v_dim) { out_state[v_at(b, t0 + r, u, j)] = v[jq]; }
+                }
+            }
+        }
+        if (!PAIRS) { continue; }
+
+        // The pair term, one block of 64 columns o at a time: only blocks on the causal side of the rows.
+        var ob_start = 0u;
+        var ob_end = min(rb + TILE, steps);
+        if (REVERSE) { ob_start = rb; ob_end = steps; }
+        for (var ob = ob_start; ob < ob_end; ob += TILE) {
+            stage_cols(base, q, rb, ob, steps, tid);
+            workgroupBarrier();
+            var p0 = vec4<f32>(0.0);
+            var p1 = vec4<f32>(0.0);
+            var p2 = vec4<f32>(0.0);
+            var p3 = vec4<f32>(0.0);
+            for (var k0 = 0u; k0 < s.qk_dim; k0 += KT) {
+                for (var l = 0u; l < 4u; l++) {
+                    let i = tid + l * 256u;
+                    let rr = i / KT;
+                    let kk = i % KT;
+                    var qv = 0.0;
+                    var kv = 0.0;
+                    if (k0 + kk < s.qk_dim) {
+                        if (rb + rr < steps) {
+                            qv = q_in[qk_at(b, t0 + rb + rr, h, k0 + kk)];
+                            if (Q_DT) { qv *= row_dt[rr]; }
+                        }
+                        if (ob + rr < steps) {
+                            kv = k_in[qk_at(b, t0 + ob + rr, h, k0 + kk)];
+                            if (K_DT) { kv *= col_dt[rr]; }
+                        }
+                    }
+                    q_tile[kk * TILE + rr] = qv;
+                    kv_tile[kk * TILE + rr] = kv;
+                }
+                workgroupBarrier();
+                mac_slice(&p0, &p1, &p2, &p3, lid, false, 0u);
+                workgroupBarrier();
+            }
+            for (var i = 0u; i < 4u; i++) {
+                let r = lid.y * 4u + i;
+                let pv = pick(i, p0, p1, p2, p3);
+                for (var jq = 0u; jq < 4u; jq++) {
+                    let o = lid.x * 4u + jq;
+                    var ok = ob + o <= rb + r;
+                    if (REVERSE) { ok = ob + o >= rb + r; }
+                    ok = ok && ob + o < steps && rb + r < steps;
+                    // The sum is ≤ 0 on the causal side; min() keeps exp finite where the select drops it.
+                    let w = exp(min(decay_sum(r, o, rb, ob, REVERSE), 0.0));
+                    pair_tile[o * TILE + r] = select(0.0, pv[jq] * w, ok);  // [o][r]: rows as one vec4
+                }
+            }
+            workgroupBarrier();
+            for (var o0 = 0u; o0 < TILE; o0 += KT) {
+                for (var l = 0u; l < 4u; l++) {
+                    let i = tid + l * 256u;
+                    let oo = i / TILE;
+                    let jj = i % TILE;
+                    var vv = 0.0;
+                    if (ob + o0 + oo < steps && j0 + jj < s.v_dim) {
+                        vv = v_in[v_at(b, t0 + ob + o0 + oo, u, j0 + jj)];
+                    }
+                    kv_tile[oo * TILE + jj] = vv;
+                }
+                workgroupBarrier();
+                mac_slice(&acc0, &acc1, &acc2, &acc3, lid, true, o0 * TILE);
+                workgroupBarrier();
+            }
+        }
+    }
+    for (var i = 0u; i < 4u; i++) {
+        let r = rb + lid.y * 4u + i;
+        let v = pick(i, acc0, acc1, acc2, acc3);
+        for (var jq = 0u; jq < 4u; jq++) {
+            let j = j0 + lid.x * 4u + jq;
+            if (r < steps && j < s.v_dim) {
+                let k = v_at(b, t0 + r, u, j);
+                var val = v[jq];
+                if (ADD_SKIP) { val += skip[u] * v_in[k]; }
+                out[k] = val;
+            }
+        }
+    }
+}
+
+// The crossing sums X_σ = Σ_{o < σ ≤ t} T_to, T_to = exp(Σ a over (o, t])(C_t·B_o)(dy_t·Δ_o x_o), of one
+// (chunk, head): the pair terms of y whose decay passes step σ. A workgroup takes the rows t of one 64-block
+// rb and walks the column blocks ob ≤ rb; it builds T there with row prefix sums F[t][o] = Σ_{o' ≤ o} T_to'
+// in workgroup memory, and adds (every term once, no differences):
+//   σ in (ob, ob + 64): Σ_{t ≥ σ} F[t][σ − 1 − ob];   σ in [ob + 64, rb): Σ_t F[t][63];
+//   σ in [rb, rb + 64) when ob < rb: Σ_{t ≥ σ} F[t][63].
+// Partials per row block go to x_part [B, H, nchunks, ceil(Q / 64), Q]. Grid (ceil(Q / 64), nchunks · H, B).
+@compute @workgroup_size(16, 16)
+fn ssd_decay_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let rb = wid.x * TILE;
+    let c = wid.y % d.nchunks;
+    let h = wid.y / d.nchunks;
+    let b = wid.z;
+    let g = h / (d.heads / d.ngroups);
+    let q = d.chunk;
+    let t0 = c * q;
+    let steps = min(q, d.len - t0);
+    let base = dec_base(b, h, c);
+    let tid = lid.y * 16u + lid.x;
+    for (var i = tid; i < q; i += 256u) { seg_a[i] = 0.0; }
+    if (rb < steps) {
+        stage_rows(base, q, rb, steps, tid);
+        for (var ob = 0u; ob <= rb; ob += TILE) {
+            stage_cols(base, q, rb, ob, steps, tid);
+            workgroupBarrier();
+            var cb0 = vec4<f32>(0.0);  // C_t·B_o
+            var cb1 = vec4<f32>(0.0);
+            var cb2 = vec4<f32>(0.0);
+            var cb3 = vec4<f32>(0.0);
+            for (var k0 = 0u; k0 < d.nstate; k0 += KT) {
+                for (var l = 0u; l < 4u; l++) {
+                    let i = tid + l * 256u;
+                    let rr = i / KT;
+                    let kk = i % KT;
+                    var cv = 0.0;
+                    var bv = 0.0;
+                    if (k0 + kk < d.nstate) {
+                        if (rb + rr < steps) { cv = c_in[group_at(b, t0 + rb + rr, g, k0 + kk)]; }
+                        if (ob + rr < steps) { bv = b_in[group_at(b, t0 + ob + rr, g, k0 + kk)]; }
+                    }
+                    q_tile[kk * TILE + rr] = cv;
+                    kv_tile[kk * TILE + rr] = bv;
+                }
+                workgroupBarrier();
+                mac_slice(&cb0, &cb1, &cb2, &cb3, lid, false, 0u);
+                workgroupBarrier();
+            }
+            var gx0 = vec4<f32>(0.0);  // dy_t·Δ_o x_o
+            var gx1 = vec4<f32>(0.0);
+            var gx2 = vec4<f32>(0.0);
+            var gx3 = vec4<f32>(0.0);
+            for (var k0 = 0u; k0 < d.headdim; k0 += KT) {
+                for (var l = 0u; l < 4u; l++) {
+                    let i = tid + l * 256u;
+                    let rr = i / KT;
+                    let kk = i % KT;
+                    var gv = 0.0;
+                    var xv = 0.0;
+                    if (k0 + kk < d.headdim) {
+                        if (rb + rr < steps) { gv = dy[head_at(b, t0 + rb + rr, h, k0 + kk)]; }
+                        if (ob + rr < steps) { xv = x[head_at(b, t0 + ob + rr, h, k0 + kk)] * col_dt[rr]; }
+                    }
+                    q_tile[kk * TILE + rr] = gv;
+                    kv_tile[kk * TILE + rr] = xv;
+                }
+                workgroupBarrier();
+                mac_slice(&gx0, &gx1, &gx2, &gx3, lid, false, 0u);
+                workgroupBarrier();
+            }
+            for (var i = 0u; i < 4u; i++) {
+                let r = lid.y * 4u + i;
+                let tv = pick(i, cb0, cb1, cb2, cb3) * pick(i, gx0, gx1, gx2, gx3);
+                for (var jq = 0u; jq < 4u; jq++) {
+                    let o = lid.x * 4u + jq;
+                    let ok = ob + o < rb + r && rb + r < steps;  // o = t never crosses a step
+                    let w = exp(min(decay_sum(r, o, rb, ob, false), 0.0));
+                    pair_tile[r * TILE + o] = select(0.0, tv[jq] * w, ok);  // [t][o]
+                }
+            }
+            workgroupBarrier();
+            if (tid < TILE) {
+                var run = 0.0;
+                for (var o = 0u; o < TILE; o++) {
+                    run += pair_tile[tid * TILE + o];
+                    pair_tile[tid * TILE + o] = run;
+                }
+            }
+            workgroupBarrier();
+            // Threads 0..62: σ = ob + 1 + tid inside the column block; 64..127: σ = rb + tid − 64 in the row
+            // block; every thread: the σ strictly between the blocks. The three ranges are disjoint.
+            if (tid < TILE - 1u) {
+                let sigma = ob + tid + 1u;
+                var first = 0u;
+                if (ob == rb) { first = tid + 1u; }  // rows t ≥ σ
+                var sum = 0.0;
+                for (var r = first; r < TILE; r++) { sum += pair_tile[r * TILE + tid]; }
+                if (sigma < q) { seg_a[sigma] += sum; }
+            } else if (ob < rb && tid >= TILE && tid < 2u * TILE) {
+                let j = tid - TILE;
+                var sum = 0.0;
+                for (var r = j; r < TILE; r++) { sum += pair_tile[r * TILE + TILE - 1u]; }
+                if (rb + j < q) { seg_a[rb + j] += sum; }
+            }
+            if (ob + TILE < rb) {
+                var total = 0.0;
+                for (var r = 0u; r < TILE; r++) { total += pair_tile[r * TILE + TILE - 1u]; }
+                for (var sigma = ob + TILE + tid; sigma < rb; sigma += 256u) { seg_a[sigma] += total; }
+            }
+            workgroupBarrier();
+        }
+    }
+    let out_base = (((b * d.heads + h) * d.nchunks + c) * ((q + TILE - 1u) / TILE) + wid.x) * q;
+    for (var i = tid; i < q; i += 256u) { x_part[out_base + i] = seg_a[i]; }
+}
+
+// Per (chunk, head, batch), thread t owning positions [t·seg, (t + 1)·seg): dx = Δ dxd + D dy (in place
+// over dxd), ∂loss/∂a_σ = X_σ + Σ_{t ≥ σ} U_t + Σ_{o < σ} V_o + W_c with U_t = dy_t·y_off_t and
+// V_o = Δ_o x_o·dxd_state_o (the header has the derivation), ddt_raw through the clamp and softplus, and
+// this chunk's partial sums of ∂A_log, ∂D, ∂dt_bias. Grid (nchunks, H, B).
+@compute @workgroup_size(256)
+fn ssd_dt_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let c = wid.x;
+    let h = wid.y;
+    let b = wid.z;
+    let t = lid.x;
+    let q = d.chunk;
+    let a = -exp(A_log[h]);
+    let dskip = skip[h];
+    let seg = (q + WG - 1u) / WG;
+    let base = dec_base(b, h, c) + DT * q;
+    let steps = min(q, d.len - c * q);
+    let row_tiles = (q + TILE - 1u) / TILE;
+    let state_tiles = (d.headdim * d.nstate + WG - 1u) / WG;
+    let bhc = (b * d.heads + h) * d.nchunks + c;
+    var w_term = 0.0;
+    for (var k = 0u; k < state_tiles; k++) { w_term += w_part[bhc * state_tiles + k]; }
+    var d_skip = 0.0;
+    var u_run = 0.0;  // Σ U over this thread's positions
+    var v_run = 0.0;  // Σ V likewise
+    for (var i = 0u; i < seg; i++) {
+        let r = t * seg + i;
+        if (r < steps) {
+            let dt = dec[base + r];
+            let row = head_at(b, c * q + r, h, 0u);
+            var xq = 0.0;  // x·dxd
+            var uu = 0.0;
+            var vv = 0.0;
+            for (var p = 0u; p < d.headdim; p++) {
+                let xv = x[row + p];
+                let gv = dy[row + p];
+                let dxd = dx[row + p];
+                xq += xv * dxd;
+                uu += gv * y_off[row + p];
+                vv += xv * dxd_state[row + p];
+                d_skip += gv * xv;
+                dx[row + p] = dt * dxd + dskip * gv;
+            }
+            seg_a[r] = uu;
+            seg_b[r] = dt * vv;
+            seg_c[r] = xq;
+            u_run += uu;
+            v_run += dt * vv;
+        }
+    }
+    let u_after = exclusive_prefix(u_run, WG - 1u - t);  // Σ U over the later threads' positions
+    let v_before = exclusive_prefix(v_run, t);           // Σ V over the earlier ones
+    var v_prefix = v_before;
+    for (var i = 0u; i < seg; i++) {  // seg_b[r] becomes Σ_{o < r} V_o
+        let r = t * seg + i;
+        if (r < steps) {
+            let vr = seg_b[r];
+            seg_b[r] = v_prefix;
+            v_prefix += vr;
+        }
+    }
+    var u_suffix = u_after;
+    var d_a = 0.0;
+    var d_bias = 0.0;
+    for (var i = seg; i > 0u; i--) {
+        let r = t * seg + i - 1u;
+        if (r < steps) {
+            u_suffix += seg_a[r];
+            var crossing = 0.0;
+            for (var k = 0u; k < row_tiles; k++) { crossing += x_part[(bhc * row_tiles + k) * q + r]; }
+            let da = crossing + u_suffix + seg_b[r] + w_term;
+            let dt = dec[base + r];
+            d_a += dt * da;
+            let k = (b * d.len + c * q + r) * d.heads + h;
+            let pre = dt_raw[k] + dt_bias[h];
+            let sp = softplus(pre);
+            var g = seg_c[r] + a * da;
+            if (sp < d.dt_min || sp > d.dt_max) { g = 0.0; }  // torch.clamp passes the gradient at the bounds
+            g *= select(sigmoid(pre), 1.0, pre > 20.0);
+            ddt_raw[k] = g;
+            d_bias += g;
+        }
+    }
+    let total_a = workgroup_sum(d_a, t);
+    let total_skip = workgroup_sum(d_skip, t);
+    let total_bias = workgroup_sum(d_bias, t);
+    if (t == 0u) {
+        let k = ((b * d.nchunks + c) * d.heads + h) * 3u;
+        param_part[k] = total_a * a;  // ∂/∂A_log = ∂/∂A · A
+        param_part[k + 1u] = total_skip;
+        param_part[k + 2u] = total_bias;
+    }
+}
+
+// Per head: add the (batch, chunk) partials in order into dA_log, dD, ddt_bias (ACCUMULATE adds to them).
+// Grid grid_1d(H, 64).
+@compute @workgroup_size(64)
+fn ssd_param_grads(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let h = gid.x;
+    if (h >= d.heads) { return; }
+    var ga = 0.0;
+    var gd = 0.0;
+    var gb = 0.0;
+    for (var bc = 0u; bc < d.batch * d.nchunks; bc++) {
+        let k = (bc * d.heads + h) * 3u;
+        ga += param_part[k];
+        gd += param_part[k + 1u];
+        gb += param_part[k + 2u];
+    }
+    if (ACCUMULATE) {
+        ga += dA_log[h];
+        gd += dD[h];
+        gb += ddt_bias[h];
+    }
+    dA_log[h] = ga;
+    dD[h] = gd;
+    ddt_bias[h] = gb;
+}
