@@ -103,23 +103,24 @@ struct ScanDims { len: u32, heads: u32, chunk: u32, nchunks: u32, units: u32, nh
 @group(0) @binding(30) var<storage, read_write> dD: array<f32>;
 @group(0) @binding(31) var<storage, read_write> ddt_bias: array<f32>;
 
-// GEMM slices: [KT][TILE], depth-major so a thread reads its 4 rows (or columns) as one vec4.
-var<workgroup> q_tile: array<f32, 1024>;
-var<workgroup> kv_tile: array<f32, 1024>;
-var<workgroup> pair_tile: array<f32, 4096>;  // 64 × 64 products of one row block and one column block
-var<workgroup> row_dt: array<f32, 64>;
-var<workgroup> row_scale: array<f32, 64>;
-var<workgroup> row_lo: array<f32, 64>;
-var<workgroup> row_rlo: array<f32, 64>;
-var<workgroup> col_dt: array<f32, 64>;
-var<workgroup> col_lo: array<f32, 64>;
-var<workgroup> col_rlo: array<f32, 64>;
+// GEMM slices: [KT][TILE], depth-major and held as vec4s, so a thread reads its 4 rows (or columns) with one
+// vector load; element i is [i / 4][i % 4] (set / get below).
+var<workgroup> q_tile: array<vec4<f32>, KT * TILE / 4>;
+var<workgroup> kv_tile: array<vec4<f32>, KT * TILE / 4>;
+var<workgroup> pair_tile: array<vec4<f32>, TILE * TILE / 4>;  // 64 × 64 products of a row and a column block
+var<workgroup> row_dt: array<f32, TILE>;
+var<workgroup> row_scale: array<f32, TILE>;
+var<workgroup> row_lo: array<f32, TILE>;
+var<workgroup> row_rlo: array<f32, TILE>;
+var<workgroup> col_dt: array<f32, TILE>;
+var<workgroup> col_lo: array<f32, TILE>;
+var<workgroup> col_rlo: array<f32, TILE>;
 var<workgroup> mid: array<f32, 16>;  // [row sub-block][column sub-block]: Σ a over the whole sub-blocks between
-var<workgroup> scan_buf: array<f32, 256>;
+var<workgroup> scan_buf: array<f32, WG>;
 // Per chunk position: a (prep), the crossing sums (ssd_decay_grad), the per-position terms (ssd_dt_backward).
-var<workgroup> seg_a: array<f32, 1024>;
-var<workgroup> seg_b: array<f32, 1024>;
-var<workgroup> seg_c: array<f32, 1024>;
+var<workgroup> seg_a: array<f32, MAX_CHUNK>;
+var<workgroup> seg_b: array<f32, MAX_CHUNK>;
+var<workgroup> seg_c: array<f32, MAX_CHUNK>;
 
 fn sigmoid(v: f32) -> f32 { return 1.0 / (1.0 + exp(-v)); }
 
@@ -223,19 +224,19 @@ fn ssd_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id)
 }
 
 
-fn row4(from_pairs: bool, i: u32) -> vec4<f32> {
-    if (from_pairs) { return vec4<f32>(pair_tile[i], pair_tile[i + 1u], pair_tile[i + 2u], pair_tile[i + 3u]); }
-    return vec4<f32>(q_tile[i], q_tile[i + 1u], q_tile[i + 2u], q_tile[i + 3u]);
-}
+fn set_q(i: u32, v: f32) { q_tile[i / 4u][i % 4u] = v; }
+fn set_kv(i: u32, v: f32) { kv_tile[i / 4u][i % 4u] = v; }
+fn set_pair(i: u32, v: f32) { pair_tile[i / 4u][i % 4u] = v; }
+fn get_pair(i: u32) -> f32 { return pair_tile[i / 4u][i % 4u]; }
 
 // One slice of a tile product into a thread's 4 × 4 block: rows from q_tile (or from pair_tile, starting at
-// `offset`), columns from kv_tile.
+// element `offset`), columns from kv_tile.
 fn mac_slice(a0: ptr<function, vec4<f32>>, a1: ptr<function, vec4<f32>>, a2: ptr<function, vec4<f32>>,
              a3: ptr<function, vec4<f32>>, lid: vec3<u32>, from_pairs: bool, offset: u32) {
     for (var kk = 0u; kk < KT; kk++) {
-        let av = row4(from_pairs, offset + kk * TILE + lid.y * 4u);
-        let bv = vec4<f32>(kv_tile[kk * TILE + lid.x * 4u], kv_tile[kk * TILE + lid.x * 4u + 1u],
-                           kv_tile[kk * TILE + lid.x * 4u + 2u], kv_tile[kk * TILE + lid.x * 4u + 3u]);
+        var av = q_tile[kk * (TILE / 4u) + lid.y];
+        if (from_pairs) { av = pair_tile[offset / 4u + kk * (TILE / 4u) + lid.y]; }
+        let bv = kv_tile[kk * (TILE / 4u) + lid.x];
         *a0 += av.x * bv;
         *a1 += av.y * bv;
         *a2 += av.z * bv;
@@ -287,8 +288,8 @@ fn ssd_chunk_state(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
                 }
                 if (k0 + cc < d.nstate) { rv = right[group_at(b, t0 + r, g, k0 + cc)]; }
             }
-            q_tile[rr * TILE + cc] = lv;
-            kv_tile[rr * TILE + cc] = rv;
+            set_q(rr * TILE + cc, lv);
+            set_kv(rr * TILE + cc, rv);
         }
         workgroupBarrier();
         mac_slice(&acc0, &acc1, &acc2, &acc3, lid, false, 0u);
@@ -461,7 +462,7 @@ fn ssd_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                 if (rb + rr < steps && k0 + kk < s.qk_dim) {
                     qv = q_in[qk_at(b, t0 + rb + rr, h, k0 + kk)] * row_scale[rr];
                 }
-                q_tile[kk * TILE + rr] = qv;
+                set_q(kk * TILE + rr, qv);
                 // Walk whichever state index is contiguous, so loads coalesce.
                 var jj = i / KT;
                 var ks = i % KT;
@@ -470,7 +471,7 @@ fn ssd_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                 if (j0 + jj < s.v_dim && k0 + ks < s.qk_dim) {
                     sv = st_in[sbase + (j0 + jj) * s.s_j + (k0 + ks) * s.s_k];
                 }
-                kv_tile[ks * TILE + jj] = sv;
+                set_kv(ks * TILE + jj, sv);
             }
             workgroupBarrier();
             mac_slice(&acc0, &acc1, &acc2, &acc3, lid, false, 0u);
@@ -516,8 +517,8 @@ fn ssd_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                             if (K_DT) { kv *= col_dt[rr]; }
                         }
                     }
-                    q_tile[kk * TILE + rr] = qv;
-                    kv_tile[kk * TILE + rr] = kv;
+                    set_q(kk * TILE + rr, qv);
+                    set_kv(kk * TILE + rr, kv);
                 }
                 workgroupBarrier();
                 mac_slice(&p0, &p1, &p2, &p3, lid, false, 0u);
@@ -533,7 +534,7 @@ fn ssd_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                     ok = ok && ob + o < steps && rb + r < steps;
                     // The sum is ≤ 0 on the causal side; min() keeps exp finite where the select drops it.
                     let w = exp(min(decay_sum(r, o, rb, ob, REVERSE), 0.0));
-                    pair_tile[o * TILE + r] = select(0.0, pv[jq] * w, ok);  // [o][r]: rows as one vec4
+                    set_pair(o * TILE + r, select(0.0, pv[jq] * w, ok));  // [o][r]: rows as one vec4
                 }
             }
             workgroupBarrier();
@@ -546,7 +547,7 @@ fn ssd_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                     if (ob + o0 + oo < steps && j0 + jj < s.v_dim) {
                         vv = v_in[v_at(b, t0 + ob + o0 + oo, u, j0 + jj)];
                     }
-                    kv_tile[oo * TILE + jj] = vv;
+                    set_kv(oo * TILE + jj, vv);
                 }
                 workgroupBarrier();
                 mac_slice(&acc0, &acc1, &acc2, &acc3, lid, true, o0 * TILE);
@@ -609,8 +610,8 @@ fn ssd_decay_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                         if (rb + rr < steps) { cv = c_in[group_at(b, t0 + rb + rr, g, k0 + kk)]; }
                         if (ob + rr < steps) { bv = b_in[group_at(b, t0 + ob + rr, g, k0 + kk)]; }
                     }
-                    q_tile[kk * TILE + rr] = cv;
-                    kv_tile[kk * TILE + rr] = bv;
+                    set_q(kk * TILE + rr, cv);
+                    set_kv(kk * TILE + rr, bv);
                 }
                 workgroupBarrier();
                 mac_slice(&cb0, &cb1, &cb2, &cb3, lid, false, 0u);
@@ -631,8 +632,8 @@ fn ssd_decay_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                         if (rb + rr < steps) { gv = dy[head_at(b, t0 + rb + rr, h, k0 + kk)]; }
                         if (ob + rr < steps) { xv = x[head_at(b, t0 + ob + rr, h, k0 + kk)] * col_dt[rr]; }
                     }
-                    q_tile[kk * TILE + rr] = gv;
-                    kv_tile[kk * TILE + rr] = xv;
+                    set_q(kk * TILE + rr, gv);
+                    set_kv(kk * TILE + rr, xv);
                 }
                 workgroupBarrier();
                 mac_slice(&gx0, &gx1, &gx2, &gx3, lid, false, 0u);
@@ -645,15 +646,15 @@ fn ssd_decay_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                     let o = lid.x * 4u + jq;
                     let ok = ob + o < rb + r && rb + r < steps;  // o = t never crosses a step
                     let w = exp(min(decay_sum(r, o, rb, ob, false), 0.0));
-                    pair_tile[r * TILE + o] = select(0.0, tv[jq] * w, ok);  // [t][o]
+                    set_pair(r * TILE + o, select(0.0, tv[jq] * w, ok));  // [t][o]
                 }
             }
             workgroupBarrier();
             if (tid < TILE) {
                 var run = 0.0;
                 for (var o = 0u; o < TILE; o++) {
-                    run += pair_tile[tid * TILE + o];
-                    pair_tile[tid * TILE + o] = run;
+                    run += get_pair(tid * TILE + o);
+                    set_pair(tid * TILE + o, run);
                 }
             }
             workgroupBarrier();
@@ -664,17 +665,17 @@ fn ssd_decay_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                 var first = 0u;
                 if (ob == rb) { first = tid + 1u; }  // rows t ≥ σ
                 var sum = 0.0;
-                for (var r = first; r < TILE; r++) { sum += pair_tile[r * TILE + tid]; }
+                for (var r = first; r < TILE; r++) { sum += get_pair(r * TILE + tid); }
                 if (sigma < q) { seg_a[sigma] += sum; }
             } else if (ob < rb && tid >= TILE && tid < 2u * TILE) {
                 let j = tid - TILE;
                 var sum = 0.0;
-                for (var r = j; r < TILE; r++) { sum += pair_tile[r * TILE + TILE - 1u]; }
+                for (var r = j; r < TILE; r++) { sum += get_pair(r * TILE + TILE - 1u); }
                 if (rb + j < q) { seg_a[rb + j] += sum; }
             }
             if (ob + TILE < rb) {
                 var total = 0.0;
-                for (var r = 0u; r < TILE; r++) { total += pair_tile[r * TILE + TILE - 1u]; }
+                for (var r = 0u; r < TILE; r++) { total += get_pair(r * TILE + TILE - 1u); }
                 for (var sigma = ob + TILE + tid; sigma < rb; sigma += 256u) { seg_a[sigma] += total; }
             }
             workgroupBarrier();
