@@ -12,6 +12,8 @@ struct Params { batch: u32, len: u32, channels: u32, taps: u32, block_rows: u32 
 @group(0) @binding(6) var<storage, read_write> dx: array<f32>;
 @group(0) @binding(7) var<storage, read_write> dw_part: array<f32>;
 @group(0) @binding(8) var<storage, read_write> db_part: array<f32>;
+// Decode: conv_state [B, K − 1, C] holds the last K − 1 inputs, oldest first.
+@group(0) @binding(9) var<storage, read_write> conv_state: array<f32>;
 
 @compute @workgroup_size(256)
 fn conv1d_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -64,4 +66,42 @@ fn conv1d_backward_weight(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     dw_part[block * p.channels * p.taps + c * p.taps + k] = s;
     if (k == 0u) { db_part[block * p.channels + c] = sb; }
+}
+
+// The decode state after a prefill of x [B, L, C]: its last K − 1 rows (zeros before t = 0).
+@compute @workgroup_size(256)
+fn conv1d_state(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * 256u + gid.x;
+    let keep = p.taps - 1u;
+    if (i >= p.batch * keep * p.channels) { return; }
+    let c = i % p.channels;
+    let j = (i / p.channels) % keep;
+    let b = i / (p.channels * keep);
+    let t = i32(p.len) - i32(keep) + i32(j);
+    var v = 0.0;
+    if (t >= 0) { v = x[(b * p.len + u32(t)) * p.channels + c]; }
+    conv_state[i] = v;
+}
+
+// One decoding step for x [B, C] (len = 1): y = Σ_k w[c, k] · window[k] + bias with the window =
+// conv_state then x; the state then shifts by one (each thread owns one (b, c) column).
+@compute @workgroup_size(256)
+fn conv1d_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * 256u + gid.x;
+    if (i >= p.batch * p.channels) { return; }
+    let c = i % p.channels;
+    let b = i / p.channels;
+    let keep = p.taps - 1u;
+    let base = b * keep * p.channels + c;
+    let xv = x[i];
+    var s = bias[c] + w[c * p.taps + keep] * xv;
+    for (var k = 0u; k < keep; k++) {
+        s += w[c * p.taps + k] * conv_state[base + k * p.channels];
+        if (k + 1u < keep) {
+            conv_state[base + k * p.channels] = conv_state[base + (k + 1u) * p.channels];
+        } else {
+            conv_state[base + k * p.channels] = xv;
+        }
+    }
+    y[i] = s;
 }

@@ -32,6 +32,7 @@ struct ScanParams { batch: u32, len: u32, channels: u32, chunk: u32, nchunks: u3
 // Sums over `slices` consecutive blocks of `count` elements.
 struct SumParams { count: u32, slices: u32 }
 struct ParamSumParams { count: u32, batch: u32, nstate: u32 }
+struct StepParams { batch: u32, channels: u32, nstate: u32 }
 
 @group(0) @binding(0) var<uniform> p: ScanParams;
 @group(0) @binding(1) var<storage, read> u: array<f32>;
@@ -61,6 +62,10 @@ struct ParamSumParams { count: u32, batch: u32, nstate: u32 }
 @group(0) @binding(24) var<storage, read_write> dA_log: array<f32>;
 @group(0) @binding(25) var<storage, read_write> dD: array<f32>;
 @group(0) @binding(26) var<storage, read_write> ddelta_bias: array<f32>;
+@group(0) @binding(27) var<storage, read_write> last_state: array<f32>;  // [B, Dc, N]: h after the last step
+// Decode: one step for a batch of single tokens, u, delta, z, y [B, Dc], B_t, C_t [B, N], state [B, Dc, N].
+@group(0) @binding(28) var<uniform> st: StepParams;
+@group(0) @binding(29) var<storage, read_write> state: array<f32>;
 
 // Per (step of the tile, channel of the workgroup), index s·CH + c.
 var<workgroup> dt_tile: array<f32, T * CH>;        // Δ_t
@@ -180,6 +185,29 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
         }
         workgroupBarrier();  // the next tile overwrites the staged inputs
     }
+    // The final state seeds recurrent decoding after a parallel prefill.
+    if (owns_state) { last_state[(b * p.channels + d0 + c) * N + n] = h; }
+}
+
+// One recurrent step per (batch row, channel), walking its N states in `state` (read and updated):
+// h = exp(Δ A) h + Δ B_t u, y = (C_t·h + D u) · silu(z), Δ = softplus(delta + delta_bias). O(1) per token.
+@compute @workgroup_size(64)
+fn selective_scan_step(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i >= st.batch * st.channels) { return; }
+    let b = i / st.channels;
+    let d = i % st.channels;
+    let dt = softplus(delta[i] + delta_bias[d]);
+    let uv = u[i];
+    var acc = D[d] * uv;
+    for (var n = 0u; n < st.nstate; n++) {
+        let k = i * st.nstate + n;
+        let h = exp(-dt * exp(A_log[d * st.nstate + n])) * state[k] + dt * B[b * st.nstate + n] * uv;
+        state[k] = h;
+        acc += C[b * st.nstate + n] * h;
+    }
+    let zv = z[i];
+    y[i] = acc * zv * sigmoid(zv);
 }
 
 // Grid (Dc / CH, B), as the forward.

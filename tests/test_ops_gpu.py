@@ -144,6 +144,20 @@ def test_conv1d_forward_backward(rt, rng, B, L, C, K):
     assert rel(db.numpy(), rdb) < REDUCTION_TOL
 
 
+@pytest.mark.parametrize("K", [1, 2, 4])
+def test_conv1d_state_and_steps_continue_the_sequence(rt, rng, K):
+    """The decode state after a prefill of L steps, advanced one token at a time, gives the outputs the
+    parallel conv gives at positions L, L + 1, ... (L shorter and longer than the window)."""
+    for L in (1, 5):
+        (x32, x), (w32, w), (b32, b) = f32(rng, 2, L + 3, 7), f32(rng, 7, K), f32(rng, 7)
+        full = ref_conv.conv1d(x, w, b)
+        gw, gb = rt.from_numpy(w32), rt.from_numpy(b32)
+        state = conv1d.conv1d_state(rt.from_numpy(np.ascontiguousarray(x32[:, :L])), K)
+        for t in range(L, L + 3):
+            y = conv1d.conv1d_step(state, rt.from_numpy(np.ascontiguousarray(x32[:, t])), gw, gb)
+            assert rel(y.numpy(), full[:, t]) < ELEMENTWISE_TOL
+
+
 def test_conv1d_taps_follow_pytorch(rt):
     """Tap K−1 multiplies the current step (PyTorch), not tap 0 (the old engine's reversed convention)."""
     x = np.zeros((1, 5, 1), np.float32)

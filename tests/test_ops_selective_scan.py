@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
-from mambactl.ops.selective_scan import channels_per_group, selective_scan, selective_scan_backward, tile_steps
+from mambactl.ops.selective_scan import (channels_per_group, selective_scan, selective_scan_backward, selective_scan_step,
+                                         tile_steps)
 from mambactl.reference import selective_scan as ref
 from mambactl.reference.activations import softplus, softplus_backward
 from mambactl.runtime.gpu import get_runtime
@@ -108,8 +109,8 @@ def test_saved_states_are_chunk_boundaries_only(rt):
     # Everything saved beyond the inputs themselves: O(B·Dc·N·L / chunk), not the B·Dc·N·L states.
     inputs = {id(getattr(saved, k).buffer) for k in NAMES}
     extra = sum(t.size for t in vars(saved).values() if hasattr(t, "buffer") and id(t.buffer) not in inputs)
-    assert extra == batch * channels * nstate * n_chunks
-    assert extra <= batch * channels * nstate * length / chunk + batch * channels * nstate
+    assert extra == batch * channels * nstate * (n_chunks + 1)  # chunk entry states + the last state
+    assert extra <= batch * channels * nstate * (length / chunk + 2)
     assert channels_per_group(16) == 8
 
 
@@ -137,3 +138,19 @@ def test_shape_errors(rt):
         selective_scan_backward(saved, rt.from_numpy(np.zeros((1, 4, 2), np.float32)))
     with pytest.raises(ShapeError, match="grads lacks"):
         selective_scan_backward(saved, rt.from_numpy(np.zeros((1, 4, 3), np.float32)), {"D": x["D"]})
+
+
+def test_last_state_and_recurrent_steps_continue_the_parallel_scan(rt):
+    """Prefill L steps in parallel, then decode 3 more one at a time: the outputs equal the parallel scan
+    over all L + 3 steps, so generation can switch from the parallel form to O(1) steps."""
+    batch, length, channels, nstate, extra = 2, 37, 6, 5, 3
+    x = make_inputs(batch, length + extra, channels, nstate, seed=3)
+    full, _ = selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), chunk=16)
+    head = {k: (v[:, :length] if v.ndim == 3 else v) for k, v in x.items()}
+    _, saved = selective_scan(*(rt.from_numpy(head[k]) for k in NAMES), chunk=16)
+    state = saved.last_state
+    want = full.numpy()
+    for t in range(length, length + extra):
+        step = {k: (np.ascontiguousarray(v[:, t]) if v.ndim == 3 else v) for k, v in x.items()}
+        y = selective_scan_step(state, *(rt.from_numpy(step[k]) for k in NAMES))
+        assert rel_err(y.numpy(), want[:, t]) < 1e-5

@@ -43,3 +43,28 @@ def conv1d_backward(x: Tensor, w: Tensor, dy: Tensor, dw: Tensor | None = None, 
     rt.run("conv1d_backward_weight", (-(-C // 64), K, blocks), x=x, dy=dy, dw_part=dw_part, db_part=db_part, **dims)
     dw = column_sums(dw_part, None if dw is None else dw.reshape(C * K)).reshape(C, K)
     return dx, dw, column_sums(db_part, db)
+
+
+def conv1d_state(x: Tensor, taps: int) -> Tensor:
+    """x [B, L, C] -> the decoding state [B, K − 1, C]: the last K − 1 inputs, oldest first (zeros before t = 0)."""
+    expect("conv1d_state", "x", x, (None, None, None))
+    B, L, C = x.shape
+    state = x.runtime.empty((B, max(taps - 1, 1), C))
+    if taps > 1:
+        x.runtime.run("conv1d_state", grid_1d(B * (taps - 1) * C), x=x, conv_state=state, batch=B, len=L,
+                      channels=C, taps=taps, block_rows=0)
+    return state
+
+
+def conv1d_step(state: Tensor, x: Tensor, w: Tensor, b: Tensor) -> Tensor:
+    """One decoding step: x [B, C], w [C, K], b [C]; state [B, K − 1, C] is shifted in place. -> y [B, C]."""
+    expect("conv1d_step", "x", x, (None, None))
+    B, C = x.shape
+    expect("conv1d_step", "w", w, (C, None))
+    K = w.shape[1]
+    expect("conv1d_step", "state", state, (B, max(K - 1, 1), C))
+    expect("conv1d_step", "b", b, (C,))
+    y = x.runtime.empty((B, C))
+    x.runtime.run("conv1d_step", grid_1d(B * C), x=x, w=w, bias=b, conv_state=state, y=y, batch=B, len=1,
+                  channels=C, taps=K, block_rows=0)
+    return y

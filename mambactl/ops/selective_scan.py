@@ -48,6 +48,7 @@ class ScanSaved:
     delta_bias: Tensor
     states: Tensor  # [B, n_chunks, Dc, N]: the state before step k·chunk
     chunk: int
+    last_state: Tensor  # [B, Dc, N]: the state after the last step (to continue recurrently)
 
 
 def channels_per_group(nstate: int) -> int:
@@ -108,9 +109,33 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
     params = _scan_params(batch, length, channels, chunk)
     y = rt.empty(u.shape)
     states = rt.empty((batch, params["nchunks"], channels, nstate))
+    last_state = rt.empty((batch, channels, nstate))
     rt.run("selective_scan_forward", (-(-channels // constants["CH"]), batch), constants, u=u, delta=delta,
-           A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states, **params)
-    return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk)
+           A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states, last_state=last_state,
+           **params)
+    return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
+
+
+def selective_scan_step(state: Tensor, u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor,
+                        z: Tensor, delta_bias: Tensor) -> Tensor:
+    """One decoding step. u, delta, z [B, Dc]; B, C [B, N]; state [B, Dc, N] is advanced in place.
+    -> y [B, Dc] (gated), the same as the parallel scan's output at that position."""
+    op = "selective_scan_step"
+    expect(op, "u", u, (None, None))
+    batch, channels = u.shape
+    expect(op, "A_log", A_log, (channels, None))
+    nstate = A_log.shape[1]
+    expect(op, "state", state, (batch, channels, nstate))
+    for name, t in (("delta", delta), ("z", z)):
+        expect(op, name, t, (batch, channels))
+    expect(op, "B", B, (batch, nstate))
+    expect(op, "C", C, (batch, nstate))
+    expect(op, "D", D, (channels,))
+    expect(op, "delta_bias", delta_bias, (channels,))
+    y = u.runtime.empty((batch, channels))
+    u.runtime.run("selective_scan_step", (-(-(batch * channels) // 64),), u=u, delta=delta, A_log=A_log, B=B, C=C,
+                  D=D, z=z, delta_bias=delta_bias, state=state, y=y, batch=batch, channels=channels, nstate=nstate)
+    return y
 
 
 def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Tensor] | None = None):
