@@ -11,7 +11,7 @@ from __future__ import annotations
 from mambactl.models.config import ModelConfig
 from mambactl.ops import activations, conv1d, linear, slice
 from mambactl.ops.fill import zeros
-from mambactl.ops.selective_scan import selective_scan, selective_scan_backward
+from mambactl.ops.selective_scan import selective_scan, selective_scan_backward, selective_scan_step
 from mambactl.runtime.tensor import Tensor
 
 
@@ -65,3 +65,25 @@ def mamba1_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfi
     dxz = slice.column_concat([dxs.reshape(-1, di), dz.reshape(-1, di)])
     dx, _, _ = linear.linear_backward(s["x"], p["in_proj.weight"], dxz, dw=g["in_proj.weight"], db=g.get("in_proj.bias"))
     return dx
+
+
+def mamba1_decode_state(saved: dict, cfg: ModelConfig) -> dict:
+    """The recurrent state after a parallel forward: the conv window and the scan's last state."""
+    di = cfg.d_inner
+    xs = saved["xs"].reshape(saved["batch"], saved["length"], di)
+    return {"conv": conv1d.conv1d_state(xs, cfg.mamba1.d_conv), "ssm": saved["scan"].last_state}
+
+
+def mamba1_step(p: dict, x: Tensor, state: dict, cfg: ModelConfig) -> Tensor:
+    """One token per batch row: x [B, d_model] -> [B, d_model]; `state` (conv window, SSM state) advances."""
+    m, di, R, N = cfg.mamba1, cfg.d_inner, cfg.dt_rank, cfg.mamba1.d_state
+    rt = x.runtime
+    xz = linear.linear(x, p["in_proj.weight"], p.get("in_proj.bias"))
+    xs, z = slice.column_slice(xz, 0, di), slice.column_slice(xz, di, di)
+    conv_b = p["conv1d.bias"] if m.conv_bias else zeros(rt, (di,))
+    u = activations.silu(conv1d.conv1d_step(state["conv"], xs, p["conv1d.weight"].reshape(di, m.d_conv), conv_b))
+    x_dbl = linear.linear(u, p["x_proj.weight"])
+    delta = linear.linear(slice.column_slice(x_dbl, 0, R), p["dt_proj.weight"])
+    y = selective_scan_step(state["ssm"], u, delta, p["A_log"], slice.column_slice(x_dbl, R, N),
+                            slice.column_slice(x_dbl, R + N, N), p["D"], z, p["dt_proj.bias"])
+    return linear.linear(y, p["out_proj.weight"], p.get("out_proj.bias"))
