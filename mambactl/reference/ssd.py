@@ -1,0 +1,120 @@
+"""Mamba-2 state space duality (SSD) scan, as mamba_ssm's `ssd_minimal_discrete` (chunked) and as a plain loop.
+
+Shapes: x [b, l, h, p]; dt [b, l, h] (already softplus(dt + dt_bias), clamped); A [h] (negative: -exp(A_log));
+B, C [b, l, g, n] with g groups, head h reading group h // (h_count / g) (mamba_ssm / HF `repeat_interleave`);
+state [b, h, p, n] per batch and head. Discretisation is mamba_ssm's (Euler B̄ = Δ B):
+
+    state_t = exp(Δ_t A) state_{t-1} + Δ_t x_t ⊗ B_t,     y_t = state_t C_t        (no D term, no gate)
+
+`ssd` computes it in chunks of `chunk_size` steps, in the four steps of ssd_minimal (the paper's Listing 1):
+1. within each chunk, y_diag = (C Bᵀ ∘ L) X — a masked "attention" with decay L[i, j] = exp(Σ_{j<k<=i} Δ_k A);
+2. the state each chunk adds by its end; 3. the chunk-to-chunk recurrence of those states, from a zero state;
+4. y_off = the state entering each chunk, read out by C and decayed to each position.
+The sequence is padded with zeros to a multiple of the chunk (Δ = 0 there: no decay, no input) and cropped.
+"""
+
+import numpy as np
+
+
+def _heads(BC, nheads):
+    """[b, l, g, n] -> [b, l, h, n]: each group serves nheads / g consecutive heads."""
+    return np.repeat(BC, nheads // BC.shape[2], axis=2)
+
+
+def _groups(dBC, ngroups):
+    """The adjoint of `_heads`: [b, l, h, n] -> [b, l, g, n], summing each group's heads."""
+    b, l, h, n = dBC.shape
+    return dBC.reshape(b, l, ngroups, h // ngroups, n).sum(axis=3)
+
+
+def segsum(a):
+    """a [..., T] -> [..., T, T] with out[..., i, j] = Σ_{k=j+1..i} a_k for i >= j and -inf above the diagonal.
+
+    The stable form of ssd_minimal: cumulative sums of a masked copy, no differences of large cumsums.
+    """
+    T = a.shape[-1]
+    lower = np.tri(T, dtype=bool)  # i >= j
+    x = np.where(np.tri(T, k=-1, dtype=bool), a[..., :, None], 0.0)  # x[..., i, j] = a_i for i > j
+    return np.where(lower, np.cumsum(x, axis=-2), -np.inf)
+
+
+def ssd(x, dt, A, B, C, chunk_size):
+    """-> y [b, l, h, p], chunked (ssd_minimal_discrete with X = x·Δ, A = A·Δ, zero initial state)."""
+    b, l, h, p = x.shape
+    Q = chunk_size
+    pad = -l % Q
+    X = x * dt[..., None]
+    Adt = A * dt  # [b, l, h]
+    Bh, Ch = _heads(B, h), _heads(C, h)
+    if pad:
+        X, Adt, Bh, Ch = (np.concatenate([t, np.zeros((b, pad) + t.shape[2:])], axis=1) for t in (X, Adt, Bh, Ch))
+    c = (l + pad) // Q
+    # Rearrange into chunks: X [b, c, Q, h, p], Adt [b, h, c, Q], B/C [b, c, Q, h, n].
+    X, Bh, Ch = (t.reshape((b, c, Q) + t.shape[2:]) for t in (X, Bh, Ch))
+    Adt = Adt.reshape(b, c, Q, h).transpose(0, 3, 1, 2)
+    A_cumsum = np.cumsum(Adt, axis=-1)
+
+    # 1. Output within each chunk (diagonal blocks).
+    L = np.exp(segsum(Adt))  # [b, h, c, Q(l), Q(s)]
+    Y_diag = np.einsum("bclhn,bcshn,bhcls,bcshp->bclhp", Ch, Bh, L, X)
+
+    # 2. The state each chunk adds by its last step (B terms).
+    decay_states = np.exp(A_cumsum[..., -1:] - A_cumsum)  # [b, h, c, Q]
+    states = np.einsum("bclhn,bhcl,bclhp->bchpn", Bh, decay_states, X)
+
+    # 3. Chunk-to-chunk recurrence from a zero initial state: the state entering every chunk (A terms).
+    states = np.concatenate([np.zeros_like(states[:, :1]), states], axis=1)  # [b, c + 1, h, p, n]
+    chunk_decay = np.concatenate([np.zeros((b, h, 1)), A_cumsum[..., -1]], axis=-1)  # Σ Δ A of each chunk
+    decay_chunk = np.exp(segsum(chunk_decay))  # [b, h, c + 1, c + 1]
+    new_states = np.einsum("bhzc,bchpn->bzhpn", decay_chunk, states)
+    states = new_states[:, :-1]  # entering chunks 0..c-1; new_states[:, -1] is the final state
+
+    # 4. State -> output within each chunk (C terms).
+    Y_off = np.einsum("bclhn,bchpn,bhcl->bclhp", Ch, states, np.exp(A_cumsum))
+
+    return (Y_diag + Y_off).reshape(b, c * Q, h, p)[:, :l]
+
+
+def ssd_sequential(x, dt, A, B, C):
+    """-> y [b, l, h, p] by the plain recurrence, one step at a time (the second oracle)."""
+    b, l, h, p = x.shape
+    Bh, Ch = _heads(B, h), _heads(C, h)
+    state = np.zeros((b, h, p, B.shape[-1]))
+    y = np.zeros_like(x)
+    for t in range(l):
+        state = (np.exp(dt[:, t] * A)[:, :, None, None] * state
+                 + (dt[:, t, :, None] * x[:, t])[..., None] * Bh[:, t, :, None, :])
+        y[:, t] = np.einsum("bhpn,bhn->bhp", state, Ch[:, t])
+    return y
+
+
+def ssd_backward(x, dt, A, B, C, dy):
+    """dy [b, l, h, p] -> (dx, ddt, dA, dB, dC), shaped as x, dt, A, B, C. Exact.
+
+    Recomputes every state, then runs the adjoint recurrence backwards in time:
+    g_t = ∂loss/∂state_t = dy_t ⊗ C_t + exp(Δ_{t+1} A) g_{t+1}. With ā_t = exp(Δ_t A):
+    dx_t = Δ_t g_t B_t,  dB_t = Σ_heads Δ_t g_tᵀ x_t,  dC_t = Σ_heads state_tᵀ dy_t,
+    ∂/∂Δ_t = ⟨g_t, x_t ⊗ B_t⟩ + A ā_t ⟨g_t, state_{t-1}⟩,  ∂/∂A = Σ_t Δ_t ā_t ⟨g_t, state_{t-1}⟩.
+    """
+    b, l, h, p = x.shape
+    G = B.shape[2]
+    Bh, Ch = _heads(B, h), _heads(C, h)
+    decay = np.exp(dt * A)  # ā [b, l, h]
+    states = [np.zeros((b, h, p, B.shape[-1]))]  # states[t + 1] = state_t
+    for t in range(l):
+        states.append(decay[:, t, :, None, None] * states[-1]
+                      + (dt[:, t, :, None] * x[:, t])[..., None] * Bh[:, t, :, None, :])
+    dx, ddt, dA = np.zeros_like(x), np.zeros_like(dt), np.zeros_like(A)
+    dBh, dCh = np.zeros_like(Bh), np.zeros_like(Ch)
+    g = np.zeros_like(states[0])
+    for t in reversed(range(l)):
+        dCh[:, t] = np.einsum("bhpn,bhp->bhn", states[t + 1], dy[:, t])
+        g = g + dy[:, t, :, :, None] * Ch[:, t, :, None, :]
+        gB = np.einsum("bhpn,bhn->bhp", g, Bh[:, t])  # ∂loss/∂(Δ_t x_t)
+        g_prev = decay[:, t] * np.einsum("bhpn,bhpn->bh", g, states[t])  # ∂loss/∂(Δ_t A) via ā_t
+        dx[:, t] = gB * dt[:, t, :, None]
+        dBh[:, t] = np.einsum("bhpn,bhp->bhn", g, dt[:, t, :, None] * x[:, t])
+        ddt[:, t] = np.sum(gB * x[:, t], axis=-1) + A * g_prev
+        dA += np.sum(dt[:, t] * g_prev, axis=0)
+        g = g * decay[:, t, :, None, None]
+    return dx, ddt, dA, _groups(dBh, G), _groups(dCh, G)
