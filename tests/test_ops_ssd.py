@@ -1,0 +1,153 @@
+"""GPU SSD scan (mambactl/ops/ssd.py) against the float64 reference (mambactl/reference/ssd.py), composed with
+Δ = clamp(softplus(dt_raw + dt_bias), dt_limit), A = −exp(A_log) and the D skip as mamba_ssm's Mamba2 does."""
+
+import numpy as np
+import pytest
+
+from mambactl.errors import ShapeError
+from mambactl.ops.ssd import ssd_scan, ssd_scan_backward
+from mambactl.reference import ssd as ref
+from mambactl.reference.activations import softplus, softplus_backward
+from mambactl.runtime.gpu import get_runtime
+
+NAMES = ("x", "dt_raw", "A_log", "B", "C", "D", "dt_bias")
+GRADS = ("dx", "ddt_raw", "dA_log", "dB", "dC", "dD", "ddt_bias")
+
+
+@pytest.fixture(scope="module")
+def rt():
+    r = get_runtime()
+    r.poison = True  # every new tensor starts as NaN: an element a kernel forgets to write (or reads) shows
+    yield r
+    r.poison = False
+
+
+def make_inputs(batch, length, heads, headdim, groups, nstate, seed=0):
+    """Float32 inputs: Δ ≈ 0.7, A in [-4, -1], and a few dt_raw > 20 (softplus's linear branch, Δ·A ≈ −50)."""
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape, scale=1.0):
+        return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+    dt_raw = normal(batch, length, heads, scale=0.5)
+    dt_raw.flat[::29] = 20.5 + rng.random(dt_raw.flat[::29].shape).astype(np.float32)
+    return dict(x=normal(batch, length, heads, headdim), dt_raw=dt_raw,
+                A_log=np.log(rng.uniform(1, 4, heads)).astype(np.float32),
+                B=normal(batch, length, groups, nstate), C=normal(batch, length, groups, nstate), D=normal(heads),
+                dt_bias=normal(heads, scale=0.3))
+
+
+def reference(x, dy, chunk, dt_limit=(0.0, np.inf)):
+    """Float64 y and gradients, in the order of GRADS."""
+    x = {k: v.astype(np.float64) for k, v in x.items()}
+    dy = dy.astype(np.float64)
+    pre = x["dt_raw"] + x["dt_bias"]
+    soft = softplus(pre)
+    dt, A = np.clip(soft, *dt_limit), -np.exp(x["A_log"])
+    args = (x["x"], dt, A, x["B"], x["C"])
+    D = x["D"][:, None]
+    y = ref.ssd(*args, chunk) + D * x["x"]
+    dx, ddt, dA, dB, dC = ref.ssd_backward(*args, dy)
+    ddt_raw = softplus_backward(pre, ddt * ((soft >= dt_limit[0]) & (soft <= dt_limit[1])))
+    return y, (dx + D * dy, ddt_raw, dA * A, dB, dC, np.sum(dy * x["x"], axis=(0, 1, 3)), ddt_raw.sum(axis=(0, 1)))
+
+
+def rel_err(got, want):
+    assert np.all(np.isfinite(got))
+    return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
+
+
+def run_gpu(rt, x, dy, chunk, grads=None, **kw):
+    y, saved = ssd_scan(*(rt.from_numpy(x[k]) for k in NAMES), chunk=chunk, **kw)
+    out = ssd_scan_backward(saved, rt.from_numpy(dy), grads)
+    return y.numpy(), [g.numpy() for g in out], saved
+
+
+def check(rt, batch, length, heads, headdim, groups, nstate, chunk, seed=0, tol=1e-4, **kw):
+    x = make_inputs(batch, length, heads, headdim, groups, nstate, seed)
+    dy = np.random.default_rng(seed + 1).standard_normal(x["x"].shape).astype(np.float32)
+    y, grads, _ = run_gpu(rt, x, dy, chunk, **kw)
+    y_ref, grads_ref = reference(x, dy, chunk, **{k: v for k, v in kw.items() if k == "dt_limit"})
+    assert rel_err(y, y_ref) < tol, rel_err(y, y_ref)
+    for name, got, want in zip(GRADS, grads, grads_ref):
+        assert got.shape == want.shape, name
+        assert rel_err(got, want) < tol, (name, rel_err(got, want))
+
+
+LENGTHS = lambda c: [1, 5, c - 1, c, c + 1, 3 * c + 2]  # noqa: E731
+
+
+@pytest.mark.parametrize("chunk,length,groups", [(c, n, 1 + i % 2) for c in (8, 16) for i, n in enumerate(LENGTHS(c))])
+def test_matches_reference(rt, chunk, length, groups):
+    check(rt, 2, length, 4, 5, groups, 6, chunk)
+
+
+@pytest.mark.parametrize("batch,length,heads,headdim,groups,nstate,chunk", [
+    (1, 150, 2, 70, 1, 70, 72),   # P, N over one 64-wide tile; chunk of two row tiles and a partial sub-block
+    (1, 300, 4, 16, 2, 16, 256),  # mamba_ssm's chunk: four row tiles, decays through many sub-blocks
+    (1, 23, 6, 3, 3, 2, 1),       # chunk 1: every step is its own chunk, all work in the state passing
+])
+def test_tiles_and_chunk_shapes(rt, batch, length, heads, headdim, groups, nstate, chunk):
+    check(rt, batch, length, heads, headdim, groups, nstate, chunk)
+
+
+def test_matches_the_sequential_recurrence(rt):
+    x = make_inputs(1, 21, 2, 3, 1, 4, seed=5)
+    y, _ = ssd_scan(*(rt.from_numpy(x[k]) for k in NAMES), chunk=8)
+    f = {k: v.astype(np.float64) for k, v in x.items()}
+    dt = softplus(f["dt_raw"] + f["dt_bias"])
+    want = ref.ssd_sequential(f["x"], dt, -np.exp(f["A_log"]), f["B"], f["C"]) + f["D"][:, None] * f["x"]
+    assert rel_err(y.numpy(), want) < 1e-5
+
+
+def test_dt_limit_clamps_and_masks_the_gradient(rt):
+    check(rt, 2, 19, 4, 3, 2, 5, 8, seed=3, dt_limit=(0.5, 1.0))
+
+
+def test_deterministic_and_parameter_grads_accumulate(rt):
+    x = make_inputs(2, 37, 4, 5, 2, 6, seed=2)
+    dy = np.random.default_rng(3).standard_normal(x["x"].shape).astype(np.float32)
+    _, fresh, _ = run_gpu(rt, x, dy, 8)
+    _, again, _ = run_gpu(rt, x, dy, 8)
+    for name, a, b in zip(GRADS, fresh, again):
+        assert np.array_equal(a, b), f"{name} differs between identical runs"
+    rng = np.random.default_rng(4)
+    start = {k: rng.standard_normal(4).astype(np.float32) for k in ("A_log", "D", "dt_bias")}
+    acc = {k: rt.from_numpy(v) for k, v in start.items()}
+    _, summed, _ = run_gpu(rt, x, dy, 8, grads=acc)
+    by_name, fresh_by_name = dict(zip(GRADS, summed)), dict(zip(GRADS, fresh))
+    for key in ("A_log", "D", "dt_bias"):
+        np.testing.assert_allclose(by_name["d" + key], start[key] + fresh_by_name["d" + key], rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(acc[key].numpy(), by_name["d" + key])
+
+
+def test_saved_state_is_chunk_boundaries_only(rt):
+    batch, length, heads, headdim, groups, nstate, chunk = 2, 70, 4, 5, 2, 6, 16
+    x = make_inputs(batch, length, heads, headdim, groups, nstate)
+    y, saved = ssd_scan(*(rt.from_numpy(x[k]) for k in NAMES), chunk=chunk)
+    n_chunks = -(-length // chunk)
+    assert saved.states.shape == (batch, n_chunks, heads, headdim, nstate)
+    # Beyond references to the inputs and the output: O(B·H·P·N·L / chunk), not the B·H·P·N·L states.
+    kept = {id(getattr(saved, k).buffer) for k in NAMES} | {id(y.buffer)}
+    extra = sum(t.size for t in vars(saved).values() if hasattr(t, "buffer") and id(t.buffer) not in kept)
+    assert extra == batch * heads * headdim * nstate * n_chunks
+    assert extra <= batch * heads * headdim * nstate * (length / chunk + 1)
+
+
+def test_shape_errors(rt):
+    x = {k: rt.from_numpy(v) for k, v in make_inputs(1, 4, 4, 2, 2, 3).items()}
+    args = [x[k] for k in NAMES]
+    with pytest.raises(ShapeError, match="groups must divide"):
+        bad = rt.from_numpy(np.zeros((1, 4, 3, 3), np.float32))
+        ssd_scan(*args[:3], bad, bad, *args[5:])
+    with pytest.raises(ShapeError, match="C has shape"):
+        ssd_scan(*args[:4], rt.from_numpy(np.zeros((1, 4, 2, 5), np.float32)), *args[5:])
+    with pytest.raises(ShapeError, match="chunk"):
+        ssd_scan(*args, chunk=2048)
+    with pytest.raises(ShapeError, match="dt_bias has shape"):
+        ssd_scan(*args[:6], rt.from_numpy(np.zeros(3, np.float32)))
+    _, saved = ssd_scan(*args, chunk=2)
+    with pytest.raises(ShapeError, match="dy has shape"):
+        ssd_scan_backward(saved, rt.from_numpy(np.zeros((1, 4, 4, 3), np.float32)))
+    with pytest.raises(ShapeError, match="grads lacks"):
+        ssd_scan_backward(saved, rt.from_numpy(np.zeros((1, 4, 4, 2), np.float32)), {"D": x["D"]})
