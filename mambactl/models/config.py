@@ -11,7 +11,12 @@ from dataclasses import asdict, dataclass, field, fields
 
 from mambactl.errors import MambactlError
 
-LAYER_TYPES = ("mamba1",)
+LAYER_TYPES = ("mamba1", "mamba2")
+
+# `Mamba2Config.dt_limit` upper bound meaning "no limit" (mamba_ssm's float("inf")): a finite float, so the
+# config round-trips through TOML (which mambactl reads as finite numbers only) and JSON (which has no inf).
+# Clamping to it is a no-op in float32 and float64 alike. `inf` or None given for the bound is read as this.
+NO_DT_LIMIT = 1e30
 
 
 @dataclass
@@ -30,6 +35,49 @@ class Mamba1Config:
 
 
 @dataclass
+class Mamba2Config:
+    """Settings of a Mamba-2 (SSD) mixer; defaults are mamba_ssm's `Mamba2` defaults (rmsnorm=True,
+    norm_before_gate=False, D_has_hdim=False, d_ssm=d_inner, i.e. no gated-MLP part)."""
+
+    d_state: int = 128
+    d_conv: int = 4
+    expand: int = 2
+    headdim: int = 64  # nheads = expand * d_model / headdim
+    ngroups: int = 1  # B / C groups, each shared by nheads / ngroups heads; also the gated-norm groups
+    chunk_size: int = 256  # SSD chunk length (any sequence length works; it is padded internally)
+    A_init_range: list[float] = field(default_factory=lambda: [1.0, 16.0])  # A = -U(lo, hi) at init
+    dt_min: float = 1e-3
+    dt_max: float = 0.1
+    dt_init_floor: float = 1e-4
+    dt_limit: list[float] = field(default_factory=lambda: [0.0, NO_DT_LIMIT])  # clamp of softplus(dt + dt_bias)
+    conv_bias: bool = True
+    bias: bool = False  # in_proj / out_proj bias
+    norm_before_gate: bool = False  # rmsnorm(y · SiLU(z)) · w; only False (mamba_ssm's default, HF's only form)
+
+    def __post_init__(self) -> None:
+        # Accept tuples (mamba_ssm / HF spelling) and an unbounded upper limit given as inf or None (JSON null).
+        if isinstance(self.A_init_range, tuple):
+            self.A_init_range = list(self.A_init_range)
+        if isinstance(self.dt_limit, tuple):
+            self.dt_limit = list(self.dt_limit)
+        if isinstance(self.dt_limit, list) and len(self.dt_limit) == 2:
+            hi = self.dt_limit[1]
+            if hi is None or (isinstance(hi, float) and math.isinf(hi) and hi > 0):
+                self.dt_limit = [self.dt_limit[0], NO_DT_LIMIT]
+
+    @property
+    def has_dt_limit(self) -> bool:
+        """False for the default (0, no limit): clamping then changes nothing (softplus is >= 0)."""
+        return self.dt_limit[0] > 0 or self.dt_limit[1] < NO_DT_LIMIT
+
+    @property
+    def dt_limit_inf(self) -> tuple[float, float]:
+        """dt_limit as mamba_ssm / HF spell it: (lo, float("inf")) when there is no upper limit."""
+        lo, hi = self.dt_limit
+        return float(lo), (math.inf if hi >= NO_DT_LIMIT else float(hi))
+
+
+@dataclass
 class ModelConfig:
     """A language model: embedding -> n_layer (pre-RMSNorm mixer + residual) -> norm_f -> tied head."""
 
@@ -41,10 +89,13 @@ class ModelConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
     mamba1: Mamba1Config = field(default_factory=Mamba1Config)
+    mamba2: Mamba2Config = field(default_factory=Mamba2Config)
 
     def __post_init__(self) -> None:
         if isinstance(self.mamba1, dict):
             self.mamba1 = _from_dict(Mamba1Config, self.mamba1, "model.mamba1")
+        if isinstance(self.mamba2, dict):
+            self.mamba2 = _from_dict(Mamba2Config, self.mamba2, "model.mamba2")
         if not self.layers:
             self.layers = ["mamba1"] * self.n_layer
         self.validate()
@@ -63,6 +114,25 @@ class ModelConfig:
     def dt_rank(self) -> int:
         r = self.mamba1.dt_rank
         return math.ceil(self.d_model / 16) if r == "auto" else int(r)
+
+    # Mamba-2 dims (d_inner above is Mamba-1's) ---------------------------------------
+    @property
+    def mamba2_d_inner(self) -> int:
+        return self.mamba2.expand * self.d_model
+
+    @property
+    def mamba2_nheads(self) -> int:
+        return self.mamba2_d_inner // self.mamba2.headdim
+
+    @property
+    def mamba2_conv_dim(self) -> int:
+        """Channels of the causal conv: x, B and C (d_inner + 2 · ngroups · d_state)."""
+        return self.mamba2_d_inner + 2 * self.mamba2.ngroups * self.mamba2.d_state
+
+    @property
+    def mamba2_in_proj_dim(self) -> int:
+        """Rows of in_proj: z, x, B, C, dt (2 · d_inner + 2 · ngroups · d_state + nheads)."""
+        return self.mamba2_d_inner + self.mamba2_conv_dim + self.mamba2_nheads
 
     def validate(self) -> None:
         def need(ok: bool, key: str, allowed: str) -> None:
@@ -84,6 +154,25 @@ class ModelConfig:
         need(m.dt_rank == "auto" or (isinstance(m.dt_rank, int) and m.dt_rank >= 1), "mamba1.dt_rank",
              'must be "auto" or a positive integer')
         need(0 < m.dt_min <= m.dt_max, "mamba1.dt_min", "must satisfy 0 < dt_min <= dt_max")
+        m2 = self.mamba2
+        for key in ("d_state", "expand", "headdim", "ngroups", "chunk_size"):
+            v = getattr(m2, key)
+            need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"mamba2.{key}",
+                 "must be a positive integer")
+        need(1 <= m2.d_conv <= 64, "mamba2.d_conv", "must be in [1, 64]")
+        need(0 < m2.dt_min <= m2.dt_max, "mamba2.dt_min", "must satisfy 0 < dt_min <= dt_max")
+        need(m2.dt_init_floor >= 0, "mamba2.dt_init_floor", "must be >= 0")
+        need(_pair(m2.A_init_range) and 0 < m2.A_init_range[0] <= m2.A_init_range[1], "mamba2.A_init_range",
+             "must be two numbers [lo, hi] with 0 < lo <= hi")
+        need(_pair(m2.dt_limit) and 0 <= m2.dt_limit[0] < m2.dt_limit[1], "mamba2.dt_limit",
+             f"must be two numbers [lo, hi] with 0 <= lo < hi ({NO_DT_LIMIT:g} = no upper limit)")
+        need(m2.norm_before_gate is False, "mamba2.norm_before_gate",
+             "must be false (the gate goes before the norm, as in mamba_ssm's default and HF)")
+        if "mamba2" in self.layers:
+            need(self.mamba2_d_inner % m2.headdim == 0, "mamba2.headdim",
+                 f"must divide d_inner = expand * d_model = {self.mamba2_d_inner}")
+            need(self.mamba2_nheads % m2.ngroups == 0, "mamba2.ngroups",
+                 f"must divide the number of heads ({self.mamba2_nheads})")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -91,6 +180,11 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, data: dict, where: str = "model") -> "ModelConfig":
         return _from_dict(cls, data, where)
+
+
+def _pair(v) -> bool:
+    return (isinstance(v, (list, tuple)) and len(v) == 2
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in v))
 
 
 def _from_dict(cls, data: dict, where: str):

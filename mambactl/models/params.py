@@ -31,6 +31,8 @@ def parameter_specs(cfg: ModelConfig) -> list[ParamSpec]:
         specs.append(ParamSpec(p + "norm.weight", (d,), "ones", True))
         if kind == "mamba1":
             specs += _mamba1_specs(cfg, p + "mixer.")
+        elif kind == "mamba2":
+            specs += _mamba2_specs(cfg, p + "mixer.")
     specs.append(ParamSpec("backbone.norm_f.weight", (d,), "ones", True))
     return specs
 
@@ -56,14 +58,46 @@ def _mamba1_specs(cfg: ModelConfig, p: str) -> list[ParamSpec]:
     return specs
 
 
+def _mamba2_specs(cfg: ModelConfig, p: str) -> list[ParamSpec]:
+    """mamba_ssm `Mamba2` (and HF `Mamba2Mixer`) tensors, in mamba_ssm's registration order.
+
+    in_proj rows are [z, x, B, C, dt] (d_inner, d_inner, G·N, G·N, H); the conv runs over [x, B, C].
+    """
+    m, d, di, H = cfg.mamba2, cfg.d_model, cfg.mamba2_d_inner, cfg.mamba2_nheads
+    specs = [ParamSpec(p + "in_proj.weight", (cfg.mamba2_in_proj_dim, d), "linear", False)]
+    if m.bias:
+        specs.append(ParamSpec(p + "in_proj.bias", (cfg.mamba2_in_proj_dim,), "zeros", True))
+    specs.append(ParamSpec(p + "conv1d.weight", (cfg.mamba2_conv_dim, 1, m.d_conv), "conv", False))
+    if m.conv_bias:
+        specs.append(ParamSpec(p + "conv1d.bias", (cfg.mamba2_conv_dim,), "mamba2_conv_bias", True))
+    specs += [
+        ParamSpec(p + "dt_bias", (H,), "mamba2_dt_bias", True),
+        ParamSpec(p + "A_log", (H,), "mamba2_A_log", True),
+        ParamSpec(p + "D", (H,), "ones", True),
+        ParamSpec(p + "norm.weight", (di,), "ones", True),
+        ParamSpec(p + "out_proj.weight", (d, di), "out_proj", False),
+    ]
+    if m.bias:
+        specs.append(ParamSpec(p + "out_proj.bias", (d,), "zeros", True))
+    return specs
+
+
+def _dt_bias(rng, shape, dt_min: float, dt_max: float, floor: float) -> np.ndarray:
+    """Inverse softplus of a log-uniform Δ in [dt_min, dt_max], floored (mamba_ssm, both Mamba-1 and -2)."""
+    dt = np.exp(rng.uniform(0, 1, shape) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min))
+    dt = np.maximum(dt, floor)
+    return dt + np.log(-np.expm1(-dt))  # inverse softplus
+
+
 def count_parameters(cfg: ModelConfig) -> int:
     return sum(int(np.prod(s.shape)) for s in parameter_specs(cfg))
 
 
 def init_parameters(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
-    """mamba_ssm's initialisation (mamba_simple.Mamba.__init__ + mixer_seq_simple._init_weights), float32."""
+    """mamba_ssm's initialisation (mamba_simple.Mamba / mamba2.Mamba2 __init__ + mixer_seq_simple._init_weights),
+    float32."""
     rng = np.random.default_rng(seed)
-    m = cfg.mamba1
+    m, m2 = cfg.mamba1, cfg.mamba2
     out: dict[str, np.ndarray] = {}
     for s in parameter_specs(cfg):
         fan_in = int(np.prod(s.shape[1:])) if len(s.shape) > 1 else 1
@@ -85,11 +119,15 @@ def init_parameters(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
             std = cfg.dt_rank ** -0.5
             w = rng.uniform(-std, std, s.shape)
         elif s.init == "dt_bias":
-            dt = np.exp(rng.uniform(0, 1, s.shape) * (math.log(m.dt_max) - math.log(m.dt_min)) + math.log(m.dt_min))
-            dt = np.maximum(dt, m.dt_init_floor)
-            w = dt + np.log(-np.expm1(-dt))  # inverse softplus
+            w = _dt_bias(rng, s.shape, m.dt_min, m.dt_max, m.dt_init_floor)
         elif s.init == "A_log":
             w = np.log(np.broadcast_to(np.arange(1, s.shape[1] + 1, dtype=np.float64), s.shape))
+        elif s.init == "mamba2_conv_bias":
+            w = rng.uniform(-1.0 / math.sqrt(m2.d_conv), 1.0 / math.sqrt(m2.d_conv), s.shape)
+        elif s.init == "mamba2_dt_bias":
+            w = _dt_bias(rng, s.shape, m2.dt_min, m2.dt_max, m2.dt_init_floor)
+        elif s.init == "mamba2_A_log":  # A = -exp(A_log) ~ -U(A_init_range) per head
+            w = np.log(rng.uniform(m2.A_init_range[0], m2.A_init_range[1], s.shape))
         else:
             raise AssertionError(f"unknown init {s.init!r} for {s.name}")
         out[s.name] = np.ascontiguousarray(w, dtype=np.float32)

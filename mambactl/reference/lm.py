@@ -10,9 +10,10 @@ from mambactl.reference.cross_entropy import cross_entropy, cross_entropy_backwa
 from mambactl.reference.embedding import embedding, embedding_backward
 from mambactl.reference.linear import linear, linear_backward
 from mambactl.reference.mamba1 import mamba1_block, mamba1_block_backward
+from mambactl.reference.mamba2 import mamba2_block, mamba2_block_backward
 from mambactl.reference.rmsnorm import rmsnorm, rmsnorm_backward
 
-BLOCKS = {"mamba1": (mamba1_block, mamba1_block_backward)}
+BLOCKS = {"mamba1": (mamba1_block, mamba1_block_backward), "mamba2": (mamba2_block, mamba2_block_backward)}
 
 EMBED, NORM_F = "backbone.embeddings.weight", "backbone.norm_f.weight"
 

@@ -1,0 +1,138 @@
+"""Parity with the field: HF transformers' `Mamba2ForCausalLM` (its pure-torch path) vs the float64 reference.
+
+Same random weights loaded by name; logits, loss (labels = ids, shifted inside HF) and every gradient compared,
+for ngroups 1 and 2 and sequence lengths that are not multiples of the chunk size (HF pads, as we do).
+"""
+
+import importlib.util
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from transformers.models.mamba2 import modeling_mamba2  # noqa: E402
+
+from mambactl.models.config import Mamba2Config, ModelConfig  # noqa: E402
+from mambactl.models.params import parameter_specs  # noqa: E402
+from mambactl.reference.lm import lm_backward, lm_forward  # noqa: E402
+
+for _pkg in ("mamba_ssm", "causal_conv1d"):
+    if importlib.util.find_spec(_pkg):
+        pytest.skip(f"{_pkg} is installed: HF would not take its pure-torch path", allow_module_level=True)
+
+
+def config(ngroups=1, chunk_size=4, layers=2, **mamba2):
+    """d_model 8 -> d_inner 16 -> 4 heads of 4 channels, d_state 3."""
+    m = Mamba2Config(d_state=3, d_conv=3, headdim=4, ngroups=ngroups, chunk_size=chunk_size, **mamba2)
+    return ModelConfig(vocab_size=13, d_model=8, n_layer=layers, layers=["mamba2"] * layers,
+                       pad_vocab_size_multiple=16, mamba2=m)
+
+
+def hf_model(cfg, seed=0):
+    """A float64 Mamba2ForCausalLM of cfg's shape with every parameter randomised (A_log, D, norms included)."""
+    m = cfg.mamba2
+    hf_cfg = transformers.Mamba2Config(
+        vocab_size=cfg.padded_vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layer,
+        num_heads=cfg.mamba2_nheads, head_dim=m.headdim, state_size=m.d_state, n_groups=m.ngroups,
+        conv_kernel=m.d_conv, expand=m.expand, chunk_size=m.chunk_size, use_bias=m.bias, use_conv_bias=m.conv_bias,
+        time_step_limit=m.dt_limit_inf, layer_norm_epsilon=cfg.norm_eps, tie_word_embeddings=True,
+        residual_in_fp32=False, use_cache=False)
+    torch.manual_seed(seed)
+    model = transformers.Mamba2ForCausalLM(hf_cfg).double()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.add_(0.3 * torch.randn_like(p))
+            if name.endswith("dt_bias"):
+                p.copy_(torch.randn_like(p))  # Δ ≈ 0.7, so the state carries real signal
+            if name.endswith("A_log"):
+                p.copy_(0.5 * torch.randn_like(p))  # A ≈ -1 (HF's init is log(1..H): fast decay)
+    return model
+
+
+def run_both(cfg, model, L, batch=2):
+    """-> (ours: logits, loss, grads; HF: logits, loss, grads), all float64 numpy."""
+    sd = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    specs = {s.name: s.shape for s in parameter_specs(cfg)}
+    assert set(sd) - {"lm_head.weight"} == set(specs)
+    assert all(sd[k].shape == shape for k, shape in specs.items())
+    params = {k: sd[k] for k in specs}
+
+    ids = np.random.default_rng(1).integers(0, cfg.vocab_size, size=(batch, L))
+    targets = np.concatenate([ids[:, 1:], np.full((batch, 1), -100)], axis=1)
+    logits, loss, saved = lm_forward(params, cfg, ids, targets)
+    grads = lm_backward(params, cfg, saved)
+
+    model.train()  # the training branch; without mamba_ssm its fused kernel is absent and the torch path runs
+    out = model(input_ids=torch.from_numpy(ids), labels=torch.from_numpy(ids), use_cache=False)
+    out.loss.backward()
+    hf_grads = {k: p.grad.numpy() for k, p in model.named_parameters()}
+    return (logits, loss, grads), (out.logits.detach().numpy(), out.loss.item(), hf_grads)
+
+
+def rel(a, b):
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def errors(ours, theirs):
+    (logits, loss, grads), (hf_logits, hf_loss, hf_grads) = ours, theirs
+    assert set(hf_grads) == set(grads)
+    return rel(logits, hf_logits), abs(loss - hf_loss) / abs(hf_loss), max(rel(grads[k], hf_grads[k]) for k in grads)
+
+
+def _rmsnorm_gated_f64(self, hidden_states, gate=None):
+    """MambaRMSNormGated.forward without its float32 cast (same formula: grouped RMSNorm of y · SiLU(gate))."""
+    if gate is not None:
+        hidden_states = hidden_states * torch.nn.functional.silu(gate)
+    *prefix, last = hidden_states.shape
+    h = hidden_states.view(*prefix, last // self.group_size, self.group_size)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+    return self.weight * h.view(*prefix, last)
+
+
+@pytest.fixture
+def hf_in_float64(monkeypatch):
+    """HF's torch path upcasts with `.float()` (scan inputs, A, logits) and both RMSNorms compute in float32; in a
+    float64 model those are downcasts to float32. Keep float64 throughout (same formulas) so the comparison is
+    exact to rounding."""
+    monkeypatch.setattr(torch.Tensor, "float", lambda t: t if t.dtype == torch.float64 else t.to(torch.float32))
+    monkeypatch.setattr(modeling_mamba2.Mamba2RMSNorm, "forward", lambda self, h: self.weight * h * torch.rsqrt(
+        h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+    monkeypatch.setattr(modeling_mamba2.MambaRMSNormGated, "forward", _rmsnorm_gated_f64)
+
+
+CASES = {
+    "g1_chunk4_L7": (dict(ngroups=1, chunk_size=4), 7),
+    "g2_chunk3_L8": (dict(ngroups=2, chunk_size=3), 8),
+    "g2_chunk256_L5_bias": (dict(ngroups=2, chunk_size=256, bias=True), 5),  # HF's default chunk: one padded chunk
+    "g4_dt_limit": (dict(ngroups=4, chunk_size=4, dt_limit=[0.2, 1.5]), 6),
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_parity_float64(hf_in_float64, case):
+    mamba2, L = case
+    cfg = config(**mamba2)
+    model = hf_model(cfg)
+    ours, theirs = run_both(cfg, model, L)
+    assert theirs[0].dtype == np.float64
+    logits_err, loss_err, grad_err = errors(ours, theirs)
+    assert logits_err < 1e-12 and loss_err < 1e-12 and grad_err < 1e-10, (logits_err, loss_err, grad_err)
+
+
+def test_parity_hf_as_shipped():
+    """Unpatched HF (float32 casts inside its float64 model) agrees to float32 precision."""
+    cfg = config(ngroups=2, chunk_size=3)
+    ours, theirs = run_both(cfg, hf_model(cfg), 7)
+    logits_err, loss_err, grad_err = errors(ours, theirs)
+    assert logits_err < 1e-5 and loss_err < 1e-5 and grad_err < 1e-5, (logits_err, loss_err, grad_err)
+
+
+def test_hf_groups_the_gated_norm():
+    """The installed transformers groups MambaRMSNormGated by d_inner / n_groups, like mamba_ssm; with ngroups 2 a
+    whole-row norm would differ, so the float64 parity above would catch a version that does not."""
+    cfg = config(ngroups=2)
+    norm = hf_model(cfg).backbone.layers[0].mixer.norm
+    assert norm.group_size == cfg.mamba2_d_inner // 2
+    assert math.isinf(cfg.mamba2.dt_limit_inf[1])
