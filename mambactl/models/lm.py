@@ -12,12 +12,13 @@ import numpy as np
 from mambactl.errors import ShapeError
 from mambactl.models.config import ModelConfig
 from mambactl.models.mamba1 import mamba1_backward, mamba1_forward
+from mambactl.models.mamba2 import mamba2_backward, mamba2_forward
 from mambactl.models.params import parameter_specs
 from mambactl.ops import activations, cross_entropy, embedding, linear, rmsnorm
 from mambactl.ops.fill import fill
 from mambactl.runtime.tensor import Tensor
 
-LAYERS = {"mamba1": (mamba1_forward, mamba1_backward)}
+LAYERS = {"mamba1": (mamba1_forward, mamba1_backward), "mamba2": (mamba2_forward, mamba2_backward)}
 EMBED, NORM_F = "backbone.embeddings.weight", "backbone.norm_f.weight"
 
 

@@ -1,0 +1,73 @@
+"""Mamba-2 (SSD) mixer on the GPU: forward and backward through the ops (mamba_ssm `Mamba2`, HF `Mamba2Mixer`).
+
+in_proj -> [z | xBC | dt] columns -> causal depthwise conv1d + SiLU over xBC -> [x | B | C] -> SSD scan with
+Δ = clamp(softplus(dt + dt_bias), dt_limit), A = −exp(A_log) and the D skip -> gated RMSNorm of y·silu(z) in
+groups of d_inner / ngroups -> out_proj. `p` and `g` map this layer's mixer names without prefix
+("in_proj.weight", "A_log", ...) to parameter and gradient tensors; gradients are accumulated into `g`.
+"""
+
+from __future__ import annotations
+
+from mambactl.models.config import ModelConfig
+from mambactl.ops import activations, conv1d, linear, slice
+from mambactl.ops.fill import zeros
+from mambactl.ops.rmsnorm_gated import rmsnorm_gated, rmsnorm_gated_backward
+from mambactl.ops.ssd import ssd_scan, ssd_scan_backward
+from mambactl.runtime.tensor import Tensor
+
+
+def _dims(cfg: ModelConfig):
+    m = cfg.mamba2
+    return m, cfg.mamba2_d_inner, cfg.mamba2_nheads, m.headdim, m.ngroups, m.d_state, cfg.mamba2_conv_dim
+
+
+def mamba2_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig):
+    """x [B·L, d_model] -> (y [B·L, d_model], saved)."""
+    m, di, H, P, G, N, conv_dim = _dims(cfg)
+    rt = x.runtime
+    zxbcdt = linear.linear(x, p["in_proj.weight"], p.get("in_proj.bias"))
+    z = slice.column_slice(zxbcdt, 0, di)
+    xBC = slice.column_slice(zxbcdt, di, conv_dim)
+    dt = slice.column_slice(zxbcdt, di + conv_dim, H)
+    conv_w = p["conv1d.weight"].reshape(conv_dim, m.d_conv)
+    conv_b = p["conv1d.bias"] if m.conv_bias else zeros(rt, (conv_dim,))
+    conv = conv1d.conv1d(xBC.reshape(batch, length, conv_dim), conv_w, conv_b).reshape(-1, conv_dim)
+    u = activations.silu(conv)
+    xs = slice.column_slice(u, 0, di)
+    Bm = slice.column_slice(u, di, G * N)
+    Cm = slice.column_slice(u, di + G * N, G * N)
+    y, scan_saved = ssd_scan(
+        xs.reshape(batch, length, H, P), dt.reshape(batch, length, H), p["A_log"],
+        Bm.reshape(batch, length, G, N), Cm.reshape(batch, length, G, N), p["D"], p["dt_bias"],
+        chunk=m.chunk_size, dt_limit=tuple(m.dt_limit),
+    )
+    y = y.reshape(-1, di)
+    yn, rstd = rmsnorm_gated(y, z, p["norm.weight"], di // G, cfg.norm_eps)
+    out = linear.linear(yn, p["out_proj.weight"], p.get("out_proj.bias"))
+    saved = dict(x=x, z=z, xBC=xBC, conv=conv, y=y, rstd=rstd, yn=yn, scan=scan_saved, conv_w=conv_w,
+                 batch=batch, length=length)
+    return out, saved
+
+
+def mamba2_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfig) -> Tensor:
+    """dout [B·L, d_model] -> dx [B·L, d_model]; parameter gradients are added into `g`."""
+    m, di, H, P, G, N, conv_dim = _dims(cfg)
+    s = saved
+    B, L = s["batch"], s["length"]
+    dyn, _, _ = linear.linear_backward(s["yn"], p["out_proj.weight"], dout, dw=g["out_proj.weight"],
+                                       db=g.get("out_proj.bias"))
+    dy, dz, _ = rmsnorm_gated_backward(s["y"], s["z"], p["norm.weight"], s["rstd"], di // G, dyn,
+                                       dw=g["norm.weight"])
+    dxs, ddt, _, dB, dC, _, _ = ssd_scan_backward(
+        s["scan"], dy.reshape(B, L, H, P), grads={"A_log": g["A_log"], "D": g["D"], "dt_bias": g["dt_bias"]},
+    )
+    du = slice.column_concat([dxs.reshape(-1, di), dB.reshape(-1, G * N), dC.reshape(-1, G * N)])
+    dconv = activations.silu_backward(s["conv"], du)
+    conv_dw = g["conv1d.weight"].reshape(conv_dim, m.d_conv)
+    conv_db = g["conv1d.bias"] if m.conv_bias else zeros(dout.runtime, (conv_dim,))
+    dxBC, _, _ = conv1d.conv1d_backward(s["xBC"].reshape(B, L, conv_dim), s["conv_w"],
+                                        dconv.reshape(B, L, conv_dim), dw=conv_dw, db=conv_db)
+    dzxbcdt = slice.column_concat([dz, dxBC.reshape(-1, conv_dim), ddt.reshape(-1, H)])
+    dx, _, _ = linear.linear_backward(s["x"], p["in_proj.weight"], dzxbcdt, dw=g["in_proj.weight"],
+                                      db=g.get("in_proj.bias"))
+    return dx
