@@ -169,3 +169,19 @@ def test_loss_halves_when_overfitting_a_short_text():
         losses.append(loss)
     first, last = float(losses[0].numpy()[0]), float(losses[-1].numpy()[0])
     assert last < first / 2, (first, last)
+
+
+def test_plot_writes_a_png_and_reports_missing_metrics(tmp_path):
+    pytest.importorskip("matplotlib")
+    from mambactl.errors import MambactlError
+    from mambactl.train.plot import plot_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    events = [{"event": "train", "step": s, "train_loss": 5.0 / s} for s in (1, 2, 3)]
+    events.append({"event": "eval", "step": 3, "val_loss": 2.0})
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps(e) for e in events))
+    out = plot_run(run)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(MambactlError, match="no such file"):
+        plot_run(tmp_path / "nothing")

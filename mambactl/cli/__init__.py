@@ -13,6 +13,7 @@ from mambactl.cli import devices as _devices  # noqa: F401  (registers commands)
 from mambactl.cli import smoke as _smoke  # noqa: F401
 from mambactl.cli import train_cmd as _train_cmd  # noqa: F401
 from mambactl.cli import generate_cmds as _generate_cmds  # noqa: F401
+from mambactl.cli import plot_cmd as _plot_cmd  # noqa: F401
 from mambactl.cli import package_cmds as _package_cmds  # noqa: F401
 from mambactl.cli import init_cmd as _init_cmd  # noqa: F401
 from mambactl.cli import interop_cmds as _interop_cmds  # noqa: F401
