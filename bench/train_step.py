@@ -35,7 +35,7 @@ if str(REPO) not in sys.path:
 import numpy as np  # noqa: E402
 
 import mambactl  # noqa: E402
-from mambactl.models.config import Mamba1Config, ModelConfig  # noqa: E402
+from mambactl.models.config import Mamba1Config, Mamba2Config, ModelConfig  # noqa: E402
 from mambactl.models.lm import LanguageModel  # noqa: E402
 from mambactl.models.params import count_parameters, init_parameters, parameter_specs  # noqa: E402
 from mambactl.ops.adamw import AdamWState, adamw_step  # noqa: E402
@@ -50,6 +50,7 @@ def parse_args(argv=None):
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--d-state", type=int, default=16)
+    p.add_argument("--arch", default="mamba1", choices=["mamba1", "mamba2"], help="layer type of every layer")
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--device", default=None, help="adapter index or name[/backend]; default MAMBACTL_DEVICE or the best")
@@ -96,7 +97,7 @@ def run_peer(a, gpu_adapter: bool) -> dict:
             probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
                                    capture_output=True, text=True)
             device = "cuda" if probe.stdout.strip() == "True" else "cpu"
-    cmd = [sys.executable, str(script), "--impl", a.peer, "--arch", "mamba1", "--d-model", str(a.d_model),
+    cmd = [sys.executable, str(script), "--impl", a.peer, "--arch", a.arch, "--d-model", str(a.d_model),
            "--layers", str(a.layers), "--vocab", str(a.vocab), "--d-state", str(a.d_state), "--seq", str(a.seq),
            "--batch", str(a.batch), "--steps", str(a.peer_steps or a.steps),
            "--warmup", str(a.peer_warmup if a.peer_warmup is not None else a.warmup), "--device", device]
@@ -135,7 +136,8 @@ def main(argv=None) -> int:
     if a.progress and peer is not None:
         print(f"peer: {peer.get('line') or peer.get('error')}", file=sys.stderr, flush=True)
 
-    cfg = ModelConfig(vocab_size=a.vocab, d_model=a.d_model, n_layer=a.layers, mamba1=Mamba1Config(d_state=a.d_state))
+    cfg = ModelConfig(vocab_size=a.vocab, d_model=a.d_model, n_layer=a.layers, layers=[a.arch] * a.layers,
+                      mamba1=Mamba1Config(d_state=a.d_state), mamba2=Mamba2Config(d_state=a.d_state, headdim=64))
     specs = parameter_specs(cfg)
     lm = LanguageModel(cfg, rt, init_parameters(cfg, a.seed))
     params = [lm.params[s.name] for s in specs]
@@ -185,7 +187,7 @@ def main(argv=None) -> int:
         "mambactl": mambactl.__version__,
         "commit": commit(),
         "device": {"name": info.name, "backend": info.backend, "type": info.type, "driver": info.driver},
-        "config": {"arch": "mamba1", "d_model": a.d_model, "layers": a.layers, "vocab": a.vocab, "seq": L, "batch": B,
+        "config": {"arch": a.arch, "d_model": a.d_model, "layers": a.layers, "vocab": a.vocab, "seq": L, "batch": B,
                    "d_state": a.d_state, "dtype": "fp32", "params": count_parameters(cfg),
                    "optimizer": "adamw clip=1.0 wd=0.1"},
         "steps": a.steps,
