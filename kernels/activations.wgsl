@@ -41,8 +41,8 @@ fn silu_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
     let i = index(gid, nwg);
     if (i >= p.n) { return; }
     let v = x[i];
-    let s = sigmoid_of(v);
-    dx[i] = dy[i] * s * (1.0 + v * (1.0 - s));
+    // 1 − σ(v) is σ(−v), computed directly: subtracting from 1 loses its digits for large v.
+    dx[i] = dy[i] * sigmoid_of(v) * (1.0 + v * sigmoid_of(-v));
 }
 
 @compute @workgroup_size(256)
@@ -73,8 +73,8 @@ fn sigmoid_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_w
 fn sigmoid_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = index(gid, nwg);
     if (i >= p.n) { return; }
-    let s = sigmoid_of(x[i]);
-    dx[i] = dy[i] * s * (1.0 - s);
+    let v = x[i];
+    dx[i] = dy[i] * sigmoid_of(v) * sigmoid_of(-v);  // σ(v)(1 − σ(v)) without the cancellation
 }
 
 @compute @workgroup_size(256)

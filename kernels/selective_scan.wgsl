@@ -135,7 +135,7 @@ fn load_grad_factors(b: u32, d0: u32, t0: u32, steps: u32, thread: u32) {
             let zv = z[row];
             let gate = sigmoid(zv);
             dyg_tile[i] = dy[row] * zv * gate;
-            dzg_tile[i] = dy[row] * gate * (1.0 + zv * (1.0 - gate));
+            dzg_tile[i] = dy[row] * gate * (1.0 + zv * sigmoid(-zv));  // 1 − σ(z) = σ(−z), no cancellation
             let x = delta[row] + delta_bias[d];
             dsoftplus_tile[i] = select(sigmoid(x), 1.0, x > 20.0);
         }
