@@ -3,10 +3,16 @@
 Read top to bottom: `train()` prepares everything, then each step draws `grad_accum` micro-batches,
 records forward + backward + optimizer into the GPU command stream, and submits once. The host reads the
 loss and optimizer counters back only every `log_every` steps.
+
+Under `mpirun` with two or more ranks (mambactl/train/distributed.py, docs/distributed.md), the same loop runs
+on every rank with `dist` set: each rank keeps its share of every global batch, the gradients are summed over
+the ranks before the optimizer step, and rank 0 alone prints, logs, checkpoints and packages. With `dist` None
+(no MPI launcher, or one rank) every `if dist` branch is skipped: the single-process path.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -15,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tokenizers import Tokenizer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -25,6 +32,7 @@ from mambactl.ops.adamw import AdamWState, adamw_step
 from mambactl.package import evermind
 from mambactl.package.tokenizer import load_tokenizer, save_tokenizer, train_tokenizer, vocab_size
 from mambactl.runtime.gpu import get_runtime
+from mambactl.train import distributed
 from mambactl.train.checkpoint import checkpoint_dirs, load_checkpoint, save_checkpoint
 from mambactl.train.config import TrainConfig
 from mambactl.train.data import BatchSampler, source_files, split_tokens, tokenize_cached
@@ -58,13 +66,17 @@ def _tokenizer(cfg: TrainConfig, run_dir: Path, files, resume: bool, quiet: bool
     return train_tokenizer(files, cfg.tokenizer.vocab_size, progress=not quiet)
 
 
-def evaluate(lm: LanguageModel, val_tokens: np.ndarray, batch_size: int, seq_len: int, batches: int) -> dict:
-    """Mean next-token loss, perplexity, bits per token and top-1/top-5 accuracy on fixed validation windows."""
+def evaluate(lm: LanguageModel, val_tokens: np.ndarray, batch_size: int, seq_len: int, batches: int,
+             dist=None) -> dict:
+    """Mean next-token loss, perplexity, bits per token and top-1/top-5 accuracy on fixed validation windows.
+    With `dist`, each rank scores its share of every window batch and the sums are added over the ranks."""
     sampler = BatchSampler(val_tokens, batch_size, seq_len, EVAL_SEED)
     total_loss = top1 = top5 = n = 0.0
     V = lm.cfg.vocab_size  # padded rows are never targets; rank only real tokens
     for _ in range(batches):
         ids, targets = sampler.next_batch()
+        if dist:
+            ids, targets = dist.shard((ids, targets))
         loss, logits, _ = lm.forward(ids, targets)
         scores = logits.numpy()[:, :V]
         t = targets.reshape(-1)
@@ -74,6 +86,8 @@ def evaluate(lm: LanguageModel, val_tokens: np.ndarray, batch_size: int, seq_len
         top5 += float(np.sum(np.any(top == t[:, None], axis=1)))
         total_loss += float(loss.numpy()[0]) * t.size
         n += t.size
+    if dist:
+        total_loss, top1, top5, n = (float(x) for x in dist.sum([total_loss, top1, top5, n]))
     mean = total_loss / n
     return {"val_loss": mean, "val_ppl": math.exp(min(mean, 700.0)), "bits_per_token": mean / math.log(2),
             "top1": top1 / n, "top5": top5 / n}
@@ -117,21 +131,50 @@ class _Reporter:
 
 
 def train(cfg: TrainConfig, *, resume: bool = False, quiet: bool = False, config_text: str | None = None) -> TrainResult:
+    dist = distributed.init()
+    if dist is None:
+        return _train(cfg, resume, quiet, config_text, None)
+    return dist.run(_train, cfg, resume, quiet or not dist.is_main, config_text, dist)
+
+
+def _train(cfg: TrainConfig, resume: bool, quiet: bool, config_text: str | None, dist) -> TrainResult:
     t_start = time.perf_counter()
     loop = cfg.train
     run_dir = Path(loop.out_dir)
-    newest = checkpoint_dirs(run_dir)[-1] if resume and checkpoint_dirs(run_dir) else None
+    main = dist is None or dist.is_main  # the process that prints, logs, checkpoints and packages
+    if dist:
+        dist.check_batch(loop.batch_size)
+        dist.agree("config", dataclasses.replace(cfg, train=dataclasses.replace(loop, device="auto")).to_toml())
+        newest = dist.bcast(checkpoint_dirs(run_dir)[-1] if main and resume and checkpoint_dirs(run_dir) else None)
+        if newest is not None and not newest.is_dir():
+            raise MambactlError(f"--resume: rank 0's newest checkpoint {newest} is not visible here; put the run "
+                                f"directory on a file system every host shares")
+    else:
+        newest = checkpoint_dirs(run_dir)[-1] if resume and checkpoint_dirs(run_dir) else None
     if resume and newest is None:
         raise MambactlError(f"--resume: no checkpoint under {run_dir / 'checkpoints'}")
 
     files = source_files(cfg.data)
-    tokenizer = _tokenizer(cfg, run_dir, files, resume, quiet)
+    if dist:  # rank 0 trains or loads the tokenizer and fills the token cache first; the others follow
+        tokenizer = _tokenizer(cfg, run_dir, files, resume, quiet) if main else None
+        tokenizer = Tokenizer.from_str(dist.bcast(tokenizer.to_str() if main else None))
+        if main:
+            tokenize_cached(files, tokenizer, cfg.data.cache_dir)
+        dist.barrier()
+    else:
+        tokenizer = _tokenizer(cfg, run_dir, files, resume, quiet)
     model_cfg = cfg.resolve_model(vocab_size(tokenizer))
-    tokens = tokenize_cached(files, tokenizer, cfg.data.cache_dir).tokens
+    token_file = tokenize_cached(files, tokenizer, cfg.data.cache_dir)
+    tokens = token_file.tokens
     train_tokens, val_tokens = split_tokens(tokens, cfg.data.val_fraction, loop.seq_len)
     sampler = BatchSampler(train_tokens, loop.batch_size, loop.seq_len, loop.seed)
+    if dist:  # the cache file's name is a SHA-256 of the data and the tokenizer
+        dist.agree("tokenized data", (token_file.path.name, len(tokens)))
 
-    rt = get_runtime(None if loop.device == "auto" else loop.device)
+    if dist:
+        rt = get_runtime(dist.device_spec(loop.device))
+    else:
+        rt = get_runtime(None if loop.device == "auto" else loop.device)
     specs = parameter_specs(model_cfg)
     start = 0
     if newest is not None:
@@ -147,24 +190,37 @@ def train(cfg: TrainConfig, *, resume: bool = False, quiet: bool = False, config
     grads = [lm.grads[s.name] for s in specs]
     no_decay = [s.no_decay and not (cfg.optim.decay_embeddings and s.name == EMBED) for s in specs]
     opt = AdamWState.from_numpy(rt, opt_arrays) if newest is not None else AdamWState.zeros(params)
+    reducer = distributed.GradReducer(dist, grads) if dist else None
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    save_tokenizer(tokenizer, run_dir / "tokenizer.json")
-    (run_dir / "config.toml").write_text(cfg.to_toml())
-    metrics_file = (run_dir / "metrics.jsonl").open("a")
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_tokenizer(tokenizer, run_dir / "tokenizer.json")
+        (run_dir / "config.toml").write_text(cfg.to_toml())
+    metrics_file = (run_dir / "metrics.jsonl").open("a") if main else None
     total = loop.total_steps
     tokens_per_step = loop.batch_size * loop.seq_len * loop.grad_accum
     reporter = _Reporter(total, start, quiet)
-    reporter.say(f"training {model_cfg.n_layer}-layer d_model={model_cfg.d_model} vocab={model_cfg.vocab_size} "
-                 f"on {rt.info.name} ({rt.info.backend}); {len(train_tokens):,} train / {len(val_tokens):,} val tokens")
+    if dist:
+        adapters = dist.allgather(f"{rt.info.name} ({rt.info.backend})")
+        where = "; ".join(f"rank {r}: {a}" for r, a in enumerate(adapters))
+        reporter.say(f"training {model_cfg.n_layer}-layer d_model={model_cfg.d_model} vocab={model_cfg.vocab_size} "
+                     f"on {dist.world} MPI ranks ({where}); global batch {loop.batch_size}; "
+                     f"{len(train_tokens):,} train / {len(val_tokens):,} val tokens")
+    else:
+        reporter.say(f"training {model_cfg.n_layer}-layer d_model={model_cfg.d_model} vocab={model_cfg.vocab_size} "
+                     f"on {rt.info.name} ({rt.info.backend}); {len(train_tokens):,} train / {len(val_tokens):,} val tokens")
     metrics: list[dict] = []
 
     def log(event: dict) -> None:
         metrics.append(event)
+        if not main:
+            return
         metrics_file.write(json.dumps(event) + "\n")
         metrics_file.flush()
 
     def checkpoint(step: int) -> None:
+        if not main:
+            return
         state = {"step": step, "sampler": sampler.state_dict(), "tokens_seen": step * tokens_per_step}
         save_checkpoint(run_dir, step, model_cfg, lm.weights_numpy(), opt.to_numpy(), state, loop.keep_checkpoints)
 
@@ -178,12 +234,18 @@ def train(cfg: TrainConfig, *, resume: bool = False, quiet: bool = False, config
             lm.zero_grad()
             batches = [sampler.next_batch() for _ in range(loop.grad_accum)]
             count = sum(int(t.size) for _, t in batches)
+            if dist:  # count stays the global batch's: the ranks' gradients add up to the global mean's
+                dist.check_test_failure(step)
+                global_counts = np.array([t.size for _, t in batches], np.float64)
+                batches = [dist.shard(b) for b in batches]
             losses = []
             for ids, targets in batches:
                 loss, _, saved = lm.forward(ids, targets)
                 lm.backward(saved, grad_count=count)
                 losses.append(loss)
                 del saved
+            if dist:
+                reducer.allreduce()  # written back into `grads` before adamw_step records the global norm
             lr = learning_rate(step, cfg)
             adamw_step(params, grads, opt, lr=lr, beta1=cfg.optim.betas[0], beta2=cfg.optim.betas[1],
                        eps=cfg.optim.eps, weight_decay=cfg.optim.weight_decay, no_decay=no_decay,
@@ -192,7 +254,11 @@ def train(cfg: TrainConfig, *, resume: bool = False, quiet: bool = False, config
             step += 1
             info = None
             if step % loop.log_every == 0 or step == total:
-                train_loss = float(np.mean([l.numpy()[0] for l in losses]))
+                if dist:  # the global mean of each micro-batch, weighted by each rank's targets
+                    sums = dist.sum([float(l.numpy()[0]) * t.size for l, (_, t) in zip(losses, batches)])
+                    train_loss = float(np.mean(sums / global_counts))
+                else:
+                    train_loss = float(np.mean([l.numpy()[0] for l in losses]))
                 counters = opt.read_counters()
                 now = time.perf_counter()
                 tps = (step - window_step) * tokens_per_step / max(now - window_t, 1e-9)
@@ -206,8 +272,8 @@ def train(cfg: TrainConfig, *, resume: bool = False, quiet: bool = False, config
                 if counters["skipped_steps"] or counters["bad_elements"]:
                     info += f"  skipped {counters['skipped_steps']} bad {counters['bad_elements']}"
             if loop.eval_every and (step % loop.eval_every == 0 or step == total):
-                ev = evaluate(lm, val_tokens, loop.batch_size, loop.seq_len, loop.eval_batches)
-                ev["sample"] = greedy_sample(lm, tokenizer)
+                ev = evaluate(lm, val_tokens, loop.batch_size, loop.seq_len, loop.eval_batches, dist)
+                ev["sample"] = greedy_sample(lm, tokenizer) if main else ""
                 last_val = ev["val_loss"]
                 log({"event": "eval", "step": step, **ev})
                 reporter.say(f"eval @ {step}: val_loss {ev['val_loss']:.4f} ppl {ev['val_ppl']:.2f} "
@@ -218,15 +284,20 @@ def train(cfg: TrainConfig, *, resume: bool = False, quiet: bool = False, config
     except KeyboardInterrupt:
         reporter.close()
         checkpoint(step)
-        metrics_file.close()
+        if main:
+            metrics_file.close()
         raise MambactlError(f"interrupted at step {step}; checkpoint written, continue with --resume") from None
     reporter.close()
-    metrics_file.close()
+    if main:
+        metrics_file.close()
 
-    sample = greedy_sample(lm, tokenizer)
+    sample = greedy_sample(lm, tokenizer) if main else ""
     wall = time.perf_counter() - t_start
     trained = total - start
     package_path = run_dir / "model.evermind"
+    if not main:
+        return TrainResult(run_dir, total, total * tokens_per_step, train_loss, last_val,
+                           trained * tokens_per_step / max(wall, 1e-9), wall, sample, package_path, metrics)
     final_losses = {"train_loss": train_loss} if math.isfinite(train_loss) else {}
     if last_val is not None:
         final_losses["val_loss"] = last_val
