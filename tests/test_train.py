@@ -185,3 +185,23 @@ def test_plot_writes_a_png_and_reports_missing_metrics(tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(MambactlError, match="no such file"):
         plot_run(tmp_path / "nothing")
+
+
+def test_fine_tune_from_a_package_starts_from_its_weights_and_tokenizer(tmp_path):
+    base = train(make_config(tmp_path, "base", steps=10, eval_every=0), quiet=True)
+    text = CONFIG.format(data=tmp_path / "data.txt", cache=tmp_path / "cache", out=tmp_path / "tuned", steps=5,
+                         schedule="constant", warmup=0, eval_every=0)
+    text = text.replace("[model]\n", f'[model]\ninit_from = "{base.package}"\n')
+    cfg = parse_config(text, "test")
+    assert cfg.init_from == str(base.package) and f'init_from = "{base.package}"' in cfg.to_toml()
+    tuned = train(cfg, quiet=True)
+    pkg_base, pkg_tuned = evermind.load(base.package), evermind.load(tuned.package)
+    assert pkg_tuned.tokenizer.to_str() == pkg_base.tokenizer.to_str()
+    assert pkg_tuned.config.to_dict() == pkg_base.config.to_dict()
+    # 5 small steps move the weights a little from the package's, far less than from a fresh init
+    w0, w1 = pkg_base.weights, pkg_tuned.weights
+    fresh = init_parameters(pkg_base.config, 0)
+    k = "backbone.layers.0.mixer.in_proj.weight"
+    assert 0 < np.abs(w1[k] - w0[k]).max() < np.abs(w1[k] - fresh[k]).max()
+    with pytest.raises(Exception, match="no such file|not found|does not exist"):
+        train(parse_config(text.replace(str(base.package), str(tmp_path / "missing.evermind")), "test"), quiet=True)

@@ -192,6 +192,9 @@ class TrainConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: LoopConfig = field(default_factory=LoopConfig)
     package: PackageConfig = field(default_factory=PackageConfig)
+    # [model] init_from: a .evermind package to fine-tune. Its architecture, weights and tokenizer are used;
+    # the other [model] keys and [tokenizer] are then ignored.
+    init_from: str = ""
 
     def resolve_model(self, tokenizer_vocab_size: int) -> ModelConfig:
         """The ModelConfig to build: "from_tokenizer" -> the tokenizer's size; an explicit size must hold it."""
@@ -204,7 +207,11 @@ class TrainConfig:
         return ModelConfig.from_dict({**self.model.to_dict(), "vocab_size": vocab})
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        init_from = data.pop("init_from")
+        if init_from:
+            data["model"]["init_from"] = init_from
+        return data
 
     def to_toml(self) -> str:
         """The resolved config (every key, defaults filled in) as TOML; `from_toml` reads it back equal."""
@@ -321,6 +328,11 @@ def _sections(data: dict) -> dict:
         for (section, key), (other, off) in _ALTERNATIVES.items():
             if section == name and key in table and other not in table:
                 table[other] = off
+        if cls is None:
+            init_from = table.pop("init_from", "")
+            if not isinstance(init_from, str):
+                raise MambactlError(f"model.init_from: must be the path of a .evermind package, got {_show(init_from)}")
+            out["init_from"] = init_from
         out[name] = _model_from_table(table, name) if cls is None else _typed(cls, table, name)
     return out
 

@@ -57,10 +57,12 @@ class TrainResult:
     metrics: list = field(default_factory=list)
 
 
-def _tokenizer(cfg: TrainConfig, run_dir: Path, files, resume: bool, quiet: bool):
+def _tokenizer(cfg: TrainConfig, run_dir: Path, files, resume: bool, quiet: bool, init_pkg=None):
     saved = run_dir / "tokenizer.json"
     if resume and saved.is_file():
         return load_tokenizer(saved)
+    if init_pkg is not None:  # fine-tuning keeps the package's tokenizer: its ids are what the weights know
+        return init_pkg.tokenizer
     if cfg.tokenizer.path:
         return load_tokenizer(cfg.tokenizer.path)
     return train_tokenizer(files, cfg.tokenizer.vocab_size, progress=not quiet)
@@ -155,15 +157,16 @@ def _train(cfg: TrainConfig, resume: bool, quiet: bool, config_text: str | None,
         raise MambactlError(f"--resume: no checkpoint under {run_dir / 'checkpoints'}")
 
     files = source_files(cfg.data)
+    init_pkg = evermind.load(cfg.init_from, verify=True) if cfg.init_from else None
     if dist:  # rank 0 trains or loads the tokenizer and fills the token cache first; the others follow
-        tokenizer = _tokenizer(cfg, run_dir, files, resume, quiet) if main else None
+        tokenizer = _tokenizer(cfg, run_dir, files, resume, quiet, init_pkg) if main else None
         tokenizer = Tokenizer.from_str(dist.bcast(tokenizer.to_str() if main else None))
         if main:
             tokenize_cached(files, tokenizer, cfg.data.cache_dir)
         dist.barrier()
     else:
-        tokenizer = _tokenizer(cfg, run_dir, files, resume, quiet)
-    model_cfg = cfg.resolve_model(vocab_size(tokenizer))
+        tokenizer = _tokenizer(cfg, run_dir, files, resume, quiet, init_pkg)
+    model_cfg = init_pkg.config if init_pkg is not None else cfg.resolve_model(vocab_size(tokenizer))
     token_file = tokenize_cached(files, tokenizer, cfg.data.cache_dir)
     tokens = token_file.tokens
     train_tokens, val_tokens = split_tokens(tokens, cfg.data.val_fraction, loop.seq_len)
@@ -183,6 +186,8 @@ def _train(cfg: TrainConfig, resume: bool, quiet: bool, config_text: str | None,
             raise MambactlError(f"{newest}: the checkpoint's model config differs from this config's [model]")
         start = int(state["step"])
         sampler.load_state_dict(state["sampler"])
+    elif init_pkg is not None:
+        weights = {k: np.array(v, dtype=np.float32) for k, v in init_pkg.weights.items()}
     else:
         weights = init_parameters(model_cfg, loop.seed)
     lm = LanguageModel(model_cfg, rt, weights)
