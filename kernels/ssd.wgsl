@@ -102,6 +102,8 @@ struct ScanDims { len: u32, heads: u32, chunk: u32, nchunks: u32, units: u32, nh
 @group(0) @binding(29) var<storage, read_write> dA_log: array<f32>;
 @group(0) @binding(30) var<storage, read_write> dD: array<f32>;
 @group(0) @binding(31) var<storage, read_write> ddt_bias: array<f32>;
+@group(0) @binding(32) var<storage, read_write> last_state: array<f32>;  // [B, H, P, N]: S after the last step
+@group(0) @binding(33) var<storage, read_write> ssm_state: array<f32>;   // ssd_step: [B, H, P, N], in place
 
 // GEMM slices: [KT][TILE], depth-major and held as vec4s, so a thread reads its 4 rows (or columns) with one
 // vector load; element i is [i / 4][i % 4] (set / get below).
@@ -309,7 +311,8 @@ fn ssd_chunk_state(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
 fn cs_end_of(b: u32, h: u32, c: u32) -> f32 { return dec[dec_base(b, h, c) + CS * d.chunk + d.chunk - 1u]; }
 
 // In place: the states each chunk adds become the states entering each chunk, E_0 = 0,
-// E_{c+1} = exp(cs_end_c) E_c + added_c. One thread per (b, h, state element). Grid grid_1d(B·H·P·N).
+// E_{c+1} = exp(cs_end_c) E_c + added_c; E_nchunks, the state after the last step, goes to last_state
+// [B, H, P, N] (the recurrent decoding state). One thread per (b, h, state element). Grid grid_1d(B·H·P·N).
 @compute @workgroup_size(256)
 fn ssd_state_passing(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.y * nwg.x * WG + gid.x;
@@ -325,6 +328,8 @@ fn ssd_state_passing(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
         states[k] = carry;
         carry = exp(cs_end_of(b, h, c)) * carry + added;
     }
+    // The padding past L has Δ = 0 (no decay, nothing added), so this is the state after step L − 1.
+    last_state[i] = carry;
 }
 
 // In place, last chunk to first: the in-chunk parts of dE become dS_c = dE_{c+1}, with
@@ -801,4 +806,28 @@ fn ssd_param_grads(@builtin(global_invocation_id) gid: vec3<u32>) {
     dA_log[h] = ga;
     dD[h] = gd;
     ddt_bias[h] = gb;
+}
+
+// One recurrent decoding step per (batch row, head, p), walking the N states of its row of S (len = 1):
+// Δ = clamp(softplus(dt_raw + dt_bias), dt_min, dt_max), S = exp(Δ A) S + Δ x Bᵀ, y = S C + D x, with x, y
+// [B, H·P], dt_raw [B, H], B, C [B, G·N] and ssm_state [B, H, P, N] read and updated. Grid grid_1d(B·H·P, 64).
+@compute @workgroup_size(64)
+fn ssd_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * 64u + gid.x;
+    if (i >= d.batch * d.heads * d.headdim) { return; }
+    let h = (i / d.headdim) % d.heads;
+    let b = i / (d.headdim * d.heads);
+    let g = h / (d.heads / d.ngroups);
+    let dt = clamp(softplus(dt_raw[b * d.heads + h] + dt_bias[h]), d.dt_min, d.dt_max);
+    let decay = exp(dt * -exp(A_log[h]));
+    let xd = dt * x[i];
+    var acc = skip[h] * x[i];
+    let bc = (b * d.ngroups + g) * d.nstate;
+    for (var n = 0u; n < d.nstate; n++) {
+        let k = i * d.nstate + n;
+        let sv = decay * ssm_state[k] + xd * b_in[bc + n];
+        ssm_state[k] = sv;
+        acc += sv * c_in[bc + n];
+    }
+    out[i] = acc;
 }

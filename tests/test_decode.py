@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mambactl.models.config import Mamba1Config, ModelConfig
+from mambactl.models.config import Mamba1Config, Mamba2Config, ModelConfig
 from mambactl.models.decode import RecurrentDecoder
 from mambactl.models.lm import LanguageModel
 from mambactl.models.params import init_parameters
@@ -26,7 +26,16 @@ def noisy_weights(cfg, seed=0):
 @pytest.mark.parametrize("cfg", [
     ModelConfig(vocab_size=30, d_model=12, n_layer=2, mamba1=Mamba1Config(d_state=4, d_conv=4)),
     ModelConfig(vocab_size=17, d_model=8, n_layer=1, mamba1=Mamba1Config(d_state=3, d_conv=2, bias=True)),
-], ids=["mamba1", "mamba1-bias"])
+    # prefixes 1, 3, 9 against chunk 4: one partial chunk, a whole one plus padding, several chunks
+    ModelConfig(vocab_size=23, d_model=8, n_layer=2, layers=["mamba2"] * 2,
+                mamba2=Mamba2Config(d_state=4, headdim=4, ngroups=2, chunk_size=4)),
+    # biases, no conv bias, a binding dt_limit, d_conv 3
+    ModelConfig(vocab_size=19, d_model=8, n_layer=1, layers=["mamba2"],
+                mamba2=Mamba2Config(d_state=3, d_conv=3, headdim=8, chunk_size=4, bias=True, conv_bias=False,
+                                    dt_limit=[0.05, 1.5])),
+    ModelConfig(vocab_size=30, d_model=8, n_layer=3, layers=["mamba1", "mamba2", "mamba1"],
+                mamba1=Mamba1Config(d_state=4), mamba2=Mamba2Config(d_state=4, headdim=4, chunk_size=8)),
+], ids=["mamba1", "mamba1-bias", "mamba2", "mamba2-bias-limit", "mixed"])
 @pytest.mark.parametrize("prefix", [1, 3, 9])
 def test_step_logits_equal_parallel_forward(rt, cfg, prefix):
     lm = LanguageModel(cfg, rt, noisy_weights(cfg))

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
-from mambactl.ops.ssd import ssd_scan, ssd_scan_backward
+from mambactl.ops.ssd import ssd_scan, ssd_scan_backward, ssd_step
 from mambactl.reference import ssd as ref
 from mambactl.reference.activations import softplus, softplus_backward
 from mambactl.runtime.gpu import get_runtime
@@ -127,11 +127,67 @@ def test_saved_state_is_chunk_boundaries_only(rt):
     y, saved = ssd_scan(*(rt.from_numpy(x[k]) for k in NAMES), chunk=chunk)
     n_chunks = -(-length // chunk)
     assert saved.states.shape == (batch, n_chunks, heads, headdim, nstate)
-    # Beyond references to the inputs and the output: O(B·H·P·N·L / chunk), not the B·H·P·N·L states.
-    kept = {id(getattr(saved, k).buffer) for k in NAMES} | {id(y.buffer)}
+    assert saved.last_state.shape == (batch, heads, headdim, nstate)
+    # Beyond references to the inputs and the output and the one decoding state: O(B·H·P·N·L / chunk), not the
+    # B·H·P·N·L states.
+    kept = {id(getattr(saved, k).buffer) for k in NAMES + ("last_state",)} | {id(y.buffer)}
     extra = sum(t.size for t in vars(saved).values() if hasattr(t, "buffer") and id(t.buffer) not in kept)
     assert extra == batch * heads * headdim * nstate * n_chunks
     assert extra <= batch * heads * headdim * nstate * (length / chunk + 1)
+
+
+def final_state(x, dt_limit=(0.0, np.inf)):
+    """Float64 state after the last step by the plain recurrence: [b, h, p, n]."""
+    f = {k: v.astype(np.float64) for k, v in x.items()}
+    dt = np.clip(softplus(f["dt_raw"] + f["dt_bias"]), *dt_limit)
+    decay = np.exp(dt * -np.exp(f["A_log"]))
+    Bh = ref._heads(f["B"], f["x"].shape[2])
+    state = np.zeros(f["x"].shape[:1] + f["x"].shape[2:] + f["B"].shape[-1:])
+    for t in range(f["x"].shape[1]):
+        state = decay[:, t, :, None, None] * state + (dt[:, t, :, None] * f["x"][:, t])[..., None] * Bh[:, t, :, None]
+    return state
+
+
+@pytest.mark.parametrize("length,chunk,groups,dt_limit", [
+    (5, 8, 1, (0.0, np.inf)),  # one partial chunk
+    (16, 8, 2, (0.0, np.inf)),  # whole chunks
+    (19, 8, 2, (0.5, 1.0)),  # padding in the last chunk; a dt_limit that binds
+    (7, 1, 1, (0.0, np.inf)),  # chunk 1: the final state is all state passing
+])
+def test_step_continues_the_parallel_scan(rt, length, chunk, groups, dt_limit):
+    """Prefill L steps, then ssd_step 3 more from saved.last_state: y equals the parallel scan over L + 3."""
+    batch, heads, headdim, nstate, extra = 2, 4, 3, 5, 3
+    x = make_inputs(batch, length + extra, heads, headdim, groups, nstate, seed=length)
+    kw = dict(chunk=chunk, dt_limit=dt_limit)
+    y_full, _ = ssd_scan(*(rt.from_numpy(x[k]) for k in NAMES), **kw)
+    y_full = y_full.numpy()
+    pre = {k: v[:, :length] if v.ndim > 1 else v for k, v in x.items()}
+    y_pre, saved = ssd_scan(*(rt.from_numpy(pre[k]) for k in NAMES), **kw)
+    state = saved.last_state
+    assert rel_err(state.numpy(), final_state(pre, dt_limit)) < 1e-5
+    assert rel_err(y_pre.numpy(), y_full[:, :length]) < 1e-5
+    param = {k: rt.from_numpy(x[k]) for k in ("A_log", "D", "dt_bias")}
+    for t in range(length, length + extra):
+        y = ssd_step(state, rt.from_numpy(x["x"][:, t].reshape(batch, -1)), rt.from_numpy(x["dt_raw"][:, t]),
+                     param["A_log"], rt.from_numpy(x["B"][:, t].reshape(batch, -1)),
+                     rt.from_numpy(x["C"][:, t].reshape(batch, -1)), param["D"], param["dt_bias"], dt_limit=dt_limit)
+        assert y.shape == (batch, heads * headdim)
+        assert rel_err(y.numpy().reshape(batch, heads, headdim), y_full[:, t]) < 1e-5, t
+    assert rel_err(state.numpy(), final_state(x, dt_limit)) < 1e-5
+
+
+def test_step_shape_errors(rt):
+    state = rt.from_numpy(np.zeros((2, 4, 3, 5), np.float32))
+    vec = rt.from_numpy(np.zeros(4, np.float32))
+    x, dt = rt.from_numpy(np.zeros((2, 12), np.float32)), rt.from_numpy(np.zeros((2, 4), np.float32))
+    bc = rt.from_numpy(np.zeros((2, 10), np.float32))
+    with pytest.raises(ShapeError, match="x has shape"):
+        ssd_step(state, rt.from_numpy(np.zeros((2, 11), np.float32)), dt, vec, bc, bc, vec, vec)
+    with pytest.raises(ShapeError, match="groups|G·5"):
+        bad = rt.from_numpy(np.zeros((2, 15), np.float32))
+        ssd_step(state, x, dt, vec, bad, bad, vec, vec)
+    with pytest.raises(ShapeError, match="C has shape"):
+        ssd_step(state, x, dt, vec, bc, rt.from_numpy(np.zeros((2, 5), np.float32)), vec, vec)
 
 
 def test_shape_errors(rt):

@@ -12,9 +12,10 @@ import numpy as np
 from mambactl.errors import MambactlError
 from mambactl.models.lm import EMBED, NORM_F, LanguageModel
 from mambactl.models.mamba1 import mamba1_decode_state, mamba1_step
+from mambactl.models.mamba2 import mamba2_decode_state, mamba2_step
 from mambactl.ops import activations, embedding, linear, rmsnorm
 
-DECODERS = {"mamba1": (mamba1_decode_state, mamba1_step)}
+DECODERS = {"mamba1": (mamba1_decode_state, mamba1_step), "mamba2": (mamba2_decode_state, mamba2_step)}
 
 
 class RecurrentDecoder:

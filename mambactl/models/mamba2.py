@@ -12,7 +12,7 @@ from mambactl.models.config import ModelConfig
 from mambactl.ops import activations, conv1d, linear, slice
 from mambactl.ops.fill import zeros
 from mambactl.ops.rmsnorm_gated import rmsnorm_gated, rmsnorm_gated_backward
-from mambactl.ops.ssd import ssd_scan, ssd_scan_backward
+from mambactl.ops.ssd import ssd_scan, ssd_scan_backward, ssd_step
 from mambactl.runtime.tensor import Tensor
 
 
@@ -71,3 +71,27 @@ def mamba2_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfi
     dx, _, _ = linear.linear_backward(s["x"], p["in_proj.weight"], dzxbcdt, dw=g["in_proj.weight"],
                                       db=g.get("in_proj.bias"))
     return dx
+
+
+def mamba2_decode_state(saved: dict, cfg: ModelConfig) -> dict:
+    """The recurrent state after a parallel forward: the conv window of xBC and the scan's last state."""
+    m, conv_dim = cfg.mamba2, cfg.mamba2_conv_dim
+    xBC = saved["xBC"].reshape(saved["batch"], saved["length"], conv_dim)
+    return {"conv": conv1d.conv1d_state(xBC, m.d_conv), "ssm": saved["scan"].last_state}
+
+
+def mamba2_step(p: dict, x: Tensor, state: dict, cfg: ModelConfig) -> Tensor:
+    """One token per batch row: x [B, d_model] -> [B, d_model]; `state` (conv window, SSM state) advances."""
+    m, di, H, P, G, N, conv_dim = _dims(cfg)
+    rt = x.runtime
+    zxbcdt = linear.linear(x, p["in_proj.weight"], p.get("in_proj.bias"))
+    z = slice.column_slice(zxbcdt, 0, di)
+    xBC = slice.column_slice(zxbcdt, di, conv_dim)
+    dt = slice.column_slice(zxbcdt, di + conv_dim, H)
+    conv_b = p["conv1d.bias"] if m.conv_bias else zeros(rt, (conv_dim,))
+    u = activations.silu(conv1d.conv1d_step(state["conv"], xBC, p["conv1d.weight"].reshape(conv_dim, m.d_conv),
+                                            conv_b))
+    y = ssd_step(state["ssm"], slice.column_slice(u, 0, di), dt, p["A_log"], slice.column_slice(u, di, G * N),
+                 slice.column_slice(u, di + G * N, G * N), p["D"], p["dt_bias"], dt_limit=tuple(m.dt_limit))
+    yn, _ = rmsnorm_gated(y, z, p["norm.weight"], di // G, cfg.norm_eps)
+    return linear.linear(yn, p["out_proj.weight"], p.get("out_proj.bias"))

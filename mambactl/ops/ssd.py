@@ -5,8 +5,9 @@ backward (kernels/ssd.wgsl; the math and the kernel plan are in that file's head
 
 Shapes: x, y [B, L, H, P] (the [B·L, d_inner] rows split into heads); dt_raw [B, L, H]; B, C [B, L, G, N], head h
 reading group h // (H / G); A_log, D, dt_bias [H]. Memory: the forward saves the state entering every chunk
-([B, ceil(L / chunk), H, P, N]) and keeps references to its inputs; the backward recomputes Δ and the in-chunk
-decays. The backward's transients: one more such state tensor, two tensors of x's size, the decay sums
+([B, ceil(L / chunk), H, P, N]), the state after the last step ([B, H, P, N]: `ssd_step` continues the
+recurrence from it, one token at a time) and references to its inputs; the backward recomputes Δ and the
+in-chunk decays. The backward's transients: one more such state tensor, two tensors of x's size, the decay sums
 [B, H, n_chunks, 5, chunk] and the crossing partials [B, H, n_chunks, ceil(chunk / 64), chunk].
 """
 
@@ -40,6 +41,7 @@ class SSDSaved:
     states: Tensor  # [B, n_chunks, H, P, N]: the state entering chunk c
     chunk: int
     dt_limit: tuple[float, float]
+    last_state: Tensor  # [B, H, P, N]: the state after the last step (to continue recurrently, `ssd_step`)
 
 
 def _check_inputs(op: str, x, dt_raw, A_log, B, C, D, dt_bias) -> tuple[int, int, int, int, int, int]:
@@ -114,10 +116,41 @@ def ssd_scan(x: Tensor, dt_raw: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: 
     rt = x.runtime
     dec = _prep(rt, dims, dt_raw, dt_bias, A_log)
     states = _chunk_state(rt, dims, dec, x, B, grad=False)
-    rt.run("ssd_state_passing", grid_1d(batch * heads * headdim * nstate), dec=dec, states=states, **dims)
+    last_state = rt.empty((batch, heads, headdim, nstate))
+    rt.run("ssd_state_passing", grid_1d(batch * heads * headdim * nstate), dec=dec, states=states,
+           last_state=last_state, **dims)
     y = rt.empty(x.shape)
     _chunk_scan(rt, dims, dec, C, B, x, states, y, k_dt=True, skip=D)
-    return y, SSDSaved(x, dt_raw, A_log, B, C, D, dt_bias, states, chunk, (dims["dt_min"], dims["dt_max"]))
+    return y, SSDSaved(x, dt_raw, A_log, B, C, D, dt_bias, states, chunk, (dims["dt_min"], dims["dt_max"]),
+                       last_state)
+
+
+def ssd_step(state: Tensor, x: Tensor, dt_raw: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor,
+             dt_bias: Tensor, dt_limit: tuple[float, float] = (0.0, NO_LIMIT)) -> Tensor:
+    """One decoding step per batch row. x [B, H·P], dt_raw [B, H], B, C [B, G·N], A_log, D, dt_bias [H];
+    state [B, H, P, N] (e.g. a forward's `saved.last_state`) is advanced in place. -> y [B, H·P], the parallel
+    scan's output at that position: Δ = clamp(softplus(dt_raw + dt_bias), dt_limit),
+    S = exp(Δ A) S + Δ x Bᵀ, y = S C + D x."""
+    op = "ssd_step"
+    expect(op, "state", state, (None, None, None, None))
+    batch, heads, headdim, nstate = state.shape
+    if min(state.shape) < 1:
+        raise ShapeError(f"{op}: state has shape {state.shape}; every dimension must be at least 1")
+    expect(op, "x", x, (batch, heads * headdim))
+    expect(op, "dt_raw", dt_raw, (batch, heads))
+    expect(op, "B", B, (batch, None))
+    if B.shape[1] % nstate or B.shape[1] < nstate or heads % (B.shape[1] // nstate):
+        raise ShapeError(f"{op}: B has shape {B.shape}; its width must be G·{nstate}, G dividing the {heads} heads")
+    groups = B.shape[1] // nstate
+    expect(op, "C", C, B.shape)
+    for name, t in (("A_log", A_log), ("D", D), ("dt_bias", dt_bias)):
+        expect(op, name, t, (heads,))
+    dims = _dims(batch, 1, heads, headdim, groups, nstate, 1, dt_limit)
+    rt = x.runtime
+    y = rt.empty(x.shape)
+    rt.run("ssd_step", grid_1d(batch * heads * headdim, 64), x=x, dt_raw=dt_raw, dt_bias=dt_bias, A_log=A_log,
+           b_in=B, c_in=C, skip=D, ssm_state=state, out=y, **dims)
+    return y
 
 
 def ssd_scan_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor] | None = None):
