@@ -57,10 +57,13 @@ def test_defaults_fill_missing_sections(tmp_path):
 
 
 def test_resolve_model_vocab():
+    """An explicit vocab_size must equal the tokenizer's: the package written at the end pairs them one to
+    one, so a mismatch is refused before training rather than after it."""
     cfg = TrainConfig.from_dict({"model": {"vocab_size": 1000}})
-    assert cfg.resolve_model(900).vocab_size == 1000
-    with pytest.raises(MambactlError, match="model.vocab_size"):
-        cfg.resolve_model(1001)
+    assert cfg.resolve_model(1000).vocab_size == 1000
+    for tokens in (900, 1001):
+        with pytest.raises(MambactlError, match="model.vocab_size: 1000 differs"):
+            cfg.resolve_model(tokens)
 
 
 def test_tokens_instead_of_steps(tmp_path):

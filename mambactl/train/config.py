@@ -197,13 +197,15 @@ class TrainConfig:
     init_from: str = ""
 
     def resolve_model(self, tokenizer_vocab_size: int) -> ModelConfig:
-        """The ModelConfig to build: "from_tokenizer" -> the tokenizer's size; an explicit size must hold it."""
+        """The ModelConfig to build: "from_tokenizer" -> the tokenizer's size; an explicit size must equal it
+        (a package pairs a model with its tokenizer one to one; padding is pad_vocab_size_multiple's job).
+        Checked before any GPU work, so a run never trains a model it cannot package."""
         vocab = self.model.vocab_size
         if vocab == FROM_TOKENIZER:
             vocab = tokenizer_vocab_size
-        elif vocab < tokenizer_vocab_size:
-            raise MambactlError(f"model.vocab_size: {vocab} is smaller than the tokenizer's vocabulary "
-                                f"({tokenizer_vocab_size}); raise it or use \"{FROM_TOKENIZER}\"")
+        elif vocab != tokenizer_vocab_size:
+            raise MambactlError(f"model.vocab_size: {vocab} differs from the tokenizer's vocabulary "
+                                f"({tokenizer_vocab_size}); use \"{FROM_TOKENIZER}\" or a tokenizer of that size")
         return ModelConfig.from_dict({**self.model.to_dict(), "vocab_size": vocab})
 
     def to_dict(self) -> dict:
