@@ -18,6 +18,11 @@ from mambactl.ops import activations, embedding, linear, rmsnorm
 DECODERS = {"mamba1": (mamba1_decode_state, mamba1_step), "mamba2": (mamba2_decode_state, mamba2_step)}
 
 
+def decodable(cfg) -> bool:
+    """Whether every layer of the model has a recurrent step (else generation re-runs the parallel forward)."""
+    return all(t in DECODERS for t in cfg.layers)
+
+
 class RecurrentDecoder:
     """Holds one recurrent state per layer for a batch of sequences decoded in lockstep."""
 

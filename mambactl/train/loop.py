@@ -26,6 +26,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from mambactl.errors import MambactlError
+from mambactl.generate import generate
+from mambactl.models.decode import decodable
 from mambactl.models.lm import EMBED, LanguageModel
 from mambactl.models.params import init_parameters, parameter_specs
 from mambactl.ops.adamw import AdamWState, adamw_step
@@ -95,8 +97,12 @@ def evaluate(lm: LanguageModel, val_tokens: np.ndarray, batch_size: int, seq_len
             "top1": top1 / n, "top5": top5 / n}
 
 
-def greedy_sample(lm: LanguageModel, tokenizer, prompt: str = SAMPLE_PROMPT, n: int = SAMPLE_TOKENS) -> str:
-    """Greedy continuation by re-running the parallel forward (short samples only)."""
+def sample_text(lm: LanguageModel, tokenizer, temperature: float, seed: int = 0, prompt: str = SAMPLE_PROMPT,
+                n: int = SAMPLE_TOKENS) -> str:
+    """prompt + n tokens: recurrent decoding where every layer type has it, else re-running the parallel
+    forward on the growing sequence (greedy only)."""
+    if decodable(lm.cfg):
+        return prompt + generate(lm, tokenizer, prompt, max_tokens=n, temperature=temperature, seed=seed).text
     ids = tokenizer.encode(prompt).ids or [0]
     for _ in range(n):
         _, logits, _ = lm.forward(np.array([ids]))
@@ -278,7 +284,7 @@ def _train(cfg: TrainConfig, resume: bool, quiet: bool, config_text: str | None,
                     info += f"  skipped {counters['skipped_steps']} bad {counters['bad_elements']}"
             if loop.eval_every and (step % loop.eval_every == 0 or step == total):
                 ev = evaluate(lm, val_tokens, loop.batch_size, loop.seq_len, loop.eval_batches, dist)
-                ev["sample"] = greedy_sample(lm, tokenizer) if main else ""
+                ev["sample"] = sample_text(lm, tokenizer, temperature=0.0) if main else ""
                 last_val = ev["val_loss"]
                 log({"event": "eval", "step": step, **ev})
                 reporter.say(f"eval @ {step}: val_loss {ev['val_loss']:.4f} ppl {ev['val_ppl']:.2f} "
@@ -296,7 +302,9 @@ def _train(cfg: TrainConfig, resume: bool, quiet: bool, config_text: str | None,
     if main:
         metrics_file.close()
 
-    sample = greedy_sample(lm, tokenizer) if main else ""
+    # The final sample is drawn (temperature 0.8, seeded) rather than greedy: a small model's greedy text
+    # soon repeats one token, which says little about what it learned.
+    sample = sample_text(lm, tokenizer, temperature=0.8, seed=loop.seed) if main else ""
     wall = time.perf_counter() - t_start
     trained = total - start
     package_path = run_dir / "model.evermind"
