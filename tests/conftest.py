@@ -70,3 +70,16 @@ def pkg_one_line_error():
             assert needle in err, (needle, err)
 
     return check
+
+
+# --- GPU fixtures ------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def gpu():
+    """The process's runtime with poisoning on: every new tensor starts as NaN, so an element a kernel
+    forgets to write fails the comparison."""
+    from mambactl.runtime.gpu import get_runtime
+
+    rt = get_runtime()
+    rt.poison = True
+    yield rt
+    rt.poison = False

@@ -3,24 +3,10 @@
 import numpy as np
 import pytest
 
+from lm_checks import random_weights
 from mambactl.models.config import Mamba1Config, Mamba2Config, ModelConfig
 from mambactl.models.decode import RecurrentDecoder
 from mambactl.models.lm import LanguageModel
-from mambactl.models.params import init_parameters
-from mambactl.runtime.gpu import get_runtime
-
-
-@pytest.fixture(scope="module")
-def rt():
-    r = get_runtime()
-    r.poison = True
-    yield r
-    r.poison = False
-
-
-def noisy_weights(cfg, seed=0):
-    rng = np.random.default_rng(seed)
-    return {k: (v + 0.05 * rng.standard_normal(v.shape)).astype(np.float32) for k, v in init_parameters(cfg, seed).items()}
 
 
 @pytest.mark.parametrize("cfg", [
@@ -37,8 +23,8 @@ def noisy_weights(cfg, seed=0):
                 mamba1=Mamba1Config(d_state=4), mamba2=Mamba2Config(d_state=4, headdim=4, chunk_size=8)),
 ], ids=["mamba1", "mamba1-bias", "mamba2", "mamba2-bias-limit", "mixed"])
 @pytest.mark.parametrize("prefix", [1, 3, 9])
-def test_step_logits_equal_parallel_forward(rt, cfg, prefix):
-    lm = LanguageModel(cfg, rt, noisy_weights(cfg))
+def test_step_logits_equal_parallel_forward(gpu, cfg, prefix):
+    lm = LanguageModel(cfg, gpu, random_weights(cfg, 0))
     ids = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, 12))
     _, logits, _ = lm.forward(ids)
     want = logits.numpy().reshape(2, 12, -1)
