@@ -1,0 +1,115 @@
+"""Mamba-3 scan (exponential-trapezoidal, SISO and MIMO), forward and exact backward (kernels/mamba3_scan.wgsl).
+
+The same computation as mambactl/reference/mamba3.py's `mamba3_scan` / `mamba3_scan_backward`:
+
+    α = exp(adt),  β = (1 − λ) Δ α,  γ = λ Δ,
+    h_t = α_t h_{t−1} + β_t Σ_r v_{t−1,r} k_{t−1,r}ᵀ + γ_t Σ_r v_{t,r} k_{t,r}ᵀ,  y_{t,R} = h_t q_{t,R},
+
+with q, k [B, L, H, R, N], v and y [B, L, H, R, P], adt = A·Δ, dt = Δ, lam = λ [B, L, H] (SISO is R = 1).
+
+Memory: the forward keeps the (SSD-form) state entering each chunk of `chunk` steps, [B, ceil(L / chunk), H, P, N],
+and the state after the last step [B, H, P, N]; the backward recomputes the states in between. Its transient
+buffers are one chunk of states per thread ([B, H, P, min(chunk, L), N]) and per-value-channel partials of dq and
+dk (2 × [B, L, H, P, R, N]) and of three per-(step, head) scalars ([B, L, H, P, 3]), added over P in order by
+second dispatches (deterministic, no atomics).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mambactl.errors import ShapeError
+from mambactl.ops.checks import expect, grid_1d
+from mambactl.runtime.tensor import Tensor
+
+MAX_STATE = 128  # mirrors MAX_N in kernels/mamba3_scan.wgsl (a private array per thread)
+MAX_RANK = 16    # mirrors MAX_R
+DEFAULT_CHUNK = 64
+THREADS = 64     # workgroup size of the scan entries
+
+
+@dataclass
+class Mamba3ScanSaved:
+    """What the backward needs: the forward's inputs (not copied) and the chunk entry states."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    adt: Tensor
+    dt: Tensor
+    lam: Tensor
+    states: Tensor  # [B, n_chunks, H, P, N]: the SSD state g before step c·chunk
+    chunk: int
+    last_state: Tensor  # [B, H, P, N]: g after the last step
+
+
+def _check_inputs(op: str, q, k, v, adt, dt, lam) -> tuple[int, int, int, int, int, int]:
+    expect(op, "q", q, (None, None, None, None, None))
+    batch, length, heads, rank, nstate = q.shape
+    if min(q.shape) < 1:
+        raise ShapeError(f"{op}: q has shape {q.shape}; every dimension must be at least 1")
+    if nstate > MAX_STATE:
+        raise ShapeError(f"{op}: q has shape {q.shape}; the state size N must be at most {MAX_STATE}")
+    if rank > MAX_RANK:
+        raise ShapeError(f"{op}: q has shape {q.shape}; the rank R must be at most {MAX_RANK}")
+    expect(op, "k", k, q.shape)
+    expect(op, "v", v, (batch, length, heads, rank, None))
+    headdim = v.shape[4]
+    if headdim < 1:
+        raise ShapeError(f"{op}: v has shape {v.shape}; the head dimension must be at least 1")
+    for name, t in (("adt", adt), ("dt", dt), ("lam", lam)):
+        expect(op, name, t, (batch, length, heads))
+    return batch, length, heads, rank, nstate, headdim
+
+
+def _params(batch, length, heads, rank, nstate, headdim, chunk) -> dict:
+    return dict(batch=batch, len=length, heads=heads, rank=rank, nstate=nstate, headdim=headdim, chunk=chunk,
+                nchunks=-(-length // chunk))
+
+
+def mamba3_scan(q: Tensor, k: Tensor, v: Tensor, adt: Tensor, dt: Tensor, lam: Tensor,
+                chunk: int = DEFAULT_CHUNK) -> tuple[Tensor, Mamba3ScanSaved]:
+    """-> (y [B, L, H, R, P], saved). `chunk` (positive) is the number of steps between saved states."""
+    op = "mamba3_scan"
+    dims = _check_inputs(op, q, k, v, adt, dt, lam)
+    if int(chunk) < 1:
+        raise ShapeError(f"{op}: chunk is {chunk}; it must be a positive number of steps")
+    batch, length, heads, rank, nstate, headdim = dims
+    params = _params(*dims, int(chunk))
+    rt = q.runtime
+    y = rt.empty(v.shape)
+    states = rt.empty((batch, params["nchunks"], heads, headdim, nstate))
+    last_state = rt.empty((batch, heads, headdim, nstate))
+    rt.run("mamba3_scan_forward", grid_1d(batch * heads * headdim, THREADS), q=q, k=k, v=v, adt=adt, dt=dt, lam=lam,
+           y=y, states=states, last_state=last_state, **params)
+    return y, Mamba3ScanSaved(q, k, v, adt, dt, lam, states, int(chunk), last_state)
+
+
+def mamba3_scan_backward(saved: Mamba3ScanSaved, dy: Tensor):
+    """dy [B, L, H, R, P] -> (dq, dk, dv, dadt, ddt, dlam), shaped as the inputs. Exact."""
+    op = "mamba3_scan_backward"
+    s = saved
+    dims = _check_inputs(op, s.q, s.k, s.v, s.adt, s.dt, s.lam)
+    batch, length, heads, rank, nstate, headdim = dims
+    expect(op, "dy", dy, s.v.shape)
+    params = _params(*dims, s.chunk)
+    expect(op, "saved states", s.states, (batch, params["nchunks"], heads, headdim, nstate))
+    rt = dy.runtime
+    span = min(s.chunk, length)
+    g_scratch = rt.empty((batch, heads, headdim, span, nstate))
+    dv = rt.empty(s.v.shape)
+    part_q = rt.empty((batch, length, heads, headdim, rank, nstate))
+    part_k = rt.empty((batch, length, heads, headdim, rank, nstate))
+    part_s = rt.empty((batch, length, heads, headdim, 3))
+    rt.run("mamba3_scan_backward", grid_1d(batch * heads * headdim, THREADS), q=s.q, k=s.k, v=s.v, adt=s.adt,
+           dt=s.dt, lam=s.lam, dy=dy, saved_states=s.states, g_scratch=g_scratch, dv=dv, part_q=part_q,
+           part_k=part_k, part_s=part_s, **params)
+    dq, dk = rt.empty(s.q.shape), rt.empty(s.k.shape)
+    rows, width = batch * length * heads, rank * nstate
+    for part, total in ((part_q, dq), (part_k, dk)):
+        rt.run("mamba3_scan_sum_channels", grid_1d(rows * width), part=part, total=total, rows=rows, width=width,
+               slices=headdim)
+    dadt, ddt, dlam = (rt.empty(s.adt.shape) for _ in range(3))
+    rt.run("mamba3_scan_scalars", grid_1d(rows), part=part_s, lam=s.lam, dt=s.dt, dadt=dadt, ddt=ddt, dlam=dlam,
+           count=rows, steps=length, nheads=heads, nslices=headdim)
+    return dq, dk, dv, dadt, ddt, dlam
