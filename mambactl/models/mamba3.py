@@ -1,0 +1,97 @@
+"""Mamba-3 mixer on the GPU (mamba_ssm `Mamba3`, SISO and MIMO): forward and backward through the ops, the
+same maths as mambactl/reference/mamba3.py's `mamba3_block` / `mamba3_block_backward`.
+
+in_proj -> [z | x | B | C | dd_dt | dd_A | trap | angle] -> RMSNorm of B, C -> mamba3_prep (Δ, A·Δ, λ, the
+cumulative angles θ, rotated k, q, v = mimo_x ⊙ x, mimo_z ⊙ z) -> mamba3_scan -> mamba3_finish (D skip, optional
+per-head RMSNorm, SiLU gate, Σ_r mimo_o ⊙) -> out_proj. `p` and `g` map this layer's mixer names without prefix
+to parameter and gradient tensors; gradients are accumulated into `g`.
+"""
+
+from __future__ import annotations
+
+from mambactl.models.config import ModelConfig
+from mambactl.ops import linear, rmsnorm, slice
+from mambactl.ops.fill import fill
+from mambactl.ops.mamba3_prep import (Mamba3Dims, mamba3_finish, mamba3_finish_backward, mamba3_prep,
+                                      mamba3_prep_backward)
+from mambactl.ops.mamba3_scan import mamba3_scan, mamba3_scan_backward
+from mambactl.ops.reduce import column_sums
+from mambactl.runtime.tensor import Tensor
+
+NORM_EPS = 1e-5  # B_norm, C_norm and the out-norm (fixed in mamba_ssm)
+
+
+def _dims(cfg: ModelConfig, batch: int, length: int) -> Mamba3Dims:
+    m = cfg.mamba3
+    return Mamba3Dims(batch, length, cfg.mamba3_nheads, m.headdim, cfg.mamba3_rank, m.ngroups, m.d_state,
+                      cfg.mamba3_num_rope_angles, bool(m.is_mimo))
+
+
+def _mimo(p: dict, d: Mamba3Dims, rt):
+    if d.mimo:
+        return p["mimo_x"], p["mimo_z"], p["mimo_o"]
+    one = fill(rt.empty((d.heads, 1, d.headdim)), 1.0)
+    return one, one, one
+
+
+def mamba3_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig):
+    """x [B·L, d_model] -> (y [B·L, d_model], saved)."""
+    d = _dims(cfg, batch, length)
+    rt = x.runtime
+    M, di = d.rows, d.heads * d.headdim
+    mimo_x, mimo_z, mimo_o = _mimo(p, d, rt)
+    proj = linear.linear(x, p["in_proj.weight"])
+    Bp = slice.column_slice(proj, 2 * di, d.rgn).reshape(-1, d.nstate)
+    Cp = slice.column_slice(proj, 2 * di + d.rgn, d.rgn).reshape(-1, d.nstate)
+    Bn, rstd_B = rmsnorm.rmsnorm(Bp, p["B_norm.weight"], NORM_EPS)
+    Cn, rstd_C = rmsnorm.rmsnorm(Cp, p["C_norm.weight"], NORM_EPS)
+    pr = mamba3_prep(proj, Bn.reshape(M, d.rgn), Cn.reshape(M, d.rgn), p["dt_bias"], p["B_bias"], p["C_bias"],
+                     mimo_x, mimo_z, d, cfg.mamba3.A_floor)
+    shape5 = lambda t: t.reshape(batch, length, d.heads, d.rank, -1)  # noqa: E731
+    shape3 = lambda t: t.reshape(batch, length, d.heads)  # noqa: E731
+    ys, scan_saved = mamba3_scan(shape5(pr["q"]), shape5(pr["k"]), shape5(pr["v"]), shape3(pr["adt"]),
+                                 shape3(pr["dt"]), shape3(pr["lam"]), chunk=cfg.mamba3.chunk_size)
+    norm_w = p["norm.weight"] if cfg.mamba3.is_outproj_norm else None
+    out, fin = mamba3_finish(ys.reshape(M, d.heads, d.rank, d.headdim), pr["v"], pr["zr"], p["D"], norm_w, mimo_o,
+                             d, NORM_EPS)
+    result = linear.linear(out, p["out_proj.weight"])
+    saved = dict(x=x, proj=proj, Bp=Bp, Cp=Cp, rstd_B=rstd_B, rstd_C=rstd_C, prep=pr, scan=scan_saved, fin=fin,
+                 out=out, dims=d, mimo=(mimo_x, mimo_z, mimo_o))
+    return result, saved
+
+
+def mamba3_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfig) -> Tensor:
+    """dout [B·L, d_model] -> dx [B·L, d_model]; parameter gradients are added into `g`."""
+    s = saved
+    d = s["dims"]
+    M, H, R, P, di = d.rows, d.heads, d.rank, d.headdim, d.heads * d.headdim
+    mimo_x, mimo_z, mimo_o = s["mimo"]
+    pr = s["prep"]
+    dout_mix, _, _ = linear.linear_backward(s["out"], p["out_proj.weight"], dout, dw=g["out_proj.weight"])
+    norm_w = p["norm.weight"] if cfg.mamba3.is_outproj_norm else None
+    fb = mamba3_finish_backward(s["fin"], pr["v"], pr["zr"], p["D"], norm_w, mimo_o, dout_mix, d, NORM_EPS)
+    if norm_w is not None:
+        column_sums(fb["dnw"], out=g["norm.weight"])
+    column_sums(fb["dD"], out=g["D"])
+    if d.mimo:
+        column_sums(fb["dmo"], out=g["mimo_o"].reshape(-1))
+    dq, dk, dv, dadt, ddt, dlam = mamba3_scan_backward(s["scan"], fb["dys"].reshape(d.batch, d.length, H, R, P))
+    flat = lambda t: t.reshape(M, -1)  # noqa: E731
+    bw = mamba3_prep_backward(s["proj"], p["dt_bias"], mimo_x, mimo_z, p["D"], pr, flat(dq), flat(dk), flat(dv),
+                              fb["dzr"], flat(dadt), flat(ddt), flat(dlam), fb["dys"], d, cfg.mamba3.A_floor)
+    dproj = bw["dproj"]
+    column_sums(flat(bw["dkb"]), out=g["B_bias"].reshape(-1))
+    column_sums(flat(bw["dqb"]), out=g["C_bias"].reshape(-1))
+    if d.mimo:
+        column_sums(flat(bw["dvx"]), out=g["mimo_x"].reshape(-1))
+        column_sums(flat(bw["dzz"]), out=g["mimo_z"].reshape(-1))
+    off = 2 * di + 2 * d.rgn
+    column_sums(slice.column_slice(dproj, off, H), out=g["dt_bias"])
+    dBp, _ = rmsnorm.rmsnorm_backward(s["Bp"], p["B_norm.weight"], s["rstd_B"], bw["dBn"].reshape(-1, d.nstate),
+                                      dw=g["B_norm.weight"])
+    dCp, _ = rmsnorm.rmsnorm_backward(s["Cp"], p["C_norm.weight"], s["rstd_C"], bw["dCn"].reshape(-1, d.nstate),
+                                      dw=g["C_norm.weight"])
+    slice.column_scatter(dBp.reshape(M, d.rgn), dproj, 2 * di)
+    slice.column_scatter(dCp.reshape(M, d.rgn), dproj, 2 * di + d.rgn)
+    dx, _, _ = linear.linear_backward(s["x"], p["in_proj.weight"], dproj, dw=g["in_proj.weight"])
+    return dx

@@ -1,0 +1,140 @@
+"""Mamba-3 mixer pieces around the scan (kernels/mamba3_prep.wgsl): the scan inputs from in_proj's output
+(`mamba3_prep` / `mamba3_prep_backward`) and the output side (`mamba3_finish` / `mamba3_finish_backward`).
+See mambactl/reference/mamba3.py `_prepare` / `_finish` / `mamba3_block_backward` for the maths.
+
+Dims: M = B·L rows; H heads of P channels (di = H·P); rank R (1 for SISO); G groups of B/C with N states;
+S rotation angles. proj [M, 2·di + 2·R·G·N + 3·H + S] = [z | x | B | C | dd_dt | dd_A | trap | angle].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mambactl.errors import ShapeError
+from mambactl.ops.checks import expect, grid_1d
+from mambactl.runtime.tensor import Tensor
+
+MAX_ANGLES = 64  # mirrors MAX_S in kernels/mamba3_prep.wgsl
+
+
+@dataclass(frozen=True)
+class Mamba3Dims:
+    batch: int
+    length: int
+    heads: int
+    headdim: int
+    rank: int
+    groups: int
+    nstate: int
+    angles: int
+    mimo: bool
+
+    @property
+    def rows(self) -> int:
+        return self.batch * self.length
+
+    @property
+    def rgn(self) -> int:
+        return self.rank * self.groups * self.nstate
+
+    @property
+    def cols(self) -> int:
+        return 2 * self.heads * self.headdim + 2 * self.rgn + 3 * self.heads + self.angles
+
+    def check(self, op: str) -> None:
+        if self.angles > MAX_ANGLES:
+            raise ShapeError(f"{op}: {self.angles} rotation angles; at most {MAX_ANGLES}")
+        if self.heads % self.groups:
+            raise ShapeError(f"{op}: {self.groups} groups must divide {self.heads} heads")
+        pairs_end = (self.nstate // 2 + self.angles) if self.mimo else 2 * self.angles
+        if pairs_end > self.nstate or (self.mimo and self.angles > self.nstate // 2):
+            raise ShapeError(f"{op}: {self.angles} angles do not fit a state of {self.nstate}")
+
+
+def _prep_params(d: Mamba3Dims, a_floor: float) -> dict:
+    return dict(batch=d.batch, len=d.length, heads=d.heads, rank=d.rank, ngroups=d.groups, nstate=d.nstate,
+                headdim=d.headdim, angles=d.angles, mimo=int(d.mimo), cols=d.cols, a_floor=float(a_floor))
+
+
+def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: Tensor, C_bias: Tensor,
+                mimo_x: Tensor, mimo_z: Tensor, d: Mamba3Dims, a_floor: float) -> dict:
+    """-> dict of q, k [M, H, R, N], v, zr [M, H, R, P], adt, dt, lam [M, H], theta [M, H, S]."""
+    op = "mamba3_prep"
+    d.check(op)
+    M, H, R, N, P = d.rows, d.heads, d.rank, d.nstate, d.headdim
+    expect(op, "proj", proj, (M, d.cols))
+    expect(op, "Bn", Bn, (M, d.rgn))
+    expect(op, "Cn", Cn, (M, d.rgn))
+    expect(op, "dt_bias", dt_bias, (H,))
+    for name, t in (("B_bias", B_bias), ("C_bias", C_bias)):
+        expect(op, name, t, (H, R, N))
+    for name, t in (("mimo_x", mimo_x), ("mimo_z", mimo_z)):
+        expect(op, name, t, (H, R, P))
+    rt = proj.runtime
+    out = dict(q=rt.empty((M, H, R, N)), k=rt.empty((M, H, R, N)), v=rt.empty((M, H, R, P)),
+               zr=rt.empty((M, H, R, P)), adt=rt.empty((M, H)), dt=rt.empty((M, H)), lam=rt.empty((M, H)),
+               theta=rt.empty((M, H, max(d.angles, 1))))
+    rt.run("mamba3_prep_forward", grid_1d(d.batch * H, 64), proj=proj, Bn=Bn, Cn=Cn, dt_bias=dt_bias,
+           B_bias=B_bias, C_bias=C_bias, mimo_x=mimo_x, mimo_z=mimo_z, **out, **_prep_params(d, a_floor))
+    return out
+
+
+def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: Tensor, D: Tensor, prep: dict,
+                         dq: Tensor, dk: Tensor, dv: Tensor, dzr: Tensor, dadt: Tensor, ddt: Tensor, dlam: Tensor,
+                         dys: Tensor, d: Mamba3Dims, a_floor: float) -> dict:
+    """Gradients of `mamba3_prep` (dv is the scan's; D·dys, the skip's share, is added here).
+
+    -> dict: dproj [M, cols] with every column but B's and C's written, dBn, dCn [M, R·G·N] (summed over the heads
+    of each group, before the bias), dqb, dkb [M, H, R, N] (∂C_bias / ∂B_bias per row), dvx, dzz [M, H, R, P]
+    (∂mimo_x / ∂mimo_z per row)."""
+    d.check("mamba3_prep_backward")
+    M, H, R, N, P, S = d.rows, d.heads, d.rank, d.nstate, d.headdim, d.angles
+    rt = proj.runtime
+    dproj = rt.empty((M, d.cols))
+    res = dict(dproj=dproj, dqb=rt.empty((M, H, R, N)), dkb=rt.empty((M, H, R, N)), dvx=rt.empty((M, H, R, P)),
+               dzz=rt.empty((M, H, R, P)))
+    dang_part = rt.empty((M, H, max(S, 1)))
+    rt.run("mamba3_prep_backward", grid_1d(d.batch * H, 64), proj=proj, dt_bias=dt_bias, mimo_x=mimo_x,
+           mimo_z=mimo_z, D=D, lam=prep["lam"], q_in=prep["q"], k_in=prep["k"], theta_in=prep["theta"], dq=dq,
+           dk=dk, dv=dv, dzr=dzr, dadt=dadt, ddt=ddt, dlam=dlam, dys_in=dys, dang_part=dang_part, **res,
+           **_prep_params(d, a_floor))
+    res["dBn"], res["dCn"] = rt.empty((M, d.rgn)), rt.empty((M, d.rgn))
+    rt.run("mamba3_prep_reduce", grid_1d(M * (S + d.rgn)), dqb_in=res["dqb"], dkb_in=res["dkb"], dang_in=dang_part,
+           dBn=res["dBn"], dCn=res["dCn"], dproj_out=dproj, rrows=M, rheads=H, rrank=R, rgroups=d.groups,
+           rnstate=N, rangles=S, rcols=d.cols)
+    return res
+
+
+def _finish_params(d: Mamba3Dims, eps: float) -> dict:
+    return dict(frows=d.rows, fheads=d.heads, frank=d.rank, fheaddim=d.headdim, eps=float(eps))
+
+
+def mamba3_finish(ys: Tensor, v: Tensor, zr: Tensor, D: Tensor, norm_w: Tensor | None, mimo_o: Tensor,
+                  d: Mamba3Dims, eps: float) -> tuple[Tensor, dict]:
+    """ys, v, zr [M, H, R, P] -> (out [M, H·P], saved: y, rstd, o)."""
+    M, H, R, P = d.rows, d.heads, d.rank, d.headdim
+    rt = ys.runtime
+    norm = norm_w is not None
+    y, rstd, o = rt.empty((M, H, R, P)), rt.empty((M, H, R)), rt.empty((M, H, R, P))
+    nw = norm_w if norm else D  # an unused binding when there is no norm
+    rt.run("mamba3_finish_forward", grid_1d(M * H * R, 64), {"NORM": norm}, ys=ys, v_in=v, zr_in=zr, D=D,
+           norm_w=nw, y=y, rstd=rstd, o=o, **_finish_params(d, eps))
+    out = rt.empty((M, H * P))
+    rt.run("mamba3_finish_sum", grid_1d(M * H * P), mimo_o=mimo_o, o_in=o, out=out, **_finish_params(d, eps))
+    return out, dict(y=y, rstd=rstd, o=o)
+
+
+def mamba3_finish_backward(saved: dict, v: Tensor, zr: Tensor, D: Tensor, norm_w: Tensor | None, mimo_o: Tensor,
+                           dout: Tensor, d: Mamba3Dims, eps: float) -> dict:
+    """dout [M, H·P] -> dict: dys, dzr [M, H, R, P]; per-row partials dnw [M·R, H·P] (with the norm),
+    dmo [M, H·R·P] and dD [M·R, H], to be summed over rows."""
+    M, H, R, P = d.rows, d.heads, d.rank, d.headdim
+    rt = dout.runtime
+    norm = norm_w is not None
+    res = dict(dys=rt.empty((M, H, R, P)), dzr=rt.empty((M, H, R, P)), dmo=rt.empty((M, H * R * P)),
+               dD=rt.empty((M * R, H)), dnw=rt.empty((M * R, H * P)) if norm else rt.empty((1,)))
+    rt.run("mamba3_finish_backward", grid_1d(M * H * R, 64), {"NORM": norm}, y_in=saved["y"], rstd_in=saved["rstd"],
+           o_in=saved["o"], v_in=v, zr_in=zr, norm_w=norm_w if norm else D, mimo_o=mimo_o, dout=dout,
+           dys=res["dys"], dzr_out=res["dzr"], dnw_part=res["dnw"], dmo_part=res["dmo"], dD_part=res["dD"],
+           **_finish_params(d, eps))
+    return res
