@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field, fields
 
 from mambactl.errors import MambactlError
 
-LAYER_TYPES = ("mamba1", "mamba2")
+LAYER_TYPES = ("mamba1", "mamba2", "attention")
+MAX_ATTENTION_HEAD_DIM = 128  # the GPU attention kernels' limit (mambactl/ops/attention.py)
 
 # `Mamba2Config.dt_limit` upper bound meaning "no limit" (mamba_ssm's float("inf")): a finite float, so the
 # config round-trips through TOML (which mambactl reads as finite numbers only) and JSON (which has no inf).
@@ -78,6 +79,17 @@ class Mamba2Config:
 
 
 @dataclass
+class AttentionConfig:
+    """Settings of a causal multi-head attention mixer (for hybrids): fused QKV projection, softmax attention
+    per head (head dim d_model / n_heads), out_proj."""
+
+    n_heads: int = 8
+    rope: bool = True  # rotary position embedding on q and k (HF Llama's rotate_half layout)
+    rope_base: float = 10000.0
+    bias: bool = False  # qkv_proj / out_proj bias
+
+
+@dataclass
 class ModelConfig:
     """A language model: embedding -> n_layer (pre-RMSNorm mixer + residual) -> norm_f -> tied head."""
 
@@ -90,12 +102,15 @@ class ModelConfig:
     tie_embeddings: bool = True
     mamba1: Mamba1Config = field(default_factory=Mamba1Config)
     mamba2: Mamba2Config = field(default_factory=Mamba2Config)
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
 
     def __post_init__(self) -> None:
         if isinstance(self.mamba1, dict):
             self.mamba1 = _from_dict(Mamba1Config, self.mamba1, "model.mamba1")
         if isinstance(self.mamba2, dict):
             self.mamba2 = _from_dict(Mamba2Config, self.mamba2, "model.mamba2")
+        if isinstance(self.attention, dict):
+            self.attention = _from_dict(AttentionConfig, self.attention, "model.attention")
         if not self.layers:
             self.layers = ["mamba1"] * self.n_layer
         self.validate()
@@ -133,6 +148,10 @@ class ModelConfig:
     def mamba2_in_proj_dim(self) -> int:
         """Rows of in_proj: z, x, B, C, dt (2 · d_inner + 2 · ngroups · d_state + nheads)."""
         return self.mamba2_d_inner + self.mamba2_conv_dim + self.mamba2_nheads
+
+    @property
+    def attention_head_dim(self) -> int:
+        return self.d_model // self.attention.n_heads
 
     def validate(self) -> None:
         def need(ok: bool, key: str, allowed: str) -> None:
@@ -173,6 +192,16 @@ class ModelConfig:
                  f"must divide d_inner = expand * d_model = {self.mamba2_d_inner}")
             need(self.mamba2_nheads % m2.ngroups == 0, "mamba2.ngroups",
                  f"must divide the number of heads ({self.mamba2_nheads})")
+        a = self.attention
+        need(isinstance(a.n_heads, int) and not isinstance(a.n_heads, bool) and a.n_heads >= 1, "attention.n_heads",
+             "must be a positive integer")
+        need(a.rope_base > 1, "attention.rope_base", "must be > 1")
+        if "attention" in self.layers:
+            need(self.d_model % a.n_heads == 0, "attention.n_heads", f"must divide d_model = {self.d_model}")
+            need(self.attention_head_dim <= MAX_ATTENTION_HEAD_DIM, "attention.n_heads",
+                 f"must give a head dim d_model / n_heads of at most {MAX_ATTENTION_HEAD_DIM}")
+            need(not a.rope or self.attention_head_dim % 2 == 0, "attention.rope",
+                 "needs an even head dim d_model / n_heads")
 
     def to_dict(self) -> dict:
         return asdict(self)

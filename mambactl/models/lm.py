@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from mambactl.errors import ShapeError
+from mambactl.models.attention import attention_layer_backward, attention_layer_forward
 from mambactl.models.config import ModelConfig
 from mambactl.models.mamba1 import mamba1_backward, mamba1_forward
 from mambactl.models.mamba2 import mamba2_backward, mamba2_forward
@@ -18,7 +19,8 @@ from mambactl.ops import activations, cross_entropy, embedding, linear, rmsnorm
 from mambactl.ops.fill import fill
 from mambactl.runtime.tensor import Tensor
 
-LAYERS = {"mamba1": (mamba1_forward, mamba1_backward), "mamba2": (mamba2_forward, mamba2_backward)}
+LAYERS = {"mamba1": (mamba1_forward, mamba1_backward), "mamba2": (mamba2_forward, mamba2_backward),
+          "attention": (attention_layer_forward, attention_layer_backward)}
 EMBED, NORM_F = "backbone.embeddings.weight", "backbone.norm_f.weight"
 
 

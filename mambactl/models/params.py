@@ -33,6 +33,8 @@ def parameter_specs(cfg: ModelConfig) -> list[ParamSpec]:
             specs += _mamba1_specs(cfg, p + "mixer.")
         elif kind == "mamba2":
             specs += _mamba2_specs(cfg, p + "mixer.")
+        elif kind == "attention":
+            specs += _attention_specs(cfg, p + "mixer.")
     specs.append(ParamSpec("backbone.norm_f.weight", (d,), "ones", True))
     return specs
 
@@ -78,6 +80,18 @@ def _mamba2_specs(cfg: ModelConfig, p: str) -> list[ParamSpec]:
         ParamSpec(p + "out_proj.weight", (d, di), "out_proj", False),
     ]
     if m.bias:
+        specs.append(ParamSpec(p + "out_proj.bias", (d,), "zeros", True))
+    return specs
+
+
+def _attention_specs(cfg: ModelConfig, p: str) -> list[ParamSpec]:
+    """Fused qkv_proj (output columns q | k | v, heads contiguous within each) and out_proj."""
+    d = cfg.d_model
+    specs = [ParamSpec(p + "qkv_proj.weight", (3 * d, d), "linear", False)]
+    if cfg.attention.bias:
+        specs.append(ParamSpec(p + "qkv_proj.bias", (3 * d,), "zeros", True))
+    specs.append(ParamSpec(p + "out_proj.weight", (d, d), "out_proj", False))
+    if cfg.attention.bias:
         specs.append(ParamSpec(p + "out_proj.bias", (d,), "zeros", True))
     return specs
 

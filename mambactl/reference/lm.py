@@ -6,6 +6,7 @@ Parameter names are those of `mambactl.models.params.parameter_specs`; a layer t
 (block, block_backward) in `BLOCKS`, each taking that layer's mixer params without the name prefix.
 """
 
+from mambactl.reference.attention import attention_block, attention_block_backward
 from mambactl.reference.cross_entropy import cross_entropy, cross_entropy_backward
 from mambactl.reference.embedding import embedding, embedding_backward
 from mambactl.reference.linear import linear, linear_backward
@@ -13,7 +14,8 @@ from mambactl.reference.mamba1 import mamba1_block, mamba1_block_backward
 from mambactl.reference.mamba2 import mamba2_block, mamba2_block_backward
 from mambactl.reference.rmsnorm import rmsnorm, rmsnorm_backward
 
-BLOCKS = {"mamba1": (mamba1_block, mamba1_block_backward), "mamba2": (mamba2_block, mamba2_block_backward)}
+BLOCKS = {"mamba1": (mamba1_block, mamba1_block_backward), "mamba2": (mamba2_block, mamba2_block_backward),
+          "attention": (attention_block, attention_block_backward)}
 
 EMBED, NORM_F = "backbone.embeddings.weight", "backbone.norm_f.weight"
 
