@@ -280,5 +280,5 @@ def test_config_unknown_key_and_shape_checks_only_for_mamba2_layers():
     with pytest.raises(MambactlError, match=r"model\.mamba2\.head_dim: unknown key"):
         ModelConfig.from_dict({"mamba2": {"head_dim": 32}})
     ModelConfig(d_model=6, n_layer=1)  # mamba1 only: the default headdim 64 need not divide d_inner 12
-    with pytest.raises(MambactlError, match="layer type 'mamba3'"):
-        ModelConfig(n_layer=1, layers=["mamba3"])
+    with pytest.raises(MambactlError, match="layer type 'mamba4'"):
+        ModelConfig(n_layer=1, layers=["mamba4"])

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from mambactl.errors import MambactlError
 
-LAYER_TYPES = ("mamba1", "mamba2", "attention")
+LAYER_TYPES = ("mamba1", "mamba2", "mamba3", "attention")
 MAX_ATTENTION_HEAD_DIM = 128  # the GPU attention kernels' limit (mambactl/ops/attention.py)
 
 # `Mamba2Config.dt_limit` upper bound meaning "no limit" (mamba_ssm's float("inf")): a finite float, so the
@@ -79,6 +79,25 @@ class Mamba2Config:
 
 
 @dataclass
+class Mamba3Config:
+    """Settings of a Mamba-3 mixer; defaults are mamba_ssm's `Mamba3` defaults (SISO, no out-norm)."""
+
+    d_state: int = 128
+    expand: int = 2
+    headdim: int = 64  # nheads = expand * d_model / headdim
+    ngroups: int = 1  # B / C groups, each shared by nheads / ngroups heads
+    rope_fraction: float = 0.5  # share of the state dims the data-dependent rotation turns: 0.5 or 1.0
+    dt_min: float = 1e-3
+    dt_max: float = 0.1
+    dt_init_floor: float = 1e-4
+    A_floor: float = 1e-4  # A = -max(heavy_tail(dd_A), A_floor)
+    is_outproj_norm: bool = False  # headwise RMSNorm of y before the gate (norm.weight)
+    is_mimo: bool = False
+    mimo_rank: int = 4  # R, used only with is_mimo
+    chunk_size: int = 64  # scan chunk (mamba_ssm recommends 64 for SISO, 64 / mimo_rank for MIMO)
+
+
+@dataclass
 class AttentionConfig:
     """Settings of a causal multi-head attention mixer (for hybrids): fused QKV projection, softmax attention
     per head (head dim d_model / n_heads), out_proj."""
@@ -102,6 +121,7 @@ class ModelConfig:
     tie_embeddings: bool = True
     mamba1: Mamba1Config = field(default_factory=Mamba1Config)
     mamba2: Mamba2Config = field(default_factory=Mamba2Config)
+    mamba3: Mamba3Config = field(default_factory=Mamba3Config)
     attention: AttentionConfig = field(default_factory=AttentionConfig)
 
     def __post_init__(self) -> None:
@@ -109,6 +129,8 @@ class ModelConfig:
             self.mamba1 = _from_dict(Mamba1Config, self.mamba1, "model.mamba1")
         if isinstance(self.mamba2, dict):
             self.mamba2 = _from_dict(Mamba2Config, self.mamba2, "model.mamba2")
+        if isinstance(self.mamba3, dict):
+            self.mamba3 = _from_dict(Mamba3Config, self.mamba3, "model.mamba3")
         if isinstance(self.attention, dict):
             self.attention = _from_dict(AttentionConfig, self.attention, "model.attention")
         if not self.layers:
@@ -148,6 +170,32 @@ class ModelConfig:
     def mamba2_in_proj_dim(self) -> int:
         """Rows of in_proj: z, x, B, C, dt (2 · d_inner + 2 · ngroups · d_state + nheads)."""
         return self.mamba2_d_inner + self.mamba2_conv_dim + self.mamba2_nheads
+
+    # Mamba-3 dims -------------------------------------------------------------------------
+    @property
+    def mamba3_d_inner(self) -> int:
+        return self.mamba3.expand * self.d_model
+
+    @property
+    def mamba3_nheads(self) -> int:
+        return self.mamba3_d_inner // self.mamba3.headdim
+
+    @property
+    def mamba3_rank(self) -> int:
+        """R: mimo_rank with is_mimo, else 1 (SISO)."""
+        return self.mamba3.mimo_rank if self.mamba3.is_mimo else 1
+
+    @property
+    def mamba3_num_rope_angles(self) -> int:
+        """S: floor(d_state · rope_fraction), made even, halved (one angle per rotated pair)."""
+        return int(self.mamba3.d_state * self.mamba3.rope_fraction) // 2
+
+    @property
+    def mamba3_in_proj_dim(self) -> int:
+        """Rows of in_proj: z, x, B, C, dd_dt, dd_A, trap, angle (2 · d_inner + 2 · R · G · N + 3 · H + S)."""
+        m = self.mamba3
+        return (2 * self.mamba3_d_inner + 2 * self.mamba3_rank * m.ngroups * m.d_state + 3 * self.mamba3_nheads
+                + self.mamba3_num_rope_angles)
 
     @property
     def attention_head_dim(self) -> int:
@@ -192,6 +240,24 @@ class ModelConfig:
                  f"must divide d_inner = expand * d_model = {self.mamba2_d_inner}")
             need(self.mamba2_nheads % m2.ngroups == 0, "mamba2.ngroups",
                  f"must divide the number of heads ({self.mamba2_nheads})")
+        m3 = self.mamba3
+        for key in ("d_state", "expand", "headdim", "ngroups", "mimo_rank", "chunk_size"):
+            v = getattr(m3, key)
+            need(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"mamba3.{key}",
+                 "must be a positive integer")
+        need(m3.rope_fraction in (0.5, 1.0), "mamba3.rope_fraction", "must be 0.5 or 1.0 (as mamba_ssm)")
+        need(0 < m3.dt_min <= m3.dt_max, "mamba3.dt_min", "must satisfy 0 < dt_min <= dt_max")
+        need(m3.dt_init_floor >= 0, "mamba3.dt_init_floor", "must be >= 0")
+        need(m3.A_floor > 0, "mamba3.A_floor", "must be > 0")
+        for key in ("is_outproj_norm", "is_mimo"):
+            need(isinstance(getattr(m3, key), bool), f"mamba3.{key}", "must be true or false")
+        if "mamba3" in self.layers:
+            need(self.mamba3_d_inner % m3.headdim == 0, "mamba3.headdim",
+                 f"must divide d_inner = expand * d_model = {self.mamba3_d_inner}")
+            need(self.mamba3_nheads % m3.ngroups == 0, "mamba3.ngroups",
+                 f"must divide the number of heads ({self.mamba3_nheads})")
+            need(self.mamba3_num_rope_angles >= 1, "mamba3.d_state",
+                 "too small: d_state * rope_fraction must be at least 2 (one rotated pair)")
         a = self.attention
         need(isinstance(a.n_heads, int) and not isinstance(a.n_heads, bool) and a.n_heads >= 1, "attention.n_heads",
              "must be a positive integer")

@@ -33,6 +33,8 @@ def parameter_specs(cfg: ModelConfig) -> list[ParamSpec]:
             specs += _mamba1_specs(cfg, p + "mixer.")
         elif kind == "mamba2":
             specs += _mamba2_specs(cfg, p + "mixer.")
+        elif kind == "mamba3":
+            specs += _mamba3_specs(cfg, p + "mixer.")
         elif kind == "attention":
             specs += _attention_specs(cfg, p + "mixer.")
     specs.append(ParamSpec("backbone.norm_f.weight", (d,), "ones", True))
@@ -84,6 +86,36 @@ def _mamba2_specs(cfg: ModelConfig, p: str) -> list[ParamSpec]:
     return specs
 
 
+def _mamba3_specs(cfg: ModelConfig, p: str) -> list[ParamSpec]:
+    """mamba_ssm `Mamba3` tensors, in its registration order (no conv, no Linear biases).
+
+    in_proj rows are [z, x, B, C, dd_dt, dd_A, trap, angle] (d_inner, d_inner, R·G·N, R·G·N, H, H, H, S), B and C
+    laid out (rank, group, state). mimo_* exist only with is_mimo, norm.weight only with is_outproj_norm. No decay
+    for dt_bias and D (mamba_ssm's `_no_weight_decay`), the norms and the B/C biases; mimo_* decay like weights.
+    """
+    m, d, di, H, R = cfg.mamba3, cfg.d_model, cfg.mamba3_d_inner, cfg.mamba3_nheads, cfg.mamba3_rank
+    N, P = m.d_state, m.headdim
+    specs = [
+        ParamSpec(p + "in_proj.weight", (cfg.mamba3_in_proj_dim, d), "linear", False),
+        ParamSpec(p + "dt_bias", (H,), "mamba3_dt_bias", True),
+        ParamSpec(p + "B_bias", (H, R, N), "ones", True),
+        ParamSpec(p + "C_bias", (H, R, N), "ones", True),
+        ParamSpec(p + "B_norm.weight", (N,), "ones", True),
+        ParamSpec(p + "C_norm.weight", (N,), "ones", True),
+    ]
+    if m.is_mimo:
+        specs += [
+            ParamSpec(p + "mimo_x", (H, R, P), "inv_rank", False),
+            ParamSpec(p + "mimo_z", (H, R, P), "ones", False),
+            ParamSpec(p + "mimo_o", (H, R, P), "inv_rank", False),
+        ]
+    specs.append(ParamSpec(p + "D", (H,), "ones", True))
+    if m.is_outproj_norm:
+        specs.append(ParamSpec(p + "norm.weight", (di,), "ones", True))
+    specs.append(ParamSpec(p + "out_proj.weight", (d, di), "out_proj", False))
+    return specs
+
+
 def _attention_specs(cfg: ModelConfig, p: str) -> list[ParamSpec]:
     """Fused qkv_proj (output columns q | k | v, heads contiguous within each) and out_proj."""
     d = cfg.d_model
@@ -108,8 +140,8 @@ def count_parameters(cfg: ModelConfig) -> int:
 
 
 def init_parameters(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
-    """mamba_ssm's initialisation (mamba_simple.Mamba / mamba2.Mamba2 __init__ + mixer_seq_simple._init_weights),
-    float32."""
+    """mamba_ssm's initialisation (mamba_simple.Mamba / mamba2.Mamba2 / mamba3.Mamba3 __init__ +
+    mixer_seq_simple._init_weights), float32."""
     rng = np.random.default_rng(seed)
     m, m2 = cfg.mamba1, cfg.mamba2
     out: dict[str, np.ndarray] = {}
@@ -142,6 +174,11 @@ def init_parameters(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:
             w = _dt_bias(rng, s.shape, m2.dt_min, m2.dt_max, m2.dt_init_floor)
         elif s.init == "mamba2_A_log":  # A = -exp(A_log) ~ -U(A_init_range) per head
             w = np.log(rng.uniform(m2.A_init_range[0], m2.A_init_range[1], s.shape))
+        elif s.init == "mamba3_dt_bias":
+            m3 = cfg.mamba3
+            w = _dt_bias(rng, s.shape, m3.dt_min, m3.dt_max, m3.dt_init_floor)
+        elif s.init == "inv_rank":  # mimo_x, mimo_o [H, R, P] = 1 / R
+            w = np.full(s.shape, 1.0 / s.shape[1])
         else:
             raise AssertionError(f"unknown init {s.init!r} for {s.name}")
         out[s.name] = np.ascontiguousarray(w, dtype=np.float32)

@@ -12,10 +12,11 @@ from mambactl.reference.embedding import embedding, embedding_backward
 from mambactl.reference.linear import linear, linear_backward
 from mambactl.reference.mamba1 import mamba1_block, mamba1_block_backward
 from mambactl.reference.mamba2 import mamba2_block, mamba2_block_backward
+from mambactl.reference.mamba3 import mamba3_block, mamba3_block_backward
 from mambactl.reference.rmsnorm import rmsnorm, rmsnorm_backward
 
 BLOCKS = {"mamba1": (mamba1_block, mamba1_block_backward), "mamba2": (mamba2_block, mamba2_block_backward),
-          "attention": (attention_block, attention_block_backward)}
+          "mamba3": (mamba3_block, mamba3_block_backward), "attention": (attention_block, attention_block_backward)}
 
 EMBED, NORM_F = "backbone.embeddings.weight", "backbone.norm_f.weight"
 
