@@ -11,7 +11,7 @@ from mambactl.errors import MambactlError
 from mambactl.train.config import TrainConfig, list_presets, load_config, preset_text
 
 ROOT = Path(__file__).resolve().parents[1]
-LOADABLE = ["tiny", "mamba-130m"]  # mamba2-/mamba3-130m need layer types ModelConfig does not have yet
+LOADABLE = ["tiny", "mamba-130m", "mamba2-130m", "mamba3-130m"]
 
 
 def write(tmp_path, text: str) -> Path:
