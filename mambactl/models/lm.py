@@ -14,13 +14,14 @@ from mambactl.models.attention import attention_layer_backward, attention_layer_
 from mambactl.models.config import ModelConfig
 from mambactl.models.mamba1 import mamba1_backward, mamba1_forward
 from mambactl.models.mamba2 import mamba2_backward, mamba2_forward
+from mambactl.models.mamba3 import mamba3_backward, mamba3_forward
 from mambactl.models.params import parameter_specs
 from mambactl.ops import activations, cross_entropy, embedding, linear, rmsnorm
 from mambactl.ops.fill import fill
 from mambactl.runtime.tensor import Tensor
 
 LAYERS = {"mamba1": (mamba1_forward, mamba1_backward), "mamba2": (mamba2_forward, mamba2_backward),
-          "attention": (attention_layer_forward, attention_layer_backward)}
+          "mamba3": (mamba3_forward, mamba3_backward), "attention": (attention_layer_forward, attention_layer_backward)}
 EMBED, NORM_F = "backbone.embeddings.weight", "backbone.norm_f.weight"
 
 
