@@ -35,7 +35,7 @@ if str(REPO) not in sys.path:
 import numpy as np  # noqa: E402
 
 import mambactl  # noqa: E402
-from mambactl.models.config import Mamba1Config, Mamba2Config, ModelConfig  # noqa: E402
+from mambactl.models.config import Mamba1Config, Mamba2Config, Mamba3Config, ModelConfig  # noqa: E402
 from mambactl.models.lm import LanguageModel  # noqa: E402
 from mambactl.models.params import count_parameters, init_parameters, parameter_specs  # noqa: E402
 from mambactl.ops.adamw import AdamWState, adamw_step  # noqa: E402
@@ -50,7 +50,7 @@ def parse_args(argv=None):
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--d-state", type=int, default=16)
-    p.add_argument("--arch", default="mamba1", choices=["mamba1", "mamba2"], help="layer type of every layer")
+    p.add_argument("--arch", default="mamba1", choices=["mamba1", "mamba2", "mamba3"], help="layer type of every layer")
     p.add_argument("--steps", type=int, default=10, help="timed steps")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--device", default=None, help="adapter index or name[/backend]; default MAMBACTL_DEVICE or the best")
@@ -137,7 +137,8 @@ def main(argv=None) -> int:
         print(f"peer: {peer.get('line') or peer.get('error')}", file=sys.stderr, flush=True)
 
     cfg = ModelConfig(vocab_size=a.vocab, d_model=a.d_model, n_layer=a.layers, layers=[a.arch] * a.layers,
-                      mamba1=Mamba1Config(d_state=a.d_state), mamba2=Mamba2Config(d_state=a.d_state, headdim=64))
+                      mamba1=Mamba1Config(d_state=a.d_state), mamba2=Mamba2Config(d_state=a.d_state, headdim=64),
+                      mamba3=Mamba3Config(d_state=a.d_state, headdim=64))
     specs = parameter_specs(cfg)
     lm = LanguageModel(cfg, rt, init_parameters(cfg, a.seed))
     params = [lm.params[s.name] for s in specs]
