@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+from hf_parity import errors, run_both  # noqa: E402  (needs torch)
 from transformers.models.mamba import modeling_mamba  # noqa: E402
 
 from mambactl.models.config import Mamba1Config, ModelConfig  # noqa: E402
@@ -40,36 +41,6 @@ def hf_model(cfg, seed=0):
             if name.endswith("dt_proj.bias"):
                 p.copy_(torch.randn_like(p))  # Δ ≈ 0.7, so the scan carries real signal
     return model
-
-
-def run_both(cfg, model):
-    """-> (ours: logits, loss, grads; HF: logits, loss, grads), all float64 numpy."""
-    sd = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-    specs = {s.name: s.shape for s in parameter_specs(cfg)}
-    assert set(sd) - {"lm_head.weight"} == set(specs)
-    assert all(sd[k].shape == shape for k, shape in specs.items())
-    params = {k: sd[k] for k in specs}
-
-    ids = np.random.default_rng(1).integers(0, cfg.vocab_size, size=(2, 7))
-    targets = np.concatenate([ids[:, 1:], np.full((2, 1), -100)], axis=1)
-    logits, loss, saved = lm_forward(params, cfg, ids, targets)
-    grads = lm_backward(params, cfg, saved)
-
-    model.train()  # the training branch; without mamba_ssm its fused kernel is absent and the slow path runs
-    out = model(input_ids=torch.from_numpy(ids), labels=torch.from_numpy(ids), use_cache=False)
-    out.loss.backward()
-    hf_grads = {k: p.grad.numpy() for k, p in model.named_parameters()}
-    return (logits, loss, grads), (out.logits.detach().numpy(), out.loss.item(), hf_grads)
-
-
-def rel(a, b):
-    return float(np.abs(a - b).max() / np.abs(b).max())
-
-
-def errors(ours, theirs):
-    (logits, loss, grads), (hf_logits, hf_loss, hf_grads) = ours, theirs
-    assert set(hf_grads) == set(grads)
-    return rel(logits, hf_logits), abs(loss - hf_loss) / abs(hf_loss), max(rel(grads[k], hf_grads[k]) for k in grads)
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
+from hf_parity import errors, run_both  # noqa: E402  (needs torch)
 from transformers.models.mamba2 import modeling_mamba2  # noqa: E402
 
 from mambactl.models.config import Mamba2Config, ModelConfig  # noqa: E402
@@ -49,36 +50,6 @@ def hf_model(cfg, seed=0):
             if name.endswith("A_log"):
                 p.copy_(0.5 * torch.randn_like(p))  # A ≈ -1 (HF's init is log(1..H): fast decay)
     return model
-
-
-def run_both(cfg, model, L, batch=2):
-    """-> (ours: logits, loss, grads; HF: logits, loss, grads), all float64 numpy."""
-    sd = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
-    specs = {s.name: s.shape for s in parameter_specs(cfg)}
-    assert set(sd) - {"lm_head.weight"} == set(specs)
-    assert all(sd[k].shape == shape for k, shape in specs.items())
-    params = {k: sd[k] for k in specs}
-
-    ids = np.random.default_rng(1).integers(0, cfg.vocab_size, size=(batch, L))
-    targets = np.concatenate([ids[:, 1:], np.full((batch, 1), -100)], axis=1)
-    logits, loss, saved = lm_forward(params, cfg, ids, targets)
-    grads = lm_backward(params, cfg, saved)
-
-    model.train()  # the training branch; without mamba_ssm its fused kernel is absent and the torch path runs
-    out = model(input_ids=torch.from_numpy(ids), labels=torch.from_numpy(ids), use_cache=False)
-    out.loss.backward()
-    hf_grads = {k: p.grad.numpy() for k, p in model.named_parameters()}
-    return (logits, loss, grads), (out.logits.detach().numpy(), out.loss.item(), hf_grads)
-
-
-def rel(a, b):
-    return float(np.abs(a - b).max() / np.abs(b).max())
-
-
-def errors(ours, theirs):
-    (logits, loss, grads), (hf_logits, hf_loss, hf_grads) = ours, theirs
-    assert set(hf_grads) == set(grads)
-    return rel(logits, hf_logits), abs(loss - hf_loss) / abs(hf_loss), max(rel(grads[k], hf_grads[k]) for k in grads)
 
 
 def _rmsnorm_gated_f64(self, hidden_states, gate=None):
