@@ -14,8 +14,6 @@ from hf_parity import errors, run_both  # noqa: E402  (needs torch)
 from transformers.models.mamba import modeling_mamba  # noqa: E402
 
 from mambactl.models.config import Mamba1Config, ModelConfig  # noqa: E402
-from mambactl.models.params import parameter_specs  # noqa: E402
-from mambactl.reference.lm import lm_backward, lm_forward  # noqa: E402
 
 for _pkg in ("mamba_ssm", "causal_conv1d"):  # use_mambapy=False below keeps mamba.py out
     if importlib.util.find_spec(_pkg):

@@ -16,8 +16,6 @@ from hf_parity import errors, run_both  # noqa: E402  (needs torch)
 from transformers.models.mamba2 import modeling_mamba2  # noqa: E402
 
 from mambactl.models.config import Mamba2Config, ModelConfig  # noqa: E402
-from mambactl.models.params import parameter_specs  # noqa: E402
-from mambactl.reference.lm import lm_backward, lm_forward  # noqa: E402
 
 for _pkg in ("mamba_ssm", "causal_conv1d"):
     if importlib.util.find_spec(_pkg):
