@@ -228,3 +228,86 @@ fn mamba3_scan_scalars(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
     ddt[i] = dscale * l + ddelta * (1.0 - l);
     dlam[i] = (dscale - ddelta) * dt[i];
 }
+
+// ---- Recurrent decoding (one token per batch row) ----
+// mamba3_scan_rotate: q, k [B, H, R, N] (this token's, turned by its own angle increment θ_inc) are turned on by
+// the angle θ0 reached before it (rotations in one plane compose: rot(θ0) rot(θ_inc) = rot(θ0 + θ_inc)), and
+// θ_out = θ0 + θ_inc [B, H, S] (the same float sum as the parallel prep's running θ). Pairs as
+// kernels/mamba3_prep.wgsl (MIMO: (j, j + N/2), SISO: (2j, 2j + 1)). Grid grid_1d(B·H·R·N).
+// mamba3_scan_step: h [B, H, P, N] advances in place, h = α h + β Σ_r v_prev,r k_prev,rᵀ + γ Σ_r v_r k_rᵀ,
+// y_R = h q_R (y [B, H, R, P]). One thread per (b, h, p). Grid grid_1d(B·H·P, 64).
+struct StepParams { sbatch: u32, sheads: u32, srank: u32, snstate: u32, sheaddim: u32, sangles: u32, smimo: u32 }
+
+@group(0) @binding(24) var<uniform> st: StepParams;
+@group(0) @binding(25) var<storage, read> theta0: array<f32>;          // [B, H, S]
+@group(0) @binding(26) var<storage, read> theta_inc: array<f32>;       // [B, H, S]
+@group(0) @binding(27) var<storage, read_write> theta_out: array<f32>; // [B, H, S]
+@group(0) @binding(28) var<storage, read_write> q_out: array<f32>;     // [B, H, R, N]
+@group(0) @binding(29) var<storage, read_write> k_out: array<f32>;
+@group(0) @binding(30) var<storage, read> k_prev: array<f32>;          // [B, H, R, N]
+@group(0) @binding(31) var<storage, read> v_prev: array<f32>;          // [B, H, R, P]
+@group(0) @binding(32) var<storage, read_write> ssm_state: array<f32>; // [B, H, P, N]
+
+@compute @workgroup_size(256)
+fn mamba3_scan_rotate(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * 256u + gid.x;
+    let N = st.snstate;
+    let S = st.sangles;
+    if (i >= st.sbatch * st.sheads * st.srank * N) { return; }
+    let n = i % N;
+    let bh = i / (N * st.srank);  // b·H + h
+    let r = (i / N) % st.srank;
+    if (r == 0u && n < S) { theta_out[bh * S + n] = theta0[bh * S + n] + theta_inc[bh * S + n]; }
+    // the angle j turning n, whether n is the second of its pair, and its partner m
+    var j = S;
+    var second = false;
+    var m = n;
+    if (st.smimo != 0u) {
+        let half = N / 2u;
+        if (n < S) { j = n; m = n + half; } else if (n >= half && n - half < S) { j = n - half; second = true; m = n - half; }
+    } else if (n / 2u < S) {
+        j = n / 2u;
+        second = (n % 2u) == 1u;
+        m = select(n + 1u, n - 1u, second);
+    }
+    let base = i - n;
+    if (j >= S) { q_out[i] = q[i]; k_out[i] = k[i]; return; }
+    let c = cos(theta0[bh * S + j]);
+    let s = sin(theta0[bh * S + j]);
+    if (!second) {  // x0 c − x1 s
+        q_out[i] = q[i] * c - q[base + m] * s;
+        k_out[i] = k[i] * c - k[base + m] * s;
+    } else {        // x0 s + x1 c
+        q_out[i] = q[base + m] * s + q[i] * c;
+        k_out[i] = k[base + m] * s + k[i] * c;
+    }
+}
+
+@compute @workgroup_size(64)
+fn mamba3_scan_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * 64u + gid.x;
+    let P = st.sheaddim;
+    let N = st.snstate;
+    let R = st.srank;
+    if (i >= st.sbatch * st.sheads * P) { return; }
+    let c = i % P;
+    let bh = i / P;  // b·H + h
+    let alpha = exp(adt[bh]);
+    let beta = (1.0 - lam[bh]) * dt[bh] * alpha;
+    let gamma = lam[bh] * dt[bh];
+    let base = i * N;
+    for (var n = 0u; n < N; n++) {
+        var up = 0.0;
+        var u = 0.0;
+        for (var r = 0u; r < R; r++) {
+            up += v_prev[(bh * R + r) * P + c] * k_prev[(bh * R + r) * N + n];
+            u += v[(bh * R + r) * P + c] * k[(bh * R + r) * N + n];
+        }
+        ssm_state[base + n] = alpha * ssm_state[base + n] + beta * up + gamma * u;
+    }
+    for (var r = 0u; r < R; r++) {
+        var acc = 0.0;
+        for (var n = 0u; n < N; n++) { acc += ssm_state[base + n] * q[(bh * R + r) * N + n]; }
+        y[(bh * R + r) * P + c] = acc;
+    }
+}

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from lm_checks import random_weights
-from mambactl.models.config import Mamba1Config, Mamba2Config, ModelConfig
+from mambactl.models.config import Mamba1Config, Mamba2Config, Mamba3Config, ModelConfig
 from mambactl.models.decode import RecurrentDecoder
 from mambactl.models.lm import LanguageModel
 
@@ -21,7 +21,15 @@ from mambactl.models.lm import LanguageModel
                                     dt_limit=[0.05, 1.5])),
     ModelConfig(vocab_size=30, d_model=8, n_layer=3, layers=["mamba1", "mamba2", "mamba1"],
                 mamba1=Mamba1Config(d_state=4), mamba2=Mamba2Config(d_state=4, headdim=4, chunk_size=8)),
-], ids=["mamba1", "mamba1-bias", "mamba2", "mamba2-bias-limit", "mixed"])
+    # Mamba-3 SISO (half the state dims rotated), chunk 4 against prefixes 1, 3, 9
+    ModelConfig(vocab_size=21, d_model=16, n_layer=2, layers=["mamba3"] * 2,
+                mamba3=Mamba3Config(d_state=8, headdim=8, chunk_size=4)),
+    # Mamba-3 MIMO rank 2, grouped B/C, every pair rotated, the out-norm, next to a Mamba-2 layer
+    ModelConfig(vocab_size=20, d_model=16, n_layer=2, layers=["mamba2", "mamba3"],
+                mamba2=Mamba2Config(d_state=4, headdim=8, chunk_size=4),
+                mamba3=Mamba3Config(d_state=8, headdim=8, ngroups=2, chunk_size=4, is_mimo=True, mimo_rank=2,
+                                    rope_fraction=1.0, is_outproj_norm=True)),
+], ids=["mamba1", "mamba1-bias", "mamba2", "mamba2-bias-limit", "mixed", "mamba3-siso", "mamba3-mimo"])
 @pytest.mark.parametrize("prefix", [1, 3, 9])
 def test_step_logits_equal_parallel_forward(gpu, cfg, prefix):
     lm = LanguageModel(cfg, gpu, random_weights(cfg, 0))

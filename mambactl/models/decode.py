@@ -13,9 +13,11 @@ from mambactl.errors import MambactlError
 from mambactl.models.lm import EMBED, NORM_F, LanguageModel
 from mambactl.models.mamba1 import mamba1_decode_state, mamba1_step
 from mambactl.models.mamba2 import mamba2_decode_state, mamba2_step
+from mambactl.models.mamba3 import mamba3_decode_state, mamba3_step
 from mambactl.ops import activations, embedding, linear, rmsnorm
 
-DECODERS = {"mamba1": (mamba1_decode_state, mamba1_step), "mamba2": (mamba2_decode_state, mamba2_step)}
+DECODERS = {"mamba1": (mamba1_decode_state, mamba1_step), "mamba2": (mamba2_decode_state, mamba2_step),
+            "mamba3": (mamba3_decode_state, mamba3_step)}
 
 
 def decodable(cfg) -> bool:

@@ -14,7 +14,7 @@ from mambactl.ops import linear, rmsnorm, slice
 from mambactl.ops.fill import fill
 from mambactl.ops.mamba3_prep import (Mamba3Dims, mamba3_finish, mamba3_finish_backward, mamba3_prep,
                                       mamba3_prep_backward)
-from mambactl.ops.mamba3_scan import mamba3_scan, mamba3_scan_backward
+from mambactl.ops.mamba3_scan import mamba3_rotate_step, mamba3_scan, mamba3_scan_backward, mamba3_scan_step
 from mambactl.ops.reduce import column_sums
 from mambactl.runtime.tensor import Tensor
 
@@ -95,3 +95,45 @@ def mamba3_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfi
     slice.column_scatter(dCp.reshape(M, d.rgn), dproj, 2 * di + d.rgn)
     dx, _, _ = linear.linear_backward(s["x"], p["in_proj.weight"], dproj, dw=g["in_proj.weight"])
     return dx
+
+
+def mamba3_decode_state(saved: dict, cfg: ModelConfig) -> dict:
+    """The recurrent state after a parallel forward: the angle θ reached at the last position, the scan's last
+    state h (its SSD state g equals h there), and the last position's k and v."""
+    d = saved["dims"]
+    B, L, H, R, N, P, S = d.batch, d.length, d.heads, d.rank, d.nstate, d.headdim, max(d.angles, 1)
+    pr = saved["prep"]
+
+    def last(t, width, shape):
+        return slice.column_slice(t.reshape(B, L * width), (L - 1) * width, width).reshape(*shape)
+
+    h = saved["scan"].last_state
+    h = slice.column_slice(h.reshape(B, H * P * N), 0, H * P * N).reshape(B, H, P, N)  # a copy: steps write it
+    return {"theta": last(pr["theta"], H * S, (B, H, S)), "h": h, "k": last(pr["k"], H * R * N, (B, H, R, N)),
+            "v": last(pr["v"], H * R * P, (B, H, R, P))}
+
+
+def mamba3_step(p: dict, x: Tensor, state: dict, cfg: ModelConfig) -> Tensor:
+    """One token per batch row: x [B, d_model] -> [B, d_model]; `state` (θ, h, previous k and v) advances."""
+    batch = x.shape[0]
+    d = _dims(cfg, batch, 1)
+    rt = x.runtime
+    M, H, R, N, P, di = batch, d.heads, d.rank, d.nstate, d.headdim, d.heads * d.headdim
+    mimo_x, mimo_z, mimo_o = _mimo(p, d, rt)
+    proj = linear.linear(x, p["in_proj.weight"])
+    Bp = slice.column_slice(proj, 2 * di, d.rgn).reshape(-1, d.nstate)
+    Cp = slice.column_slice(proj, 2 * di + d.rgn, d.rgn).reshape(-1, d.nstate)
+    Bn, _ = rmsnorm.rmsnorm(Bp, p["B_norm.weight"], NORM_EPS)
+    Cn, _ = rmsnorm.rmsnorm(Cp, p["C_norm.weight"], NORM_EPS)
+    # L = 1: the prep turns q, k by this token's angle increment alone; the rotate step adds the angle before it
+    pr = mamba3_prep(proj, Bn.reshape(M, d.rgn), Cn.reshape(M, d.rgn), p["dt_bias"], p["B_bias"], p["C_bias"],
+                     mimo_x, mimo_z, d, cfg.mamba3.A_floor)
+    S = max(d.angles, 1)
+    q, k, theta = mamba3_rotate_step(pr["q"].reshape(batch, H, R, N), pr["k"].reshape(batch, H, R, N),
+                                     state["theta"], pr["theta"].reshape(batch, H, S), d.angles, d.mimo)
+    v = pr["v"].reshape(batch, H, R, P)
+    ys = mamba3_scan_step(state["h"], q, k, v, pr["adt"], pr["dt"], pr["lam"], state["k"], state["v"])
+    state.update(theta=theta, k=k, v=v)
+    norm_w = p["norm.weight"] if cfg.mamba3.is_outproj_norm else None
+    out, _ = mamba3_finish(ys.reshape(M, H, R, P), pr["v"], pr["zr"], p["D"], norm_w, mimo_o, d, NORM_EPS)
+    return linear.linear(out, p["out_proj.weight"])

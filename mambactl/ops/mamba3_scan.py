@@ -113,3 +113,54 @@ def mamba3_scan_backward(saved: Mamba3ScanSaved, dy: Tensor):
     rt.run("mamba3_scan_scalars", grid_1d(rows), part=part_s, lam=s.lam, dt=s.dt, dadt=dadt, ddt=ddt, dlam=dlam,
            count=rows, steps=length, nheads=heads, nslices=headdim)
     return dq, dk, dv, dadt, ddt, dlam
+
+
+def _step_params(batch, heads, rank, nstate, headdim, angles, mimo) -> dict:
+    return dict(sbatch=batch, sheads=heads, srank=rank, snstate=nstate, sheaddim=headdim, sangles=angles,
+                smimo=int(mimo))
+
+
+def mamba3_rotate_step(q: Tensor, k: Tensor, theta0: Tensor, theta_inc: Tensor, angles: int,
+                       mimo: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """Decoding: q, k [B, H, R, N] turned by their own angle increment θ_inc [B, H, max(S, 1)] -> (q, k turned on
+    by the angle θ0 [B, H, max(S, 1)] reached before this token, θ0 + θ_inc). Pairs as kernels/mamba3_prep.wgsl."""
+    op = "mamba3_rotate_step"
+    expect(op, "q", q, (None, None, None, None))
+    batch, heads, rank, nstate = q.shape
+    expect(op, "k", k, q.shape)
+    for name, t in (("theta0", theta0), ("theta_inc", theta_inc)):
+        expect(op, name, t, (batch, heads, max(angles, 1)))
+    rt = q.runtime
+    q_out, k_out, theta_out = rt.empty(q.shape), rt.empty(k.shape), rt.empty(theta0.shape)
+    if angles == 0:
+        theta_out = theta0
+    rt.run("mamba3_scan_rotate", grid_1d(batch * heads * rank * nstate), q=q, k=k, theta0=theta0,
+           theta_inc=theta_inc, theta_out=theta_out, q_out=q_out, k_out=k_out,
+           **_step_params(batch, heads, rank, nstate, 1, angles, mimo))
+    return q_out, k_out, theta_out
+
+
+def mamba3_scan_step(state: Tensor, q: Tensor, k: Tensor, v: Tensor, adt: Tensor, dt: Tensor, lam: Tensor,
+                     k_prev: Tensor, v_prev: Tensor) -> Tensor:
+    """One decoding step per batch row: q, k, k_prev [B, H, R, N], v, v_prev [B, H, R, P], adt, dt, lam [B, H];
+    state h [B, H, P, N] (e.g. the forward's `saved.last_state`) advances in place,
+    h = α h + β Σ_r v_prev k_prevᵀ + γ Σ_r v kᵀ. -> y [B, H, R, P] = h q, the parallel scan's output there."""
+    op = "mamba3_scan_step"
+    expect(op, "state", state, (None, None, None, None))
+    batch, heads, headdim, nstate = state.shape
+    expect(op, "q", q, (batch, heads, None, nstate))
+    rank = q.shape[2]
+    if nstate > MAX_STATE or rank > MAX_RANK or min(q.shape) < 1:
+        raise ShapeError(f"{op}: q has shape {q.shape}; N must be at most {MAX_STATE} and R at most {MAX_RANK}")
+    for name, t in (("k", k), ("k_prev", k_prev)):
+        expect(op, name, t, q.shape)
+    for name, t in (("v", v), ("v_prev", v_prev)):
+        expect(op, name, t, (batch, heads, rank, headdim))
+    for name, t in (("adt", adt), ("dt", dt), ("lam", lam)):
+        expect(op, name, t, (batch, heads))
+    rt = q.runtime
+    y = rt.empty(v.shape)
+    rt.run("mamba3_scan_step", grid_1d(batch * heads * headdim, THREADS), q=q, k=k, v=v, adt=adt, dt=dt, lam=lam,
+           k_prev=k_prev, v_prev=v_prev, ssm_state=state, y=y,
+           **_step_params(batch, heads, rank, nstate, headdim, 0, False))
+    return y
