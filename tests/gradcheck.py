@@ -37,3 +37,21 @@ def check_grad(f, x, analytic, max_elems=None, rng=None, eps=1e-5):
     if max_elems is not None and x.size > max_elems:
         index = (rng or np.random.default_rng(0)).choice(x.size, max_elems, replace=False)
     return rel_error(analytic.reshape(-1)[index], numeric_grad(f, x, index, eps))
+
+
+def lm_grad_errors(params, cfg, L, eps, seed=0, batch=2):
+    """Finite-difference error of the reference LM's backward for every parameter (name -> max rel error),
+    on random tokens; also checks the parameter set, shapes and a finite loss."""
+    from mambactl.models.params import parameter_specs
+    from mambactl.reference.lm import lm_backward, lm_forward
+
+    assert set(params) == {s.name for s in parameter_specs(cfg)}
+    rng = np.random.default_rng(seed + 10)
+    ids = rng.integers(0, cfg.vocab_size, size=(batch, L))
+    targets = np.concatenate([ids[:, 1:], np.full((batch, 1), -100)], axis=1)
+    logits, loss, saved = lm_forward(params, cfg, ids, targets)
+    assert logits.shape == (batch, L, cfg.padded_vocab_size) and np.isfinite(loss)
+    grads = lm_backward(params, cfg, saved)
+    assert set(grads) == set(params) and all(grads[k].shape == params[k].shape for k in params)
+    f = lambda: lm_forward(params, cfg, ids, targets)[1]  # noqa: E731
+    return {k: check_grad(f, params[k], grads[k], eps=eps) for k in params}

@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+import gradcheck
 from gradcheck import check_grad
 
 from mambactl.errors import MambactlError
@@ -133,19 +134,9 @@ def test_rmsnorm_gated_groups():
 
 
 def lm_grad_errors(cfg, L, seed=0, batch=2):
-    params = random_params(cfg, seed)
-    assert set(params) == {s.name for s in parameter_specs(cfg)}
-    rng = np.random.default_rng(seed + 10)
-    ids = rng.integers(0, cfg.vocab_size, size=(batch, L))
-    targets = np.concatenate([ids[:, 1:], np.full((batch, 1), -100)], axis=1)
-    logits, loss, saved = lm_forward(params, cfg, ids, targets)
-    assert logits.shape == (batch, L, cfg.padded_vocab_size) and np.isfinite(loss)
-    grads = lm_backward(params, cfg, saved)
-    assert set(grads) == set(params) and all(grads[k].shape == params[k].shape for k in params)
-    f = lambda: lm_forward(params, cfg, ids, targets)[1]
     # eps 1e-6: the gated norm over groups of 3 channels curves sharply, and the central difference's truncation
     # error (∝ eps²) reached 1.6e-6 at eps 1e-5 in the g4 case; round-off at 1e-6 stays below 1e-9.
-    return {k: check_grad(f, params[k], grads[k], eps=1e-6) for k in params}
+    return gradcheck.lm_grad_errors(random_params(cfg, seed), cfg, L, eps=1e-6, seed=seed, batch=batch)
 
 
 @pytest.mark.parametrize("case", [

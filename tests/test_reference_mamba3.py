@@ -6,12 +6,13 @@ import math
 
 import numpy as np
 import pytest
+import gradcheck
 from gradcheck import check_grad
 
 from mambactl.errors import MambactlError
 from mambactl.models.config import Mamba1Config, Mamba2Config, Mamba3Config, ModelConfig
 from mambactl.models.params import init_parameters, parameter_specs
-from mambactl.reference.lm import lm_backward, lm_forward
+from mambactl.reference.lm import lm_forward
 from mambactl.reference.mamba3 import (heavy_tail, heavy_tail_backward, mamba3_block, mamba3_init_cache,
                                        mamba3_scan, mamba3_scan_backward, mamba3_scan_sequential, mamba3_step,
                                        rope_pairs, rotate, rotate_backward)
@@ -176,20 +177,10 @@ def test_block_chunked_equals_step(case):
 
 
 def lm_grad_errors(cfg, L, seed=0, batch=2):
-    params = random_params(cfg, seed)
-    assert set(params) == {s.name for s in parameter_specs(cfg)}
-    rng = np.random.default_rng(seed + 10)
-    ids = rng.integers(0, cfg.vocab_size, size=(batch, L))
-    targets = np.concatenate([ids[:, 1:], np.full((batch, 1), -100)], axis=1)
-    logits, loss, saved = lm_forward(params, cfg, ids, targets)
-    assert logits.shape == (batch, L, cfg.padded_vocab_size) and np.isfinite(loss)
-    grads = lm_backward(params, cfg, saved)
-    assert set(grads) == set(params) and all(grads[k].shape == params[k].shape for k in params)
-    f = lambda: lm_forward(params, cfg, ids, targets)[1]
     # eps 3e-6 balances the central difference's truncation error (∝ eps², up to 1.2e-6 at eps 1e-5 on the
     # embedding, whose rows pass an RMSNorm over 4 dims) and its round-off (∝ 1/eps, 2.2e-7 at eps 1e-6 on a
     # C_norm.weight with gradients ~1e-3): both ~1e-7 here.
-    return {k: check_grad(f, params[k], grads[k], eps=3e-6) for k in params}
+    return gradcheck.lm_grad_errors(random_params(cfg, seed), cfg, L, eps=3e-6, seed=seed, batch=batch)
 
 
 @pytest.mark.parametrize("case", [
