@@ -18,7 +18,6 @@ from mambactl.models.mamba3 import mamba3_backward, mamba3_forward
 from mambactl.models.params import parameter_specs
 from mambactl.ops import activations, cross_entropy, embedding, linear, rmsnorm
 from mambactl.ops.fill import fill
-from mambactl.runtime.tensor import Tensor
 
 LAYERS = {"mamba1": (mamba1_forward, mamba1_backward), "mamba2": (mamba2_forward, mamba2_backward),
           "mamba3": (mamba3_forward, mamba3_backward), "attention": (attention_layer_forward, attention_layer_backward)}
