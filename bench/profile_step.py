@@ -1,6 +1,7 @@
-"""Where a training step's GPU time goes: per-entry-point time of one Mamba-1 LM step.
+"""Where a training step's GPU time goes: per-entry-point time of one LM training step.
 
-    python bench/profile_step.py --d-model 768 --layers 24 --vocab 50280 --seq 1024 --batch 8 [--device D]
+    python bench/profile_step.py --arch mamba1|mamba2|mamba3 --d-model 768 --layers 24 --vocab 50280 --seq 1024
+        --batch 8 --d-state 16 [--device D]
 
 Every dispatch is submitted and waited for on its own (a profiling mode, so the step is slower than in
 training); the table lists each WGSL entry point's total wall time, its dispatch count and share.
@@ -20,7 +21,7 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
 
-from mambactl.models.config import Mamba1Config, ModelConfig  # noqa: E402
+from mambactl.models.config import Mamba1Config, Mamba2Config, Mamba3Config, ModelConfig  # noqa: E402
 from mambactl.models.lm import LanguageModel  # noqa: E402
 from mambactl.models.params import init_parameters, parameter_specs  # noqa: E402
 from mambactl.ops.adamw import AdamWState, adamw_step  # noqa: E402
@@ -31,10 +32,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for name, default in (("d-model", 64), ("layers", 2), ("vocab", 512), ("seq", 64), ("batch", 8), ("d-state", 16)):
         p.add_argument(f"--{name}", type=int, default=default)
+    p.add_argument("--arch", default="mamba1", choices=["mamba1", "mamba2", "mamba3"], help="layer type of every layer")
     p.add_argument("--device", default=None)
     a = p.parse_args()
     rt = get_runtime(a.device)
-    cfg = ModelConfig(vocab_size=a.vocab, d_model=a.d_model, n_layer=a.layers, mamba1=Mamba1Config(d_state=a.d_state))
+    cfg = ModelConfig(vocab_size=a.vocab, d_model=a.d_model, n_layer=a.layers, layers=[a.arch] * a.layers,
+                      mamba1=Mamba1Config(d_state=a.d_state), mamba2=Mamba2Config(d_state=a.d_state, headdim=64),
+                      mamba3=Mamba3Config(d_state=a.d_state, headdim=64))
     lm = LanguageModel(cfg, rt, init_parameters(cfg, 0))
     specs = parameter_specs(cfg)
     params, grads = [lm.params[s.name] for s in specs], [lm.grads[s.name] for s in specs]
@@ -75,7 +79,7 @@ def main() -> None:
     print(f"{'entry point':48s} {'ms':>9s} {'calls':>6s} {'share':>6s}")
     for k, v in sorted(times.items(), key=lambda kv: -kv[1]):
         print(f"{k:48s} {v * 1e3:9.2f} {counts[k]:6d} {v / total:6.1%}")
-    print(json.dumps({"device": rt.info.name, "step_ms": plain * 1e3,
+    print(json.dumps({"device": rt.info.name, "arch": a.arch, "step_ms": plain * 1e3,
                       "entries": {k: [round(v * 1e3, 3), counts[k]] for k, v in times.items()}}))
 
 
