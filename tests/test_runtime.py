@@ -6,7 +6,7 @@ import pytest
 from mambactl.errors import MambactlError, ShapeError
 from mambactl.ops import activations, linear
 from mambactl.runtime import device
-from mambactl.runtime.gpu import get_runtime
+from mambactl.runtime.gpu import DISPATCHES_PER_SUBMIT, get_runtime
 from mambactl.runtime.kernels import all_modules, parse_module
 
 
@@ -79,6 +79,38 @@ def test_ops_are_recorded_and_submitted_together(rt):
     assert rt.submits == before, "recording must not submit"
     y.numpy()
     assert rt.submits == before + 1
+
+
+def test_long_recordings_are_submitted_in_batches_with_the_same_result(rt):
+    host = np.random.default_rng(1).standard_normal(300).astype(np.float32)
+    x = rt.from_numpy(host)
+    before = rt.submits
+    n = 2 * DISPATCHES_PER_SUBMIT + 5
+    y = x
+    for _ in range(n):  # the chain crosses two submit boundaries: the result shows the batches ran in order
+        y = activations.add(y, x)
+    got = y.numpy()
+    assert rt.submits == before + 3  # two full batches while recording, the rest on the read
+    np.testing.assert_allclose(got, host * (n + 1), rtol=1e-5)
+
+
+def test_a_repeated_step_binds_the_same_pooled_buffers_and_creates_no_bind_groups(rt):
+    host = np.random.default_rng(2).standard_normal((33, 20)).astype(np.float32)
+    w = rt.from_numpy(np.random.default_rng(3).standard_normal((7, 20)).astype(np.float32))
+
+    def step():
+        x = rt.from_numpy(host)
+        h = activations.silu(linear.linear(x, w))
+        t = activations.add(h, h)
+        del h  # released in another order than acquired: the pool still hands out the same buffers
+        return t.numpy()
+
+    first = step()
+    step()
+    cached = len(rt._bind_groups)
+    for _ in range(3):
+        np.testing.assert_array_equal(step(), first)
+    assert len(rt._bind_groups) == cached
 
 
 def test_shape_and_dtype_errors_name_the_op_and_tensor_before_dispatch(rt):

@@ -1,8 +1,11 @@
 """The GPU runtime: one device, a pipeline cache, a buffer pool and a command recorder.
 
 Ops call `rt.run(entry, groups, **bindings_and_params)`; dispatches are recorded, not submitted, until
-something needs the results on the host (`read`) or new host data (`write`), so a whole training step
-becomes a handful of submits. All of a batch's uniform parameters go up in one write.
+something needs the results on the host (`read`) or new host data (`write`), or DISPATCHES_PER_SUBMIT have
+piled up (so the GPU starts on them while the host records the rest): a whole training step is a handful of
+submits and no host round trip. All of a batch's uniform parameters go up in one write, and every dispatch
+binds its slot of that buffer by a dynamic offset, so bind groups depend only on the buffers bound and are
+cached (a training step binds the same pooled buffers every time).
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from mambactl.runtime.tensor import DTYPES, Tensor
 
 _UNIFORM_SLOT = 256  # >= minUniformBufferOffsetAlignment on every backend
 _UNIFORM_SLOTS = 4096
+DISPATCHES_PER_SUBMIT = 256
+_BIND_GROUP_CACHE = 65536  # entries; past this the cache starts over
 _PACK = {"u32": "I", "i32": "i", "f32": "f"}
 _BIND_TYPE = {
-    "uniform": {"buffer": {"type": wgpu.BufferBindingType.uniform}},
+    "uniform": {"buffer": {"type": wgpu.BufferBindingType.uniform, "has_dynamic_offset": True}},
     "read": {"buffer": {"type": wgpu.BufferBindingType.read_only_storage}},
     "read_write": {"buffer": {"type": wgpu.BufferBindingType.storage}},
 }
@@ -50,6 +55,8 @@ class Runtime:
         )
         self._uniform_bytes = bytearray()
         self._pending: list[tuple] = []
+        # (layout, bound buffers) -> (bind group, the buffers: kept so their ids stay theirs)
+        self._bind_groups: dict[tuple, tuple] = {}
         self._fence = None
         # Tests set this: every new tensor starts as NaN, so an element a kernel forgets to write fails.
         self.poison = False
@@ -86,14 +93,14 @@ class Runtime:
         groups = tuple(int(g) for g in groups) + (1,) * (3 - len(groups))
         if min(groups) < 1 or max(groups) > self.max_groups:
             raise ShapeError(f"{entry}: workgroup grid {groups} outside [1, {self.max_groups}] per dimension")
-        entries = []
+        offsets, buffers = [], []
         for b in ep.bindings:
             if b.kind == "uniform":
                 if len(self._uniform_bytes) // _UNIFORM_SLOT >= _UNIFORM_SLOTS:
                     self.flush()
-                offset = len(self._uniform_bytes)
+                offsets.append(len(self._uniform_bytes))
                 self._uniform_bytes += self._pack_params(entry, ep.params, args)
-                entries.append({"binding": b.number, "resource": {"buffer": self._uniforms, "offset": offset, "size": _UNIFORM_SLOT}})
+                buffers.append(self._uniforms)
                 continue
             t = args.get(b.name)
             if not isinstance(t, Tensor):
@@ -103,10 +110,22 @@ class Runtime:
                     f"{entry}: tensor {b.name!r} {t.shape} is {t.nbytes} bytes, over this device's storage binding "
                     f"limit of {self.max_binding} bytes"
                 )
-            buf = t.buffer
-            entries.append({"binding": b.number, "resource": {"buffer": buf, "offset": 0, "size": buf.size}})
-        bind_group = self.device.create_bind_group(layout=bgl, entries=entries)
-        self._pending.append(("dispatch", pipe, bind_group, groups))
+            buffers.append(t.buffer)
+        self._pending.append(("dispatch", pipe, self._bind_group(bgl, ep, buffers), offsets, groups))
+        if len(self._pending) >= DISPATCHES_PER_SUBMIT:
+            self.flush()
+
+    def _bind_group(self, bgl, ep, buffers: list):
+        key = (id(bgl), *map(id, buffers))
+        hit = self._bind_groups.get(key)
+        if hit is None:
+            if len(self._bind_groups) >= _BIND_GROUP_CACHE:
+                self._bind_groups.clear()
+            entries = [{"binding": b.number, "resource": {"buffer": buf, "offset": 0,
+                                                           "size": _UNIFORM_SLOT if b.kind == "uniform" else buf.size}}
+                       for b, buf in zip(ep.bindings, buffers)]
+            hit = self._bind_groups[key] = (self.device.create_bind_group(layout=bgl, entries=entries), buffers)
+        return hit[0]
 
     @staticmethod
     def _pack_params(entry: str, fields, args) -> bytes:
@@ -135,9 +154,9 @@ class Runtime:
             if cmd[0] == "dispatch":
                 if cpass is None:
                     cpass = encoder.begin_compute_pass()
-                _, pipe, bind_group, groups = cmd
+                _, pipe, bind_group, offsets, groups = cmd
                 cpass.set_pipeline(pipe)
-                cpass.set_bind_group(0, bind_group)
+                cpass.set_bind_group(0, bind_group, offsets)
                 cpass.dispatch_workgroups(*groups)
             else:
                 if cpass is not None:

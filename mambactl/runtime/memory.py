@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections import defaultdict
 
 import wgpu
@@ -15,26 +17,26 @@ def rounded_size(nbytes: int) -> int:
 
 
 class BufferPool:
+    """Free buffers by size. `acquire` takes the oldest free buffer of a size, so a step that allocates and
+    frees the same sizes at the same points binds the same buffers every time, whatever order Python freed
+    them in (the runtime's bind-group cache hits)."""
+
     def __init__(self, device):
         self.device = device
-        self.free: dict[int, list] = defaultdict(list)
+        self.free: dict[int, list] = defaultdict(list)  # size -> heap of (serial, buffer)
+        self.serial: dict[int, int] = {}  # id(buffer) -> creation order
+        self._next = itertools.count()
         self.allocated_bytes = 0
 
     def acquire(self, nbytes: int):
         size = rounded_size(nbytes)
         bucket = self.free[size]
         if bucket:
-            return bucket.pop()
+            return heapq.heappop(bucket)[1]
         self.allocated_bytes += size
-        return self.device.create_buffer(size=size, usage=STORAGE_USAGE)
+        buffer = self.device.create_buffer(size=size, usage=STORAGE_USAGE)
+        self.serial[id(buffer)] = next(self._next)
+        return buffer
 
     def release(self, buffer) -> None:
-        self.free[buffer.size].append(buffer)
-
-    def trim(self) -> None:
-        """Drop every idle buffer (e.g. between runs of different shapes)."""
-        for bucket in self.free.values():
-            for buf in bucket:
-                self.allocated_bytes -= buf.size
-                buf.destroy()
-        self.free.clear()
+        heapq.heappush(self.free[buffer.size], (self.serial[id(buffer)], buffer))

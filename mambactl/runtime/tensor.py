@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.uint32))
 
 
 class Tensor:
-    __slots__ = ("runtime", "buffer", "shape", "dtype", "_owner")
+    __slots__ = ("runtime", "buffer", "shape", "dtype", "size", "_owner")
 
     def __init__(self, runtime, buffer, shape, dtype, owner: "Tensor | None" = None):
         self.runtime = runtime
         self.buffer = buffer
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
+        self.size = math.prod(self.shape)  # elements; read for every binding of every dispatch, so kept
         self._owner = owner  # a view keeps its owner alive; only owners return buffers to the pool
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
 
     @property
     def nbytes(self) -> int:
