@@ -1,7 +1,8 @@
 """The training loop: config -> tokenizer and token cache -> GPU model -> AdamW steps -> package.
 
 Read top to bottom: `train()` prepares everything, then each step draws `grad_accum` micro-batches,
-records forward + backward + optimizer into the GPU command stream, and submits once. The host reads the
+records forward + backward + optimizer into the GPU command stream (submitted in batches as it is recorded,
+no host round trip). The host reads the
 loss and optimizer counters back only every `log_every` steps.
 
 Under `mpirun` with two or more ranks (mambactl/train/distributed.py, docs/distributed.md), the same loop runs
