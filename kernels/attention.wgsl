@@ -41,9 +41,12 @@ const OP_DO: u32 = 3u;
 override DH: u32 = 64u;
 override CAUSAL: bool = true;
 override INVERSE: bool = false;  // rope: turn by the opposite angle (the backward)
+override ROPE: bool = false;     // attention_step: rotary embedding on this token's q and k
 
 struct Params { batch: u32, len: u32, heads: u32, scale: f32 }
 struct RopeParams { pairs: u32, len: u32, heads: u32, log2_base: f32 }
+// attention_step: `len` positions are cached before this token (which takes position len), of `capacity`.
+struct StepParams { heads: u32, len: u32, capacity: u32, scale: f32, log2_base: f32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
@@ -61,6 +64,10 @@ struct RopeParams { pairs: u32, len: u32, heads: u32, log2_base: f32 }
 @group(0) @binding(13) var<uniform> rp: RopeParams;
 @group(0) @binding(14) var<storage, read> x: array<f32>;
 @group(0) @binding(15) var<storage, read_write> y: array<f32>;
+@group(0) @binding(16) var<uniform> sp: StepParams;
+@group(0) @binding(17) var<storage, read> qkv: array<f32>;              // [B, 3·H·DH]: q | k | v
+@group(0) @binding(18) var<storage, read_write> k_cache: array<f32>;   // [B, capacity, H, DH]
+@group(0) @binding(19) var<storage, read_write> v_cache: array<f32>;
 
 // Score slices: [KT][ROW_PITCH] rows then [KT][KEY_PITCH] keys, vec4s along the rows / keys. Value slices:
 // [VT][128] dims.
@@ -69,6 +76,8 @@ var<workgroup> p_tile: array<vec4<f32>, BK * BQ / 4u>;  // [key][row]: P or dS, 
 var<workgroup> p_keys: array<vec2<f32>, BQ * BK / 2u>;  // [row][key]: P or dS, 2 keys per vec2
 var<workgroup> red: array<f32, 256>;                     // per-thread partial row maxima and sums
 var<workgroup> row_scale: array<f32, BQ>;
+var<workgroup> step_q: array<f32, 128>;   // attention_step: this head's (rotated) query
+var<workgroup> step_w: array<f32, 256>;   // attention_step: weights of a chunk, then partial outputs
 
 struct Block { k0: vec4<f32>, k1: vec4<f32> }  // key tx·2 (k0) and tx·2 + 1 (k1), each over rows ty·4 .. +3
 struct Acc { lo0: vec4<f32>, lo1: vec4<f32>, lo2: vec4<f32>, lo3: vec4<f32>,
@@ -375,6 +384,16 @@ fn attention_backward_dkv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
     store_keys(false, acc_v, b, h, col0, lid);
 }
 
+// cos and sin of the rotary angle t · base^(−2j/DH) of pair j at position t.
+fn rope_cos_sin(t: u32, j: u32, log2_base: f32) -> vec2<f32> {
+    let angle = f32(t) * exp2(-f32(2u * j) / f32(DH) * log2_base);
+    // Reduce to [−π, π] with 2π split in two (the first part times any turn count below 2^16 is exact):
+    // GPU sin and cos are accurate only near 0, and positions reach thousands of radians.
+    let turns = round(angle / 6.283185307179586);
+    let reduced = (angle - turns * 6.28125) - turns * 0.0019353071795864769;
+    return vec2<f32>(cos(reduced), sin(reduced));
+}
+
 // Rotary embedding of x [B, L, H, DH] (DH even): the pair (j, j + DH/2) of position t turns by
 // t · base^(−2j/DH), GPT-NeoX / HF Llama's rotate_half layout. One thread per pair; 1-D grid over the pairs.
 @compute @workgroup_size(256)
@@ -385,17 +404,102 @@ fn rope(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let j = i % half_dh;
     let head_row = i / half_dh;  // (b·L + t)·H + h
     let t = (head_row / rp.heads) % rp.len;
-    let angle = f32(t) * exp2(-f32(2u * j) / f32(DH) * rp.log2_base);
-    // Reduce to [−π, π] with 2π split in two (the first part times any turn count below 2^16 is exact):
-    // GPU sin and cos are accurate only near 0, and positions reach thousands of radians.
-    let turns = round(angle / 6.283185307179586);
-    let reduced = (angle - turns * 6.28125) - turns * 0.0019353071795864769;
-    let c = cos(reduced);
-    var s = sin(reduced);
+    let cs = rope_cos_sin(t, j, rp.log2_base);
+    let c = cs.x;
+    var s = cs.y;
     if (INVERSE) { s = -s; }
     let base = head_row * DH;
     let x1 = x[base + j];
     let x2 = x[base + j + half_dh];
     y[base + j] = x1 * c - x2 * s;
     y[base + j + half_dh] = x2 * c + x1 * s;
+}
+
+// One decoding step of every (batch, head): this token's q, k, v are columns of its fused projection row
+// (q | k | v, heads contiguous); with ROPE, q and k turn by position len. k and v are appended to the cache at
+// position len, then the query attends over the len + 1 cached positions (no mask: all are before it):
+//   o = Σ_s softmax_s(scale · q·k_s) v_s   -> out [B, H·DH].
+// A workgroup owns one (batch, head) and walks the positions in chunks of 256, one score per thread, with an
+// online softmax (running max m; the output and the per-thread sums are rescaled by exp(m_old − m_new) when
+// it grows). For the weighted sum of V, thread t takes dim t % DH of every (256 / DH)-th position of the chunk
+// (consecutive threads read consecutive dims); the partial sums are added in a fixed order at the end.
+// Grid (H, B).
+@compute @workgroup_size(256)
+fn attention_step(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let b = wid.y;
+    let h = wid.x;
+    let t = lid.x;
+    let dm = sp.heads * DH;
+    let row = b * 3u * dm + h * DH;  // this head's q; its k at + dm, its v at + 2·dm
+    let n = sp.len + 1u;            // positions attended over, this token's included
+    if (t < DH) {
+        var qt = qkv[row + t];
+        var kt = qkv[row + dm + t];
+        if (ROPE) {
+            let half_dh = DH / 2u;
+            let cs = rope_cos_sin(sp.len, t % half_dh, sp.log2_base);
+            if (t < half_dh) {
+                qt = qt * cs.x - qkv[row + t + half_dh] * cs.y;
+                kt = kt * cs.x - qkv[row + dm + t + half_dh] * cs.y;
+            } else {
+                qt = qt * cs.x + qkv[row + t - half_dh] * cs.y;
+                kt = kt * cs.x + qkv[row + dm + t - half_dh] * cs.y;
+            }
+        }
+        step_q[t] = qt;
+        let slot = ((b * sp.capacity + sp.len) * sp.heads + h) * DH + t;
+        k_cache[slot] = kt;
+        v_cache[slot] = qkv[row + 2u * dm + t];
+    }
+    workgroupBarrier();
+    storageBarrier();  // the new k and v are read back below by other threads of this workgroup
+    let j = t % DH;
+    let group = t / DH;
+    let groups = 256u / DH;
+    var m_run = NEG;
+    var l_part = 0.0;
+    var acc = 0.0;
+    for (var c0 = 0u; c0 < n; c0 += 256u) {
+        let pos = c0 + t;
+        var score = NEG;
+        if (pos < n) {
+            let base = ((b * sp.capacity + pos) * sp.heads + h) * DH;
+            var sum = 0.0;
+            for (var d = 0u; d < DH; d++) { sum += step_q[d] * k_cache[base + d]; }
+            score = sp.scale * sum;
+        }
+        red[t] = score;
+        workgroupBarrier();
+        for (var w = 128u; w > 0u; w >>= 1u) {
+            if (t < w) { red[t] = max(red[t], red[t + w]); }
+            workgroupBarrier();
+        }
+        let m_new = max(m_run, red[0]);
+        let alpha = exp(m_run - m_new);
+        let e = select(0.0, exp(score - m_new), pos < n);
+        step_w[t] = e;
+        l_part = l_part * alpha + e;
+        acc *= alpha;
+        m_run = m_new;
+        workgroupBarrier();
+        if (group < groups) {
+            let end = min(256u, n - c0);
+            for (var r = group; r < end; r += groups) {
+                acc += step_w[r] * v_cache[((b * sp.capacity + c0 + r) * sp.heads + h) * DH + j];
+            }
+        }
+        workgroupBarrier();
+    }
+    red[t] = l_part;
+    step_w[t] = acc;
+    workgroupBarrier();
+    for (var w = 128u; w > 0u; w >>= 1u) {
+        if (t < w) { red[t] += red[t + w]; }
+        workgroupBarrier();
+    }
+    if (t < DH) {
+        var total = 0.0;
+        for (var g = 0u; g < groups; g++) { total += step_w[g * DH + t]; }
+        out[(b * sp.heads + h) * DH + t] = total / red[0];
+    }
 }

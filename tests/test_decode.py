@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from lm_checks import random_weights
-from mambactl.models.config import Mamba1Config, Mamba2Config, Mamba3Config, ModelConfig
-from mambactl.models.decode import RecurrentDecoder
+from mambactl.models.config import (LAYER_TYPES, AttentionConfig, Mamba1Config, Mamba2Config, Mamba3Config,
+                                    ModelConfig)
+from mambactl.models.decode import DECODERS, RecurrentDecoder
 from mambactl.models.lm import LanguageModel
 
 
@@ -29,7 +30,17 @@ from mambactl.models.lm import LanguageModel
                 mamba2=Mamba2Config(d_state=4, headdim=8, chunk_size=4),
                 mamba3=Mamba3Config(d_state=8, headdim=8, ngroups=2, chunk_size=4, is_mimo=True, mimo_rank=2,
                                     rope_fraction=1.0, is_outproj_norm=True)),
-], ids=["mamba1", "mamba1-bias", "mamba2", "mamba2-bias-limit", "mixed", "mamba3-siso", "mamba3-mimo"])
+    # attention: a KV cache per layer, rotary at each new position
+    ModelConfig(vocab_size=22, d_model=16, n_layer=2, layers=["attention"] * 2, attention=AttentionConfig(n_heads=2)),
+    # no rotary, biases, one head of dim 16
+    ModelConfig(vocab_size=18, d_model=16, n_layer=1, layers=["attention"],
+                attention=AttentionConfig(n_heads=1, rope=False, bias=True)),
+    # a hybrid: attention between Mamba-2 and Mamba-3 layers
+    ModelConfig(vocab_size=25, d_model=16, n_layer=4, layers=["mamba2", "attention", "mamba3", "attention"],
+                mamba2=Mamba2Config(d_state=4, headdim=8, chunk_size=4),
+                mamba3=Mamba3Config(d_state=8, headdim=8, chunk_size=4), attention=AttentionConfig(n_heads=4, rope_base=50.0)),
+], ids=["mamba1", "mamba1-bias", "mamba2", "mamba2-bias-limit", "mixed", "mamba3-siso", "mamba3-mimo", "attention",
+        "attention-norope-bias", "hybrid"])
 @pytest.mark.parametrize("prefix", [1, 3, 9])
 def test_step_logits_equal_parallel_forward(gpu, cfg, prefix):
     lm = LanguageModel(cfg, gpu, random_weights(cfg, 0))
@@ -43,3 +54,7 @@ def test_step_logits_equal_parallel_forward(gpu, cfg, prefix):
     got = np.stack(got, axis=1)
     err = np.abs(got - want[:, prefix - 1:]).max() / np.abs(want).max()
     assert err < 1e-4
+
+
+def test_every_layer_type_decodes():
+    assert set(DECODERS) == set(LAYER_TYPES)

@@ -5,10 +5,13 @@ import json
 import numpy as np
 import pytest
 
+from lm_checks import random_weights
 from mambactl.evaluate import evaluate_tokens
 from mambactl.generate import generate, sample_next
+from mambactl.models.config import AttentionConfig, Mamba2Config, ModelConfig
 from mambactl.models.lm import LanguageModel
 from mambactl.package import load, write_package
+from mambactl.package.tokenizer import vocab_size
 from mambactl.runtime.gpu import get_runtime
 
 TEXT = "def add(a, b):\n    return a + b  # sums ünïcödé 🙂\n"
@@ -40,15 +43,28 @@ def test_sampling_rules():
     assert len({sample_next(logits, rng, 100.0, 0, 1.0) for _ in range(400)}) == 4
 
 
-def test_greedy_generation_follows_the_parallel_forward(lm):
-    pkg, model = lm
-    result = generate(model, pkg.tokenizer, "def ", max_tokens=6, temperature=0.0)
-    ids = pkg.tokenizer.encode("def ").ids
+def assert_greedy_follows_the_parallel_forward(model, tokenizer, prompt, max_tokens):
+    result = generate(model, tokenizer, prompt, max_tokens=max_tokens, temperature=0.0)
+    ids = tokenizer.encode(prompt).ids
     for tok in result.tokens:  # each token is the argmax of the parallel forward over what came before
         _, logits, _ = model.forward(np.array([ids]))
         assert tok == int(np.argmax(logits.numpy()[-1, : model.cfg.vocab_size]))
         ids.append(tok)
     assert result.decode_tokens_per_s > 0
+
+
+def test_greedy_generation_follows_the_parallel_forward(lm):
+    pkg, model = lm
+    assert_greedy_follows_the_parallel_forward(model, pkg.tokenizer, "def ", 6)
+
+
+def test_hybrid_with_attention_generates_recurrently(pkg_tokenizer):
+    """Attention layers decode through their KV cache inside a hybrid, like the Mamba layers."""
+    cfg = ModelConfig(vocab_size=vocab_size(pkg_tokenizer), d_model=16, n_layer=3,
+                      layers=["mamba1", "attention", "mamba2"], attention=AttentionConfig(n_heads=2),
+                      mamba2=Mamba2Config(d_state=4, headdim=8, chunk_size=4))
+    model = LanguageModel(cfg, get_runtime(), random_weights(cfg, 0))
+    assert_greedy_follows_the_parallel_forward(model, pkg_tokenizer, "x = ", 8)
 
 
 def test_same_seed_same_text_and_streaming(lm):

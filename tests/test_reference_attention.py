@@ -122,3 +122,20 @@ def test_config_checks_heads():
         ModelConfig(d_model=258, n_layer=1, layers=["attention"], attention=AttentionConfig(n_heads=1, rope=False))
     cfg = ModelConfig.from_dict(hybrid_config(rope=False).to_dict())
     assert cfg.attention == AttentionConfig(n_heads=2, rope=False)
+
+
+@pytest.mark.parametrize("rope_base", [None, 30.0])
+def test_step_equals_the_parallel_rows(rope_base):
+    """Stepping positions 1 .. L−1 one at a time from a one-position cache gives every row of the causal
+    parallel attention (q, k rotated at their positions) and leaves the rotated k and v in the cache."""
+    rng = np.random.default_rng(7)
+    B, L, H, Dh = 2, 6, 3, 4
+    q, k, v = qkv(rng, B, L, H, Dh)
+    rot = (lambda x: ref.rope(x, rope_base)) if rope_base else (lambda x: x)
+    want = ref.attention(rot(q), rot(k), v)
+    k_cache, v_cache = rot(k)[:, :1], v[:, :1]
+    for t in range(1, L):
+        row = np.concatenate([x[:, t].reshape(B, H * Dh) for x in (q, k, v)], axis=1)
+        o, k_cache, v_cache = ref.attention_step(row, k_cache, v_cache, H, rope_base)
+        assert np.abs(o - want[:, t].reshape(B, H * Dh)).max() < 1e-12
+    assert np.abs(k_cache - rot(k)).max() < 1e-12 and np.array_equal(v_cache, v)

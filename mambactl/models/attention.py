@@ -4,6 +4,8 @@ qkv_proj -> [q | k | v] columns, heads contiguous within each -> rotary embeddin
 flash attention per head -> out_proj. The LM's pre-RMSNorm and residual wrap it like every layer.
 `p` and `g` map this layer's mixer names without prefix ("qkv_proj.weight", "out_proj.weight", optional
 biases) to parameter and gradient tensors; gradients are accumulated into `g`.
+Decoding: the state is a KV cache started from the forward's k (after rotary) and v; each step projects the
+new token and runs one `attention_step` (rotary at its position, append, attend over every cached position).
 """
 
 from __future__ import annotations
@@ -40,3 +42,16 @@ def attention_layer_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: M
     dx, _, _ = linear.linear_backward(s["x"], p["qkv_proj.weight"], dqkv, dw=g["qkv_proj.weight"],
                                       db=g.get("qkv_proj.bias"))
     return dx
+
+
+def attention_layer_decode_state(saved: dict, cfg: ModelConfig) -> dict:
+    """The recurrent state after a parallel forward: a KV cache holding the prompt's k (after rotary) and v."""
+    return {"cache": attn.kv_cache(saved["attn"].k, saved["attn"].v)}
+
+
+def attention_layer_step(p: dict, x: Tensor, state: dict, cfg: ModelConfig) -> Tensor:
+    """One token per batch row: x [B, d_model] -> [B, d_model]; the KV cache in `state` gains one position."""
+    a = cfg.attention
+    qkv = linear.linear(x, p["qkv_proj.weight"], p.get("qkv_proj.bias"))
+    o = attn.attention_step(qkv, state["cache"], a.rope_base if a.rope else None)
+    return linear.linear(o, p["out_proj.weight"], p.get("out_proj.bias"))

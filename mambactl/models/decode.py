@@ -1,8 +1,10 @@
-"""Recurrent decoding: a parallel prefill of the prompt, then O(1) work per new token.
+"""Recurrent decoding: a parallel prefill of the prompt, then one step per new token (O(1) work in a Mamba
+layer, O(positions so far) in an attention layer).
 
-Each layer type gives (decode_state, step): `decode_state(saved, cfg)` turns what its parallel forward
-saved into the recurrent state (for Mamba-1: the conv window and the SSM state), and `step(p, x, state, cfg)`
-advances one token. The logits of step-by-step decoding equal the parallel forward's at every position.
+Every layer type gives (decode_state, step): `decode_state(saved, cfg)` turns what its parallel forward
+saved into the recurrent state (for Mamba-1: the conv window and the SSM state; for attention: a KV cache
+that grows with the sequence), and `step(p, x, state, cfg)` advances one token. The logits of step-by-step
+decoding equal the parallel forward's at every position.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from mambactl.errors import MambactlError
+from mambactl.models.attention import attention_layer_decode_state, attention_layer_step
 from mambactl.models.lm import EMBED, NORM_F, LanguageModel
 from mambactl.models.mamba1 import mamba1_decode_state, mamba1_step
 from mambactl.models.mamba2 import mamba2_decode_state, mamba2_step
@@ -17,7 +20,8 @@ from mambactl.models.mamba3 import mamba3_decode_state, mamba3_step
 from mambactl.ops import activations, embedding, linear, rmsnorm
 
 DECODERS = {"mamba1": (mamba1_decode_state, mamba1_step), "mamba2": (mamba2_decode_state, mamba2_step),
-            "mamba3": (mamba3_decode_state, mamba3_step)}
+            "mamba3": (mamba3_decode_state, mamba3_step),
+            "attention": (attention_layer_decode_state, attention_layer_step)}
 
 
 def decodable(cfg) -> bool:
@@ -29,9 +33,6 @@ class RecurrentDecoder:
     """Holds one recurrent state per layer for a batch of sequences decoded in lockstep."""
 
     def __init__(self, lm: LanguageModel):
-        missing = sorted({t for t in lm.cfg.layers if t not in DECODERS})
-        if missing:
-            raise MambactlError(f"recurrent decoding is not implemented for layer type(s) {', '.join(missing)}")
         self.lm = lm
         self.states: list[dict] | None = None
 

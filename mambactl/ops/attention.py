@@ -5,6 +5,12 @@ Flash-attention tiling: scores exist one [64 × 32] tile per workgroup at a time
 output and the per-row logsumexp ([B, H, L]); the backward recomputes the weights tile by tile (dQ by query
 tiles, dK and dV by key tiles, each summed inside one workgroup: deterministic, no atomics). Its transient
 buffer is δ = rowsum(dO ∘ O) ([B, H, L]).
+
+Decoding keeps a KV cache: keys (after rotary) and values [B, capacity, H, Dh] of the positions so far.
+`kv_cache` starts it from a parallel forward's k and v; each `attention_step` appends one position per
+sequence (rotating q and k by that position) and attends over all of them. When the cache is full its capacity
+doubles (one copy of what it holds: amortised O(1) per token, never more than twice the memory in use); the
+one limit is the device's storage binding size, which a step that would pass it reports as a ShapeError.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from mambactl.ops.checks import expect, grid_1d
 from mambactl.runtime.tensor import Tensor
 
 MAX_HEAD_DIM = 128  # the kernels' accumulators cover dims tx·4 and 64 + tx·4 of 16 threads
+CACHE_CHUNK = 64  # a new KV cache holds its prompt plus at least this many positions, rounded up to a multiple
 QUERY_TILE = 64  # mirrors BQ in kernels/attention.wgsl
 KEY_TILE = 32  # mirrors BK
 
@@ -100,3 +107,90 @@ def rope(x: Tensor, base: float = 10000.0) -> Tensor:
 def rope_backward(dy: Tensor, base: float = 10000.0) -> Tensor:
     """dy [B, L, H, Dh] -> dx: the rotation is orthogonal, so its gradient turns back by the opposite angle."""
     return _rope("rope_backward", dy, base, inverse=True)
+
+
+@dataclass
+class KVCache:
+    """Keys (after rotary) and values of the decoded positions, each [B, capacity, H, Dh]; the first `length`
+    positions of every sequence are filled, the rest is room for the next steps."""
+
+    k: Tensor
+    v: Tensor
+    length: int
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[1]
+
+
+def _position_limit(like: Tensor) -> tuple[int, int]:
+    """(bytes, positions): the most one cache buffer for a [B, *, H, Dh] tensor may hold on this device."""
+    batch, _, heads, head_dim = like.shape
+    rt = like.runtime
+    limit = min(rt.max_binding, int(rt.limits["max-buffer-size"]))
+    return limit, limit // (batch * heads * head_dim * 4)
+
+
+def _cache_buffers(op: str, like: Tensor, capacity: int) -> tuple[Tensor, Tensor]:
+    """Two empty [B, capacity, H, Dh] tensors; a ShapeError if they would pass the device's limit."""
+    batch, _, heads, head_dim = like.shape
+    limit, positions = _position_limit(like)
+    if capacity > positions:
+        raise ShapeError(f"{op}: a KV cache of {capacity} positions × {batch} sequences × {heads} heads × "
+                         f"{head_dim} floats is over this device's storage binding limit of {limit} bytes "
+                         f"(at most {positions} positions)")
+    shape = (batch, capacity, heads, head_dim)
+    return like.runtime.empty(shape), like.runtime.empty(shape)
+
+
+def _copy_positions(src: Tensor, dst: Tensor, length: int) -> None:
+    """dst[:, :length] = src[:, :length] for [B, *, H, Dh] tensors of any capacities (one copy per sequence)."""
+    batch, _, heads, head_dim = src.shape
+    row = heads * head_dim * 4
+    for b in range(batch):
+        src.runtime.copy(src, dst, length * row, b * src.shape[1] * row, b * dst.shape[1] * row)
+
+
+def kv_cache(k: Tensor, v: Tensor) -> KVCache:
+    """A KV cache holding k, v [B, L, H, Dh] (e.g. a parallel forward's, k after rotary), with room to grow."""
+    op = "kv_cache"
+    _, length, _, _ = _check_heads(op, "k", k)
+    expect(op, "v", v, k.shape)
+    room = -(-(length + CACHE_CHUNK) // CACHE_CHUNK) * CACHE_CHUNK
+    ck, cv = _cache_buffers(op, k, max(length, min(room, _position_limit(k)[1])))
+    _copy_positions(k, ck, length)
+    _copy_positions(v, cv, length)
+    return KVCache(ck, cv, length)
+
+
+def _reserve(op: str, cache: KVCache, positions: int) -> None:
+    """Grow the cache (doubling, or to the device's limit) until it holds `positions`."""
+    if positions <= cache.capacity:
+        return
+    doubled = min(2 * cache.capacity, _position_limit(cache.k)[1])
+    ck, cv = _cache_buffers(op, cache.k, max(positions, doubled))
+    _copy_positions(cache.k, ck, cache.length)
+    _copy_positions(cache.v, cv, cache.length)
+    cache.k, cache.v = ck, cv
+
+
+def attention_step(qkv: Tensor, cache: KVCache, rope_base: float | None = None) -> Tensor:
+    """One decoding step: qkv [B, 3·H·Dh] is each sequence's new token projected (q | k | v, heads contiguous).
+    With `rope_base`, q and k turn by the token's position (cache.length); k and v are appended to the cache
+    (which grows when full) and o [B, H·Dh] = softmax(q·kᵀ / sqrt(Dh)) v over every cached position."""
+    op = "attention_step"
+    batch, _, heads, head_dim = cache.k.shape
+    expect(op, "qkv", qkv, (batch, 3 * heads * head_dim))
+    if rope_base is not None:
+        if head_dim % 2:
+            raise ShapeError(f"{op}: the cache has head dim {head_dim}; rotary embedding needs an even head dim")
+        if not rope_base > 1:
+            raise ShapeError(f"{op}: rope_base is {rope_base}; it must be > 1")
+    _reserve(op, cache, cache.length + 1)
+    rt = qkv.runtime
+    o = rt.empty((batch, heads * head_dim))
+    rt.run("attention_step", (heads, batch), {"DH": head_dim, "ROPE": rope_base is not None}, qkv=qkv,
+           k_cache=cache.k, v_cache=cache.v, out=o, heads=heads, len=cache.length,
+           capacity=cache.capacity, scale=1.0 / math.sqrt(head_dim), log2_base=math.log2(rope_base or 2.0))
+    cache.length += 1
+    return o

@@ -5,6 +5,8 @@ fused projection lays them out. Each head attends over the keys of the same head
     o_t = Σ_{s ≤ t} softmax_s(q_t·k_s / sqrt(Dh)) v_s.
 Rotary embedding (GPT-NeoX / HF Llama `rotate_half` convention) turns the pair (j, j + Dh/2) of position t
 by the angle t · base^(−2j/Dh).
+Decoding (`attention_step`): the new token's q attends over the cached keys and values of the positions
+before it plus its own, with q and k rotated by its position: the parallel forward's row at that position.
 The layer: qkv = x W_qkvᵀ (+ b) whose columns split into q | k | v, rope on q and k, attention, then out_proj.
 `params` holds "qkv_proj.weight" [3·d_model, d_model], "out_proj.weight" [d_model, d_model] and, with the
 `bias` option, "qkv_proj.bias" [3·d_model] and "out_proj.bias" [d_model]; grads use the same names.
@@ -43,11 +45,11 @@ def attention_backward(q, k, v, do, causal=True):
     return dq, dk, dv
 
 
-def _rotate(x, base, sign):
-    """Turn each pair (j, j + Dh/2) of x [B, L, H, Dh] by sign · t · base^(−2j/Dh) at position t."""
+def _rotate(x, base, sign, start=0):
+    """Turn each pair (j, j + Dh/2) of x [B, L, H, Dh] by sign · t · base^(−2j/Dh) at position t (from start)."""
     L, Dh = x.shape[1], x.shape[-1]
     half = Dh // 2
-    angle = np.arange(L)[:, None] * base ** (-2.0 * np.arange(half) / Dh)  # [L, Dh/2]
+    angle = np.arange(start, start + L)[:, None] * base ** (-2.0 * np.arange(half) / Dh)  # [L, Dh/2]
     c, s = np.cos(angle)[None, :, None, :], sign * np.sin(angle)[None, :, None, :]
     x1, x2 = x[..., :half], x[..., half:]
     return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
@@ -61,6 +63,20 @@ def rope(x, base=10000.0):
 def rope_backward(dy, base=10000.0):
     """The rotation is orthogonal: its gradient turns dy back by the opposite angle."""
     return _rotate(dy, base, -1.0)
+
+
+def attention_step(qkv, k_cache, v_cache, heads, rope_base=None):
+    """One decoding step. qkv [B, 3·H·Dh]: each sequence's new token projected (q | k | v, heads contiguous);
+    k_cache, v_cache [B, T, H, Dh]: the T positions before it (k after rotary). With `rope_base`, q and k turn
+    by position T. -> (o [B, H·Dh], k_cache and v_cache [B, T + 1, H, Dh] with the new position appended)."""
+    Bsz, d = qkv.shape[0], qkv.shape[1] // 3
+    T = k_cache.shape[1]
+    q, k, v = (qkv[:, i * d:(i + 1) * d].reshape(Bsz, 1, heads, d // heads) for i in range(3))
+    if rope_base is not None:
+        q, k = _rotate(q, rope_base, 1.0, T), _rotate(k, rope_base, 1.0, T)
+    k_cache, v_cache = np.concatenate([k_cache, k], axis=1), np.concatenate([v_cache, v], axis=1)
+    o = attention(q, k_cache, v_cache, causal=False)  # every cached position is at or before the query
+    return o.reshape(Bsz, d), k_cache, v_cache
 
 
 def attention_block(params, x, cfg):
