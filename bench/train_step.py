@@ -17,10 +17,7 @@ Prints a small table and one JSON line (also appended to --out FILE).
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import importlib.util
-import json
-import os
 import re
 import statistics
 import subprocess
@@ -28,18 +25,13 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import mambactl  # noqa: E402
-from mambactl.models.config import Mamba1Config, Mamba2Config, Mamba3Config, ModelConfig  # noqa: E402
-from mambactl.models.lm import LanguageModel  # noqa: E402
-from mambactl.models.params import count_parameters, init_parameters, parameter_specs  # noqa: E402
-from mambactl.ops.adamw import AdamWState, adamw_step  # noqa: E402
-from mambactl.runtime.gpu import get_runtime  # noqa: E402
+from common import REPO, header, model_config, report  # first: it puts the checkout on sys.path
+from mambactl.models.lm import LanguageModel
+from mambactl.models.params import count_parameters, init_parameters, parameter_specs
+from mambactl.ops.adamw import AdamWState, adamw_step
+from mambactl.runtime.gpu import get_runtime
 
 
 def parse_args(argv=None):
@@ -66,21 +58,6 @@ def parse_args(argv=None):
     p.add_argument("--peer-timeout", type=float, default=900.0)
     p.add_argument("--progress", action="store_true", help="print each step's time to stderr as it ends")
     return p.parse_args(argv)
-
-
-def commit() -> str:
-    """The measured code: MAMBACTL_COMMIT when set (machines without .git, or a snapshot of a commit run from
-    inside another checkout), else `git describe --always --dirty`."""
-    if os.environ.get("MAMBACTL_COMMIT"):
-        return os.environ["MAMBACTL_COMMIT"]
-    try:
-        out = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True,
-                             text=True, timeout=10)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return "unknown"
 
 
 def run_peer(a, gpu_adapter: bool) -> dict:
@@ -136,9 +113,7 @@ def main(argv=None) -> int:
     if a.progress and peer is not None:
         print(f"peer: {peer.get('line') or peer.get('error')}", file=sys.stderr, flush=True)
 
-    cfg = ModelConfig(vocab_size=a.vocab, d_model=a.d_model, n_layer=a.layers, layers=[a.arch] * a.layers,
-                      mamba1=Mamba1Config(d_state=a.d_state), mamba2=Mamba2Config(d_state=a.d_state, headdim=64),
-                      mamba3=Mamba3Config(d_state=a.d_state, headdim=64))
+    cfg = model_config([a.arch] * a.layers, a.d_model, a.vocab, a.d_state)
     specs = parameter_specs(cfg)
     lm = LanguageModel(cfg, rt, init_parameters(cfg, a.seed))
     params = [lm.params[s.name] for s in specs]
@@ -183,11 +158,7 @@ def main(argv=None) -> int:
     med = statistics.median(times) if times else float("nan")
     tokens = B * L
     result = {
-        "bench": "train_step",
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "mambactl": mambactl.__version__,
-        "commit": commit(),
-        "device": {"name": info.name, "backend": info.backend, "type": info.type, "driver": info.driver},
+        **header("train_step", info),
         "config": {"arch": a.arch, "d_model": a.d_model, "layers": a.layers, "vocab": a.vocab, "seq": L, "batch": B,
                    "d_state": a.d_state, "dtype": "fp32", "params": count_parameters(cfg),
                    "optimizer": "adamw clip=1.0 wd=0.1"},
@@ -226,14 +197,7 @@ def main(argv=None) -> int:
             rows.append(("ratio ours/peer", f"{result.get('ratio_vs_peer', float('nan')):.3f}"))
         else:
             rows.append((f"peer {peer['impl']}", peer["error"]))
-    width = max(len(k) for k, _ in rows)
-    for k, v in rows:
-        print(f"{k:<{width}}  {v}")
-    line = json.dumps(result, sort_keys=False)
-    print(line)
-    if a.out:
-        with open(a.out, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+    report(rows, result, a.out)
     return 0
 
 

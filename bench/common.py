@@ -1,0 +1,71 @@
+"""What the benchmarks share: the checkout on sys.path, the model of a benchmark shape, the header of a result
+(date, version, measured commit, device) and its output (a small table and one JSON line, appended to --out).
+
+Import it before mambactl (`import common` works from any bench/ script: its folder is on sys.path).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+import mambactl  # noqa: E402
+from mambactl.models.config import (AttentionConfig, Mamba1Config, Mamba2Config, Mamba3Config,  # noqa: E402
+                                    ModelConfig)
+
+HEADDIM = 64  # Mamba-2 / Mamba-3 head dim, and the attention head dim unless --heads says otherwise
+
+
+def commit() -> str:
+    """The measured code: MAMBACTL_COMMIT when set (machines without .git, or a snapshot of a commit run from
+    inside another checkout), else `git describe --always --dirty`."""
+    if os.environ.get("MAMBACTL_COMMIT"):
+        return os.environ["MAMBACTL_COMMIT"]
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True,
+                             text=True, timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def model_config(layers: list[str], d_model: int, vocab: int, d_state: int, heads: int | None = None) -> ModelConfig:
+    """A benchmark model: one entry of `layers` per layer; Mamba-2/3 head dim 64; attention with `heads` heads
+    (default d_model / 64, at least one)."""
+    return ModelConfig(vocab_size=vocab, d_model=d_model, n_layer=len(layers), layers=list(layers),
+                       mamba1=Mamba1Config(d_state=d_state), mamba2=Mamba2Config(d_state=d_state, headdim=HEADDIM),
+                       mamba3=Mamba3Config(d_state=d_state, headdim=HEADDIM),
+                       attention=AttentionConfig(n_heads=heads or max(1, d_model // HEADDIM)))
+
+
+def header(bench: str, info) -> dict:
+    """The first fields of every result: which benchmark, when, which code, on which adapter."""
+    return {
+        "bench": bench,
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "mambactl": mambactl.__version__,
+        "commit": commit(),
+        "device": {"name": info.name, "backend": info.backend, "type": info.type, "driver": info.driver},
+    }
+
+
+def report(rows: list[tuple[str, str]], result: dict, out: str | None) -> None:
+    """Print the table of (label, value) rows and the result as one JSON line, also appended to `out`."""
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    line = json.dumps(result, sort_keys=False)
+    print(line)
+    if out:
+        with open(out, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
