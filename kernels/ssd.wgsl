@@ -53,19 +53,19 @@ override REVERSE: bool = false;   // ssd_chunk_scan: pairs o ≥ r with decay Σ
 override Q_DT: bool = false;      // ssd_chunk_scan: row operand scaled by the row's Δ
 override K_DT: bool = false;      // ssd_chunk_scan: column operand scaled by the column's Δ
 override ADD_SKIP: bool = false;  // ssd_chunk_scan: output += D · (value operand at the row)
-override PAIRS: bool = true;      // ssd_chunk_scan: false = the state term only (y_off)
+override PAIRS: bool = true;      // ssd_chunk_scan: false = the state term only
 override STATE_OUT: bool = false; // ssd_chunk_scan: also write the state term alone to out_state
 override GRAD: bool = false;      // ssd_chunk_state: weights exp(cs_r) (backward) instead of exp(cs_end − cs_r) Δ_r
+override ROW_DOT: bool = false;   // ssd_chunk_scan: also U_r = c_r·(state term) per column tile to u_part
 override ACCUMULATE: bool = false;
 
 struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nstate: u32, chunk: u32, nchunks: u32,
               dt_min: f32, dt_max: f32 }
-// ssd_chunk_scan: output tiles [rows of a chunk × v_dim] per (chunk, unit, batch); a unit is a head (y, dxd) or a
-// group (dB, dC) whose `nh` heads are summed. q/k rows hold qk_width blocks of qk_dim (block of head h: h / qk_div);
-// v rows and the output hold `units` blocks of v_dim (block: the unit). State element (j, k) of head h, chunk c
-// is st_in[((b·nchunks + c)·heads + h)·pn + j·s_j + k·s_k].
-struct ScanDims { len: u32, heads: u32, chunk: u32, nchunks: u32, units: u32, nh: u32, qk_width: u32,
-                  qk_dim: u32, qk_div: u32, v_dim: u32, s_j: u32, s_k: u32, pn: u32 }
+// ssd_chunk_scan: output tiles [rows of a chunk × v_dim] per (chunk, head, batch), out [B, L, H, v_dim]. q/k rows
+// hold qk_width blocks of qk_dim (block of head h: h / qk_div); v rows hold v_width blocks of v_dim (block:
+// h / v_div). State element (j, k) of head h, chunk c is st_in[((b·nchunks + c)·heads + h)·pn + j·s_j + k·s_k].
+struct ScanDims { len: u32, heads: u32, chunk: u32, nchunks: u32, qk_width: u32, qk_dim: u32, qk_div: u32,
+                  v_width: u32, v_dim: u32, v_div: u32, s_j: u32, s_k: u32, pn: u32 }
 
 @group(0) @binding(0) var<uniform> d: Dims;
 @group(0) @binding(1) var<uniform> s: ScanDims;
@@ -93,7 +93,6 @@ struct ScanDims { len: u32, heads: u32, chunk: u32, nchunks: u32, units: u32, nh
 @group(0) @binding(21) var<storage, read> x: array<f32>;
 @group(0) @binding(22) var<storage, read> dy: array<f32>;
 @group(0) @binding(23) var<storage, read_write> x_part: array<f32>;  // [B, H, nchunks, ceil(Q / 64), Q]
-@group(0) @binding(24) var<storage, read> y_off: array<f32>;
 @group(0) @binding(25) var<storage, read> dxd_state: array<f32>;
 @group(0) @binding(26) var<storage, read_write> dx: array<f32>;     // holds dxd on entry to ssd_dt_backward
 @group(0) @binding(27) var<storage, read_write> ddt_raw: array<f32>;
@@ -104,12 +103,20 @@ struct ScanDims { len: u32, heads: u32, chunk: u32, nchunks: u32, units: u32, nh
 @group(0) @binding(31) var<storage, read_write> ddt_bias: array<f32>;
 @group(0) @binding(32) var<storage, read_write> last_state: array<f32>;  // [B, H, P, N]: S after the last step
 @group(0) @binding(33) var<storage, read_write> ssm_state: array<f32>;   // ssd_step: [B, H, P, N], in place
+@group(0) @binding(34) var<storage, read> head_part: array<f32>;        // ssd_sum_heads: [B, L, H, N]
+// [B, H, nchunks, ceil(N / 64), Q]: U_r = dy_r·y_off_r by 64-wide pieces of N (ssd_chunk_scan's ROW_DOT)
+@group(0) @binding(35) var<storage, read_write> u_part: array<f32>;
 
-// GEMM slices: [KT][TILE], depth-major and held as vec4s, so a thread reads its 4 rows (or columns) with one
-// vector load; element i is [i / 4][i % 4] (set / get below).
-var<workgroup> q_tile: array<vec4<f32>, KT * TILE / 4>;
-var<workgroup> kv_tile: array<vec4<f32>, KT * TILE / 4>;
-var<workgroup> pair_tile: array<vec4<f32>, TILE * TILE / 4>;  // 64 × 64 products of a row and a column block
+// GEMM slices: [KT][TS], depth-major and held as vec4s, so a thread reads its 4 rows (or columns) with one
+// vector load. Rows are padded to TS = TILE + 4 floats: the loads that transpose an operand (16 consecutive
+// depths of a row per 16 lanes) then spread over the banks instead of all hitting one (a 16-way conflict on
+// every store with rows of 64).
+const TS: u32 = TILE + 4u;
+var<workgroup> q_tile: array<vec4<f32>, KT * TS / 4>;
+var<workgroup> kv_tile: array<vec4<f32>, KT * TS / 4>;
+// 64 × 64 products of a row and a column block: ssd_chunk_scan keeps [o][r] (r as vec4s); ssd_decay_grad keeps
+// [t][o] scalars with row t rotated by t (get_f / set_f), so walking a row or a column is conflict-free.
+var<workgroup> pair_tile: array<vec4<f32>, TILE * TILE / 4>;
 var<workgroup> row_dt: array<f32, TILE>;
 var<workgroup> row_scale: array<f32, TILE>;
 var<workgroup> row_lo: array<f32, TILE>;
@@ -119,6 +126,7 @@ var<workgroup> col_lo: array<f32, TILE>;
 var<workgroup> col_rlo: array<f32, TILE>;
 var<workgroup> mid: array<f32, 16>;  // [row sub-block][column sub-block]: Σ a over the whole sub-blocks between
 var<workgroup> scan_buf: array<f32, WG>;
+var<workgroup> red_buf: array<f32, WG>;
 // Per chunk position: a (prep), the crossing sums (ssd_decay_grad), the per-position terms (ssd_dt_backward).
 var<workgroup> seg_a: array<f32, MAX_CHUNK>;
 var<workgroup> seg_b: array<f32, MAX_CHUNK>;
@@ -226,19 +234,22 @@ fn ssd_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id)
 }
 
 
-fn set_q(i: u32, v: f32) { q_tile[i / 4u][i % 4u] = v; }
-fn set_kv(i: u32, v: f32) { kv_tile[i / 4u][i % 4u] = v; }
+fn set_q(kk: u32, col: u32, v: f32) { q_tile[kk * (TS / 4u) + col / 4u][col % 4u] = v; }
+fn set_kv(kk: u32, col: u32, v: f32) { kv_tile[kk * (TS / 4u) + col / 4u][col % 4u] = v; }
 fn set_pair(i: u32, v: f32) { pair_tile[i / 4u][i % 4u] = v; }
 fn get_pair(i: u32) -> f32 { return pair_tile[i / 4u][i % 4u]; }
+fn f_at(t: u32, o: u32) -> u32 { return t * TILE + (o + t) % TILE; }
+fn set_f(t: u32, o: u32, v: f32) { set_pair(f_at(t, o), v); }
+fn get_f(t: u32, o: u32) -> f32 { return get_pair(f_at(t, o)); }
 
 // One slice of a tile product into a thread's 4 × 4 block: rows from q_tile (or from pair_tile, starting at
-// element `offset`), columns from kv_tile.
+// depth `offset`), columns from kv_tile.
 fn mac_slice(a0: ptr<function, vec4<f32>>, a1: ptr<function, vec4<f32>>, a2: ptr<function, vec4<f32>>,
              a3: ptr<function, vec4<f32>>, lid: vec3<u32>, from_pairs: bool, offset: u32) {
     for (var kk = 0u; kk < KT; kk++) {
-        var av = q_tile[kk * (TILE / 4u) + lid.y];
-        if (from_pairs) { av = pair_tile[offset / 4u + kk * (TILE / 4u) + lid.y]; }
-        let bv = kv_tile[kk * (TILE / 4u) + lid.x];
+        var av = q_tile[kk * (TS / 4u) + lid.y];
+        if (from_pairs) { av = pair_tile[(offset + kk) * (TILE / 4u) + lid.y]; }
+        let bv = kv_tile[kk * (TS / 4u) + lid.x];
         *a0 += av.x * bv;
         *a1 += av.y * bv;
         *a2 += av.z * bv;
@@ -290,8 +301,8 @@ fn ssd_chunk_state(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
                 }
                 if (k0 + cc < d.nstate) { rv = right[group_at(b, t0 + r, g, k0 + cc)]; }
             }
-            set_q(rr * TILE + cc, lv);
-            set_kv(rr * TILE + cc, rv);
+            set_q(rr, cc, lv);
+            set_kv(rr, cc, rv);
         }
         workgroupBarrier();
         mac_slice(&acc0, &acc1, &acc2, &acc3, lid, false, 0u);
@@ -421,79 +432,115 @@ fn qk_at(b: u32, pos: u32, h: u32, k: u32) -> u32 {
     return ((b * s.len + pos) * s.qk_width + h / s.qk_div) * s.qk_dim + k;
 }
 
-fn v_at(b: u32, pos: u32, u: u32, j: u32) -> u32 { return ((b * s.len + pos) * s.units + u) * s.v_dim + j; }
+fn v_at(b: u32, pos: u32, h: u32, j: u32) -> u32 { return ((b * s.len + pos) * s.v_width + h / s.v_div) * s.v_dim + j; }
+
+fn out_at(b: u32, pos: u32, h: u32, j: u32) -> u32 { return ((b * s.len + pos) * s.heads + h) * s.v_dim + j; }
 
 fn scan_dec_base(b: u32, h: u32, c: u32) -> u32 { return ((b * s.heads + h) * s.nchunks + c) * 5u * s.chunk; }
 
-// out[r, j] = Σ_{h of the unit} [ Σ_k rowscale_r q_r[k] S[j, k] + Σ_{o ~ r} w_ro (q_r·k_o) v_o[j] ] (+ D v_r[j])
-// over rows r of a chunk (tile of 64) and j < v_dim (tile of 64). Forward pairs o ≤ r with w = exp(Σ a over
-// (o, r]) and rowscale exp(cs_r); REVERSE pairs o ≥ r with w = exp(Σ a over (r, o]) and rowscale
+// Per head h: out[r, j] = Σ_k rowscale_r q_r[k] S[j, k] + Σ_{o ~ r} w_ro (q_r·k_o) v_o[j] (+ D v_r[j]) over rows
+// r of a chunk (tile of 64) and j < v_dim (tile of 64); out is [B, L, H, v_dim]. Forward pairs o ≤ r with
+// w = exp(Σ a over (o, r]) and rowscale exp(cs_r); REVERSE pairs o ≥ r with w = exp(Σ a over (r, o]) and rowscale
 // exp(cs_end − cs_r). Q_DT / K_DT scale q_r / k_o by Δ_r / Δ_o. Modes (q, k, v, S):
 //   y   (C, B·Δ, x, E)        forward, ADD_SKIP       dxd (B, C, dy, dS)       REVERSE, STATE_OUT
-//   dC  (dy, x·Δ, B, Eᵀ)      forward, per group      dB  (x·Δ, dy, C, dSᵀ)    REVERSE, per group
-//   y_off (C, -, -, E)        PAIRS = false
-// Grid (ceil(v_dim / 64) · ceil(Q / 64), nchunks · units, B).
+//   dC  (dy, x·Δ, B, Eᵀ)      forward, ROW_DOT        dB  (x·Δ, dy, C, dSᵀ)    REVERSE
+// dB and dC come out per head (a group's heads are summed by ssd_sum_heads, in order). ROW_DOT: also
+// U_r = Σ_j c_r[j]·(state term)[r, j] (= dy_r·y_off_r, y_off_r = exp(cs_r) E C_r), per 64-column tile, to u_part.
+// Grid (ceil(v_dim / 64) · ceil(Q / 64), nchunks · H, B): one workgroup per head, so every (b, chunk, head)
+// spreads over its own workgroups (summing a group's heads inside one left 256 workgroups for the whole
+// dB / dC at mamba2-130m's shape, too few to fill the device).
+//
+// Per workgroup (64 rows × 64 columns, K = qk_dim, rb the row block): the state term, 2·64·64·K FLOPs, then per
+// column block ob on the causal side (rb / 64 + 1 of them, or Q/64 − rb/64 for REVERSE) the pair tile
+// (k_o·q_r) over K, 2·64·64·K, its weights (64·64 exp, once per block pair: never per slice) into pair_tile,
+// and pair_tile × v, 2·64·64·64. At mamba2-130m's shape (B 8, L 1024, H 24, P 64, N 128, Q 256: 768
+// (b, chunk, head)) y and dxd are 19.9 MFLOP per (b, chunk, head), 15.3 GFLOP a call; dB and dC 25.2 MFLOP
+// (the pair tile again for each of the N / 64 column tiles), 19.3 GFLOP a call. Their operands are ~25 MB
+// each (x, dy, E, dS, y), B and C 4 MB: compute-bound.
 @compute @workgroup_size(16, 16)
 fn ssd_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let tiles_j = (s.v_dim + TILE - 1u) / TILE;
-    let j0 = (wid.x % tiles_j) * TILE;
+    let jt = wid.x % tiles_j;
+    let j0 = jt * TILE;
     let rb = (wid.x / tiles_j) * TILE;
     let c = wid.y % s.nchunks;
-    let u = wid.y / s.nchunks;
+    let h = wid.y / s.nchunks;
     let b = wid.z;
     let q = s.chunk;
     let t0 = c * q;
     let steps = min(q, s.len - t0);
     if (rb >= steps) { return; }  // a tile wholly in the padding (uniform over the workgroup)
     let tid = lid.y * 16u + lid.x;
+    // Transposing loads: thread tid reads depth kk of rows lo + 16 l (16 lanes read 16 consecutive floats).
+    let kk = tid % KT;
+    let lo = tid / KT;
+    let qk_row = s.qk_width * s.qk_dim;  // stride between consecutive positions
+    let q0 = qk_at(b, t0, h, 0u);
+    let v_row = s.v_width * s.v_dim;
+    let v0 = v_at(b, t0, h, 0u);
     var acc0 = vec4<f32>(0.0);
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
-    for (var hi = 0u; hi < s.nh; hi++) {
-        let h = u * s.nh + hi;
-        let base = scan_dec_base(b, h, c);
-        stage_rows(base, q, rb, steps, tid);
-        workgroupBarrier();
+    let base = scan_dec_base(b, h, c);
+    stage_rows(base, q, rb, steps, tid);
+    workgroupBarrier();
 
-        // The state term: rowscale_r Σ_k q_r[k] S[j, k].
-        let sbase = ((b * s.nchunks + c) * s.heads + h) * s.pn;
-        for (var k0 = 0u; k0 < s.qk_dim; k0 += KT) {
-            for (var l = 0u; l < 4u; l++) {
+    // The state term: rowscale_r Σ_k q_r[k] S[j, k].
+    let sbase = ((b * s.nchunks + c) * s.heads + h) * s.pn;
+    for (var k0 = 0u; k0 < s.qk_dim; k0 += KT) {
+        for (var l = 0u; l < 4u; l++) {
+            let rr = lo + l * KT;
+            var qv = 0.0;
+            if (rb + rr < steps && k0 + kk < s.qk_dim) { qv = q_in[q0 + (rb + rr) * qk_row + k0 + kk] * row_scale[rr]; }
+            set_q(kk, rr, qv);
+            // Walk whichever state index is contiguous, so loads coalesce.
+            var jj = rr;
+            var ks = kk;
+            if (s.s_k != 1u) {
                 let i = tid + l * 256u;
-                let rr = i / KT;  // q rows are contiguous in k
-                let kk = i % KT;
-                var qv = 0.0;
-                if (rb + rr < steps && k0 + kk < s.qk_dim) {
-                    qv = q_in[qk_at(b, t0 + rb + rr, h, k0 + kk)] * row_scale[rr];
-                }
-                set_q(kk * TILE + rr, qv);
-                // Walk whichever state index is contiguous, so loads coalesce.
-                var jj = i / KT;
-                var ks = i % KT;
-                if (s.s_k != 1u) { jj = i % TILE; ks = i / TILE; }
-                var sv = 0.0;
-                if (j0 + jj < s.v_dim && k0 + ks < s.qk_dim) {
-                    sv = st_in[sbase + (j0 + jj) * s.s_j + (k0 + ks) * s.s_k];
-                }
-                set_kv(ks * TILE + jj, sv);
+                jj = i % TILE;
+                ks = i / TILE;
             }
-            workgroupBarrier();
-            mac_slice(&acc0, &acc1, &acc2, &acc3, lid, false, 0u);
-            workgroupBarrier();
+            var sv = 0.0;
+            if (j0 + jj < s.v_dim && k0 + ks < s.qk_dim) { sv = st_in[sbase + (j0 + jj) * s.s_j + (k0 + ks) * s.s_k]; }
+            set_kv(ks, jj, sv);
         }
-        if (STATE_OUT) {  // only with one head per unit, so acc is this head's state term
-            for (var i = 0u; i < 4u; i++) {
-                let r = rb + lid.y * 4u + i;
-                let v = pick(i, acc0, acc1, acc2, acc3);
-                for (var jq = 0u; jq < 4u; jq++) {
-                    let j = j0 + lid.x * 4u + jq;
-                    if (r < steps && j < s.v_dim) { out_state[v_at(b, t0 + r, u, j)] = v[jq]; }
-                }
+        workgroupBarrier();
+        mac_slice(&acc0, &acc1, &acc2, &acc3, lid, false, 0u);
+        workgroupBarrier();
+    }
+    if (STATE_OUT) {
+        for (var i = 0u; i < 4u; i++) {
+            let r = rb + lid.y * 4u + i;
+            let v = pick(i, acc0, acc1, acc2, acc3);
+            for (var jq = 0u; jq < 4u; jq++) {
+                let j = j0 + lid.x * 4u + jq;
+                if (r < steps && j < s.v_dim) { out_state[out_at(b, t0 + r, h, j)] = v[jq]; }
             }
         }
-        if (!PAIRS) { continue; }
+    }
+    if (ROW_DOT) {  // the 16 threads of a row leave partial dots in pair_tile (free until the pairs), summed in order
+        for (var i = 0u; i < 4u; i++) {
+            let r = lid.y * 4u + i;
+            let v = pick(i, acc0, acc1, acc2, acc3);
+            var part = 0.0;
+            for (var jq = 0u; jq < 4u; jq++) {
+                let j = j0 + lid.x * 4u + jq;
+                if (rb + r < steps && j < s.v_dim) { part += v[jq] * c_in[v0 + (rb + r) * v_row + j]; }
+            }
+            set_pair(r * 16u + lid.x, part);
+        }
+        workgroupBarrier();
+        if (tid < TILE && rb + tid < steps) {
+            var sum = 0.0;
+            for (var k = 0u; k < 16u; k++) { sum += get_pair(tid * 16u + k); }
+            u_part[(((b * s.heads + h) * s.nchunks + c) * tiles_j + jt) * q + rb + tid] = sum;
+        }
+        workgroupBarrier();
+    }
 
+    if (PAIRS) {
         // The pair term, one block of 64 columns o at a time: only blocks on the causal side of the rows.
         var ob_start = 0u;
         var ob_end = min(rb + TILE, steps);
@@ -501,61 +548,62 @@ fn ssd_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         for (var ob = ob_start; ob < ob_end; ob += TILE) {
             stage_cols(base, q, rb, ob, steps, tid);
             workgroupBarrier();
+            // The transposed pair tile: p_i[jq] = k_o·q_r for o = ob + 4 lid.y + i, r = rb + 4 lid.x + jq, so
+            // each thread stores whole vec4s of [o][r] (conflict-free) for the product with v below.
             var p0 = vec4<f32>(0.0);
             var p1 = vec4<f32>(0.0);
             var p2 = vec4<f32>(0.0);
             var p3 = vec4<f32>(0.0);
             for (var k0 = 0u; k0 < s.qk_dim; k0 += KT) {
                 for (var l = 0u; l < 4u; l++) {
-                    let i = tid + l * 256u;
-                    let rr = i / KT;
-                    let kk = i % KT;
+                    let rr = lo + l * KT;
                     var qv = 0.0;
                     var kv = 0.0;
                     if (k0 + kk < s.qk_dim) {
                         if (rb + rr < steps) {
-                            qv = q_in[qk_at(b, t0 + rb + rr, h, k0 + kk)];
+                            qv = q_in[q0 + (rb + rr) * qk_row + k0 + kk];
                             if (Q_DT) { qv *= row_dt[rr]; }
                         }
                         if (ob + rr < steps) {
-                            kv = k_in[qk_at(b, t0 + ob + rr, h, k0 + kk)];
+                            kv = k_in[q0 + (ob + rr) * qk_row + k0 + kk];
                             if (K_DT) { kv *= col_dt[rr]; }
                         }
                     }
-                    set_q(kk * TILE + rr, qv);
-                    set_kv(kk * TILE + rr, kv);
+                    set_q(kk, rr, kv);
+                    set_kv(kk, rr, qv);
                 }
                 workgroupBarrier();
                 mac_slice(&p0, &p1, &p2, &p3, lid, false, 0u);
                 workgroupBarrier();
             }
             for (var i = 0u; i < 4u; i++) {
-                let r = lid.y * 4u + i;
+                let o = lid.y * 4u + i;
                 let pv = pick(i, p0, p1, p2, p3);
+                var wv = vec4<f32>(0.0);
                 for (var jq = 0u; jq < 4u; jq++) {
-                    let o = lid.x * 4u + jq;
+                    let r = lid.x * 4u + jq;
                     var ok = ob + o <= rb + r;
                     if (REVERSE) { ok = ob + o >= rb + r; }
                     ok = ok && ob + o < steps && rb + r < steps;
                     // The sum is ≤ 0 on the causal side; min() keeps exp finite where the select drops it.
                     let w = exp(min(decay_sum(r, o, rb, ob, REVERSE), 0.0));
-                    set_pair(o * TILE + r, select(0.0, pv[jq] * w, ok));  // [o][r]: rows as one vec4
+                    wv[jq] = select(0.0, pv[jq] * w, ok);
                 }
+                pair_tile[o * (TILE / 4u) + lid.x] = wv;
             }
             workgroupBarrier();
-            for (var o0 = 0u; o0 < TILE; o0 += KT) {
+            let o_end = min(TILE, steps - ob);  // slices wholly in the padding add nothing
+            for (var o0 = 0u; o0 < o_end; o0 += KT) {
                 for (var l = 0u; l < 4u; l++) {
                     let i = tid + l * 256u;
                     let oo = i / TILE;
                     let jj = i % TILE;
                     var vv = 0.0;
-                    if (ob + o0 + oo < steps && j0 + jj < s.v_dim) {
-                        vv = v_in[v_at(b, t0 + ob + o0 + oo, u, j0 + jj)];
-                    }
-                    set_kv(oo * TILE + jj, vv);
+                    if (ob + o0 + oo < steps && j0 + jj < s.v_dim) { vv = v_in[v0 + (ob + o0 + oo) * v_row + j0 + jj]; }
+                    set_kv(oo, jj, vv);
                 }
                 workgroupBarrier();
-                mac_slice(&acc0, &acc1, &acc2, &acc3, lid, true, o0 * TILE);
+                mac_slice(&acc0, &acc1, &acc2, &acc3, lid, true, o0);
                 workgroupBarrier();
             }
         }
@@ -566,13 +614,27 @@ fn ssd_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         for (var jq = 0u; jq < 4u; jq++) {
             let j = j0 + lid.x * 4u + jq;
             if (r < steps && j < s.v_dim) {
-                let k = v_at(b, t0 + r, u, j);
                 var val = v[jq];
-                if (ADD_SKIP) { val += skip[u] * v_in[k]; }
-                out[k] = val;
+                if (ADD_SKIP) { val += skip[h] * v_in[v0 + r * v_row + j]; }
+                out[out_at(b, t0 + r, h, j)] = val;
             }
         }
     }
+}
+
+// A group's heads of ssd_chunk_scan's per-head dB / dC, in head order: out [B, L, G, N] from head_part
+// [B, L, H, N]. Grid grid_1d(B·L·G·N).
+@compute @workgroup_size(256)
+fn ssd_sum_heads(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * WG + gid.x;
+    if (i >= d.batch * d.len * d.ngroups * d.nstate) { return; }
+    let n = i % d.nstate;
+    let g = (i / d.nstate) % d.ngroups;
+    let bl = i / (d.nstate * d.ngroups);
+    let nh = d.heads / d.ngroups;
+    var acc = 0.0;
+    for (var hi = 0u; hi < nh; hi++) { acc += head_part[(bl * d.heads + g * nh + hi) * d.nstate + n]; }
+    out[i] = acc;
 }
 
 // The crossing sums X_σ = Σ_{o < σ ≤ t} T_to, T_to = exp(Σ a over (o, t])(C_t·B_o)(dy_t·Δ_o x_o), of one
@@ -615,8 +677,8 @@ fn ssd_decay_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                         if (rb + rr < steps) { cv = c_in[group_at(b, t0 + rb + rr, g, k0 + kk)]; }
                         if (ob + rr < steps) { bv = b_in[group_at(b, t0 + ob + rr, g, k0 + kk)]; }
                     }
-                    set_q(kk * TILE + rr, cv);
-                    set_kv(kk * TILE + rr, bv);
+                    set_q(kk, rr, cv);
+                    set_kv(kk, rr, bv);
                 }
                 workgroupBarrier();
                 mac_slice(&cb0, &cb1, &cb2, &cb3, lid, false, 0u);
@@ -637,8 +699,8 @@ fn ssd_decay_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                         if (rb + rr < steps) { gv = dy[head_at(b, t0 + rb + rr, h, k0 + kk)]; }
                         if (ob + rr < steps) { xv = x[head_at(b, t0 + ob + rr, h, k0 + kk)] * col_dt[rr]; }
                     }
-                    set_q(kk * TILE + rr, gv);
-                    set_kv(kk * TILE + rr, xv);
+                    set_q(kk, rr, gv);
+                    set_kv(kk, rr, xv);
                 }
                 workgroupBarrier();
                 mac_slice(&gx0, &gx1, &gx2, &gx3, lid, false, 0u);
@@ -651,15 +713,15 @@ fn ssd_decay_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                     let o = lid.x * 4u + jq;
                     let ok = ob + o < rb + r && rb + r < steps;  // o = t never crosses a step
                     let w = exp(min(decay_sum(r, o, rb, ob, false), 0.0));
-                    set_pair(r * TILE + o, select(0.0, tv[jq] * w, ok));  // [t][o]
+                    set_f(r, o, select(0.0, tv[jq] * w, ok));
                 }
             }
             workgroupBarrier();
             if (tid < TILE) {
                 var run = 0.0;
                 for (var o = 0u; o < TILE; o++) {
-                    run += get_pair(tid * TILE + o);
-                    set_pair(tid * TILE + o, run);
+                    run += get_f(tid, o);
+                    set_f(tid, o, run);
                 }
             }
             workgroupBarrier();
@@ -670,17 +732,17 @@ fn ssd_decay_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                 var first = 0u;
                 if (ob == rb) { first = tid + 1u; }  // rows t ≥ σ
                 var sum = 0.0;
-                for (var r = first; r < TILE; r++) { sum += get_pair(r * TILE + tid); }
+                for (var r = first; r < TILE; r++) { sum += get_f(r, tid); }
                 if (sigma < q) { seg_a[sigma] += sum; }
             } else if (ob < rb && tid >= TILE && tid < 2u * TILE) {
                 let j = tid - TILE;
                 var sum = 0.0;
-                for (var r = j; r < TILE; r++) { sum += get_pair(r * TILE + TILE - 1u); }
+                for (var r = j; r < TILE; r++) { sum += get_f(r, TILE - 1u); }
                 if (rb + j < q) { seg_a[rb + j] += sum; }
             }
             if (ob + TILE < rb) {
                 var total = 0.0;
-                for (var r = 0u; r < TILE; r++) { total += get_pair(r * TILE + TILE - 1u); }
+                for (var r = 0u; r < TILE; r++) { total += get_f(r, TILE - 1u); }
                 for (var sigma = ob + TILE + tid; sigma < rb; sigma += 256u) { seg_a[sigma] += total; }
             }
             workgroupBarrier();
@@ -690,10 +752,13 @@ fn ssd_decay_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     for (var i = tid; i < q; i += 256u) { x_part[out_base + i] = seg_a[i]; }
 }
 
-// Per (chunk, head, batch), thread t owning positions [t·seg, (t + 1)·seg): dx = Δ dxd + D dy (in place
-// over dxd), ∂loss/∂a_σ = X_σ + Σ_{t ≥ σ} U_t + Σ_{o < σ} V_o + W_c with U_t = dy_t·y_off_t and
-// V_o = Δ_o x_o·dxd_state_o (the header has the derivation), ddt_raw through the clamp and softplus, and
-// this chunk's partial sums of ∂A_log, ∂D, ∂dt_bias. Grid (nchunks, H, B).
+// Per (chunk, head, batch): dx = Δ dxd + D dy (in place over dxd), ∂loss/∂a_σ = X_σ + Σ_{t ≥ σ} U_t +
+// Σ_{o < σ} V_o + W_c with U_t = dy_t·y_off_t (ssd_chunk_scan's ROW_DOT pieces in u_part) and
+// V_o = Δ_o x_o·dxd_state_o (the header has the derivation), ddt_raw through the clamp and softplus, and this
+// chunk's partial sums of ∂A_log, ∂D, ∂dt_bias. The per-position dot products go 16 positions at a time, 16
+// threads along each position's P floats (coalesced), their partials added in order; then thread t owns
+// positions [t·seg, (t + 1)·seg) for the scans. At mamba2-130m's shape it moves 5 × 25 MB (x, dy, dxd,
+// dxd_state read, dx written). Grid (nchunks, H, B).
 @compute @workgroup_size(256)
 fn ssd_dt_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let c = wid.x;
@@ -707,36 +772,55 @@ fn ssd_dt_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
     let base = dec_base(b, h, c) + DT * q;
     let steps = min(q, d.len - c * q);
     let row_tiles = (q + TILE - 1u) / TILE;
+    let n_tiles = (d.nstate + TILE - 1u) / TILE;
     let state_tiles = (d.headdim * d.nstate + WG - 1u) / WG;
     let bhc = (b * d.heads + h) * d.nchunks + c;
     var w_term = 0.0;
     for (var k = 0u; k < state_tiles; k++) { w_term += w_part[bhc * state_tiles + k]; }
+    let lane = t % 16u;
     var d_skip = 0.0;
+    for (var r0 = 0u; r0 < steps; r0 += 16u) {
+        let r = r0 + t / 16u;
+        var xq = 0.0;  // x·dxd
+        var vv = 0.0;  // x·dxd_state
+        if (r < steps) {
+            let dt = dec[base + r];
+            let row = head_at(b, c * q + r, h, 0u);
+            for (var p = lane; p < d.headdim; p += 16u) {
+                let xv = x[row + p];
+                let gv = dy[row + p];
+                let dxd = dx[row + p];
+                xq += xv * dxd;
+                vv += xv * dxd_state[row + p];
+                d_skip += gv * xv;
+                dx[row + p] = dt * dxd + dskip * gv;
+            }
+        }
+        scan_buf[t] = xq;
+        red_buf[t] = vv;
+        workgroupBarrier();
+        if (t < 16u && r0 + t < steps) {
+            var sx = 0.0;
+            var sv = 0.0;
+            for (var k = 0u; k < 16u; k++) {
+                sx += scan_buf[t * 16u + k];
+                sv += red_buf[t * 16u + k];
+            }
+            seg_c[r0 + t] = sx;
+            seg_b[r0 + t] = dec[base + r0 + t] * sv;
+        }
+        workgroupBarrier();
+    }
     var u_run = 0.0;  // Σ U over this thread's positions
     var v_run = 0.0;  // Σ V likewise
     for (var i = 0u; i < seg; i++) {
         let r = t * seg + i;
         if (r < steps) {
-            let dt = dec[base + r];
-            let row = head_at(b, c * q + r, h, 0u);
-            var xq = 0.0;  // x·dxd
             var uu = 0.0;
-            var vv = 0.0;
-            for (var p = 0u; p < d.headdim; p++) {
-                let xv = x[row + p];
-                let gv = dy[row + p];
-                let dxd = dx[row + p];
-                xq += xv * dxd;
-                uu += gv * y_off[row + p];
-                vv += xv * dxd_state[row + p];
-                d_skip += gv * xv;
-                dx[row + p] = dt * dxd + dskip * gv;
-            }
+            for (var k = 0u; k < n_tiles; k++) { uu += u_part[(bhc * n_tiles + k) * q + r]; }
             seg_a[r] = uu;
-            seg_b[r] = dt * vv;
-            seg_c[r] = xq;
             u_run += uu;
-            v_run += dt * vv;
+            v_run += seg_b[r];
         }
     }
     let u_after = exclusive_prefix(u_run, WG - 1u - t);  // Σ U over the later threads' positions

@@ -84,21 +84,30 @@ def _chunk_state(rt, dims: dict, dec, left, right, grad: bool) -> Tensor:
 
 
 def _chunk_scan(rt, dims: dict, dec, q, k, v, st, out, *, reverse=False, q_dt=False, k_dt=False, skip=None,
-                per_group=False, pairs=True, out_state=None) -> None:
-    """One ssd_chunk_scan mode (see kernels/ssd.wgsl): out (and out_state) have v's layout."""
+                per_group=False, out_state=None, row_dot=None) -> None:
+    """One ssd_chunk_scan mode (see kernels/ssd.wgsl), one head per workgroup. `out` has v's layout, or
+    per_group (dB, dC: v is B or C) a group's heads are summed into it by ssd_sum_heads, in order; out_state has
+    x's layout. row_dot = (C, u_part): also U_r = C_r·(state term)_r per 64-wide piece of N into u_part."""
     H, G, P, N = dims["heads"], dims["ngroups"], dims["headdim"], dims["nstate"]
-    units, v_dim = (G, N) if per_group else (H, P)
-    qk_width, qk_dim, qk_div = (H, P, 1) if per_group else (G, N, H // G)
-    s_j, s_k = (1, N) if per_group else (N, 1)  # per group: j runs over N, k over P of the P × N state
-    consts = {"REVERSE": reverse, "Q_DT": q_dt, "K_DT": k_dt, "ADD_SKIP": skip is not None, "PAIRS": pairs,
-              "STATE_OUT": out_state is not None}
-    grid = (-(-v_dim // TILE) * -(-dims["chunk"] // TILE), dims["nchunks"] * units, dims["batch"])
-    # Modes without a D skip or a separate state term still bind something there: `dec` (read-only, as it is
-    # bound anyway) and a one-element scratch (never written).
-    rt.run("ssd_chunk_scan", grid, consts, dec=dec, q_in=q, k_in=k, v_in=v, st_in=st, out=out,
+    if per_group:  # q, k: x or dy (a block per head); v: B or C (a block per group); state Pᵀ × N
+        qk, vv, (s_j, s_k) = (H, P, 1), (G, N, H // G), (1, N)
+    else:  # q, k: C or B; v: x or dy; state P × N
+        qk, vv, (s_j, s_k) = (G, N, H // G), (H, P, 1), (N, 1)
+    v_dim = vv[1]
+    consts = {"REVERSE": reverse, "Q_DT": q_dt, "K_DT": k_dt, "ADD_SKIP": skip is not None,
+              "STATE_OUT": out_state is not None, "ROW_DOT": row_dot is not None}
+    per_head = out if not per_group or H == G else rt.empty((dims["batch"], dims["len"], H, v_dim))
+    grid = (-(-v_dim // TILE) * -(-dims["chunk"] // TILE), dims["nchunks"] * H, dims["batch"])
+    # Modes without a D skip, a separate state term or a row dot still bind something there: `dec` (read-only,
+    # as it is bound anyway) and a one-element scratch (never written).
+    c_in, u_part = row_dot if row_dot is not None else (dec, rt.empty((1,)))
+    rt.run("ssd_chunk_scan", grid, consts, dec=dec, q_in=q, k_in=k, v_in=v, st_in=st, out=per_head,
            out_state=rt.empty((1,)) if out_state is None else out_state, skip=dec if skip is None else skip,
-           len=dims["len"], heads=H, chunk=dims["chunk"], nchunks=dims["nchunks"], units=units, nh=H // units,
-           qk_width=qk_width, qk_dim=qk_dim, qk_div=qk_div, v_dim=v_dim, s_j=s_j, s_k=s_k, pn=P * N)
+           c_in=c_in, u_part=u_part, len=dims["len"], heads=H, chunk=dims["chunk"], nchunks=dims["nchunks"],
+           qk_width=qk[0], qk_dim=qk[1], qk_div=qk[2], v_width=vv[0], v_dim=v_dim, v_div=vv[2], s_j=s_j, s_k=s_k,
+           pn=P * N)
+    if per_head is not out:
+        rt.run("ssd_sum_heads", grid_1d(out.size), head_part=per_head, out=out, **dims)
 
 
 def ssd_scan(x: Tensor, dt_raw: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, dt_bias: Tensor,
@@ -182,13 +191,13 @@ def ssd_scan_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor] |
     w_part = rt.empty((batch, heads, nc, state_tiles))
     rt.run("ssd_state_passing_backward", (state_tiles, heads, batch), dec=dec, states=dstates,
            saved_states=s.states, w_part=w_part, **dims)
-    y_off = rt.empty(s.x.shape)
-    _chunk_scan(rt, dims, dec, s.C, s.B, s.x, s.states, y_off, pairs=False)
     dx, dxd_state = rt.empty(s.x.shape), rt.empty(s.x.shape)  # dx holds ∂loss/∂(Δ x) until ssd_dt_backward
     _chunk_scan(rt, dims, dec, s.B, s.C, dy, dstates, dx, reverse=True, out_state=dxd_state)
     dB, dC = rt.empty(s.B.shape), rt.empty(s.C.shape)
     _chunk_scan(rt, dims, dec, s.x, dy, s.C, dstates, dB, reverse=True, q_dt=True, per_group=True)
-    _chunk_scan(rt, dims, dec, dy, s.x, s.B, s.states, dC, k_dt=True, per_group=True)
+    # dC's state term exp(cs_t) Eᵀ dy_t dotted with C_t is U_t = dy_t·y_off_t (y_off_t = exp(cs_t) E C_t).
+    u_part = rt.empty((batch, heads, nc, -(-nstate // TILE), s.chunk))
+    _chunk_scan(rt, dims, dec, dy, s.x, s.B, s.states, dC, k_dt=True, per_group=True, row_dot=(s.C, u_part))
     row_tiles = -(-s.chunk // TILE)
     x_part = rt.empty((batch, heads, nc, row_tiles, s.chunk))
     rt.run("ssd_decay_grad", (row_tiles, nc * heads, batch), dec=dec, b_in=s.B, c_in=s.C, x=s.x, dy=dy,
@@ -196,7 +205,7 @@ def ssd_scan_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor] |
     ddt_raw = rt.empty(s.dt_raw.shape)
     param_part = rt.empty((batch, nc, heads, 3))
     rt.run("ssd_dt_backward", (nc, heads, batch), dec=dec, dt_raw=s.dt_raw, dt_bias=s.dt_bias, A_log=s.A_log,
-           skip=s.D, x=s.x, dy=dy, y_off=y_off, dxd_state=dxd_state, dx=dx, w_part=w_part, x_part=x_part,
+           skip=s.D, x=s.x, dy=dy, u_part=u_part, dxd_state=dxd_state, dx=dx, w_part=w_part, x_part=x_part,
            ddt_raw=ddt_raw, param_part=param_part, **dims)
     rt.run("ssd_param_grads", grid_1d(heads, 64), {"ACCUMULATE": accumulate}, param_part=param_part,
            dA_log=dA_log, dD=dD, ddt_bias=ddt_bias, **dims)
