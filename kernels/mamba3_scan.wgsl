@@ -8,22 +8,32 @@
 //   g_t = α_t g_{t−1} + s_t u_t,  h_t = g_t − δ_{t+1} u_t,
 // so the carried state is g alone [P, N] per (batch, head).
 //
-// Threads: one per (batch b, head h, value channel p), walking time in order with its row g[p, :] in a
-// private array (N ≤ MAX_N). No workgroup memory and no barriers: every thread is independent.
-// Memory: the forward saves the state g entering each chunk of `chunk` steps, states [B, n_chunks, H, P, N].
-// The backward walks the chunks last to first: it recomputes the chunk's states g_t into g_scratch
-// ([B, H, P, min(chunk, L), N], per thread), then runs the adjoint G_t = ∂loss/∂g_t =
-// Σ_R dy_{t,R} q_{t,R}ᵀ + α_{t+1} G_{t+1} backwards. dv is local to a thread; the sums over p (dq, dk and the
-// per-(t, head) scalars) go out as per-thread partials and second dispatches add them over p in order, so
-// results are deterministic without atomics.
+// Forward: one thread per (batch b, head h, value channel p), walking time in order with its row g[p, :] in a
+// private array (N ≤ MAX_N); no workgroup memory. It saves the state g entering each chunk of `chunk` steps,
+// states [B, n_chunks, H, P, N].
+// Backward (option (a), chosen over an SSD-style chunked matmul form for exactness and a small change): one
+// workgroup of BT = 64 threads per (b, h, tile of TN = 32 state columns); lane l takes value channel
+// c = pb·BT + l of p-block pb = 0, 1, .. in order, so any headdim works (P = 3, 17, 80, 130 ..). It walks the chunks
+// last to first, recomputes the chunk's g_t (its row c, its tile's columns) into g_scratch ([B, H, P, min(chunk,
+// L), N], read back only by the same thread), then runs the adjoint G_t = Σ_R dy_{t,R} q_{t,R}ᵀ + α_{t+1} G_{t+1}
+// backwards with G (TN floats) private. Per step, the sums over p of dq = Σ_p h[p, n] dy[p], dk = Σ_p du[p, n] v[p]
+// and of three scalars go through workgroup memory `red` (BT × RS floats, 12.25 KiB < 16 KiB) XB outputs per pass;
+// lane x adds column x over the lanes in order and adds it to what earlier p-blocks left (the same lane wrote it).
+// dv (a sum over n) is per state tile: dv_part [B, L, H, R, P, n_tiles], added over tiles in order by
+// mamba3_scan_sum_channels (none when N ≤ 32); the scalars, part_s [B, L, H, n_tiles, 3], by mamba3_scan_scalars.
+// Nothing scales as B·L·H·P·N; no atomics, so results are deterministic.
 
 const MAX_N: u32 = 128u;  // mirrored by the wrapper (mambactl/ops/mamba3_scan.py)
 const MAX_R: u32 = 16u;
+const BT: u32 = 64u;   // mamba3_scan_backward: threads (value channels) per workgroup
+const TN: u32 = 32u;   // mamba3_scan_backward: state columns per workgroup (one tile); mirrored by the wrapper
+const XB: u32 = 48u;   // outputs reduced per pass through `red`
+const RS: u32 = 49u;   // row stride of `red` (XB + 1: no bank conflicts either way)
 
 struct ScanParams { batch: u32, len: u32, heads: u32, rank: u32, nstate: u32, headdim: u32, chunk: u32, nchunks: u32 }
 // Sum over p of part [rows, P, width] -> total [rows, width].
 struct SumParams { rows: u32, width: u32, slices: u32 }
-// Per (b, t, h) scalars from part_s [B·L·H, P, 3].
+// Per (b, t, h) scalars from part_s [B·L·H, n_tiles, 3].
 struct ScalarParams { count: u32, steps: u32, nheads: u32, nslices: u32 }
 
 @group(0) @binding(0) var<uniform> p: ScanParams;
@@ -39,10 +49,10 @@ struct ScalarParams { count: u32, steps: u32, nheads: u32, nslices: u32 }
 @group(0) @binding(10) var<storage, read_write> states: array<f32>;   // [B, n_chunks, H, P, N]
 @group(0) @binding(11) var<storage, read_write> last_state: array<f32>;  // [B, H, P, N]: g after the last step
 @group(0) @binding(12) var<storage, read_write> g_scratch: array<f32>;   // [B, H, P, min(chunk, L), N]
-@group(0) @binding(13) var<storage, read_write> dv: array<f32>;          // [B, L, H, R, P]
-@group(0) @binding(14) var<storage, read_write> part_q: array<f32>;      // [B, L, H, P, R, N]
-@group(0) @binding(15) var<storage, read_write> part_k: array<f32>;      // [B, L, H, P, R, N]
-@group(0) @binding(16) var<storage, read_write> part_s: array<f32>;      // [B, L, H, P, 3]
+@group(0) @binding(13) var<storage, read_write> dv_part: array<f32>;     // [B, L, H, R, P, n_tiles]: dv per state tile
+@group(0) @binding(14) var<storage, read_write> dq: array<f32>;          // [B, L, H, R, N]
+@group(0) @binding(15) var<storage, read_write> dk: array<f32>;          // [B, L, H, R, N]
+@group(0) @binding(16) var<storage, read_write> part_s: array<f32>;      // [B, L, H, n_tiles, 3]
 @group(0) @binding(17) var<uniform> sp: SumParams;
 @group(0) @binding(18) var<storage, read> part: array<f32>;
 @group(0) @binding(19) var<storage, read_write> total: array<f32>;
@@ -50,6 +60,7 @@ struct ScalarParams { count: u32, steps: u32, nheads: u32, nslices: u32 }
 @group(0) @binding(21) var<storage, read_write> dadt: array<f32>;
 @group(0) @binding(22) var<storage, read_write> ddt: array<f32>;
 @group(0) @binding(23) var<storage, read_write> dlam: array<f32>;
+var<workgroup> red: array<f32, 3136>;  // BT · RS: one contribution per (lane, output), 12.25 KiB
 
 // Index of (b, t, h) in a [B, L, H] tensor.
 fn bth(b: u32, t: u32, h: u32) -> u32 { return (b * p.len + t) * p.heads + h; }
@@ -114,78 +125,142 @@ fn mamba3_scan_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
     for (var n = 0u; n < N; n++) { last_state[base + n] = g[n]; }
 }
 
-// Grid grid_1d(B·H·P, 64), as the forward.
+// One workgroup of BT threads per (batch b, head h, state tile of TN columns n0 = tile·TN ..); thread `lane` takes
+// the value channel c = pb·BT + lane of p-block pb = 0, 1, .. (blocks in order, so any headdim works).
+// Grid grid_1d(B·H·n_tiles·BT, BT).
 @compute @workgroup_size(64)
-fn mamba3_scan_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = gid.y * nwg.x * 64u + gid.x;
-    if (i >= p.batch * p.heads * p.headdim) { return; }
-    let c = i % p.headdim;
-    let h = (i / p.headdim) % p.heads;
-    let b = i / (p.headdim * p.heads);
+fn mamba3_scan_backward(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                        @builtin(num_workgroups) nwg: vec3<u32>) {
+    let ntiles = (p.nstate + TN - 1u) / TN;
+    let w = wid.y * nwg.x + wid.x;
+    if (w >= p.batch * p.heads * ntiles) { return; }  // whole workgroups only (uniform)
+    let tile = w % ntiles;
+    let h = (w / ntiles) % p.heads;
+    let b = w / (ntiles * p.heads);
     let N = p.nstate;
     let R = p.rank;
+    let n0 = tile * TN;
+    let tn = min(TN, N - n0);     // columns of this tile
+    let nq = R * tn;              // dq (then dk) outputs per step
+    let nout = 2u * nq + 3u;      // + the three per-step scalars
+    let nblocks = (nout + XB - 1u) / XB;
     let span = min(p.chunk, p.len);
-    let scratch = i * span * N;  // this thread's g_t rows; i = (b·H + h)·P + c
-    var G: array<f32, MAX_N>;    // α_{t+1} G_{t+1} on entering step t
+    let npb = (p.headdim + BT - 1u) / BT;
+    var G: array<f32, TN>;        // α_{t+1} G_{t+1} on entering step t
+    var hv: array<f32, TN>;       // h_t[c, n]
+    var duv: array<f32, TN>;      // ∂loss/∂u_t[c, n]
+    var dyc: array<f32, MAX_R>;
+    var vc: array<f32, MAX_R>;
     var dvacc: array<f32, MAX_R>;
-    for (var n = 0u; n < N; n++) { G[n] = 0.0; }
-    for (var kc = p.nchunks; kc > 0u; kc--) {
-        let t0 = (kc - 1u) * p.chunk;
-        let steps = min(p.chunk, p.len - t0);
-        let entry = (((b * p.nchunks + kc - 1u) * p.heads + h) * p.headdim + c) * N;
-        // Recompute g_t over the chunk.
-        for (var jj = 0u; jj < steps; jj++) {
-            let t = t0 + jj;
-            let j = bth(b, t, h);
-            let alpha = exp(adt[j]);
-            let s = lam[j] * dt[j] + delta_next(b, t, h);
-            for (var n = 0u; n < N; n++) {
-                var prev = 0.0;
-                if (jj == 0u) { prev = saved_states[entry + n]; } else { prev = g_scratch[scratch + (jj - 1u) * N + n]; }
-                g_scratch[scratch + jj * N + n] = alpha * prev + s * outer_sum(b, t, h, c, n);
-            }
-        }
-        // The adjoint, last step to first.
-        for (var jj = steps; jj > 0u; jj--) {
-            let t = t0 + jj - 1u;
-            let j = bth(b, t, h);
-            let alpha = exp(adt[j]);
-            let dn = delta_next(b, t, h);
-            let s = lam[j] * dt[j] + dn;
-            var dscale = 0.0;  // Σ_n G_t u_t
-            var dyqu = 0.0;    // Σ_n (Σ_R dy q_Rᵀ) u_t
-            var gg = 0.0;      // Σ_n G_t g_{t−1}
-            for (var r = 0u; r < R; r++) { dvacc[r] = 0.0; }
-            let prow = (j * p.headdim + c) * R;  // row (b, t, h, c, ·) of part_q / part_k, times N
-            for (var n = 0u; n < N; n++) {
-                let u = outer_sum(b, t, h, c, n);
-                let dq_ = dy_q(b, t, h, c, n);
-                let Gn = dq_ + G[n];
-                let g_t = g_scratch[scratch + (jj - 1u) * N + n];
-                var g_prev = 0.0;
-                if (jj == 1u) { g_prev = saved_states[entry + n]; } else { g_prev = g_scratch[scratch + (jj - 2u) * N + n]; }
-                let hn = g_t - dn * u;
-                let du = s * Gn - dn * dq_;
-                dscale += Gn * u;
-                dyqu += dq_ * u;
-                gg += Gn * g_prev;
-                for (var r = 0u; r < R; r++) {
-                    part_q[(prow + r) * N + n] = hn * dy[v_index(b, t, h, r, c)];
-                    part_k[(prow + r) * N + n] = du * v[v_index(b, t, h, r, c)];
-                    dvacc[r] += du * k[qk_index(b, t, h, r, n)];
+    for (var pb = 0u; pb < npb; pb++) {
+        let c = pb * BT + lane;
+        let live = c < p.headdim;
+        let cc = min(c, p.headdim - 1u);  // a valid channel for the idle lanes' reads (their results are dropped)
+        let lanes = min(BT, p.headdim - pb * BT);
+        let scratch = ((b * p.heads + h) * p.headdim + cc) * span * N;  // this channel's g_t rows
+        for (var i = 0u; i < TN; i++) { G[i] = 0.0; }
+        for (var kc = p.nchunks; kc > 0u; kc--) {
+            let t0 = (kc - 1u) * p.chunk;
+            let steps = min(p.chunk, p.len - t0);
+            let entry = (((b * p.nchunks + kc - 1u) * p.heads + h) * p.headdim + cc) * N;
+            // Recompute g_t over the chunk (this thread's row c, columns of the tile; read back only by it).
+            if (live) {
+                for (var jj = 0u; jj < steps; jj++) {
+                    let t = t0 + jj;
+                    let j = bth(b, t, h);
+                    let alpha = exp(adt[j]);
+                    let s = lam[j] * dt[j] + delta_next(b, t, h);
+                    for (var n = n0; n < n0 + tn; n++) {
+                        var prev = 0.0;
+                        if (jj == 0u) { prev = saved_states[entry + n]; } else { prev = g_scratch[scratch + (jj - 1u) * N + n]; }
+                        g_scratch[scratch + jj * N + n] = alpha * prev + s * outer_sum(b, t, h, cc, n);
+                    }
                 }
-                G[n] = alpha * Gn;
             }
-            for (var r = 0u; r < R; r++) { dv[v_index(b, t, h, r, c)] = dvacc[r]; }
-            let sbase = (j * p.headdim + c) * 3u;
-            part_s[sbase] = dscale;
-            part_s[sbase + 1u] = dyqu;
-            part_s[sbase + 2u] = alpha * gg;
+            // The adjoint, last step to first.
+            for (var jj = steps; jj > 0u; jj--) {
+                let t = t0 + jj - 1u;
+                let j = bth(b, t, h);
+                let alpha = exp(adt[j]);
+                let dn = delta_next(b, t, h);
+                let s = lam[j] * dt[j] + dn;
+                var dscale = 0.0;  // Σ_n G_t u_t over the tile
+                var dyqu = 0.0;    // Σ_n (Σ_R dy q_Rᵀ) u_t
+                var gg = 0.0;      // Σ_n G_t g_{t−1}
+                for (var r = 0u; r < R; r++) {
+                    dvacc[r] = 0.0;
+                    dyc[r] = dy[v_index(b, t, h, r, cc)];
+                    vc[r] = v[v_index(b, t, h, r, cc)];
+                }
+                if (live) {
+                    for (var i = 0u; i < tn; i++) {
+                        let n = n0 + i;
+                        let u = outer_sum(b, t, h, cc, n);
+                        let dq_ = dy_q(b, t, h, cc, n);
+                        let Gn = dq_ + G[i];
+                        let g_t = g_scratch[scratch + (jj - 1u) * N + n];
+                        var g_prev = 0.0;
+                        if (jj == 1u) { g_prev = saved_states[entry + n]; } else { g_prev = g_scratch[scratch + (jj - 2u) * N + n]; }
+                        hv[i] = g_t - dn * u;
+                        let du = s * Gn - dn * dq_;
+                        duv[i] = du;
+                        dscale += Gn * u;
+                        dyqu += dq_ * u;
+                        gg += Gn * g_prev;
+                        for (var r = 0u; r < R; r++) { dvacc[r] += du * k[qk_index(b, t, h, r, n)]; }
+                        G[i] = alpha * Gn;
+                    }
+                    for (var r = 0u; r < R; r++) { dv_part[v_index(b, t, h, r, c) * ntiles + tile] = dvacc[r]; }
+                }
+                // Sums over the channels of this p-block, XB outputs at a time: lane x adds column x of `red`
+                // over the lanes in order, and adds it to what the earlier p-blocks left (the same lane wrote
+                // that, so program order makes it visible).
+                for (var blk = 0u; blk < nblocks; blk++) {
+                    for (var xx = 0u; xx < XB; xx++) {
+                        let x = blk * XB + xx;
+                        var val = 0.0;
+                        if (live && x < nout) {
+                            if (x < nq) {
+                                val = hv[x % tn] * dyc[x / tn];
+                            } else if (x < 2u * nq) {
+                                val = duv[(x - nq) % tn] * vc[(x - nq) / tn];
+                            } else if (x == 2u * nq) {
+                                val = dscale;
+                            } else if (x == 2u * nq + 1u) {
+                                val = dyqu;
+                            } else {
+                                val = alpha * gg;
+                            }
+                        }
+                        red[lane * RS + xx] = val;
+                    }
+                    workgroupBarrier();
+                    let x = blk * XB + lane;
+                    if (lane < XB && x < nout) {
+                        var acc = 0.0;
+                        for (var l = 0u; l < lanes; l++) { acc += red[l * RS + lane]; }
+                        if (x < nq) {
+                            let idx = qk_index(b, t, h, x / tn, n0 + x % tn);
+                            if (pb > 0u) { acc += dq[idx]; }
+                            dq[idx] = acc;
+                        } else if (x < 2u * nq) {
+                            let idx = qk_index(b, t, h, (x - nq) / tn, n0 + (x - nq) % tn);
+                            if (pb > 0u) { acc += dk[idx]; }
+                            dk[idx] = acc;
+                        } else {
+                            let idx = (j * ntiles + tile) * 3u + (x - 2u * nq);
+                            if (pb > 0u) { acc += part_s[idx]; }
+                            part_s[idx] = acc;
+                        }
+                    }
+                    workgroupBarrier();
+                }
+            }
         }
     }
 }
 
-// total[row, x] = Σ_c part[(row·slices + c)·width + x], c in order (dq, dk over the value channels).
+// total[row, x] = Σ_c part[(row·slices + c)·width + x], c in order (dv over the state tiles).
 // Grid grid_1d(rows·width).
 @compute @workgroup_size(256)
 fn mamba3_scan_sum_channels(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -198,7 +273,7 @@ fn mamba3_scan_sum_channels(@builtin(global_invocation_id) gid: vec3<u32>, @buil
     total[i] = acc;
 }
 
-// Per (b, t, h) of count = B·L·H: sums of part [B·L·H, P, 3] over P, then
+// Per (b, t, h) of count = B·L·H: sums of part [B·L·H, n_tiles, 3] over the tiles, then
 //   ∂/∂δ_t = (dscale − dyqu) at t − 1 (zero at t = 0), dadt = Σ α G g_{t−1},
 //   ddt = dscale λ + ∂/∂δ_t (1 − λ), dlam = (dscale − ∂/∂δ_t) Δ.  Grid grid_1d(count).
 @compute @workgroup_size(256)

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
-from mambactl.ops.mamba3_scan import mamba3_scan, mamba3_scan_backward
+from mambactl.ops.mamba3_scan import (BACKWARD_THREADS, TILE_N, backward_buffers, mamba3_scan,
+                                      mamba3_scan_backward)
 from mambactl.reference import mamba3 as ref
 
 NAMES = ("q", "k", "v", "adt", "dt", "lam")
@@ -44,6 +45,12 @@ def run_gpu(rt, x, dy, chunk):
     (2, 33, 2, 2, 8, 4, 8),    # MIMO rank 2
     (1, 70, 2, 4, 4, 3, 32),   # MIMO rank 4
     (1, 70, 1, 1, 16, 2, 100), # one chunk longer than L
+    # the backward's blocks: value channels past one workgroup (BACKWARD_THREADS = 64) and not a multiple of it,
+    # several state tiles (TILE_N = 32) with a partial last one, more outputs than one reduction pass
+    (1, 9, 2, 1, 40, 80, 4),   # P = 80: a full and a partial p-block; N = 40: tiles of 32 + 8
+    (2, 11, 1, 3, 70, 67, 4),  # MIMO rank 3, three tiles, P = 67
+    (1, 6, 1, 16, 33, 17, 4),  # the largest rank: 2·16·32 + 3 outputs per step
+    (1, 5, 1, 1, 128, 130, 2), # the largest N, three p-blocks
 ])
 def test_matches_reference(gpu, batch, length, heads, rank, nstate, headdim, chunk):
     x = make_inputs(batch, length, heads, rank, nstate, headdim)
@@ -96,3 +103,44 @@ def test_shape_errors(gpu):
     _, saved = mamba3_scan(*args)
     with pytest.raises(ShapeError, match="dy has shape"):
         mamba3_scan_backward(saved, gpu.from_numpy(np.zeros((1, 4, 2, 1, 3), np.float32)))
+
+
+def test_backward_transients_do_not_scale_with_headdim_state_and_length(gpu, monkeypatch):
+    """No tensor of B·L·H·P·R·N elements (the old per-channel dq / dk partials): the backward's largest new
+    tensor is a chunk of states or dv / dq-sized, whatever L is."""
+    batch, length, heads, rank, nstate, headdim, chunk = 1, 32, 2, 2, 40, 70, 4
+    x = make_inputs(batch, length, heads, rank, nstate, headdim)
+    dy = np.random.default_rng(1).standard_normal((batch, length, heads, rank, headdim)).astype(np.float32)
+    _, saved = mamba3_scan(*(gpu.from_numpy(x[k]) for k in NAMES), chunk=chunk)
+    dyt = gpu.from_numpy(dy)
+    sizes = []
+    real_empty = gpu.empty
+
+    def empty(shape, *args, **kwargs):
+        sizes.append(int(np.prod(shape)))
+        return real_empty(shape, *args, **kwargs)
+
+    monkeypatch.setattr(gpu, "empty", empty)
+    grads = [g.numpy() for g in mamba3_scan_backward(saved, dyt)]
+    monkeypatch.undo()
+    tiles = -(-nstate // TILE_N)
+    bound = max(batch * heads * headdim * chunk * nstate,           # one chunk of recomputed states
+                batch * length * heads * rank * headdim * tiles,     # dv per state tile
+                batch * length * heads * rank * nstate)              # dq, dk
+    assert sizes and max(sizes) <= bound, (max(sizes), bound)
+    assert max(sizes) * 8 <= batch * length * heads * headdim * rank * nstate
+    grads_ref = ref.mamba3_scan_backward(*(x[k].astype(np.float64) for k in NAMES), dy.astype(np.float64))
+    for name, got, want in zip(GRADS, grads, grads_ref):
+        assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
+
+
+def test_backward_plan_fits_the_130m_training_shape():
+    """mamba-130m training (d_model 768: 24 heads of 64, d_state 128, L 1024, batch 8): every tensor the
+    backward allocates stays far under a 4 GB buffer (the old per-channel partials were 6.4 GB each)."""
+    batch, length, heads, rank, nstate, headdim, chunk = 8, 1024, 24, 1, 128, 64, 64
+    plan = backward_buffers(batch, length, heads, rank, nstate, headdim, chunk)
+    outputs = [(batch, length, heads, rank, nstate), (batch, length, heads, rank, headdim)]
+    nbytes = {name: 4 * int(np.prod(shape)) for name, shape in list(plan.items()) + list(enumerate(outputs))}
+    assert max(nbytes.values()) <= 512 * 2**20, nbytes
+    assert sum(nbytes.values()) < 2**30, nbytes
+    assert BACKWARD_THREADS <= 256

@@ -8,10 +8,13 @@ The same computation as mambactl/reference/mamba3.py's `mamba3_scan` / `mamba3_s
 with q, k [B, L, H, R, N], v and y [B, L, H, R, P], adt = A·Δ, dt = Δ, lam = λ [B, L, H] (SISO is R = 1).
 
 Memory: the forward keeps the (SSD-form) state entering each chunk of `chunk` steps, [B, ceil(L / chunk), H, P, N],
-and the state after the last step [B, H, P, N]; the backward recomputes the states in between. Its transient
-buffers are one chunk of states per thread ([B, H, P, min(chunk, L), N]) and per-value-channel partials of dq and
-dk (2 × [B, L, H, P, R, N]) and of three per-(step, head) scalars ([B, L, H, P, 3]), added over P in order by
-second dispatches (deterministic, no atomics).
+and the state after the last step [B, H, P, N]; the backward recomputes the states in between. One workgroup per
+(batch, head, tile of TILE_N state columns) runs the adjoint with its threads over the value channels (in blocks of
+BACKWARD_THREADS, so any headdim) and adds the dq / dk contributions over p in workgroup memory, in order. Its
+transients (`backward_buffers`): one chunk of recomputed states per channel ([B, H, P, min(chunk, L), N]), dv per
+state tile ([B, L, H, R, P, ceil(N / TILE_N)], only when N > TILE_N) and three scalars per step, head and tile
+([B, L, H, ceil(N / TILE_N), 3]), added over tiles in order by second dispatches: nothing of B·L·H·P·N size, and
+deterministic (no atomics). At mamba-130m training (B 8, L 1024, H 24, P 64, N 128) the largest is 400 MB.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from mambactl.runtime.tensor import Tensor
 MAX_STATE = 128  # mirrors MAX_N in kernels/mamba3_scan.wgsl (a private array per thread)
 MAX_RANK = 16    # mirrors MAX_R
 DEFAULT_CHUNK = 64
-THREADS = 64     # workgroup size of the scan entries
+THREADS = 64     # workgroup size of the forward and step entries
+BACKWARD_THREADS = 64  # mirrors BT: value channels per backward workgroup
+TILE_N = 32      # mirrors TN: state columns per backward workgroup
 
 
 @dataclass
@@ -85,6 +90,18 @@ def mamba3_scan(q: Tensor, k: Tensor, v: Tensor, adt: Tensor, dt: Tensor, lam: T
     return y, Mamba3ScanSaved(q, k, v, adt, dt, lam, states, int(chunk), last_state)
 
 
+def backward_buffers(batch: int, length: int, heads: int, rank: int, nstate: int, headdim: int,
+                     chunk: int) -> dict[str, tuple[int, ...]]:
+    """The backward's transient tensors (name -> shape) besides its outputs: what `mamba3_scan_backward`
+    allocates, for planning memory without a device."""
+    tiles = -(-nstate // TILE_N)
+    shapes = {"g_scratch": (batch, heads, headdim, min(chunk, length), nstate),
+              "part_s": (batch, length, heads, tiles, 3)}
+    if tiles > 1:
+        shapes["dv_part"] = (batch, length, heads, rank, headdim, tiles)
+    return shapes
+
+
 def mamba3_scan_backward(saved: Mamba3ScanSaved, dy: Tensor):
     """dy [B, L, H, R, P] -> (dq, dk, dv, dadt, ddt, dlam), shaped as the inputs. Exact."""
     op = "mamba3_scan_backward"
@@ -95,23 +112,21 @@ def mamba3_scan_backward(saved: Mamba3ScanSaved, dy: Tensor):
     params = _params(*dims, s.chunk)
     expect(op, "saved states", s.states, (batch, params["nchunks"], heads, headdim, nstate))
     rt = dy.runtime
-    span = min(s.chunk, length)
-    g_scratch = rt.empty((batch, heads, headdim, span, nstate))
-    dv = rt.empty(s.v.shape)
-    part_q = rt.empty((batch, length, heads, headdim, rank, nstate))
-    part_k = rt.empty((batch, length, heads, headdim, rank, nstate))
-    part_s = rt.empty((batch, length, heads, headdim, 3))
-    rt.run("mamba3_scan_backward", grid_1d(batch * heads * headdim, THREADS), q=s.q, k=s.k, v=s.v, adt=s.adt,
-           dt=s.dt, lam=s.lam, dy=dy, saved_states=s.states, g_scratch=g_scratch, dv=dv, part_q=part_q,
-           part_k=part_k, part_s=part_s, **params)
-    dq, dk = rt.empty(s.q.shape), rt.empty(s.k.shape)
-    rows, width = batch * length * heads, rank * nstate
-    for part, total in ((part_q, dq), (part_k, dk)):
-        rt.run("mamba3_scan_sum_channels", grid_1d(rows * width), part=part, total=total, rows=rows, width=width,
-               slices=headdim)
+    plan = backward_buffers(*dims, s.chunk)
+    tiles = -(-nstate // TILE_N)
+    g_scratch, part_s = rt.empty(plan["g_scratch"]), rt.empty(plan["part_s"])
+    dq, dk, dv = rt.empty(s.q.shape), rt.empty(s.k.shape), rt.empty(s.v.shape)
+    dv_part = rt.empty(plan["dv_part"]) if tiles > 1 else dv
+    rt.run("mamba3_scan_backward", grid_1d(batch * heads * tiles * BACKWARD_THREADS, BACKWARD_THREADS), q=s.q,
+           k=s.k, v=s.v, adt=s.adt, dt=s.dt, lam=s.lam, dy=dy, saved_states=s.states, g_scratch=g_scratch,
+           dv_part=dv_part, dq=dq, dk=dk, part_s=part_s, **params)
+    if tiles > 1:
+        rows = batch * length * heads * rank * headdim
+        rt.run("mamba3_scan_sum_channels", grid_1d(rows), part=dv_part, total=dv, rows=rows, width=1, slices=tiles)
+    rows = batch * length * heads
     dadt, ddt, dlam = (rt.empty(s.adt.shape) for _ in range(3))
     rt.run("mamba3_scan_scalars", grid_1d(rows), part=part_s, lam=s.lam, dt=s.dt, dadt=dadt, ddt=ddt, dlam=dlam,
-           count=rows, steps=length, nheads=heads, nslices=headdim)
+           count=rows, steps=length, nheads=heads, nslices=tiles)
     return dq, dk, dv, dadt, ddt, dlam
 
 
