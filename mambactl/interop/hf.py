@@ -29,7 +29,7 @@ import safetensors.numpy
 from tokenizers import Tokenizer
 
 from mambactl.errors import MambactlError
-from mambactl.interop.mamba_ssm import RENAMES, is_mamba_ssm_config, model_from_mamba_ssm, read_torch_checkpoint
+from mambactl.interop.mamba_ssm import is_mamba_ssm_config, model_from_mamba_ssm, read_torch_checkpoint, tensor_renames
 from mambactl.models.config import ModelConfig
 from mambactl.models.params import parameter_specs
 from mambactl.package.checkpoint import atomic_write, config_from_dict, first_line
@@ -220,14 +220,17 @@ def import_checkpoint(src: str | Path, out: str | Path, *, tokenizer: str | Path
     config = _read_json(src / "config.json")
     mamba_ssm = is_mamba_ssm_config(config)
     try:
-        fields, kind, rows = model_from_mamba_ssm(config) if mamba_ssm else model_from_hf(config)
+        if mamba_ssm:  # attention: the indices of MHA layers (mamba_ssm hybrids)
+            fields, kind, rows, attention = model_from_mamba_ssm(config)
+        else:
+            (fields, kind, rows), attention = model_from_hf(config), ()
     except MambactlError as exc:
         raise MambactlError(f"{src}/{exc}") from None
     source = "mamba_ssm" if mamba_ssm else ARCHITECTURES[kind][0]
     tensors = read_tensors(src)
     tok = _tokenizer(src, tokenizer)
-    cfg = _model_config(src, fields, kind, vocab_size(tok), rows, len(tensors))
-    weights = _match_tensors(src, cfg, tensors, renames=RENAMES if mamba_ssm else ())
+    cfg = _model_config(src, fields, kind, attention, vocab_size(tok), rows, len(tensors))
+    weights = _match_tensors(src, cfg, tensors, renames=tensor_renames(attention) if mamba_ssm else ())
     card = {"description": f"Imported from the {source} checkpoint {src.name}.", "tags": ["imported", source]}
     return write_package(out, cfg, weights, tok, name=name or src.name, version=version, card=card)
 
@@ -239,8 +242,10 @@ def _tokenizer(src: Path, path: str | Path | None) -> Tokenizer:
     return load_tokenizer(src if path is None else path)
 
 
-def _model_config(src: Path, fields: dict, kind: str, tokens: int, rows: int, n_tensors: int) -> ModelConfig:
-    """The package config: the tokenizer's vocab padded to exactly the checkpoint's embedding rows."""
+def _model_config(src: Path, fields: dict, kind: str, attention: tuple[int, ...], tokens: int, rows: int,
+                  n_tensors: int) -> ModelConfig:
+    """The package config: layers `kind` but those in `attention`; the tokenizer's vocab padded to exactly the
+    checkpoint's embedding rows."""
     if fields["n_layer"] > n_tensors:  # before building a per-layer list from an absurd n_layer
         raise MambactlError(f"{src}/config.json: {fields['n_layer']} layers, but the checkpoint holds only "
                             f"{n_tensors} tensors")
@@ -250,7 +255,7 @@ def _model_config(src: Path, fields: dict, kind: str, tokens: int, rows: int, n_
     declared = fields.get("pad_vocab_size_multiple")
     multiple = next(m for m in (declared, *_PAD_MULTIPLES, rows) if m and -(-tokens // m) * m == rows)
     data = {**fields, "vocab_size": tokens, "pad_vocab_size_multiple": multiple, "tie_embeddings": True,
-            "layers": [kind] * fields["n_layer"]}
+            "layers": ["attention" if i in attention else kind for i in range(fields["n_layer"])]}
     return config_from_dict(data, f"{src}/config.json")
 
 
@@ -279,7 +284,8 @@ def _match_tensors(src: Path, cfg: ModelConfig, tensors: dict[str, np.ndarray],
         weights[spec.name] = named.pop(spec.name)
     if named:
         extra = theirs(sorted(named)[0])
-        raise MambactlError(f"{src}: unexpected tensor {extra} (not a parameter of this {cfg.layers[0]} model)")
+        kinds = "/".join(dict.fromkeys(cfg.layers))
+        raise MambactlError(f"{src}: unexpected tensor {extra} (not a parameter of this {kinds} model)")
     if head is not None and not np.array_equal(head, weights[EMBED]):
         raise MambactlError(f"{src}: {HEAD} differs from {theirs(EMBED)}; untied output heads are not supported")
     return weights
