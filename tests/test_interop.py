@@ -402,8 +402,8 @@ def test_bad_source_directories_give_one_line_naming_the_problem(mamba1_dir, cas
 
 def test_unsupported_mamba_ssm_layer_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"d_model": 16, "n_layer": 2, "vocab_size": 300,
-                                                      "ssm_cfg": {"layer": "Mamba3"}}))
-    with pytest.raises(MambactlError, match="unsupported architecture: ssm_cfg.layer = 'Mamba3'"):
+                                                      "ssm_cfg": {"layer": "Hyena"}}))
+    with pytest.raises(MambactlError, match="unsupported architecture: ssm_cfg.layer = 'Hyena'"):
         import_checkpoint(tmp_path, tmp_path / "out.evermind")
 
 
