@@ -24,11 +24,6 @@ DECODERS = {"mamba1": (mamba1_decode_state, mamba1_step), "mamba2": (mamba2_deco
             "attention": (attention_layer_decode_state, attention_layer_step)}
 
 
-def decodable(cfg) -> bool:
-    """Whether every layer of the model has a recurrent step (else generation re-runs the parallel forward)."""
-    return all(t in DECODERS for t in cfg.layers)
-
-
 class RecurrentDecoder:
     """Holds one recurrent state per layer for a batch of sequences decoded in lockstep."""
 

@@ -28,7 +28,6 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from mambactl.errors import MambactlError
 from mambactl.generate import generate
-from mambactl.models.decode import decodable
 from mambactl.models.lm import EMBED, LanguageModel
 from mambactl.models.params import init_parameters, parameter_specs
 from mambactl.ops.adamw import AdamWState, adamw_step
@@ -100,15 +99,8 @@ def evaluate(lm: LanguageModel, val_tokens: np.ndarray, batch_size: int, seq_len
 
 def sample_text(lm: LanguageModel, tokenizer, temperature: float, seed: int = 0, prompt: str = SAMPLE_PROMPT,
                 n: int = SAMPLE_TOKENS) -> str:
-    """prompt + n tokens: recurrent decoding where every layer type has it, else re-running the parallel
-    forward on the growing sequence (greedy only)."""
-    if decodable(lm.cfg):
-        return prompt + generate(lm, tokenizer, prompt, max_tokens=n, temperature=temperature, seed=seed).text
-    ids = tokenizer.encode(prompt).ids or [0]
-    for _ in range(n):
-        _, logits, _ = lm.forward(np.array([ids]))
-        ids.append(int(np.argmax(logits.numpy()[-1, : lm.cfg.vocab_size])))
-    return tokenizer.decode(ids)
+    """prompt + n tokens sampled with recurrent decoding (mambactl/generate.py)."""
+    return prompt + generate(lm, tokenizer, prompt, max_tokens=n, temperature=temperature, seed=seed).text
 
 
 class _Reporter:
