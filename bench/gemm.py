@@ -1,9 +1,15 @@
-"""GEMM throughput by shape for both WGSL matmul kernels (TFLOP/s; warm, median of repeats).
+"""GEMM throughput by shape, kernel and direction (TFLOP/s; warm, median of repeats).
 
-    python bench/gemm.py [--device D] [--shapes 4096x4096x4096,8192x768x1536,...] [--repeats 10]
+    python bench/gemm.py [--device D] [--shapes 4096x4096x4096,8192x768x3072,...] [--kernels auto,matmul@128x128x8]
+                         [--repeats 7] [--src OTHER_CHECKOUT] [--out FILE]
 
 A shape is MxKxN for Y[M, N] = X[M, K] · W[N, K]ᵀ (the forward of a linear layer), and each kernel is also
-timed on the two backward products (dX = dY W, dW = dYᵀ X).
+timed on the two backward products: dX[M, K] = dY W and dW[N, K] = dYᵀ X. A kernel is `auto` (what
+`ops.linear.matmul` picks), `matmul@TILE` (the tiled kernel with a tile of ops.linear.TILES),
+`matmul@TILE/scalar` (its scalar loads), or any other name, passed as `kernel=` (e.g. `matmul_direct`, or
+an older commit's kernels through --src). Each sample records enough calls back to back to take
+≥ 20 ms, then syncs once, so submit and readback latency stay out of the figure; the first sample is a
+warm-up (pipeline compilation, allocations) and is excluded. One JSON line per (shape, kernel), then a table.
 """
 
 from __future__ import annotations
@@ -15,26 +21,40 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-import numpy as np  # noqa: E402
-
-from mambactl.ops.linear import matmul  # noqa: E402
-from mambactl.runtime.gpu import get_runtime  # noqa: E402
-
 MODEL_SHAPES = "4096x4096x4096,8192x768x3072,8192x1536x768,8192x768x50280,8192x1536x80"
+NAMES = {"4096x4096x4096": "square", "8192x768x3072": "in_proj", "8192x1536x768": "out_proj",
+         "8192x768x50280": "tied head", "8192x1536x80": "x_proj"}
+DIRECTIONS = ("fwd", "dX", "dW")
 
 
-def timed(rt, fn, repeats):
+def kwargs_for(spec: str) -> dict:
+    if spec == "auto":
+        return {}
+    if spec.startswith("matmul@"):
+        tile, _, mode = spec[len("matmul@"):].partition("/")
+        return {"kernel": "matmul", "tile": tile, **({"vec4": False} if mode == "scalar" else {})}
+    return {"kernel": spec}
+
+
+def timed(rt, fn, repeats: int, min_s: float = 0.02) -> float:
+    """Seconds per call: median over `repeats` samples of `inner` calls each, after one warm-up sample."""
+    t = time.perf_counter()
     fn()
     rt.sync()
+    first = time.perf_counter() - t
+    inner = max(1, min(50, int(min_s / max(first, 1e-6))))
+    t = time.perf_counter()
+    for _ in range(inner):
+        fn()
+    rt.sync()
+    inner = max(1, min(50, int(min_s * inner / max(time.perf_counter() - t, 1e-6))))
     out = []
     for _ in range(repeats):
         t = time.perf_counter()
-        fn()
+        for _ in range(inner):
+            fn()
         rt.sync()
-        out.append(time.perf_counter() - t)
+        out.append((time.perf_counter() - t) / inner)
     return statistics.median(out)
 
 
@@ -42,25 +62,52 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default=None)
     p.add_argument("--shapes", default=MODEL_SHAPES)
-    p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--kernels", default="matmul,matmul_direct")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--kernels", default="auto")
+    p.add_argument("--src", default=None, help="import mambactl from this checkout (compare an older commit)")
+    p.add_argument("--label", default="", help="tag the JSON lines and table rows (e.g. the commit)")
+    p.add_argument("--out", default=None, help="also append the JSON lines to this file")
     a = p.parse_args()
+    sys.path.insert(0, str(Path(a.src).resolve() if a.src else Path(__file__).resolve().parent.parent))
+
+    import numpy as np
+
+    from mambactl.ops.linear import matmul
+    from mambactl.runtime.gpu import get_runtime
+
     rt = get_runtime(a.device)
     rng = np.random.default_rng(0)
-    print(f"{rt.info.name} ({rt.info.backend})")
+    print(f"{rt.info.name} ({rt.info.backend}) {a.label}", flush=True)
+    rows = []
     for shape in a.shapes.split(","):
         M, K, N = (int(s) for s in shape.split("x"))
         x = rt.from_numpy(rng.standard_normal((M, K), dtype=np.float32))
         w = rt.from_numpy(rng.standard_normal((N, K), dtype=np.float32))
         dy = rt.from_numpy(rng.standard_normal((M, N), dtype=np.float32))
         flops = 2.0 * M * N * K
-        for kernel in a.kernels.split(","):
-            row = {"shape": shape, "kernel": kernel}
-            for name, fn in (("fwd", lambda: matmul(x, w, trans_b=True, kernel=kernel)),
-                             ("dX", lambda: matmul(dy, w, kernel=kernel)),
-                             ("dW", lambda: matmul(dy, x, trans_a=True, kernel=kernel))):
-                row[name + "_tflops"] = round(flops / timed(rt, fn, a.repeats) / 1e12, 3)
-            print(json.dumps(row))
+        for spec in a.kernels.split(","):
+            kw = kwargs_for(spec)
+            row = {"bench": "gemm", "label": a.label, "shape": shape, "kernel": spec}
+            for name, fn in (("fwd", lambda: matmul(x, w, trans_b=True, **kw)),
+                             ("dX", lambda: matmul(dy, w, **kw)),
+                             ("dW", lambda: matmul(dy, x, trans_a=True, **kw))):
+                try:
+                    row[name + "_tflops"] = round(flops / timed(rt, fn, a.repeats) / 1e12, 3)
+                except Exception as e:  # noqa: BLE001 - one failing variant must not lose the others
+                    row[name + "_error"] = f"{type(e).__name__}: {e}"[:200]
+            rows.append(row)
+            line = json.dumps(row)
+            print(line, flush=True)
+            if a.out:
+                with open(a.out, "a") as f:
+                    f.write(line + "\n")
+        del x, w, dy
+    print(f"\n| M×K×N | kernel | {' | '.join(DIRECTIONS)} |  (TFLOP/s{', ' + a.label if a.label else ''})")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        cells = [f"{r[d + '_tflops']:.1f}" if d + "_tflops" in r else "err" for d in DIRECTIONS]
+        name = NAMES.get(r["shape"])
+        print(f"| {r['shape']}{f' ({name})' if name else ''} | {r['kernel']} | {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":

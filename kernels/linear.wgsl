@@ -4,141 +4,277 @@
 // Split-K: workgroup z takes K range [z·k_split, (z+1)·k_split) and writes plane z of C ([S, M, N]);
 // ops/linear.py sums the planes (so a short, wide product like dW of a small projection still fills
 // the GPU). Any M, N, K: out-of-range loads read 0 and out-of-range stores are skipped.
-// Three kernels share the loads and stores:
-//   matmul        64×64 tile per 16×16 workgroup, 4×4 register block per thread (four vec4s)
-//   matmul_large  128×128 tile, 8×8 per thread (sixteen vec4s): twice the arithmetic per shared load
-//   matmul_direct no workgroup memory or barriers, for CPU adapters
-// Accumulators are named vec4 variables, never dynamically indexed arrays (those spill to memory).
+//
+// Two entry points:
+//   matmul         the tiled GEMM. 256 threads compute a (16·TM) × (16·TN) tile of C, each thread a TM × TN
+//                  register block (TM, TN ∈ {4, 8}: 64², 64×128, 128×64 or 128² tiles), stepping K by BK
+//                  (8 or 16; BM·BK and BN·BK must be ≥ 1024, so every thread stages whole vec4s).
+//   matmul_direct  no workgroup memory or barriers, for CPU adapters.
+//
+// How `matmul` is fast (on an H200 through Vulkan it is FFMA-issue bound; docs/performance.md has numbers):
+// - VEC4 (chosen by ops/linear.py when the contiguous dimensions are multiples of 4): every global load
+//   and store moves a vec4; edge tiles clamp the address and select 0, so there are no branches in the
+//   load path. Without VEC4 the same staging reads 4 scalars with a check each (ragged shapes).
+// - Shared tiles are vec4 arrays, k-major ([buffer][k][row/4]), so a thread reads 4 rows (or columns)
+//   with one 16-byte load; a warp is laid out 8 columns × 4 rows of threads, so each of its shared
+//   reads touches 4 or 8 consecutive vec4s (one wavefront, no bank conflicts). Rows are padded to 33
+//   vec4s so the transposed stores of a K-contiguous operand do not collide on banks.
+// - Double buffering: tile t+1 is loaded from memory into registers before tile t is multiplied, then
+//   written to the other shared buffer: one barrier per K step, and the loads' latency hides behind
+//   BK·TM·TN FMAs.
+// - The BK steps of a tile are written out (kstep(buf, 0u) ...): naga bounds every loop with a counter
+//   (so drivers may not unroll it) and clamps each dynamic workgroup-array index; with literal k every
+//   index but the per-thread row/column is a constant, and the driver folds the clamps.
+// - Accumulators are 4×4 blocks held in private mat4x4 variables and only ever indexed by constants
+//   (a dynamically indexed accumulator array spills to memory).
 
 override TRANS_A: bool = false;
 override TRANS_B: bool = false;
 override HAS_BIAS: bool = false;
 override ACCUMULATE: bool = false;
+override VEC4: bool = false;  // M/N/K allow 16-byte loads and stores (see ops/linear.py)
+override TM: u32 = 8u;        // rows per thread: 4 or 8
+override TN: u32 = 8u;        // columns per thread: 4 or 8
+override BK: u32 = 8u;        // K per shared tile: 8 or 16
+
+const BM_MAX4 = 33u;  // 128 rows / 4 + 1 vec4 of padding
 
 struct Params { m: u32, n: u32, k: u32, k_split: u32 }
 
+// Buffers are bound as vec4 arrays (the buffer pool rounds every buffer to 256 bytes); scalar access
+// goes through a component: x[e >> 2u][e & 3u].
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> a: array<f32>;
-@group(0) @binding(2) var<storage, read> b: array<f32>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>;
-@group(0) @binding(4) var<storage, read_write> c: array<f32>;
+@group(0) @binding(1) var<storage, read> a: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> b: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> bias: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> c: array<vec4<f32>>;
 
-var<workgroup> a_tile: array<f32, 1024>;  // [k][rows of the tile], k-major so 4 rows read as one vec4
-var<workgroup> b_tile: array<f32, 1024>;  // [k][cols of the tile]
+var<workgroup> a_sh: array<array<array<vec4<f32>, BM_MAX4>, 16>, 2>;  // [buffer][k][row / 4]
+var<workgroup> b_sh: array<array<array<vec4<f32>, BM_MAX4>, 16>, 2>;  // [buffer][k][col / 4]
 
-fn k_end(z: u32) -> u32 { return min(p.k, (z + 1u) * p.k_split); }
+// Per-thread state of `matmul` (private, so the helpers below can share it without pointers).
+var<private> tx: u32;    // column block: columns cg·64 + tx·4 .. + 3
+var<private> ty: u32;    // row block: rows rg·64 + ty·4 .. + 3
+var<private> row0: u32;  // the tile's first row and column
+var<private> col0: u32;
+var<private> kend: u32;  // end of this split's K range
+var<private> acc00: mat4x4<f32>;  // [row group rg][column group cg]; column i of the matrix is row i
+var<private> acc01: mat4x4<f32>;
+var<private> acc10: mat4x4<f32>;
+var<private> acc11: mat4x4<f32>;
+var<private> la0: vec4<f32>;  // the next tile, in flight from memory to shared
+var<private> la1: vec4<f32>;
+var<private> lb0: vec4<f32>;
+var<private> lb1: vec4<f32>;
 
-fn load_a(row: u32, kk: u32, kend: u32) -> f32 {
-    if (row >= p.m || kk >= kend) { return 0.0; }
-    if (TRANS_A) { return a[kk * p.m + row]; }
-    return a[row * p.k + kk];
-}
+fn bm() -> u32 { return 16u * TM; }
+fn bn() -> u32 { return 16u * TN; }
 
-fn load_b(kk: u32, col: u32, kend: u32) -> f32 {
-    if (kk >= kend || col >= p.n) { return 0.0; }
-    if (TRANS_B) { return b[col * p.k + kk]; }
-    return b[kk * p.n + col];
-}
-
-// Stage a [ktile × rows] slice of A and a [ktile × cols] slice of B (rows = cols = 1024 / ktile),
-// reading along whichever index is contiguous in memory so loads coalesce.
-fn stage(t: u32, row0: u32, col0: u32, k0: u32, kend: u32, ktile: u32) {
-    let width = 1024u / ktile;
-    for (var r = 0u; r < 4u; r++) {
-        let i = t + r * 256u;
-        var kk: u32; var mm: u32;
-        if (TRANS_A) { kk = i / width; mm = i % width; } else { mm = i / ktile; kk = i % ktile; }
-        a_tile[kk * width + mm] = load_a(row0 + mm, k0 + kk, kend);
-        var kb: u32; var nn: u32;
-        if (TRANS_B) { nn = i / ktile; kb = i % ktile; } else { kb = i / width; nn = i % width; }
-        b_tile[kb * width + nn] = load_b(k0 + kb, col0 + nn, kend);
+// Four consecutive elements of A (or B) from flat index e, of which the first `valid` exist.
+fn load4_a(e: u32, valid: u32) -> vec4<f32> {
+    if (VEC4) {  // valid is 0 or 4
+        return select(vec4<f32>(0.0), a[select(0u, e >> 2u, valid > 0u)], valid > 0u);
     }
-}
-
-fn a4(base: u32) -> vec4<f32> { return vec4<f32>(a_tile[base], a_tile[base + 1u], a_tile[base + 2u], a_tile[base + 3u]); }
-fn b4(base: u32) -> vec4<f32> { return vec4<f32>(b_tile[base], b_tile[base + 1u], b_tile[base + 2u], b_tile[base + 3u]); }
-
-fn store_row(z: u32, row: u32, col0: u32, v: vec4<f32>) {
-    if (row >= p.m) { return; }
-    let plane = z * p.m * p.n;
+    var v = vec4<f32>(0.0);
     for (var j = 0u; j < 4u; j++) {
-        let col = col0 + j;
+        if (j < valid) { v[j] = a[(e + j) >> 2u][(e + j) & 3u]; }
+    }
+    return v;
+}
+
+fn load4_b(e: u32, valid: u32) -> vec4<f32> {
+    if (VEC4) {
+        return select(vec4<f32>(0.0), b[select(0u, e >> 2u, valid > 0u)], valid > 0u);
+    }
+    var v = vec4<f32>(0.0);
+    for (var j = 0u; j < 4u; j++) {
+        if (j < valid) { v[j] = b[(e + j) >> 2u][(e + j) & 3u]; }
+    }
+    return v;
+}
+
+fn count4(ok: bool, start: u32, limit: u32) -> u32 {
+    return select(0u, min(4u, limit - min(start, limit)), ok);
+}
+
+// Slot i (0 .. BM·BK/4) of the A tile at K offset k0: four elements along A's contiguous dimension,
+// so consecutive threads read consecutive memory.
+fn fetch_a(i: u32, k0: u32) -> vec4<f32> {
+    if (TRANS_A) {  // A is [K, M]: along m
+        let kk = k0 + i / (bm() / 4u);
+        let row = row0 + (i % (bm() / 4u)) * 4u;
+        return load4_a(kk * p.m + row, count4(kk < kend, row, p.m));
+    }
+    let row = row0 + i / (BK / 4u);  // A is [M, K]: along k
+    let kk = k0 + (i % (BK / 4u)) * 4u;
+    return load4_a(row * p.k + kk, count4(row < p.m, kk, kend));
+}
+
+fn fetch_b(i: u32, k0: u32) -> vec4<f32> {
+    if (TRANS_B) {  // B is [N, K]: along k
+        let col = col0 + i / (BK / 4u);
+        let kk = k0 + (i % (BK / 4u)) * 4u;
+        return load4_b(col * p.k + kk, count4(col < p.n, kk, kend));
+    }
+    let kk = k0 + i / (bn() / 4u);  // B is [K, N]: along n
+    let col = col0 + (i % (bn() / 4u)) * 4u;
+    return load4_b(kk * p.n + col, count4(kk < kend, col, p.n));
+}
+
+fn put_a(buf: u32, i: u32, v: vec4<f32>) {
+    if (TRANS_A) {
+        a_sh[buf][i / (bm() / 4u)][i % (bm() / 4u)] = v;
+        return;
+    }
+    let m = i / (BK / 4u);  // transpose: the four k values go to four rows of the k-major tile
+    let k = (i % (BK / 4u)) * 4u;
+    a_sh[buf][k][m >> 2u][m & 3u] = v.x;
+    a_sh[buf][k + 1u][m >> 2u][m & 3u] = v.y;
+    a_sh[buf][k + 2u][m >> 2u][m & 3u] = v.z;
+    a_sh[buf][k + 3u][m >> 2u][m & 3u] = v.w;
+}
+
+fn put_b(buf: u32, i: u32, v: vec4<f32>) {
+    if (!TRANS_B) {
+        b_sh[buf][i / (bn() / 4u)][i % (bn() / 4u)] = v;
+        return;
+    }
+    let n = i / (BK / 4u);
+    let k = (i % (BK / 4u)) * 4u;
+    b_sh[buf][k][n >> 2u][n & 3u] = v.x;
+    b_sh[buf][k + 1u][n >> 2u][n & 3u] = v.y;
+    b_sh[buf][k + 2u][n >> 2u][n & 3u] = v.z;
+    b_sh[buf][k + 3u][n >> 2u][n & 3u] = v.w;
+}
+
+// Each thread stages BM·BK/1024 (1 or 2) vec4s of A and BN·BK/1024 of B.
+fn fetch(t: u32, k0: u32) {
+    la0 = fetch_a(t, k0);
+    if (bm() * BK > 1024u) { la1 = fetch_a(t + 256u, k0); }
+    lb0 = fetch_b(t, k0);
+    if (bn() * BK > 1024u) { lb1 = fetch_b(t + 256u, k0); }
+}
+
+fn commit(t: u32, buf: u32) {
+    put_a(buf, t, la0);
+    if (bm() * BK > 1024u) { put_a(buf, t + 256u, la1); }
+    put_b(buf, t, lb0);
+    if (bn() * BK > 1024u) { put_b(buf, t + 256u, lb1); }
+}
+
+// acc += x ⊗ y for a 4×4 block: row i of the block (column i of the matrix) gains x[i] · y.
+fn outer(acc: mat4x4<f32>, x: vec4<f32>, y: vec4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(fma(vec4<f32>(x.x), y, acc[0]), fma(vec4<f32>(x.y), y, acc[1]),
+                       fma(vec4<f32>(x.z), y, acc[2]), fma(vec4<f32>(x.w), y, acc[3]));
+}
+
+fn kstep(buf: u32, k: u32) {
+    let a0 = a_sh[buf][k][ty];
+    let b0 = b_sh[buf][k][tx];
+    acc00 = outer(acc00, a0, b0);
+    if (TN == 8u) {
+        let b1 = b_sh[buf][k][tx + 16u];
+        acc01 = outer(acc01, a0, b1);
+        if (TM == 8u) {
+            let a1 = a_sh[buf][k][ty + 16u];
+            acc10 = outer(acc10, a1, b0);
+            acc11 = outer(acc11, a1, b1);
+        }
+    } else if (TM == 8u) {
+        let a1 = a_sh[buf][k][ty + 16u];
+        acc10 = outer(acc10, a1, b0);
+    }
+}
+
+fn multiply_tile(buf: u32) {
+    kstep(buf, 0u); kstep(buf, 1u); kstep(buf, 2u); kstep(buf, 3u);
+    kstep(buf, 4u); kstep(buf, 5u); kstep(buf, 6u); kstep(buf, 7u);
+    if (BK == 16u) {
+        kstep(buf, 8u); kstep(buf, 9u); kstep(buf, 10u); kstep(buf, 11u);
+        kstep(buf, 12u); kstep(buf, 13u); kstep(buf, 14u); kstep(buf, 15u);
+    }
+}
+
+// Four consecutive elements of row `row` of C plane z from column col (a multiple of 4).
+fn store4(z: u32, row: u32, col: u32, v: vec4<f32>) {
+    if (row >= p.m) { return; }
+    let e = z * p.m * p.n + row * p.n + col;
+    if (VEC4) {  // N is a multiple of 4: the vec4 is all in or all out
         if (col < p.n) {
-            let i = plane + row * p.n + col;
+            var out = v;
+            if (HAS_BIAS) { out += bias[col >> 2u]; }
+            if (ACCUMULATE) { out += c[e >> 2u]; }
+            c[e >> 2u] = out;
+        }
+        return;
+    }
+    for (var j = 0u; j < 4u; j++) {
+        if (col + j < p.n) {
+            let f = e + j;
             var out = v[j];
-            if (HAS_BIAS) { out += bias[col]; }
-            if (ACCUMULATE) { out += c[i]; }
-            c[i] = out;
+            if (HAS_BIAS) { out += bias[(col + j) >> 2u][(col + j) & 3u]; }
+            if (ACCUMULATE) { out += c[f >> 2u][f & 3u]; }
+            c[f >> 2u][f & 3u] = out;
         }
     }
 }
 
-@compute @workgroup_size(16, 16)
-fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let row0 = wid.y * 64u;
-    let col0 = wid.x * 64u;
-    let t = lid.y * 16u + lid.x;
-    let kend = k_end(wid.z);
-    var acc0 = vec4<f32>(0.0);
-    var acc1 = vec4<f32>(0.0);
-    var acc2 = vec4<f32>(0.0);
-    var acc3 = vec4<f32>(0.0);
-    for (var k0 = wid.z * p.k_split; k0 < kend; k0 += 16u) {
-        stage(t, row0, col0, k0, kend, 16u);
-        workgroupBarrier();
-        for (var kk = 0u; kk < 16u; kk++) {
-            let av = a4(kk * 64u + lid.y * 4u);
-            let bv = b4(kk * 64u + lid.x * 4u);
-            acc0 += av.x * bv;
-            acc1 += av.y * bv;
-            acc2 += av.z * bv;
-            acc3 += av.w * bv;
-        }
-        workgroupBarrier();
-    }
-    let r0 = row0 + lid.y * 4u;
-    let c0 = col0 + lid.x * 4u;
-    store_row(wid.z, r0, c0, acc0);
-    store_row(wid.z, r0 + 1u, c0, acc1);
-    store_row(wid.z, r0 + 2u, c0, acc2);
-    store_row(wid.z, r0 + 3u, c0, acc3);
+fn store_block(z: u32, row: u32, col: u32, acc: mat4x4<f32>) {
+    store4(z, row, col, acc[0]);
+    store4(z, row + 1u, col, acc[1]);
+    store4(z, row + 2u, col, acc[2]);
+    store4(z, row + 3u, col, acc[3]);
 }
 
-// Rows ty·4 + i and 64 + ty·4 + i, columns tx·4 + j and 64 + tx·4 + j: the two halves keep a warp's
-// shared-memory reads on distinct banks.
-@compute @workgroup_size(16, 16)
-fn matmul_large(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let row0 = wid.y * 128u;
-    let col0 = wid.x * 128u;
-    let t = lid.y * 16u + lid.x;
-    let kend = k_end(wid.z);
-    var c00 = vec4<f32>(0.0); var c01 = vec4<f32>(0.0); var c02 = vec4<f32>(0.0); var c03 = vec4<f32>(0.0);
-    var c10 = vec4<f32>(0.0); var c11 = vec4<f32>(0.0); var c12 = vec4<f32>(0.0); var c13 = vec4<f32>(0.0);
-    var c20 = vec4<f32>(0.0); var c21 = vec4<f32>(0.0); var c22 = vec4<f32>(0.0); var c23 = vec4<f32>(0.0);
-    var c30 = vec4<f32>(0.0); var c31 = vec4<f32>(0.0); var c32 = vec4<f32>(0.0); var c33 = vec4<f32>(0.0);
-    for (var k0 = wid.z * p.k_split; k0 < kend; k0 += 8u) {
-        stage(t, row0, col0, k0, kend, 8u);
+@compute @workgroup_size(256)
+fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    // A warp is 8 column blocks × 4 row blocks; the 8 warps tile 2 × 4 of those.
+    let warp = t >> 5u;
+    let lane = t & 31u;
+    tx = (warp & 1u) * 8u + (lane & 7u);
+    ty = (warp >> 1u) * 4u + (lane >> 3u);
+    row0 = wid.y * bm();
+    col0 = wid.x * bn();
+    let kbeg = wid.z * p.k_split;
+    let kz = min(p.k, kbeg + p.k_split);
+    kend = kz;
+    let tiles = (kz - kbeg + BK - 1u) / BK;  // from uniform values: the barriers stay in uniform control flow
+    fetch(t, kbeg);
+    commit(t, 0u);
+    workgroupBarrier();
+    var buf = 0u;
+    for (var s = 1u; s < tiles; s++) {
+        fetch(t, kbeg + s * BK);  // in flight while this tile is multiplied
+        multiply_tile(buf);
+        commit(t, buf ^ 1u);
         workgroupBarrier();
-        for (var kk = 0u; kk < 8u; kk++) {
-            let a0 = a4(kk * 128u + lid.y * 4u);       // rows ty·4 ..
-            let a1 = a4(kk * 128u + 64u + lid.y * 4u); // rows 64 + ty·4 ..
-            let b0 = b4(kk * 128u + lid.x * 4u);
-            let b1 = b4(kk * 128u + 64u + lid.x * 4u);
-            c00 += a0.x * b0; c01 += a0.y * b0; c02 += a0.z * b0; c03 += a0.w * b0;
-            c10 += a0.x * b1; c11 += a0.y * b1; c12 += a0.z * b1; c13 += a0.w * b1;
-            c20 += a1.x * b0; c21 += a1.y * b0; c22 += a1.z * b0; c23 += a1.w * b0;
-            c30 += a1.x * b1; c31 += a1.y * b1; c32 += a1.z * b1; c33 += a1.w * b1;
-        }
-        workgroupBarrier();
+        buf ^= 1u;
     }
-    let r0 = row0 + lid.y * 4u;
-    let r1 = r0 + 64u;
-    let q0 = col0 + lid.x * 4u;
-    let q1 = q0 + 64u;
-    store_row(wid.z, r0, q0, c00); store_row(wid.z, r0 + 1u, q0, c01); store_row(wid.z, r0 + 2u, q0, c02); store_row(wid.z, r0 + 3u, q0, c03);
-    store_row(wid.z, r0, q1, c10); store_row(wid.z, r0 + 1u, q1, c11); store_row(wid.z, r0 + 2u, q1, c12); store_row(wid.z, r0 + 3u, q1, c13);
-    store_row(wid.z, r1, q0, c20); store_row(wid.z, r1 + 1u, q0, c21); store_row(wid.z, r1 + 2u, q0, c22); store_row(wid.z, r1 + 3u, q0, c23);
-    store_row(wid.z, r1, q1, c30); store_row(wid.z, r1 + 1u, q1, c31); store_row(wid.z, r1 + 2u, q1, c32); store_row(wid.z, r1 + 3u, q1, c33);
+    multiply_tile(buf);
+    let r = row0 + ty * 4u;
+    let q = col0 + tx * 4u;
+    store_block(wid.z, r, q, acc00);
+    if (TN == 8u) { store_block(wid.z, r, q + 64u, acc01); }
+    if (TM == 8u) {
+        store_block(wid.z, r + 64u, q, acc10);
+        if (TN == 8u) { store_block(wid.z, r + 64u, q + 64u, acc11); }
+    }
+}
+
+// ---- matmul_direct ------------------------------------------------------------------------------
+
+fn load_a(row: u32, kk: u32, kz: u32) -> f32 {
+    if (row >= p.m || kk >= kz) { return 0.0; }
+    var e = row * p.k + kk;
+    if (TRANS_A) { e = kk * p.m + row; }
+    return a[e >> 2u][e & 3u];
+}
+
+fn load_b(kk: u32, col: u32, kz: u32) -> f32 {
+    if (kk >= kz || col >= p.n) { return 0.0; }
+    var e = kk * p.n + col;
+    if (TRANS_B) { e = col * p.k + kk; }
+    return b[e >> 2u][e & 3u];
 }
 
 // No workgroup memory or barriers: each thread reads its 4 rows and 4 columns straight from memory.
@@ -148,20 +284,20 @@ fn matmul_large(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
 fn matmul_direct(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let r0 = wid.y * 64u + lid.y * 4u;
     let c0 = wid.x * 64u + lid.x * 4u;
-    let kend = k_end(wid.z);
+    let kz = min(p.k, (wid.z + 1u) * p.k_split);
     var acc0 = vec4<f32>(0.0);
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
-    for (var kk = wid.z * p.k_split; kk < kend; kk++) {
-        let bv = vec4<f32>(load_b(kk, c0, kend), load_b(kk, c0 + 1u, kend), load_b(kk, c0 + 2u, kend), load_b(kk, c0 + 3u, kend));
-        acc0 += load_a(r0, kk, kend) * bv;
-        acc1 += load_a(r0 + 1u, kk, kend) * bv;
-        acc2 += load_a(r0 + 2u, kk, kend) * bv;
-        acc3 += load_a(r0 + 3u, kk, kend) * bv;
+    for (var kk = wid.z * p.k_split; kk < kz; kk++) {
+        let bv = vec4<f32>(load_b(kk, c0, kz), load_b(kk, c0 + 1u, kz), load_b(kk, c0 + 2u, kz), load_b(kk, c0 + 3u, kz));
+        acc0 += load_a(r0, kk, kz) * bv;
+        acc1 += load_a(r0 + 1u, kk, kz) * bv;
+        acc2 += load_a(r0 + 2u, kk, kz) * bv;
+        acc3 += load_a(r0 + 3u, kk, kz) * bv;
     }
-    store_row(wid.z, r0, c0, acc0);
-    store_row(wid.z, r0 + 1u, c0, acc1);
-    store_row(wid.z, r0 + 2u, c0, acc2);
-    store_row(wid.z, r0 + 3u, c0, acc3);
+    store4(wid.z, r0, c0, acc0);
+    store4(wid.z, r0 + 1u, c0, acc1);
+    store4(wid.z, r0 + 2u, c0, acc2);
+    store4(wid.z, r0 + 3u, c0, acc3);
 }

@@ -7,6 +7,7 @@ rounding. Element-wise ops must agree to 1e-5, reductions and GEMMs to 1e-4 (rel
 import numpy as np
 import pytest
 
+from mambactl.errors import ShapeError
 from mambactl.ops import activations, conv1d, cross_entropy, embedding, fill, linear, reduce, rmsnorm, slice
 from mambactl.reference import activations as ref_act
 from mambactl.reference import conv1d as ref_conv
@@ -102,23 +103,49 @@ def test_linear_forward_backward(rt, rng, M, K, N):
     assert rel(db.numpy(), rdb) < REDUCTION_TOL
 
 
-@pytest.mark.parametrize("kernel", ["matmul", "matmul_large", "matmul_direct"])
+# (kernel, tile, vec4): matmul_direct, and every tile of the tiled kernel with the default load path (vec4
+# where the shape allows it) and with the scalar loads forced.
+MATMUL_KERNELS = [("matmul_direct", None, None)] + [
+    ("matmul", tile, vec4) for tile in sorted(linear.TILES) for vec4 in (None, False)]
+# Ragged shapes (scalar loads) and shapes whose dims are all multiples of 4 (vec4 loads at every transpose):
+# edge tiles in M and N, K not a multiple of the K tile, many K tiles (both shared buffers), exact tiles.
+MATMUL_SHAPES = [(1, 5, 3, 1), (65, 17, 130, 1), (70, 129, 66, 1), (130, 300, 7, 3), (9, 1000, 140, 4),
+                 (132, 100, 260, 1), (128, 64, 128, 1), (36, 1040, 12, 3), (4, 4, 4, 1), (192, 264, 68, 2)]
+
+
+@pytest.mark.parametrize("kernel,tile,vec4", MATMUL_KERNELS, ids=lambda v: str(v))
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
-@pytest.mark.parametrize("M,K,N,split_k", [(1, 5, 3, 1), (65, 17, 130, 1), (70, 129, 66, 1), (130, 300, 7, 3), (9, 1000, 140, 4)])
-def test_every_matmul_kernel_transpose_and_k_split(rt, rng, kernel, ta, tb, M, K, N, split_k):
+@pytest.mark.parametrize("M,K,N,split_k", MATMUL_SHAPES)
+def test_every_matmul_kernel_transpose_and_k_split(rt, rng, kernel, tile, vec4, ta, tb, M, K, N, split_k):
     """All kernels run on every adapter here, whichever one the adapter type selects by default."""
     (a32, a), (b32, b), (bias32, bias), (acc32, acc) = (
         f32(rng, *((K, M) if ta else (M, K))), f32(rng, *((N, K) if tb else (K, N))), f32(rng, N), f32(rng, M, N))
     ref = (a.T if ta else a) @ (b.T if tb else b)
     ga, gb = rt.from_numpy(a32), rt.from_numpy(b32)
+    kw = dict(trans_a=ta, trans_b=tb, kernel=kernel, tile=tile, vec4=vec4)
     if split_k == 1:
-        got = linear.matmul(ga, gb, trans_a=ta, trans_b=tb, bias=rt.from_numpy(bias32), kernel=kernel).numpy()
+        got = linear.matmul(ga, gb, bias=rt.from_numpy(bias32), **kw).numpy()
         assert rel(got, ref + bias) < REDUCTION_TOL
-    got = linear.matmul(ga, gb, trans_a=ta, trans_b=tb, kernel=kernel, split_k=split_k).numpy()
+    got = linear.matmul(ga, gb, split_k=split_k, **kw).numpy()
     assert rel(got, ref) < REDUCTION_TOL
     out = rt.from_numpy(acc32)
-    linear.matmul(ga, gb, trans_a=ta, trans_b=tb, out=out, kernel=kernel, split_k=split_k)
+    linear.matmul(ga, gb, out=out, split_k=split_k, **kw)
     assert rel(out.numpy(), acc + ref) < REDUCTION_TOL
+
+
+def test_matmul_vec4_only_where_rows_align(rt, rng):
+    """The wrapper takes the vec4 path exactly when N and A's and B's contiguous dims are multiples of 4,
+    and refuses to force it elsewhere."""
+    assert linear.vec4_ok(8, 12, 16, False, False) and linear.vec4_ok(8, 12, 16, True, True)
+    assert not linear.vec4_ok(8, 13, 16, False, False)  # N (C's rows, B's rows)
+    assert not linear.vec4_ok(8, 12, 18, False, False)  # K (A's rows)
+    assert linear.vec4_ok(8, 12, 18, True, False)  # K is contiguous in neither Aᵀ [K, M] nor B [K, N]
+    assert not linear.vec4_ok(9, 12, 16, True, False)  # M (Aᵀ's rows)
+    assert not linear.vec4_ok(8, 12, 18, False, True)  # K (Bᵀ's rows)
+    x = rt.from_numpy(rng.standard_normal((8, 18)).astype(np.float32))
+    w = rt.from_numpy(rng.standard_normal((12, 18)).astype(np.float32))
+    with pytest.raises(ShapeError, match="vec4"):
+        linear.matmul(x, w, trans_b=True, kernel="matmul", vec4=True)
 
 
 def test_linear_backward_accumulates(rt, rng):

@@ -2,36 +2,43 @@
 
 from __future__ import annotations
 
-import os
-
 from mambactl.errors import ShapeError
 from mambactl.ops.checks import expect
 from mambactl.ops.reduce import column_sums
 from mambactl.runtime.tensor import Tensor
 
-_TILES = {"matmul": 64, "matmul_large": 128, "matmul_direct": 64}
+# Tiles of the `matmul` entry point, "BMxBNxBK" -> pipeline constants (rows per thread TM = BM/16, columns
+# per thread TN = BN/16, K per shared tile BK). 256 threads per workgroup.
+TILES = {"64x64x16": (4, 4, 16), "64x128x16": (4, 8, 16), "128x64x16": (8, 4, 16), "128x128x8": (8, 8, 8),
+         "128x128x16": (8, 8, 16)}
+_DIRECT_TILE = 64  # matmul_direct: 64×64 outputs per 16×16 workgroup
 _FILL_GROUPS = 512  # fewer output tiles than this: split K across workgroups (then sum the planes)
 _MIN_SPLIT_K = 512  # each split's K range is at least this long
-_DEFAULT_GPU_KERNEL = os.environ.get("MAMBACTL_GEMM", "matmul_large")  # benchmarks compare kernels with it
 
 
-def _choose(rt, M: int, N: int, kernel: str | None) -> str:
-    if kernel is not None:
-        return kernel
-    if rt.info.type == "CPU":
-        return "matmul_direct"
-    if _DEFAULT_GPU_KERNEL == "matmul_large" and M * N < 128 * 128 * 256:
-        return "matmul"  # a small output gives too few 128×128 tiles to fill the GPU
-    return _DEFAULT_GPU_KERNEL
+def choose_tile(M: int, N: int, K: int) -> str:
+    """The `matmul` tile for an M×N output (GPU adapters)."""
+    if M * N >= 128 * 128 * 256:
+        return "128x128x8"
+    return "64x64x16"
+
+
+def vec4_ok(M: int, N: int, K: int, trans_a: bool, trans_b: bool) -> bool:
+    """Every row of A, B and C starts on a 16-byte boundary along its contiguous dimension (so the
+    kernel's vec4 loads and stores line up): N and the contiguous dims of A and B multiples of 4."""
+    return N % 4 == 0 and (M if trans_a else K) % 4 == 0 and (K if trans_b else N) % 4 == 0
 
 
 def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor | None = None, out: Tensor | None = None,
-           kernel: str | None = None, split_k: int | None = None) -> Tensor:
+           kernel: str | None = None, tile: str | None = None, vec4: bool | None = None,
+           split_k: int | None = None) -> Tensor:
     """C[M, N] = op(A) op(B) (+ bias); A is [M, K] ([K, M] if trans_a), B is [K, N] ([N, K] if trans_b).
 
-    With `out`, the product is added into it (gradient accumulation). `kernel` forces "matmul",
-    "matmul_large" or "matmul_direct" (default: by adapter type and size); `split_k` forces the number of
-    K slices (default: enough to fill the GPU when the output has few tiles and K is long)."""
+    With `out`, the product is added into it (gradient accumulation). The defaults pick everything by adapter
+    and shape; tests and benchmarks can force each choice: `kernel` "matmul" (tiled) or "matmul_direct"
+    (CPU adapters), `tile` one of TILES, `vec4=False` the scalar loads that ragged shapes need (True
+    raises where the shape does not allow vec4), `split_k` the number of K slices (default: enough to fill
+    the GPU when the output has few tiles and K is long)."""
     expect("matmul", "a", a)
     expect("matmul", "b", b)
     if a.ndim != 2 or b.ndim != 2:
@@ -47,26 +54,41 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
     if out is not None:
         expect("matmul", "out", out, (M, N))
     rt = a.runtime
-    entry = _choose(rt, M, N, kernel)
-    tile = _TILES[entry]
-    groups = (-(-N // tile), -(-M // tile))
+    cpu = rt.info.type == "CPU"
+    entry = kernel or ("matmul_direct" if cpu else "matmul")
+    consts = {"TRANS_A": trans_a, "TRANS_B": trans_b, "HAS_BIAS": bias is not None}
+    if entry == "matmul":
+        tile = tile or choose_tile(M, N, K)
+        if tile not in TILES:
+            raise ShapeError(f"matmul: unknown tile {tile!r}; one of {sorted(TILES)}")
+        tm, tn, bk = TILES[tile]
+        can = vec4_ok(M, N, K, trans_a, trans_b)
+        if vec4 and not can:
+            raise ShapeError(f"matmul: vec4 loads need N and the contiguous dims of A and B to be multiples of 4 "
+                             f"(M={M}, N={N}, K={K}, trans_a={trans_a}, trans_b={trans_b})")
+        consts.update(VEC4=can if vec4 is None else vec4, TM=tm, TN=tn, BK=bk)
+        bm, bn = 16 * tm, 16 * tn
+    elif entry == "matmul_direct":
+        bm = bn = _DIRECT_TILE
+    else:
+        raise ShapeError(f"matmul: unknown kernel {entry!r}; 'matmul' or 'matmul_direct'")
+    groups = (-(-N // bn), -(-M // bm))
     if split_k is None:
         tiles = groups[0] * groups[1]
-        split_k = 1 if bias is not None or rt.info.type == "CPU" else max(1, min(_FILL_GROUPS // tiles, K // _MIN_SPLIT_K))
+        split_k = 1 if bias is not None or cpu else max(1, min(_FILL_GROUPS // tiles, K // _MIN_SPLIT_K))
     k_split = -(-(-(-K // split_k)) // 16) * 16  # a multiple of every kernel's K tile
     splits = max(1, -(-K // k_split))
     if splits == 1:
-        accumulate = out is not None
+        consts["ACCUMULATE"] = out is not None
         if out is None:
             out = rt.empty((M, N))
-        consts = {"TRANS_A": trans_a, "TRANS_B": trans_b, "HAS_BIAS": bias is not None, "ACCUMULATE": accumulate}
         rt.run(entry, groups, consts, a=a, b=b, bias=bias if bias is not None else a, c=out, m=M, n=N, k=K,
-               k_split=max(K, 1))
+               k_split=K)
         return out
     if bias is not None:
         raise ShapeError("matmul: split-K with a bias is not supported")
     planes = rt.empty((splits, M, N))
-    consts = {"TRANS_A": trans_a, "TRANS_B": trans_b, "HAS_BIAS": False, "ACCUMULATE": False}
+    consts["ACCUMULATE"] = False
     rt.run(entry, groups + (splits,), consts, a=a, b=b, bias=a, c=planes, m=M, n=N, k=K, k_split=k_split)
     summed = column_sums(planes.reshape(splits, M * N), None if out is None else out.reshape(M * N))
     return out if out is not None else summed.reshape(M, N)
