@@ -7,22 +7,24 @@
 // Chunks of Q steps; cs_r = Σ_{s ≤ r} a_s within a chunk (cs_end = cs_{Q−1}), E_c the state entering chunk c:
 //   y_r = Σ_{s ≤ r} exp(cs_r − cs_s) (C_r·B_s) Δ_s x_s + exp(cs_r) E_c C_r + D x_r   (ssd_chunk_scan)
 //   E_{c+1} = exp(cs_end) E_c + Σ_s exp(cs_end − cs_s) Δ_s x_s B_sᵀ                  (chunk_state + passing)
-// Every chunk-level product is a 64 × 64 output tile per 16 × 16 workgroup (4 × 4 registers per thread) fed
-// through workgroup memory in slices of 16, as kernels/linear.wgsl (about 30 KiB of workgroup memory at most,
-// for any P, N and chunk). Chunk states go in order in their own dispatch (one thread per state element walks
-// the chunks), so no workgroup waits on another.
+// Every chunk-level product is a 64 × 64 output tile per 128-thread workgroup (a 4 × 8 register block per
+// thread, mac_wide) fed through workgroup memory in slices of 16 (at most 31 KB of workgroup memory, in
+// ssd_decay_grad: under lavapipe's 32 KiB; the runtime requests the adapter's limit). Chunk states go in order
+// in their own dispatch (one thread per state element walks the chunks), so no workgroup waits on another.
 //
 // Backward, with dE_c = ∂loss/∂E_c and dS_c = dE_{c+1} (zero for the last chunk):
 //   dE_c = Σ_r exp(cs_r) dy_r C_rᵀ + exp(cs_end) dE_{c+1}                    (chunk_state + reverse passing)
 //   dxd_s = ∂/∂(Δ_s x_s) = Σ_{t ≥ s} exp(cs_t − cs_s)(B_s·C_t) dy_t + exp(cs_end − cs_s) dS_c B_s
 //   dC_t = Σ_heads [Σ_{s ≤ t} exp(cs_t − cs_s)(dy_t·Δ_s x_s) B_s + exp(cs_t) E_cᵀ dy_t]
 //   dB_s = Σ_heads [Σ_{t ≥ s} exp(cs_t − cs_s)(Δ_s x_s·dy_t) C_t + exp(cs_end − cs_s) dS_cᵀ Δ_s x_s]
-// all four by one tile kernel (ssd_chunk_scan with REVERSE / Q_DT / K_DT / transposed state strides). Then
+// all four by one tile kernel (ssd_chunk_scan with REVERSE / Q_DT / K_DT / transposed state strides; dB and dC
+// per head, then summed over a group's heads in order). Then
 // dx = Δ dxd + D dy and ∂loss/∂Δ_s = x_s·dxd_s + A ∂loss/∂a_s, where a_σ is inside the decay of every term
 // that passes step σ:
 //   ∂loss/∂a_σ = Σ_{o < σ ≤ t} T_to + Σ_{t ≥ σ} dy_t·y_off_t + Σ_{o < σ} Δ_o x_o·dxd_state_o + W_c,
 //   T_to = exp(Σ_{o<k≤t} a_k)(C_t·B_o)(dy_t·Δ_o x_o),  y_off_t = exp(cs_t) E_c C_t,
-//   dxd_state_o = exp(cs_end − cs_o) dS_c B_o,  W_c = exp(cs_end)⟨E_c, dS_c⟩.
+//   dxd_state_o = exp(cs_end − cs_o) dS_c B_o,  W_c = exp(cs_end)⟨E_c, dS_c⟩;
+// dy_t·y_off_t = C_t·(exp(cs_t) E_cᵀ dy_t) comes from dC's state term (ROW_DOT), so y_off is never formed.
 // These are direct sums, as mamba_ssm's "stable" ddA kernels: the shorter identity ∂loss/∂cs_r =
 // dy_r·(y_r − D x_r) − Δ_r x_r·dxd_r cancels large near-diagonal terms and loses ∂A to float32 rounding
 // when the decay is strong. The crossing sums Σ_{o<σ≤t} T_to come from ssd_decay_grad.
@@ -242,21 +244,6 @@ fn f_at(t: u32, o: u32) -> u32 { return t * TILE + (o + t) % TILE; }
 fn set_f(t: u32, o: u32, v: f32) { set_pair(f_at(t, o), v); }
 fn get_f(t: u32, o: u32) -> f32 { return get_pair(f_at(t, o)); }
 
-// One slice of a tile product into a thread's 4 × 4 block: rows from q_tile (or from pair_tile, starting at
-// depth `offset`), columns from kv_tile.
-fn mac_slice(a0: ptr<function, vec4<f32>>, a1: ptr<function, vec4<f32>>, a2: ptr<function, vec4<f32>>,
-             a3: ptr<function, vec4<f32>>, lid: vec3<u32>, from_pairs: bool, offset: u32) {
-    for (var kk = 0u; kk < KT; kk++) {
-        var av = q_tile[kk * (TS / 4u) + lid.y];
-        if (from_pairs) { av = pair_tile[(offset + kk) * (TILE / 4u) + lid.y]; }
-        let bv = kv_tile[kk * (TS / 4u) + lid.x];
-        *a0 += av.x * bv;
-        *a1 += av.y * bv;
-        *a2 += av.z * bv;
-        *a3 += av.w * bv;
-    }
-}
-
 fn pick(i: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>) -> vec4<f32> {
     if (i == 0u) { return a0; }
     if (i == 1u) { return a1; }
@@ -265,9 +252,10 @@ fn pick(i: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>) -> v
 }
 
 // Per chunk, head: states[j, k] = Σ_r w_r left_r[j] right_r[k] over the chunk's valid steps, j < P, k < N, with
-// w_r = exp(cs_end − cs_r) Δ_r (forward: the state the chunk adds) or exp(cs_r) (GRAD: dE's in-chunk part).
-// Grid (ceil(P / 64) · ceil(N / 64), nchunks · H, B).
-@compute @workgroup_size(16, 16)
+// w_r = exp(cs_end − cs_r) Δ_r (forward: the state the chunk adds) or exp(cs_r) (GRAD: dE's in-chunk part),
+// computed once per step into seg_a. 128 threads, 4 × 8 blocks (mac_wide). At mamba2-130m's shape 2·Q·P·N =
+// 4.2 MFLOP per (b, chunk, head), 3.2 GFLOP a call. Grid (ceil(P / 64) · ceil(N / 64), nchunks · H, B).
+@compute @workgroup_size(8, 16)
 fn ssd_chunk_state(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let tiles_j = (d.headdim + TILE - 1u) / TILE;
     let j0 = (wid.x % tiles_j) * TILE;
@@ -276,45 +264,52 @@ fn ssd_chunk_state(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
     let h = wid.y / d.nchunks;
     let b = wid.z;
     let g = h / (d.heads / d.ngroups);
-    let tid = lid.y * 16u + lid.x;
+    let tid = lid.y * 8u + lid.x;
     let q = d.chunk;
     let base = dec_base(b, h, c);
     let t0 = c * q;
     let steps = min(q, d.len - t0);
+    for (var r = tid; r < steps; r += 128u) {
+        var w = exp(dec[base + CS * q + r]);
+        if (!GRAD) { w = exp(dec[base + SFX * q + r]) * dec[base + DT * q + r]; }
+        seg_a[r] = w;
+    }
+    workgroupBarrier();
     var acc0 = vec4<f32>(0.0);
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
+    var acc4 = vec4<f32>(0.0);
+    var acc5 = vec4<f32>(0.0);
+    var acc6 = vec4<f32>(0.0);
+    var acc7 = vec4<f32>(0.0);
     for (var r0 = 0u; r0 < steps; r0 += KT) {
-        for (var l = 0u; l < 4u; l++) {
-            let i = tid + l * 256u;
+        for (var l = 0u; l < 8u; l++) {
+            let i = tid + l * 128u;
             let rr = i / TILE;  // both operands are contiguous along their column index
             let cc = i % TILE;
             let r = r0 + rr;
             var lv = 0.0;
             var rv = 0.0;
             if (r < steps) {
-                if (j0 + cc < d.headdim) {
-                    var w = exp(dec[base + CS * q + r]);
-                    if (!GRAD) { w = exp(dec[base + SFX * q + r]) * dec[base + DT * q + r]; }
-                    lv = left[head_at(b, t0 + r, h, j0 + cc)] * w;
-                }
+                if (j0 + cc < d.headdim) { lv = left[head_at(b, t0 + r, h, j0 + cc)] * seg_a[r]; }
                 if (k0 + cc < d.nstate) { rv = right[group_at(b, t0 + r, g, k0 + cc)]; }
             }
             set_q(rr, cc, lv);
             set_kv(rr, cc, rv);
         }
         workgroupBarrier();
-        mac_slice(&acc0, &acc1, &acc2, &acc3, lid, false, 0u);
+        mac_wide(&acc0, &acc1, &acc2, &acc3, &acc4, &acc5, &acc6, &acc7, lid, false, 0u);
         workgroupBarrier();
     }
     let obase = ((b * d.nchunks + c) * d.heads + h) * d.headdim * d.nstate;
     for (var i = 0u; i < 4u; i++) {
         let j = j0 + lid.y * 4u + i;
         let v = pick(i, acc0, acc1, acc2, acc3);
-        for (var jq = 0u; jq < 4u; jq++) {
-            let k = k0 + lid.x * 4u + jq;
-            if (j < d.headdim && k < d.nstate) { states[obase + j * d.nstate + k] = v[jq]; }
+        let w = pick(i, acc4, acc5, acc6, acc7);
+        for (var jq = 0u; jq < 8u; jq++) {
+            let k = k0 + wide_col(lid.x, jq);
+            if (j < d.headdim && k < d.nstate) { states[obase + j * d.nstate + k] = select(v[jq % 4u], w[jq % 4u], jq >= 4u); }
         }
     }
 }
@@ -438,6 +433,33 @@ fn out_at(b: u32, pos: u32, h: u32, j: u32) -> u32 { return ((b * s.len + pos) *
 
 fn scan_dec_base(b: u32, h: u32, c: u32) -> u32 { return ((b * s.heads + h) * s.nchunks + c) * 5u * s.chunk; }
 
+// One slice of a 64 × 64 tile product on 128 threads (8 × 16), a 4 × 8 block per thread: rows 4·lid.y + i
+// from q_tile (or pair_tile from depth `offset`), columns 4·lid.x + {0..3} (a0..a3) and 32 + 4·lid.x + {0..3}
+// (b0..b3) from kv_tile. Per depth a thread reads three vec4s for 32 FMAs (the 4 × 4 block: two for 16), and
+// each of those reads is 8 consecutive vec4s or a broadcast across the lanes: no bank conflicts.
+fn mac_wide(a0: ptr<function, vec4<f32>>, a1: ptr<function, vec4<f32>>, a2: ptr<function, vec4<f32>>,
+            a3: ptr<function, vec4<f32>>, b0: ptr<function, vec4<f32>>, b1: ptr<function, vec4<f32>>,
+            b2: ptr<function, vec4<f32>>, b3: ptr<function, vec4<f32>>, lid: vec3<u32>, from_pairs: bool,
+            offset: u32) {
+    for (var kk = 0u; kk < KT; kk++) {
+        var av = q_tile[kk * (TS / 4u) + lid.y];
+        if (from_pairs) { av = pair_tile[(offset + kk) * (TILE / 4u) + lid.y]; }
+        let lo = kv_tile[kk * (TS / 4u) + lid.x];
+        let hi = kv_tile[kk * (TS / 4u) + 8u + lid.x];
+        *a0 += av.x * lo;
+        *a1 += av.y * lo;
+        *a2 += av.z * lo;
+        *a3 += av.w * lo;
+        *b0 += av.x * hi;
+        *b1 += av.y * hi;
+        *b2 += av.z * hi;
+        *b3 += av.w * hi;
+    }
+}
+
+// Column jq (0..7) of a thread's 4 × 8 block, local to the 64-wide tile.
+fn wide_col(lx: u32, jq: u32) -> u32 { return select(4u * lx + jq, 32u + 4u * lx + jq - 4u, jq >= 4u); }
+
 // Per head h: out[r, j] = Σ_k rowscale_r q_r[k] S[j, k] + Σ_{o ~ r} w_ro (q_r·k_o) v_o[j] (+ D v_r[j]) over rows
 // r of a chunk (tile of 64) and j < v_dim (tile of 64); out is [B, L, H, v_dim]. Forward pairs o ≤ r with
 // w = exp(Σ a over (o, r]) and rowscale exp(cs_r); REVERSE pairs o ≥ r with w = exp(Σ a over (r, o]) and rowscale
@@ -457,7 +479,7 @@ fn scan_dec_base(b: u32, h: u32, c: u32) -> u32 { return ((b * s.heads + h) * s.
 // (b, chunk, head)) y and dxd are 19.9 MFLOP per (b, chunk, head), 15.3 GFLOP a call; dB and dC 25.2 MFLOP
 // (the pair tile again for each of the N / 64 column tiles), 19.3 GFLOP a call. Their operands are ~25 MB
 // each (x, dy, E, dS, y), B and C 4 MB: compute-bound.
-@compute @workgroup_size(16, 16)
+@compute @workgroup_size(8, 16)
 fn ssd_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let tiles_j = (s.v_dim + TILE - 1u) / TILE;
     let jt = wid.x % tiles_j;
@@ -470,8 +492,8 @@ fn ssd_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     let t0 = c * q;
     let steps = min(q, s.len - t0);
     if (rb >= steps) { return; }  // a tile wholly in the padding (uniform over the workgroup)
-    let tid = lid.y * 16u + lid.x;
-    // Transposing loads: thread tid reads depth kk of rows lo + 16 l (16 lanes read 16 consecutive floats).
+    let tid = lid.y * 8u + lid.x;
+    // Transposing loads: thread tid reads depth kk of rows lo + 8 l (16 lanes read 16 consecutive floats).
     let kk = tid % KT;
     let lo = tid / KT;
     let qk_row = s.qk_width * s.qk_dim;  // stride between consecutive positions
@@ -482,6 +504,10 @@ fn ssd_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
+    var acc4 = vec4<f32>(0.0);
+    var acc5 = vec4<f32>(0.0);
+    var acc6 = vec4<f32>(0.0);
+    var acc7 = vec4<f32>(0.0);
     let base = scan_dec_base(b, h, c);
     stage_rows(base, q, rb, steps, tid);
     workgroupBarrier();
@@ -489,8 +515,8 @@ fn ssd_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     // The state term: rowscale_r Σ_k q_r[k] S[j, k].
     let sbase = ((b * s.nchunks + c) * s.heads + h) * s.pn;
     for (var k0 = 0u; k0 < s.qk_dim; k0 += KT) {
-        for (var l = 0u; l < 4u; l++) {
-            let rr = lo + l * KT;
+        for (var l = 0u; l < 8u; l++) {
+            let rr = lo + l * 8u;
             var qv = 0.0;
             if (rb + rr < steps && k0 + kk < s.qk_dim) { qv = q_in[q0 + (rb + rr) * qk_row + k0 + kk] * row_scale[rr]; }
             set_q(kk, rr, qv);
@@ -498,7 +524,7 @@ fn ssd_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
             var jj = rr;
             var ks = kk;
             if (s.s_k != 1u) {
-                let i = tid + l * 256u;
+                let i = tid + l * 128u;
                 jj = i % TILE;
                 ks = i / TILE;
             }
@@ -507,34 +533,38 @@ fn ssd_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
             set_kv(ks, jj, sv);
         }
         workgroupBarrier();
-        mac_slice(&acc0, &acc1, &acc2, &acc3, lid, false, 0u);
+        mac_wide(&acc0, &acc1, &acc2, &acc3, &acc4, &acc5, &acc6, &acc7, lid, false, 0u);
         workgroupBarrier();
     }
     if (STATE_OUT) {
         for (var i = 0u; i < 4u; i++) {
             let r = rb + lid.y * 4u + i;
             let v = pick(i, acc0, acc1, acc2, acc3);
-            for (var jq = 0u; jq < 4u; jq++) {
-                let j = j0 + lid.x * 4u + jq;
-                if (r < steps && j < s.v_dim) { out_state[out_at(b, t0 + r, h, j)] = v[jq]; }
+            let w = pick(i, acc4, acc5, acc6, acc7);
+            for (var jq = 0u; jq < 8u; jq++) {
+                let j = j0 + wide_col(lid.x, jq);
+                if (r < steps && j < s.v_dim) { out_state[out_at(b, t0 + r, h, j)] = select(v[jq % 4u], w[jq % 4u], jq >= 4u); }
             }
         }
     }
-    if (ROW_DOT) {  // the 16 threads of a row leave partial dots in pair_tile (free until the pairs), summed in order
+    if (ROW_DOT) {  // the 8 threads of a row leave partial dots in pair_tile (free until the pairs), summed in order
         for (var i = 0u; i < 4u; i++) {
             let r = lid.y * 4u + i;
             let v = pick(i, acc0, acc1, acc2, acc3);
+            let w = pick(i, acc4, acc5, acc6, acc7);
             var part = 0.0;
-            for (var jq = 0u; jq < 4u; jq++) {
-                let j = j0 + lid.x * 4u + jq;
-                if (rb + r < steps && j < s.v_dim) { part += v[jq] * c_in[v0 + (rb + r) * v_row + j]; }
+            for (var jq = 0u; jq < 8u; jq++) {
+                let j = j0 + wide_col(lid.x, jq);
+                if (rb + r < steps && j < s.v_dim) {
+                    part += select(v[jq % 4u], w[jq % 4u], jq >= 4u) * c_in[v0 + (rb + r) * v_row + j];
+                }
             }
-            set_pair(r * 16u + lid.x, part);
+            set_pair(r * 8u + lid.x, part);
         }
         workgroupBarrier();
         if (tid < TILE && rb + tid < steps) {
             var sum = 0.0;
-            for (var k = 0u; k < 16u; k++) { sum += get_pair(tid * 16u + k); }
+            for (var k = 0u; k < 8u; k++) { sum += get_pair(tid * 8u + k); }
             u_part[(((b * s.heads + h) * s.nchunks + c) * tiles_j + jt) * q + rb + tid] = sum;
         }
         workgroupBarrier();
@@ -548,15 +578,19 @@ fn ssd_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         for (var ob = ob_start; ob < ob_end; ob += TILE) {
             stage_cols(base, q, rb, ob, steps, tid);
             workgroupBarrier();
-            // The transposed pair tile: p_i[jq] = k_o·q_r for o = ob + 4 lid.y + i, r = rb + 4 lid.x + jq, so
-            // each thread stores whole vec4s of [o][r] (conflict-free) for the product with v below.
+            // The transposed pair tile: p_i[jq] = k_o·q_r for o = ob + 4 lid.y + i, r = rb + wide_col(lid.x, jq),
+            // so each thread stores whole vec4s of [o][r] (conflict-free) for the product with v below.
             var p0 = vec4<f32>(0.0);
             var p1 = vec4<f32>(0.0);
             var p2 = vec4<f32>(0.0);
             var p3 = vec4<f32>(0.0);
+            var p4 = vec4<f32>(0.0);
+            var p5 = vec4<f32>(0.0);
+            var p6 = vec4<f32>(0.0);
+            var p7 = vec4<f32>(0.0);
             for (var k0 = 0u; k0 < s.qk_dim; k0 += KT) {
-                for (var l = 0u; l < 4u; l++) {
-                    let rr = lo + l * KT;
+                for (var l = 0u; l < 8u; l++) {
+                    let rr = lo + l * 8u;
                     var qv = 0.0;
                     var kv = 0.0;
                     if (k0 + kk < s.qk_dim) {
@@ -573,29 +607,32 @@ fn ssd_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                     set_kv(kk, rr, qv);
                 }
                 workgroupBarrier();
-                mac_slice(&p0, &p1, &p2, &p3, lid, false, 0u);
+                mac_wide(&p0, &p1, &p2, &p3, &p4, &p5, &p6, &p7, lid, false, 0u);
                 workgroupBarrier();
             }
             for (var i = 0u; i < 4u; i++) {
                 let o = lid.y * 4u + i;
                 let pv = pick(i, p0, p1, p2, p3);
+                let pw = pick(i, p4, p5, p6, p7);
                 var wv = vec4<f32>(0.0);
-                for (var jq = 0u; jq < 4u; jq++) {
-                    let r = lid.x * 4u + jq;
+                var ww = vec4<f32>(0.0);
+                for (var jq = 0u; jq < 8u; jq++) {
+                    let r = wide_col(lid.x, jq);
                     var ok = ob + o <= rb + r;
                     if (REVERSE) { ok = ob + o >= rb + r; }
                     ok = ok && ob + o < steps && rb + r < steps;
                     // The sum is ≤ 0 on the causal side; min() keeps exp finite where the select drops it.
                     let w = exp(min(decay_sum(r, o, rb, ob, REVERSE), 0.0));
-                    wv[jq] = select(0.0, pv[jq] * w, ok);
+                    if (jq < 4u) { wv[jq] = select(0.0, pv[jq] * w, ok); } else { ww[jq - 4u] = select(0.0, pw[jq - 4u] * w, ok); }
                 }
                 pair_tile[o * (TILE / 4u) + lid.x] = wv;
+                pair_tile[o * (TILE / 4u) + 8u + lid.x] = ww;
             }
             workgroupBarrier();
             let o_end = min(TILE, steps - ob);  // slices wholly in the padding add nothing
             for (var o0 = 0u; o0 < o_end; o0 += KT) {
-                for (var l = 0u; l < 4u; l++) {
-                    let i = tid + l * 256u;
+                for (var l = 0u; l < 8u; l++) {
+                    let i = tid + l * 128u;
                     let oo = i / TILE;
                     let jj = i % TILE;
                     var vv = 0.0;
@@ -603,7 +640,7 @@ fn ssd_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                     set_kv(oo, jj, vv);
                 }
                 workgroupBarrier();
-                mac_slice(&acc0, &acc1, &acc2, &acc3, lid, true, o0);
+                mac_wide(&acc0, &acc1, &acc2, &acc3, &acc4, &acc5, &acc6, &acc7, lid, true, o0);
                 workgroupBarrier();
             }
         }
@@ -611,10 +648,11 @@ fn ssd_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     for (var i = 0u; i < 4u; i++) {
         let r = rb + lid.y * 4u + i;
         let v = pick(i, acc0, acc1, acc2, acc3);
-        for (var jq = 0u; jq < 4u; jq++) {
-            let j = j0 + lid.x * 4u + jq;
+        let w = pick(i, acc4, acc5, acc6, acc7);
+        for (var jq = 0u; jq < 8u; jq++) {
+            let j = j0 + wide_col(lid.x, jq);
             if (r < steps && j < s.v_dim) {
-                var val = v[jq];
+                var val = select(v[jq % 4u], w[jq % 4u], jq >= 4u);
                 if (ADD_SKIP) { val += skip[h] * v_in[v0 + r * v_row + j]; }
                 out[out_at(b, t0 + r, h, j)] = val;
             }
@@ -644,7 +682,10 @@ fn ssd_sum_heads(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
 //   σ in (ob, ob + 64): Σ_{t ≥ σ} F[t][σ − 1 − ob];   σ in [ob + 64, rb): Σ_t F[t][63];
 //   σ in [rb, rb + 64) when ob < rb: Σ_{t ≥ σ} F[t][63].
 // Partials per row block go to x_part [B, H, nchunks, ceil(Q / 64), Q]. Grid (ceil(Q / 64), nchunks · H, B).
-@compute @workgroup_size(16, 16)
+// 128 threads, 4 × 8 blocks (mac_wide); F is rotated per row (get_f / set_f) so the row prefix sums (a thread
+// per row) and the column sums (a thread per column) read conflict-free. At mamba2-130m's shape: 10 block pairs
+// per (b, chunk, head), each 2·64·64·(N + P) FLOPs, 12.1 GFLOP a call.
+@compute @workgroup_size(8, 16)
 fn ssd_decay_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let rb = wid.x * TILE;
     let c = wid.y % d.nchunks;
@@ -655,8 +696,10 @@ fn ssd_decay_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     let t0 = c * q;
     let steps = min(q, d.len - t0);
     let base = dec_base(b, h, c);
-    let tid = lid.y * 16u + lid.x;
-    for (var i = tid; i < q; i += 256u) { seg_a[i] = 0.0; }
+    let tid = lid.y * 8u + lid.x;
+    let kk = tid % KT;
+    let lo = tid / KT;
+    for (var i = tid; i < q; i += 128u) { seg_a[i] = 0.0; }
     if (rb < steps) {
         stage_rows(base, q, rb, steps, tid);
         for (var ob = 0u; ob <= rb; ob += TILE) {
@@ -666,11 +709,13 @@ fn ssd_decay_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
             var cb1 = vec4<f32>(0.0);
             var cb2 = vec4<f32>(0.0);
             var cb3 = vec4<f32>(0.0);
+            var cb4 = vec4<f32>(0.0);
+            var cb5 = vec4<f32>(0.0);
+            var cb6 = vec4<f32>(0.0);
+            var cb7 = vec4<f32>(0.0);
             for (var k0 = 0u; k0 < d.nstate; k0 += KT) {
-                for (var l = 0u; l < 4u; l++) {
-                    let i = tid + l * 256u;
-                    let rr = i / KT;
-                    let kk = i % KT;
+                for (var l = 0u; l < 8u; l++) {
+                    let rr = lo + l * 8u;
                     var cv = 0.0;
                     var bv = 0.0;
                     if (k0 + kk < d.nstate) {
@@ -681,18 +726,20 @@ fn ssd_decay_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                     set_kv(kk, rr, bv);
                 }
                 workgroupBarrier();
-                mac_slice(&cb0, &cb1, &cb2, &cb3, lid, false, 0u);
+                mac_wide(&cb0, &cb1, &cb2, &cb3, &cb4, &cb5, &cb6, &cb7, lid, false, 0u);
                 workgroupBarrier();
             }
             var gx0 = vec4<f32>(0.0);  // dy_t·Δ_o x_o
             var gx1 = vec4<f32>(0.0);
             var gx2 = vec4<f32>(0.0);
             var gx3 = vec4<f32>(0.0);
+            var gx4 = vec4<f32>(0.0);
+            var gx5 = vec4<f32>(0.0);
+            var gx6 = vec4<f32>(0.0);
+            var gx7 = vec4<f32>(0.0);
             for (var k0 = 0u; k0 < d.headdim; k0 += KT) {
-                for (var l = 0u; l < 4u; l++) {
-                    let i = tid + l * 256u;
-                    let rr = i / KT;
-                    let kk = i % KT;
+                for (var l = 0u; l < 8u; l++) {
+                    let rr = lo + l * 8u;
                     var gv = 0.0;
                     var xv = 0.0;
                     if (k0 + kk < d.headdim) {
@@ -703,17 +750,18 @@ fn ssd_decay_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                     set_kv(kk, rr, xv);
                 }
                 workgroupBarrier();
-                mac_slice(&gx0, &gx1, &gx2, &gx3, lid, false, 0u);
+                mac_wide(&gx0, &gx1, &gx2, &gx3, &gx4, &gx5, &gx6, &gx7, lid, false, 0u);
                 workgroupBarrier();
             }
             for (var i = 0u; i < 4u; i++) {
                 let r = lid.y * 4u + i;
                 let tv = pick(i, cb0, cb1, cb2, cb3) * pick(i, gx0, gx1, gx2, gx3);
-                for (var jq = 0u; jq < 4u; jq++) {
-                    let o = lid.x * 4u + jq;
+                let tw = pick(i, cb4, cb5, cb6, cb7) * pick(i, gx4, gx5, gx6, gx7);
+                for (var jq = 0u; jq < 8u; jq++) {
+                    let o = wide_col(lid.x, jq);
                     let ok = ob + o < rb + r && rb + r < steps;  // o = t never crosses a step
                     let w = exp(min(decay_sum(r, o, rb, ob, false), 0.0));
-                    set_f(r, o, select(0.0, tv[jq] * w, ok));
+                    set_f(r, o, select(0.0, select(tv[jq % 4u], tw[jq % 4u], jq >= 4u) * w, ok));
                 }
             }
             workgroupBarrier();
@@ -743,13 +791,13 @@ fn ssd_decay_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
             if (ob + TILE < rb) {
                 var total = 0.0;
                 for (var r = 0u; r < TILE; r++) { total += get_f(r, TILE - 1u); }
-                for (var sigma = ob + TILE + tid; sigma < rb; sigma += 256u) { seg_a[sigma] += total; }
+                for (var sigma = ob + TILE + tid; sigma < rb; sigma += 128u) { seg_a[sigma] += total; }
             }
             workgroupBarrier();
         }
     }
     let out_base = (((b * d.heads + h) * d.nchunks + c) * ((q + TILE - 1u) / TILE) + wid.x) * q;
-    for (var i = tid; i < q; i += 256u) { x_part[out_base + i] = seg_a[i]; }
+    for (var i = tid; i < q; i += 128u) { x_part[out_base + i] = seg_a[i]; }
 }
 
 // Per (chunk, head, batch): dx = Δ dxd + D dy (in place over dxd), ∂loss/∂a_σ = X_σ + Σ_{t ≥ σ} U_t +

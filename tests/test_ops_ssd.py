@@ -86,6 +86,13 @@ def test_matches_reference(rt, chunk, length, groups):
     (1, 150, 2, 70, 1, 70, 72),   # P, N over one 64-wide tile; chunk of two row tiles and a partial sub-block
     (1, 300, 4, 16, 2, 16, 256),  # mamba_ssm's chunk: four row tiles, decays through many sub-blocks
     (1, 23, 6, 3, 3, 2, 1),       # chunk 1: every step is its own chunk, all work in the state passing
+    # mamba2's P 64 and N 128 (two 64-wide column tiles of dB, dC and of U's pieces), two heads per group
+    # (ssd_sum_heads); L 200: a last chunk of 8 steps, and the padded row / column blocks skipped.
+    (2, 200, 4, 64, 2, 128, 64),
+    (1, 50, 2, 64, 1, 128, 16),   # chunk 16: one sub-block per chunk, a partial last chunk
+    # one head per group (dB, dC written directly, no head sum); N 65: a second column tile of one column;
+    # chunk 256 with L 260: a full chunk of four row blocks, then a chunk of 4 steps.
+    (1, 260, 3, 33, 3, 65, 256),
 ])
 def test_tiles_and_chunk_shapes(rt, batch, length, heads, headdim, groups, nstate, chunk):
     check(rt, batch, length, heads, headdim, groups, nstate, chunk)
