@@ -30,7 +30,15 @@ const TN: u32 = 32u;   // mamba3_scan_backward: state columns per workgroup (one
 const XB: u32 = 48u;   // outputs reduced per pass through `red`
 const RS: u32 = 49u;   // row stride of `red` (XB + 1: no bank conflicts either way)
 
-struct ScanParams { batch: u32, len: u32, heads: u32, rank: u32, nstate: u32, headdim: u32, chunk: u32, nchunks: u32 }
+// Segments (Mesa llvmpipe caps the loop iterations of one invocation at 65,535 in total, so on that adapter the
+// wrapper splits each walk over time into dispatches; on GPUs one dispatch covers everything):
+//   forward: steps [seg_begin, seg_end); g enters from last_state when seg_begin > 0 and leaves through it.
+//   backward: p-blocks [pb_lo, pb_hi); chunks kc_hi down to kc_lo + 1 (1-based); in each chunk the recompute
+//   runs over steps [rec_lo, min(rec_hi, steps)) and the adjoint over steps min(adj_hi, steps) down to adj_lo + 1;
+//   with carry_in G starts from g_carry (else 0) and with carry_out G is left there.
+struct ScanParams { batch: u32, len: u32, heads: u32, rank: u32, nstate: u32, headdim: u32, chunk: u32, nchunks: u32,
+                    seg_begin: u32, seg_end: u32, pb_lo: u32, pb_hi: u32, kc_lo: u32, kc_hi: u32, rec_lo: u32,
+                    rec_hi: u32, adj_lo: u32, adj_hi: u32, carry_in: u32, carry_out: u32 }
 // Sum over p of part [rows, P, width] -> total [rows, width].
 struct SumParams { rows: u32, width: u32, slices: u32 }
 // Per (b, t, h) scalars from part_s [B·L·H, n_tiles, 3].
@@ -60,6 +68,7 @@ struct ScalarParams { count: u32, steps: u32, nheads: u32, nslices: u32 }
 @group(0) @binding(21) var<storage, read_write> dadt: array<f32>;
 @group(0) @binding(22) var<storage, read_write> ddt: array<f32>;
 @group(0) @binding(23) var<storage, read_write> dlam: array<f32>;
+@group(0) @binding(33) var<storage, read_write> g_carry: array<f32>;     // [B, H, P, N]: G between backward segments
 var<workgroup> red: array<f32, 3136>;  // BT · RS: one contribution per (lane, output), 12.25 KiB
 
 // Index of (b, t, h) in a [B, L, H] tensor.
@@ -102,8 +111,13 @@ fn mamba3_scan_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
     let b = i / (p.headdim * p.heads);
     let N = p.nstate;
     var g: array<f32, MAX_N>;
-    for (var n = 0u; n < N; n++) { g[n] = 0.0; }
-    for (var t = 0u; t < p.len; t++) {
+    let last = ((b * p.heads + h) * p.headdim + c) * N;
+    if (p.seg_begin == 0u) {
+        for (var n = 0u; n < N; n++) { g[n] = 0.0; }
+    } else {
+        for (var n = 0u; n < N; n++) { g[n] = last_state[last + n]; }
+    }
+    for (var t = p.seg_begin; t < p.seg_end; t++) {
         if (t % p.chunk == 0u) {
             let base = (((b * p.nchunks + t / p.chunk) * p.heads + h) * p.headdim + c) * N;
             for (var n = 0u; n < N; n++) { states[base + n] = g[n]; }
@@ -121,8 +135,7 @@ fn mamba3_scan_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
             y[v_index(b, t, h, r, c)] = acc;
         }
     }
-    let base = ((b * p.heads + h) * p.headdim + c) * N;
-    for (var n = 0u; n < N; n++) { last_state[base + n] = g[n]; }
+    for (var n = 0u; n < N; n++) { last_state[last + n] = g[n]; }
 }
 
 // One workgroup of BT threads per (batch b, head h, state tile of TN columns n0 = tile·TN ..); thread `lane` takes
@@ -152,20 +165,24 @@ fn mamba3_scan_backward(@builtin(local_invocation_index) lane: u32, @builtin(wor
     var dyc: array<f32, MAX_R>;
     var vc: array<f32, MAX_R>;
     var dvacc: array<f32, MAX_R>;
-    for (var pb = 0u; pb < npb; pb++) {
+    for (var pb = p.pb_lo; pb < min(p.pb_hi, npb); pb++) {
         let c = pb * BT + lane;
         let live = c < p.headdim;
         let cc = min(c, p.headdim - 1u);  // a valid channel for the idle lanes' reads (their results are dropped)
         let lanes = min(BT, p.headdim - pb * BT);
         let scratch = ((b * p.heads + h) * p.headdim + cc) * span * N;  // this channel's g_t rows
+        let carry = ((b * p.heads + h) * p.headdim + cc) * N + n0;
         for (var i = 0u; i < TN; i++) { G[i] = 0.0; }
-        for (var kc = p.nchunks; kc > 0u; kc--) {
+        if (p.carry_in != 0u) {
+            for (var i = 0u; i < tn; i++) { G[i] = g_carry[carry + i]; }
+        }
+        for (var kc = min(p.kc_hi, p.nchunks); kc > p.kc_lo; kc--) {
             let t0 = (kc - 1u) * p.chunk;
             let steps = min(p.chunk, p.len - t0);
             let entry = (((b * p.nchunks + kc - 1u) * p.heads + h) * p.headdim + cc) * N;
             // Recompute g_t over the chunk (this thread's row c, columns of the tile; read back only by it).
             if (live) {
-                for (var jj = 0u; jj < steps; jj++) {
+                for (var jj = p.rec_lo; jj < min(p.rec_hi, steps); jj++) {
                     let t = t0 + jj;
                     let j = bth(b, t, h);
                     let alpha = exp(adt[j]);
@@ -178,7 +195,7 @@ fn mamba3_scan_backward(@builtin(local_invocation_index) lane: u32, @builtin(wor
                 }
             }
             // The adjoint, last step to first.
-            for (var jj = steps; jj > 0u; jj--) {
+            for (var jj = min(p.adj_hi, steps); jj > p.adj_lo; jj--) {
                 let t = t0 + jj - 1u;
                 let j = bth(b, t, h);
                 let alpha = exp(adt[j]);
@@ -256,6 +273,9 @@ fn mamba3_scan_backward(@builtin(local_invocation_index) lane: u32, @builtin(wor
                     workgroupBarrier();
                 }
             }
+        }
+        if (p.carry_out != 0u && live) {
+            for (var i = 0u; i < tn; i++) { g_carry[carry + i] = G[i]; }
         }
     }
 }

@@ -23,3 +23,55 @@ def expect(op: str, name: str, t, shape=None, dtype=F32) -> Tensor:
             want = "(" + ", ".join("*" if s is None else str(s) for s in shape) + ")"
             raise ShapeError(f"{op}: {name} has shape {t.shape}, expected {want}")
     return t
+
+
+# --- Mesa llvmpipe's loop budget -------------------------------------------------------------------------------
+# Mesa's llvmpipe (lavapipe's Vulkan and the GL llvmpipe adapter: our CPU path) stops EVERY loop of a shader
+# invocation once LP_MAX_TGSI_LOOP_ITERATIONS = 65,535 loop iterations have run in it in total, silently. Kernels
+# that walk a long range per thread (a scan over time, a CSR segment) therefore split their walk into segments,
+# one dispatch each, carrying their state in a buffer, when the adapter is llvmpipe (`segment_length`); wrappers
+# whose loop count they cannot bound call `loop_budget`, which refuses the shape up front.
+LOOP_BUDGET = 65535
+# Segments are sized to this fraction of the budget: the per-step counts below are upper bounds written by hand,
+# and a compiler that unrolls a loop only lowers the real count, so a factor of two covers a miscount.
+SEGMENT_BUDGET = LOOP_BUDGET // 2
+
+
+def is_llvmpipe(rt) -> bool:
+    """Whether the runtime's adapter is Mesa llvmpipe (name, vendor or driver say so)."""
+    info = getattr(rt, "info", None)
+    if info is None:
+        return False
+    text = " ".join(str(getattr(info, f, "")) for f in ("name", "vendor", "driver")).lower()
+    return "llvmpipe" in text
+
+
+def loop_budget(rt, op: str, shape, iterations: int) -> None:
+    """Raise ShapeError (before anything is recorded) when an invocation of `op` would run more loop iterations
+    than llvmpipe allows, on llvmpipe adapters only; elsewhere a no-op."""
+    if iterations > LOOP_BUDGET and is_llvmpipe(rt):
+        raise ShapeError(
+            f"{op}: shape {shape} needs up to {int(iterations)} loop iterations per shader invocation, over Mesa "
+            f"llvmpipe's limit of {LOOP_BUDGET} (it would silently cut the loops short); use smaller shapes on "
+            f"this CPU adapter or a GPU")
+
+
+def segment_length(rt, op: str, shape, total: int, per_step: int, fixed: int = 0, multiple: int = 1,
+                   segment: int | None = None) -> int:
+    """Steps per dispatch for a kernel that walks `total` steps per invocation at most `per_step` loop
+    iterations each (plus `fixed` once per dispatch). `segment` forces a length (tests; rounded to `multiple`);
+    otherwise all steps at once, except on llvmpipe: the most steps (a multiple of `multiple`) that fit
+    SEGMENT_BUDGET, and a ShapeError (`loop_budget`) if even `multiple` steps don't fit."""
+    total = max(int(total), 1)
+    if segment is not None:
+        seg = max(int(segment), 1)
+        seg = -(-seg // multiple) * multiple
+        return min(seg, -(-total // multiple) * multiple)
+    if not is_llvmpipe(rt):
+        return -(-total // multiple) * multiple
+    steps = (SEGMENT_BUDGET - fixed) // max(int(per_step), 1)
+    steps = steps // multiple * multiple
+    if steps < multiple:  # not even one step within the safety margin: the real budget decides
+        loop_budget(rt, op, shape, fixed + multiple * per_step)
+        return multiple
+    return min(steps, -(-total // multiple) * multiple)

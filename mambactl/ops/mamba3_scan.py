@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import expect, grid_1d
+from mambactl.ops.checks import expect, grid_1d, segment_length
 from mambactl.runtime.tensor import Tensor
 
 MAX_STATE = 128  # mirrors MAX_N in kernels/mamba3_scan.wgsl (a private array per thread)
@@ -31,6 +31,8 @@ DEFAULT_CHUNK = 64
 THREADS = 64     # workgroup size of the forward and step entries
 BACKWARD_THREADS = 64  # mirrors BT: value channels per backward workgroup
 TILE_N = 32      # mirrors TN: state columns per backward workgroup
+XB = 48          # mirrors XB: outputs per pass through workgroup memory in the backward
+_ALL = 0xFFFFFFFF  # "to the end" for the kernel's segment bounds
 
 
 @dataclass
@@ -69,12 +71,39 @@ def _check_inputs(op: str, q, k, v, adt, dt, lam) -> tuple[int, int, int, int, i
 
 def _params(batch, length, heads, rank, nstate, headdim, chunk) -> dict:
     return dict(batch=batch, len=length, heads=heads, rank=rank, nstate=nstate, headdim=headdim, chunk=chunk,
-                nchunks=-(-length // chunk))
+                nchunks=-(-length // chunk), seg_begin=0, seg_end=length, pb_lo=0, pb_hi=_ALL, kc_lo=0, kc_hi=_ALL,
+                rec_lo=0, rec_hi=_ALL, adj_lo=0, adj_hi=_ALL, carry_in=0, carry_out=0)
+
+
+# Loop iterations per invocation (upper bounds, no unrolling assumed), for Mesa llvmpipe's budget of 65,535
+# (mambactl/ops/checks.py). Forward, per step: the t loop, the chunk-entry store (N), the g update (N·(1 + R))
+# and the output (R·(1 + N·(1 + R))).
+def forward_loops_per_step(rank: int, nstate: int) -> int:
+    return 1 + nstate + nstate * (1 + rank) + rank * (1 + nstate * (1 + rank))
+
+
+# Backward, per step of the recompute (tn = the tile's columns ≤ TILE_N): the step loop and tn·(1 + R).
+def backward_recompute_loops_per_step(rank: int, nstate: int) -> int:
+    return 1 + min(TILE_N, nstate) * (1 + rank)
+
+
+# Backward, per step of the adjoint: loads (R), the column loop (tn·(1 + 3R)), the dv store (R), and per pass
+# through workgroup memory 1 + XB + BACKWARD_THREADS.
+def backward_adjoint_loops_per_step(rank: int, nstate: int) -> int:
+    tn = min(TILE_N, nstate)
+    passes = -(-(2 * rank * tn + 3) // XB)
+    return 1 + 2 * rank + tn * (1 + 3 * rank) + passes * (1 + XB + BACKWARD_THREADS)
+
+
+_FIXED = 4 * MAX_STATE + 64  # per dispatch: the state's init and store, the p-block and chunk loops
 
 
 def mamba3_scan(q: Tensor, k: Tensor, v: Tensor, adt: Tensor, dt: Tensor, lam: Tensor,
-                chunk: int = DEFAULT_CHUNK) -> tuple[Tensor, Mamba3ScanSaved]:
-    """-> (y [B, L, H, R, P], saved). `chunk` (positive) is the number of steps between saved states."""
+                chunk: int = DEFAULT_CHUNK, segment: int | None = None) -> tuple[Tensor, Mamba3ScanSaved]:
+    """-> (y [B, L, H, R, P], saved). `chunk` (positive) is the number of steps between saved states.
+
+    `segment`: steps per dispatch (the state carried between dispatches in `last_state`). None: all steps in one
+    dispatch, except on Mesa llvmpipe, whose per-invocation loop budget sets it (mambactl/ops/checks.py)."""
     op = "mamba3_scan"
     dims = _check_inputs(op, q, k, v, adt, dt, lam)
     if int(chunk) < 1:
@@ -85,8 +114,12 @@ def mamba3_scan(q: Tensor, k: Tensor, v: Tensor, adt: Tensor, dt: Tensor, lam: T
     y = rt.empty(v.shape)
     states = rt.empty((batch, params["nchunks"], heads, headdim, nstate))
     last_state = rt.empty((batch, heads, headdim, nstate))
-    rt.run("mamba3_scan_forward", grid_1d(batch * heads * headdim, THREADS), q=q, k=k, v=v, adt=adt, dt=dt, lam=lam,
-           y=y, states=states, last_state=last_state, **params)
+    seg = segment_length(rt, op, tuple(q.shape), length, forward_loops_per_step(rank, nstate), _FIXED,
+                         segment=segment)
+    for t0 in range(0, length, seg):
+        params.update(seg_begin=t0, seg_end=min(length, t0 + seg))
+        rt.run("mamba3_scan_forward", grid_1d(batch * heads * headdim, THREADS), q=q, k=k, v=v, adt=adt, dt=dt,
+               lam=lam, y=y, states=states, last_state=last_state, **params)
     return y, Mamba3ScanSaved(q, k, v, adt, dt, lam, states, int(chunk), last_state)
 
 
@@ -102,8 +135,38 @@ def backward_buffers(batch: int, length: int, heads: int, rank: int, nstate: int
     return shapes
 
 
-def mamba3_scan_backward(saved: Mamba3ScanSaved, dy: Tensor):
-    """dy [B, L, H, R, P] -> (dq, dk, dv, dadt, ddt, dlam), shaped as the inputs. Exact."""
+def _backward_segments(rt, op: str, shape, length: int, rank: int, nstate: int, headdim: int, chunk: int,
+                       segment: int | None):
+    """The backward's dispatches as parameter updates: one covering everything, or (on llvmpipe, or with
+    `segment` steps) per p-block and chunk, the recompute and then the adjoint in segments of steps."""
+    span = min(chunk, length)
+    per_rec, per_adj = backward_recompute_loops_per_step(rank, nstate), backward_adjoint_loops_per_step(rank, nstate)
+    whole = _FIXED + -(-headdim // BACKWARD_THREADS) * length * (per_rec + per_adj)
+    if segment is None and segment_length(rt, op, shape, whole, 1) >= whole:
+        return [{}]  # one dispatch: not llvmpipe, or it all fits the budget
+    rec = segment_length(rt, op, shape, span, per_rec, _FIXED, segment=segment)
+    adj = segment_length(rt, op, shape, span, per_adj, _FIXED, segment=segment)
+    nchunks = -(-length // chunk)
+    out = []
+    for pb in range(-(-headdim // BACKWARD_THREADS)):
+        first = True
+        for kc in range(nchunks, 0, -1):
+            steps = min(chunk, length - (kc - 1) * chunk)
+            common = dict(pb_lo=pb, pb_hi=pb + 1, kc_lo=kc - 1, kc_hi=kc)
+            for j in range(0, steps, rec):
+                out.append(dict(common, rec_lo=j, rec_hi=j + rec, adj_lo=0, adj_hi=0, carry_in=0, carry_out=0))
+            for j in range(steps, 0, -adj):
+                out.append(dict(common, rec_lo=0, rec_hi=0, adj_lo=max(0, j - adj), adj_hi=j,
+                                carry_in=int(not first), carry_out=1))
+                first = False
+    return out
+
+
+def mamba3_scan_backward(saved: Mamba3ScanSaved, dy: Tensor, segment: int | None = None):
+    """dy [B, L, H, R, P] -> (dq, dk, dv, dadt, ddt, dlam), shaped as the inputs. Exact.
+
+    `segment`: steps per dispatch of the recompute and of the adjoint (G carried between dispatches in a
+    [B, H, P, N] buffer). None: one dispatch, except on Mesa llvmpipe (see `mamba3_scan`)."""
     op = "mamba3_scan_backward"
     s = saved
     dims = _check_inputs(op, s.q, s.k, s.v, s.adt, s.dt, s.lam)
@@ -117,9 +180,13 @@ def mamba3_scan_backward(saved: Mamba3ScanSaved, dy: Tensor):
     g_scratch, part_s = rt.empty(plan["g_scratch"]), rt.empty(plan["part_s"])
     dq, dk, dv = rt.empty(s.q.shape), rt.empty(s.k.shape), rt.empty(s.v.shape)
     dv_part = rt.empty(plan["dv_part"]) if tiles > 1 else dv
-    rt.run("mamba3_scan_backward", grid_1d(batch * heads * tiles * BACKWARD_THREADS, BACKWARD_THREADS), q=s.q,
-           k=s.k, v=s.v, adt=s.adt, dt=s.dt, lam=s.lam, dy=dy, saved_states=s.states, g_scratch=g_scratch,
-           dv_part=dv_part, dq=dq, dk=dk, part_s=part_s, **params)
+    segments = _backward_segments(rt, op, tuple(s.q.shape), length, rank, nstate, headdim, s.chunk, segment)
+    g_carry = rt.empty((batch, heads, headdim, nstate)) if len(segments) > 1 else s.last_state  # unused if one
+    for seg in segments:
+        rt.run("mamba3_scan_backward", grid_1d(batch * heads * tiles * BACKWARD_THREADS, BACKWARD_THREADS),
+               q=s.q, k=s.k, v=s.v, adt=s.adt, dt=s.dt, lam=s.lam, dy=dy, saved_states=s.states,
+               g_scratch=g_scratch, dv_part=dv_part, dq=dq, dk=dk, part_s=part_s, g_carry=g_carry,
+               **{**params, **seg})
     if tiles > 1:
         rows = batch * length * heads * rank * headdim
         rt.run("mamba3_scan_sum_channels", grid_1d(rows), part=dv_part, total=dv, rows=rows, width=1, slices=tiles)
