@@ -8,7 +8,9 @@ reading group h // (H / G); A_log, D, dt_bias [H]. Memory: the forward saves the
 ([B, ceil(L / chunk), H, P, N]), the state after the last step ([B, H, P, N]: `ssd_step` continues the
 recurrence from it, one token at a time) and references to its inputs; the backward recomputes Δ and the
 in-chunk decays. The backward's transients: one more such state tensor, two tensors of x's size, the decay sums
-[B, H, n_chunks, 5, chunk] and the crossing partials [B, H, n_chunks, ceil(chunk / 64), chunk].
+[B, H, n_chunks, 5, chunk], the crossing partials [B, H, n_chunks, ceil(chunk / 64), chunk], U's pieces
+[B, H, n_chunks, ceil(N / 64), chunk] and, when a group has several heads, dB's and dC's per-head terms
+[B, L, H, N] (summed over the group's heads in order).
 """
 
 from __future__ import annotations
