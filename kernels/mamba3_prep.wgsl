@@ -15,8 +15,11 @@ const PI: f32 = 3.14159265358979;
 
 override NORM: bool = false;
 
+// prep forward and backward walk steps [seg_begin, seg_end) (the wrapper splits the walk into dispatches on Mesa
+// llvmpipe, whose per-invocation loop budget is 65,535 iterations): the forward's running θ enters from theta at
+// step seg_begin − 1; the backward's running ∂θ sum enters from dcum_carry when seg_end < len and leaves there.
 struct PrepParams { batch: u32, len: u32, heads: u32, rank: u32, ngroups: u32, nstate: u32, headdim: u32,
-                    angles: u32, mimo: u32, cols: u32, a_floor: f32 }
+                    angles: u32, mimo: u32, cols: u32, a_floor: f32, seg_begin: u32, seg_end: u32 }
 struct ReduceParams { rrows: u32, rheads: u32, rrank: u32, rgroups: u32, rnstate: u32, rangles: u32, rcols: u32 }
 struct FinishParams { frows: u32, fheads: u32, frank: u32, fheaddim: u32, eps: f32 }
 
@@ -84,6 +87,7 @@ struct FinishParams { frows: u32, fheads: u32, frank: u32, fheaddim: u32, eps: f
 @group(0) @binding(58) var<storage, read_write> dmo_part: array<f32>;  // [M, H, R, P]: dout ⊙ o (-> ∂mimo_o)
 @group(0) @binding(59) var<storage, read_write> dD_part: array<f32>;   // [M·R, H]: Σ_p dys ⊙ v
 @group(0) @binding(60) var<storage, read> dys_in: array<f32>;          // prep backward: dv += D dys
+@group(0) @binding(61) var<storage, read_write> dcum_carry: array<f32>; // [B, H, S]: between backward segments
 
 fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 
@@ -133,8 +137,13 @@ fn mamba3_prep_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
     let off = 2u * di + 2u * rgn;  // dd_dt
     let g = h / (H / p.ngroups);
     var th: array<f32, MAX_S>;
-    for (var j = 0u; j < S; j++) { th[j] = 0.0; }
-    for (var t = 0u; t < p.len; t++) {
+    if (p.seg_begin == 0u) {
+        for (var j = 0u; j < S; j++) { th[j] = 0.0; }
+    } else {
+        let prev = (b * p.len + p.seg_begin - 1u) * H + h;
+        for (var j = 0u; j < S; j++) { th[j] = theta[prev * S + j]; }
+    }
+    for (var t = p.seg_begin; t < p.seg_end; t++) {
         let row = b * p.len + t;
         let pr = row * p.cols;
         let dtv = softplus(proj[pr + off + h] + dt_bias[h]);
@@ -194,8 +203,12 @@ fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
     let rgn = R * p.ngroups * N;
     let off = 2u * di + 2u * rgn;
     var dcum: array<f32, MAX_S>;  // Σ_{t' >= t} ∂loss/∂θ_{t'}
-    for (var j = 0u; j < S; j++) { dcum[j] = 0.0; }
-    for (var tt = p.len; tt > 0u; tt--) {
+    if (p.seg_end >= p.len) {
+        for (var j = 0u; j < S; j++) { dcum[j] = 0.0; }
+    } else {
+        for (var j = 0u; j < S; j++) { dcum[j] = dcum_carry[i * S + j]; }
+    }
+    for (var tt = p.seg_end; tt > p.seg_begin; tt--) {
         let t = tt - 1u;
         let row = b * p.len + t;
         let pr = row * p.cols;
@@ -255,6 +268,9 @@ fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
             dproj[pr + di + h * P + c] = dx;
             dproj[pr + h * P + c] = dz;
         }
+    }
+    if (p.seg_begin > 0u) {
+        for (var j = 0u; j < S; j++) { dcum_carry[i * S + j] = dcum[j]; }
     }
 }
 

@@ -35,6 +35,9 @@ LOOP_BUDGET = 65535
 # Segments are sized to this fraction of the budget: the per-step counts below are upper bounds written by hand,
 # and a compiler that unrolls a loop only lowers the real count, so a factor of two covers a miscount.
 SEGMENT_BUDGET = LOOP_BUDGET // 2
+# Tests set this to run every segmented walk in segments of this many steps on any adapter (the path llvmpipe
+# takes), through the models as well as the op wrappers.
+FORCE_SEGMENT: int | None = None
 
 
 def is_llvmpipe(rt) -> bool:
@@ -63,6 +66,8 @@ def segment_length(rt, op: str, shape, total: int, per_step: int, fixed: int = 0
     otherwise all steps at once, except on llvmpipe: the most steps (a multiple of `multiple`) that fit
     SEGMENT_BUDGET, and a ShapeError (`loop_budget`) if even `multiple` steps don't fit."""
     total = max(int(total), 1)
+    if segment is None:
+        segment = FORCE_SEGMENT
     if segment is not None:
         seg = max(int(segment), 1)
         seg = -(-seg // multiple) * multiple

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import expect, grid_1d
+from mambactl.ops.checks import expect, grid_1d, segment_length
 from mambactl.runtime.tensor import Tensor
 
 MAX_ANGLES = 64  # mirrors MAX_S in kernels/mamba3_prep.wgsl
@@ -53,12 +53,28 @@ class Mamba3Dims:
 
 def _prep_params(d: Mamba3Dims, a_floor: float) -> dict:
     return dict(batch=d.batch, len=d.length, heads=d.heads, rank=d.rank, ngroups=d.groups, nstate=d.nstate,
-                headdim=d.headdim, angles=d.angles, mimo=int(d.mimo), cols=d.cols, a_floor=float(a_floor))
+                headdim=d.headdim, angles=d.angles, mimo=int(d.mimo), cols=d.cols, a_floor=float(a_floor),
+                seg_begin=0, seg_end=d.length)
+
+
+# Loop iterations per step of one prep thread (upper bounds; Mesa llvmpipe allows 65,535 per invocation, see
+# mambactl/ops/checks.py): forward S + R·(1 + N + P), backward R·(1 + N) + S + P·(1 + R), plus the step loop.
+def prep_loops_per_step(d: Mamba3Dims) -> int:
+    R, N, P, S = d.rank, d.nstate, d.headdim, d.angles
+    return 2 + S + R * (1 + N + P) + R * (1 + N) + P * (1 + R)
+
+
+def _segments(rt, op: str, d: Mamba3Dims, segment: int | None) -> list[tuple[int, int]]:
+    seg = segment_length(rt, op, (d.batch, d.length, d.heads), d.length, prep_loops_per_step(d), 2 * MAX_ANGLES,
+                         segment=segment)
+    return [(t0, min(d.length, t0 + seg)) for t0 in range(0, d.length, seg)]
 
 
 def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: Tensor, C_bias: Tensor,
-                mimo_x: Tensor, mimo_z: Tensor, d: Mamba3Dims, a_floor: float) -> dict:
-    """-> dict of q, k [M, H, R, N], v, zr [M, H, R, P], adt, dt, lam [M, H], theta [M, H, S]."""
+                mimo_x: Tensor, mimo_z: Tensor, d: Mamba3Dims, a_floor: float, segment: int | None = None) -> dict:
+    """-> dict of q, k [M, H, R, N], v, zr [M, H, R, P], adt, dt, lam [M, H], theta [M, H, S].
+
+    `segment`: steps per dispatch (None: all, except on Mesa llvmpipe, whose loop budget sets it)."""
     op = "mamba3_prep"
     d.check(op)
     M, H, R, N, P = d.rows, d.heads, d.rank, d.nstate, d.headdim
@@ -74,19 +90,22 @@ def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: T
     out = dict(q=rt.empty((M, H, R, N)), k=rt.empty((M, H, R, N)), v=rt.empty((M, H, R, P)),
                zr=rt.empty((M, H, R, P)), adt=rt.empty((M, H)), dt=rt.empty((M, H)), lam=rt.empty((M, H)),
                theta=rt.empty((M, H, max(d.angles, 1))))
-    rt.run("mamba3_prep_forward", grid_1d(d.batch * H, 64), proj=proj, Bn=Bn, Cn=Cn, dt_bias=dt_bias,
-           B_bias=B_bias, C_bias=C_bias, mimo_x=mimo_x, mimo_z=mimo_z, **out, **_prep_params(d, a_floor))
+    params = _prep_params(d, a_floor)
+    for t0, t1 in _segments(rt, op, d, segment):
+        params.update(seg_begin=t0, seg_end=t1)
+        rt.run("mamba3_prep_forward", grid_1d(d.batch * H, 64), proj=proj, Bn=Bn, Cn=Cn, dt_bias=dt_bias,
+               B_bias=B_bias, C_bias=C_bias, mimo_x=mimo_x, mimo_z=mimo_z, **out, **params)
     return out
 
 
 def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: Tensor, D: Tensor, prep: dict,
                          dq: Tensor, dk: Tensor, dv: Tensor, dzr: Tensor, dadt: Tensor, ddt: Tensor, dlam: Tensor,
-                         dys: Tensor, d: Mamba3Dims, a_floor: float) -> dict:
+                         dys: Tensor, d: Mamba3Dims, a_floor: float, segment: int | None = None) -> dict:
     """Gradients of `mamba3_prep` (dv is the scan's; D·dys, the skip's share, is added here).
 
     -> dict: dproj [M, cols] with every column but B's and C's written, dBn, dCn [M, R·G·N] (summed over the heads
     of each group, before the bias), dqb, dkb [M, H, R, N] (∂C_bias / ∂B_bias per row), dvx, dzz [M, H, R, P]
-    (∂mimo_x / ∂mimo_z per row)."""
+    (∂mimo_x / ∂mimo_z per row). `segment` as in `mamba3_prep`."""
     d.check("mamba3_prep_backward")
     M, H, R, N, P, S = d.rows, d.heads, d.rank, d.nstate, d.headdim, d.angles
     rt = proj.runtime
@@ -94,10 +113,15 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: 
     res = dict(dproj=dproj, dqb=rt.empty((M, H, R, N)), dkb=rt.empty((M, H, R, N)), dvx=rt.empty((M, H, R, P)),
                dzz=rt.empty((M, H, R, P)))
     dang_part = rt.empty((M, H, max(S, 1)))
-    rt.run("mamba3_prep_backward", grid_1d(d.batch * H, 64), proj=proj, dt_bias=dt_bias, mimo_x=mimo_x,
-           mimo_z=mimo_z, D=D, lam=prep["lam"], q_in=prep["q"], k_in=prep["k"], theta_in=prep["theta"], dq=dq,
-           dk=dk, dv=dv, dzr=dzr, dadt=dadt, ddt=ddt, dlam=dlam, dys_in=dys, dang_part=dang_part, **res,
-           **_prep_params(d, a_floor))
+    segments = _segments(rt, "mamba3_prep_backward", d, segment)
+    carry = rt.empty((d.batch, H, max(S, 1)))  # the running ∂θ sum between segments (untouched with one)
+    params = _prep_params(d, a_floor)
+    for t0, t1 in reversed(segments):
+        params.update(seg_begin=t0, seg_end=t1)
+        rt.run("mamba3_prep_backward", grid_1d(d.batch * H, 64), proj=proj, dt_bias=dt_bias, mimo_x=mimo_x,
+               mimo_z=mimo_z, D=D, lam=prep["lam"], q_in=prep["q"], k_in=prep["k"], theta_in=prep["theta"], dq=dq,
+               dk=dk, dv=dv, dzr=dzr, dadt=dadt, ddt=ddt, dlam=dlam, dys_in=dys, dang_part=dang_part,
+               dcum_carry=carry, **res, **params)
     res["dBn"], res["dCn"] = rt.empty((M, d.rgn)), rt.empty((M, d.rgn))
     rt.run("mamba3_prep_reduce", grid_1d(M * (S + d.rgn)), dqb_in=res["dqb"], dkb_in=res["dkb"], dang_in=dang_part,
            dBn=res["dBn"], dCn=res["dCn"], dproj_out=dproj, rrows=M, rheads=H, rrank=R, rgroups=d.groups,
