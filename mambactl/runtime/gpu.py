@@ -10,6 +10,7 @@ cached (a training step binds the same pooled buffers every time).
 
 from __future__ import annotations
 
+import math
 import struct
 
 import numpy as np
@@ -184,7 +185,7 @@ class Runtime:
         dtype = np.dtype(dtype)
         if dtype not in DTYPES:
             raise ShapeError(f"unsupported dtype {dtype}; mambactl tensors are float32, int32 or uint32")
-        n = int(np.prod(shape, dtype=np.int64)) * 4
+        n = math.prod(int(s) for s in shape) * 4
         if n > int(self.limits["max-buffer-size"]):
             raise ShapeError(f"tensor {tuple(shape)} needs {n} bytes, over this device's max buffer size")
         t = Tensor(self, self.pool.acquire(n), shape, dtype)

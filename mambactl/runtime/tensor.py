@@ -36,9 +36,9 @@ class Tensor:
         """A view with another shape over the same buffer (nothing is copied)."""
         shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
         if -1 in shape:
-            known = int(np.prod([s for s in shape if s != -1]))
+            known = math.prod(s for s in shape if s != -1)
             shape = tuple(self.size // known if s == -1 else s for s in shape)
-        if int(np.prod(shape, dtype=np.int64)) != self.size:
+        if math.prod(shape) != self.size:
             raise ValueError(f"cannot reshape {self.shape} to {shape}")
         return Tensor(self.runtime, self.buffer, shape, self.dtype, owner=self._owner or self)
 
