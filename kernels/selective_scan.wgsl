@@ -28,7 +28,12 @@ override CH: u32 = 8u;  // channels per workgroup
 override T: u32 = 8u;   // steps per tile; divides chunk
 override ACCUMULATE: bool = false;
 
-struct ScanParams { batch: u32, len: u32, channels: u32, chunk: u32, nchunks: u32 }
+// Segments (Mesa llvmpipe caps one invocation's loop iterations at 65,535 in total, so there the wrapper splits
+// the walk over time into dispatches; elsewhere one dispatch covers it): the forward runs steps [seg_begin,
+// seg_end) (multiples of T), h entering from last_state when seg_begin > 0; the backward runs chunks kc_hi down to
+// kc_lo + 1 (1-based), its carried sums entering from carry when kc_hi < nchunks and leaving there when kc_lo > 0.
+struct ScanParams { batch: u32, len: u32, channels: u32, chunk: u32, nchunks: u32, seg_begin: u32, seg_end: u32,
+                    kc_lo: u32, kc_hi: u32 }
 // Sums over `slices` consecutive blocks of `count` elements.
 struct SumParams { count: u32, slices: u32 }
 struct ParamSumParams { count: u32, batch: u32, nstate: u32 }
@@ -66,6 +71,7 @@ struct StepParams { batch: u32, channels: u32, nstate: u32 }
 // Decode: one step for a batch of single tokens, u, delta, z, y [B, Dc], B_t, C_t [B, N], state [B, Dc, N].
 @group(0) @binding(28) var<uniform> st: StepParams;
 @group(0) @binding(29) var<storage, read_write> state: array<f32>;
+@group(0) @binding(30) var<storage, read_write> carry: array<f32>;  // [B, Dc / CH, WG, 4]: backward segments
 
 // Per (step of the tile, channel of the workgroup), index s·CH + c.
 var<workgroup> dt_tile: array<f32, T * CH>;        // Δ_t
@@ -156,7 +162,8 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
     var a = 0.0;
     if (owns_state) { a = -exp(A_log[(d0 + c) * N + n]); }
     var h = 0.0;
-    for (var t0 = 0u; t0 < p.len; t0 += T) {
+    if (owns_state && p.seg_begin > 0u) { h = last_state[(b * p.channels + d0 + c) * N + n]; }
+    for (var t0 = p.seg_begin; t0 < p.seg_end; t0 += T) {
         if (owns_state && t0 % p.chunk == 0u) {
             states[((b * p.nchunks + t0 / p.chunk) * p.channels + d0 + c) * N + n] = h;
         }
@@ -232,7 +239,9 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     var da = 0.0;      // Σ_t g_t exp(Δ_t A) h_{t−1} Δ_t = ∂loss/∂A[d, n] for this batch row
     var d_skip = 0.0;  // Σ dy'·u over this thread's (step, channel) items: ∂loss/∂D
     var d_bias = 0.0;  // Σ ddelta over the same items: ∂loss/∂delta_bias
-    for (var k = p.nchunks; k > 0u; k--) {
+    let ci = ((b * nwg.x + wid.x) * WG + thread) * 4u;
+    if (p.kc_hi < p.nchunks) { g = carry[ci]; da = carry[ci + 1u]; d_skip = carry[ci + 2u]; d_bias = carry[ci + 3u]; }
+    for (var k = min(p.kc_hi, p.nchunks); k > p.kc_lo; k--) {
         let chunk_start = (k - 1u) * p.chunk;
         let ntiles = (min(p.chunk, p.len - chunk_start) + T - 1u) / T;
         // Entry state of every tile of the chunk, recomputed from the chunk's saved entry state.
@@ -339,6 +348,13 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
             }
             workgroupBarrier();  // the next tile overwrites the staged inputs and terms
         }
+    }
+    if (p.kc_lo > 0u) {  // uniform: more chunks follow in another dispatch
+        carry[ci] = g;
+        carry[ci + 1u] = da;
+        carry[ci + 2u] = d_skip;
+        carry[ci + 3u] = d_bias;
+        return;
     }
     if (owns_state) { param_part[(b * p.channels + d0 + c) * (N + 2u) + n] = da * a; }  // ∂/∂A_log = ∂/∂A · A
     // Thread i summed the (step, channel) items of channel i % CH (CH divides WG): add the WG / CH partials

@@ -97,3 +97,24 @@ def test_mamba3_block_segmented(gpu, monkeypatch, segment):
     """The llvmpipe path (walks split into dispatches) at small segments on any adapter."""
     monkeypatch.setattr(checks, "FORCE_SEGMENT", segment)
     _mamba3_block(gpu, 11, H=2, P=4, N=8, S=2, d_model=6, chunk=4)
+
+
+# --- Mamba-1 selective scan ----------------------------------------------------------------------------------------
+def test_selective_scan_long(gpu):
+    """B 1, L 2048, Dc 2, N 128 (one channel per workgroup, tiles of T = 4): a forward thread runs ~144 iterations
+    per tile (73k over L), a backward thread ~303 per tile (155k). (At N = 16 the counts are 30 and 84 per tile of
+    8: under the budget up to L ≈ 17k and 6k.)"""
+    from mambactl.ops.selective_scan import (backward_loops_per_tile, forward_loops_per_tile, selective_scan,
+                                             selective_scan_backward)
+    from test_ops_selective_scan import GRADS, NAMES, make_inputs, reference
+
+    B, L, Dc, N = 1, 2048, 2, 128
+    assert L // 4 * forward_loops_per_tile(N, 4) > BUDGET and L // 4 * backward_loops_per_tile(N, 4) > BUDGET
+    x = make_inputs(B, L, Dc, N)
+    dy = rng_normal(1, B, L, Dc)
+    y, saved = selective_scan(*(gpu.from_numpy(x[k]) for k in NAMES))
+    grads = selective_scan_backward(saved, gpu.from_numpy(dy))
+    y_ref, grads_ref = reference(x, dy)
+    assert rel_err(y.numpy(), y_ref) < 1e-4
+    for name, got, want in zip(GRADS, grads, grads_ref):
+        assert rel_err(got.numpy(), want) < 1e-4, name

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import expect, grid_1d
+from mambactl.ops.checks import expect, grid_1d, segment_length
 from mambactl.runtime.tensor import Tensor
 
 WORKGROUP = 128  # mirrors WG in kernels/selective_scan.wgsl
@@ -87,7 +87,30 @@ def _check_inputs(op: str, u, delta, A_log, B, C, D, z, delta_bias) -> tuple[int
 
 
 def _scan_params(batch: int, length: int, channels: int, chunk: int) -> dict:
-    return dict(batch=batch, len=length, channels=channels, chunk=chunk, nchunks=-(-length // chunk))
+    nchunks = -(-length // chunk)
+    return dict(batch=batch, len=length, channels=channels, chunk=chunk, nchunks=nchunks, seg_begin=0,
+                seg_end=length, kc_lo=0, kc_hi=nchunks)
+
+
+# Loop iterations per invocation (upper bounds, no unrolling assumed), for Mesa llvmpipe's budget of 65,535
+# (mambactl/ops/checks.py), per tile of T steps: a[items] = ceil(T·CH / WG) passes over (step, channel) items,
+# s[items] = ceil(T·N / WG) over (step, state) items.
+def _tile_passes(nstate: int, tile: int) -> tuple[int, int]:
+    ch = channels_per_group(nstate)
+    return -(-tile * ch // WORKGROUP), -(-tile * nstate // WORKGROUP)
+
+
+def forward_loops_per_tile(nstate: int, tile: int) -> int:
+    a, st = _tile_passes(nstate, tile)
+    return 1 + (a + st) + st + a + tile + a * (1 + nstate)
+
+
+def backward_loops_per_tile(nstate: int, tile: int) -> int:
+    a, st = _tile_passes(nstate, tile)
+    ch = channels_per_group(nstate)
+    recompute = 1 + (a + st) + tile
+    adjoint = 1 + (a + st) + st + a + tile + 2 * a * (1 + nstate) + 2 * st * (1 + ch) + tile
+    return recompute + adjoint
 
 
 def _constants(nstate: int, chunk: int) -> dict:
@@ -95,10 +118,13 @@ def _constants(nstate: int, chunk: int) -> dict:
 
 
 def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor,
-                   delta_bias: Tensor, chunk: int = DEFAULT_CHUNK) -> tuple[Tensor, ScanSaved]:
+                   delta_bias: Tensor, chunk: int = DEFAULT_CHUNK, segment: int | None = None
+                   ) -> tuple[Tensor, ScanSaved]:
     """u, delta, z [B, L, Dc]; A_log [Dc, N]; B, C [B, L, N]; D, delta_bias [Dc] -> (y [B, L, Dc], saved).
 
-    `chunk` (a positive multiple of 8) is the number of steps between saved states.
+    `chunk` (a positive multiple of 8) is the number of steps between saved states. `segment`: steps per dispatch
+    (rounded up to a tile; h carried in last_state). None: one dispatch, except on Mesa llvmpipe, whose
+    per-invocation loop budget sets it (mambactl/ops/checks.py).
     """
     op = "selective_scan"
     batch, length, channels, nstate = _check_inputs(op, u, delta, A_log, B, C, D, z, delta_bias)
@@ -110,9 +136,14 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
     y = rt.empty(u.shape)
     states = rt.empty((batch, params["nchunks"], channels, nstate))
     last_state = rt.empty((batch, channels, nstate))
-    rt.run("selective_scan_forward", (-(-channels // constants["CH"]), batch), constants, u=u, delta=delta,
-           A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states, last_state=last_state,
-           **params)
+    tile = constants["T"]
+    seg = segment_length(rt, op, tuple(u.shape), length, -(-forward_loops_per_tile(nstate, tile) // tile), 64,
+                         multiple=tile, segment=segment)
+    for t0 in range(0, length, seg):
+        params.update(seg_begin=t0, seg_end=min(length, t0 + seg))
+        rt.run("selective_scan_forward", (-(-channels // constants["CH"]), batch), constants, u=u, delta=delta,
+               A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states, last_state=last_state,
+               **params)
     return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
 
 
@@ -138,11 +169,14 @@ def selective_scan_step(state: Tensor, u: Tensor, delta: Tensor, A_log: Tensor, 
     return y
 
 
-def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Tensor] | None = None):
+def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Tensor] | None = None,
+                            segment: int | None = None):
     """dy [B, L, Dc] -> (du, ddelta, dA_log, dB, dC, dD, dz, ddelta_bias), shaped like the inputs.
 
     ddelta is the gradient w.r.t. the forward's `delta` (before bias and softplus). `grads`, a mapping with
     keys "A_log", "D" and "delta_bias", makes the parameter gradients add into those tensors (and returns them).
+    `segment`: chunks per dispatch (the adjoint and the parameter sums carried between dispatches). None: one
+    dispatch, except on Mesa llvmpipe, whose per-invocation loop budget sets it (mambactl/ops/checks.py).
     """
     op = "selective_scan_backward"
     s = saved
@@ -168,9 +202,16 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
     dC_part = rt.empty((groups, batch, length, nstate))
     param_part = rt.empty((batch, channels, nstate + 2))
     tile_states = rt.empty((batch, groups, -(-min(s.chunk, length) // tile), WORKGROUP))
-    rt.run("selective_scan_backward", (groups, batch), constants, u=s.u, delta=s.delta, A_log=s.A_log, B=s.B,
-           C=s.C, D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy, saved_states=s.states, du=du, ddelta=ddelta,
-           dz=dz, dB_part=dB_part, dC_part=dC_part, param_part=param_part, tile_states=tile_states, **params)
+    nchunks = params["nchunks"]
+    per_chunk = -(-min(s.chunk, length) // tile) * backward_loops_per_tile(nstate, tile)
+    seg = segment_length(rt, op, tuple(s.u.shape), nchunks, per_chunk, 4 * WORKGROUP, segment=segment)
+    carry = rt.empty((batch, groups, WORKGROUP, 4))
+    for hi in range(nchunks, 0, -seg):
+        params.update(kc_lo=max(0, hi - seg), kc_hi=hi)
+        rt.run("selective_scan_backward", (groups, batch), constants, u=s.u, delta=s.delta, A_log=s.A_log, B=s.B,
+               C=s.C, D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy, saved_states=s.states, du=du, ddelta=ddelta,
+               dz=dz, dB_part=dB_part, dC_part=dC_part, param_part=param_part, tile_states=tile_states,
+               carry=carry, **params)
     dB, dC = rt.empty(s.B.shape), rt.empty(s.C.shape)
     count = batch * length * nstate
     rt.run("selective_scan_sum_slices", grid_1d(count), part=dB_part, total=dB, count=count, slices=groups)
