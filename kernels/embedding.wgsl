@@ -3,7 +3,10 @@
 // per (unique id, dim) sums its segment, then adds into d_table (which may already hold the tied
 // head's gradient).
 
-struct Params { tokens: u32, dim: u32, unique: u32 }
+// The backward sums positions [seg_begin, seg_begin + seg_len) of each id's segment per dispatch (all at once on
+// GPUs; Mesa llvmpipe stops an invocation's loops after 65,535 iterations in total, so there a token repeated more
+// often than that takes several dispatches, each adding its partial sum in order).
+struct Params { tokens: u32, dim: u32, unique: u32, seg_begin: u32, seg_len: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> ids: array<u32>;
@@ -30,8 +33,11 @@ fn embedding_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(nu
     if (i >= p.unique * p.dim) { return; }
     let u = i / p.dim;
     let d = i % p.dim;
+    let lo = starts[u] + p.seg_begin;
+    let hi = min(starts[u + 1u], lo + p.seg_len);
+    if (p.seg_begin > 0u && lo >= hi) { return; }  // this id's positions ended in an earlier dispatch
     var s = 0.0;
-    for (var j = starts[u]; j < starts[u + 1u]; j++) { s += dy[positions[j] * p.dim + d]; }
+    for (var j = lo; j < hi; j++) { s += dy[positions[j] * p.dim + d]; }
     let dst = unique_ids[u] * p.dim + d;
     d_table[dst] = d_table[dst] + s;
 }

@@ -118,3 +118,23 @@ def test_selective_scan_long(gpu):
     assert rel_err(y.numpy(), y_ref) < 1e-4
     for name, got, want in zip(GRADS, grads, grads_ref):
         assert rel_err(got.numpy(), want) < 1e-4, name
+
+
+# --- embedding scatter-add (CSR segment per token id) --------------------------------------------------------------
+@pytest.mark.parametrize("tokens,segment", [(70_000, None), (50, 3)])
+def test_embedding_backward_repeated_token(gpu, tokens, segment):
+    """One token id repeated `tokens` times: its (id, dim) thread walks `tokens` positions (70,000 > budget; a
+    batch of padding). segment = 3: the llvmpipe path at small segments."""
+    from mambactl.ops import embedding
+    from mambactl.reference.embedding import embedding_backward as ref_backward
+
+    V, D = 5, 2
+    ids = np.zeros(tokens, np.int64)
+    ids[::50] = 3  # id 0: 68,600 of 70,000
+    dy = rng_normal(2, tokens, D)
+    acc = rng_normal(3, V, D)
+    d_table = gpu.from_numpy(acc)
+    embedding.embedding_backward(embedding.EmbeddingGradPlan(gpu, ids), gpu.from_numpy(dy), d_table,
+                                 segment=segment)
+    want = acc.astype(np.float64) + ref_backward(ids, dy.astype(np.float64), V)
+    assert rel_err(d_table.numpy(), want) < 1e-5
