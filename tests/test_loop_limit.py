@@ -138,3 +138,51 @@ def test_embedding_backward_repeated_token(gpu, tokens, segment):
                                  segment=segment)
     want = acc.astype(np.float64) + ref_backward(ids, dy.astype(np.float64), V)
     assert rel_err(d_table.numpy(), want) < 1e-5
+
+
+# --- attention: bounded at realistic shapes, refused past the budget on llvmpipe -----------------------------------
+def test_attention_long(gpu):
+    """Dh 128 at L 2048: forward ~17k, dQ ~28k, dK/dV ~19k iterations per invocation (attention_loops), under the
+    budget (reached near L 4.8k, which `attention` refuses on llvmpipe); checked at L 1024 to stay cheap."""
+    from mambactl.ops.attention import attention_loops
+    from test_ops_attention import check
+
+    assert attention_loops(2048, 128) <= BUDGET
+    check(gpu, (1, 1024, 1, 128))
+
+
+def test_attention_over_budget_is_refused(gpu):
+    """An L whose walk exceeds the budget: a one-line ShapeError on llvmpipe, before anything is recorded."""
+    from mambactl.ops.attention import attention, attention_loops
+
+    L = 8192
+    assert attention_loops(L, 128) > BUDGET
+    if not checks.is_llvmpipe(gpu):
+        pytest.skip("the budget is llvmpipe's")
+    x = gpu.from_numpy(np.zeros((1, L, 1, 128), np.float32))
+    with pytest.raises(ShapeError, match="attention.*65535"):
+        attention(x, x, x)
+
+
+def test_attention_step_budget():
+    """A decoding step over 2,048 cached positions at Dh 128 is ~2.2k iterations; the budget is reached near 62k."""
+    from mambactl.ops.attention import attention_step_loops
+
+    assert attention_step_loops(2048, 128) < BUDGET < attention_step_loops(65536, 128)
+
+
+# --- cross-entropy over the GPT-NeoX vocabulary (mamba-130m) --------------------------------------------------------
+def test_cross_entropy_neox_vocab(gpu):
+    """V 50,280: a forward thread runs 2·ceil(V / 256) + 16 = 410 iterations; the backward has no loop."""
+    from mambactl.ops.cross_entropy import cross_entropy, cross_entropy_backward
+    from mambactl.reference import cross_entropy as ref_ce
+
+    M, V = 3, 50_280
+    logits = rng_normal(4, M, V, scale=3.0)
+    targets = np.array([0, V - 1, 12345], np.int32)
+    loss, lse = cross_entropy(gpu.from_numpy(logits), gpu.from_numpy(targets), M)
+    dl = cross_entropy_backward(gpu.from_numpy(logits), gpu.from_numpy(targets), lse, M)
+    want_loss = ref_ce.cross_entropy(logits.astype(np.float64), targets)
+    want_dl = ref_ce.cross_entropy_backward(logits.astype(np.float64), targets)
+    assert abs(float(loss.numpy()[0]) - want_loss) < 1e-4 * max(1.0, abs(want_loss))
+    assert rel_err(dl.numpy(), want_dl) < 1e-4

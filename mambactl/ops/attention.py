@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import expect, grid_1d
+from mambactl.ops.checks import expect, grid_1d, loop_budget
 from mambactl.runtime.tensor import Tensor
 
 MAX_HEAD_DIM = 128  # the kernels' accumulators cover dims tx·4 and 64 + tx·4 of 16 threads
@@ -53,6 +53,19 @@ def _params(batch: int, length: int, heads: int, head_dim: int) -> dict:
     return dict(batch=batch, len=length, heads=heads, scale=1.0 / math.sqrt(head_dim))
 
 
+# Loop iterations of one invocation (upper bounds, no unrolling assumed), for Mesa llvmpipe's budget of 65,535
+# (mambactl/ops/checks.py): a score product is 23 per 16 dims; the forward and dQ walk ceil(L / KEY_TILE) key
+# tiles, dK/dV ceil(L / QUERY_TILE) query tiles; a decoding step walks the cache in blocks of 256 positions.
+def attention_loops(length: int, head_dim: int) -> int:
+    score = 23 * -(-head_dim // 16)
+    key_tiles, query_tiles = -(-length // KEY_TILE), -(-length // QUERY_TILE)
+    return max(key_tiles * (score + 90), key_tiles * (2 * score + 70), query_tiles * (2 * score + 220)) + 64
+
+
+def attention_step_loops(positions: int, head_dim: int) -> int:
+    return -(-positions // 256) * (2 * head_dim + 12) + 64
+
+
 def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True) -> tuple[Tensor, AttentionSaved]:
     """q, k, v [B, L, H, Dh] -> (o [B, L, H, Dh], saved)."""
     op = "attention"
@@ -60,6 +73,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True) -> tuple[Ten
     expect(op, "k", k, q.shape)
     expect(op, "v", v, q.shape)
     rt = q.runtime
+    loop_budget(rt, op, tuple(q.shape), attention_loops(length, head_dim))
     o = rt.empty(q.shape)
     lse = rt.empty((batch, heads, length))
     # The forward reaches dout's binding through the staging code it shares with the backward, never reads it.
@@ -74,6 +88,7 @@ def attention_backward(saved: AttentionSaved, do: Tensor) -> tuple[Tensor, Tenso
     expect("attention_backward", "do", do, s.q.shape)
     batch, length, heads, head_dim = s.q.shape
     rt = do.runtime
+    loop_budget(rt, "attention_backward", tuple(do.shape), attention_loops(length, head_dim))
     params = _params(batch, length, heads, head_dim)
     consts = {"DH": head_dim, "CAUSAL": s.causal}
     delta = rt.empty((batch, heads, length))
@@ -186,6 +201,8 @@ def attention_step(qkv: Tensor, cache: KVCache, rope_base: float | None = None) 
             raise ShapeError(f"{op}: the cache has head dim {head_dim}; rotary embedding needs an even head dim")
         if not rope_base > 1:
             raise ShapeError(f"{op}: rope_base is {rope_base}; it must be > 1")
+    loop_budget(qkv.runtime, op, (batch, cache.length + 1, heads, head_dim),
+                attention_step_loops(cache.length + 1, head_dim))
     _reserve(op, cache, cache.length + 1)
     rt = qkv.runtime
     o = rt.empty((batch, heads * head_dim))
