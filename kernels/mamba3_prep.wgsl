@@ -4,23 +4,29 @@
 //   Δ = softplus(dd_dt + dt_bias),  A = −max(heavy_tail(dd_A), A_floor),  λ = sigmoid(trap),
 //   θ_t = θ_{t−1} + Δ_t π tanh(angle_t),  k = rot(θ, Bn[group of h] + B_bias),  q = rot(θ, Cn + C_bias),
 //   v_r = mimo_x_r ⊙ x,  zr_r = mimo_z_r ⊙ z.
-// prep threads: one per (batch b, head h), walking time in order (θ is a running sum over time).
-// The backward walks time backwards with the reverse running sum of ∂loss/∂θ; sums over heads (∂angle, and
-// ∂Bn, ∂Cn over the heads of a group) go out per head and mamba3_prep_reduce adds them in order.
+// Only θ's running sum over time (and, backward, the reverse running sum of ∂loss/∂θ) is sequential; it has its
+// own kernels (mamba3_prep_theta, mamba3_prep_dtheta: a workgroup per (batch, 16 (head, angle) columns), its 16
+// lanes of threads per column each summing a 16th of the time range, then a scan of the lane totals in
+// workgroup memory and a second walk writing the running sums). Everything else is elementwise given θ, one
+// thread per output element or state-dim pair (mamba3_prep_forward, mamba3_prep_backward), consecutive threads
+// on consecutive addresses. Sums over heads (∂angle, and ∂Bn, ∂Cn over the heads of a group) and the ∂dd_dt
+// column, which needs Σ over angles of the ∂θ running sum, are mamba3_prep_reduce's: fixed order, no atomics.
 // finish: y_r = ys_r + D v_r; yn = RMSNorm over P per (head, rank) times norm.weight (with NORM) or y;
 // o_r = yn_r ⊙ silu(zr_r); out = Σ_r mimo_o_r ⊙ o_r. One thread per (row, head, rank).
 
 const MAX_S: u32 = 64u;  // mirrored by mambactl/ops/mamba3_prep.py
 const PI: f32 = 3.14159265358979;
+// θ walks: a workgroup of TC columns × TL time lanes (mirrored by THETA_LANES in mambactl/ops/mamba3_prep.py).
+const TC: u32 = 16u;
+const TL: u32 = 16u;
 
 override NORM: bool = false;
 
-// prep forward and backward walk steps [seg_begin, seg_end) (the wrapper splits the walk into dispatches on Mesa
-// llvmpipe, whose per-invocation loop budget is 65,535 iterations): the forward's running θ enters from theta at
-// step seg_begin − 1; the backward's running ∂θ sum enters from dcum_carry when seg_end < len and leaves there.
+// The θ walks cover steps [seg_begin, seg_end) (the wrapper splits them into dispatches on Mesa llvmpipe, whose
+// per-invocation loop budget is 65,535 iterations): the forward's running θ enters from theta at step
+// seg_begin − 1, the backward's running ∂θ sum from dth at step seg_end (both written by the previous dispatch).
 struct PrepParams { batch: u32, len: u32, heads: u32, rank: u32, ngroups: u32, nstate: u32, headdim: u32,
                     angles: u32, mimo: u32, cols: u32, a_floor: f32, seg_begin: u32, seg_end: u32 }
-struct ReduceParams { rrows: u32, rheads: u32, rrank: u32, rgroups: u32, rnstate: u32, rangles: u32, rcols: u32 }
 struct FinishParams { frows: u32, fheads: u32, frank: u32, fheaddim: u32, eps: f32 }
 
 @group(0) @binding(0) var<uniform> p: PrepParams;
@@ -54,14 +60,14 @@ struct FinishParams { frows: u32, fheads: u32, frank: u32, fheaddim: u32, eps: f
 @group(0) @binding(27) var<storage, read_write> dproj: array<f32>;  // [M, cols]
 @group(0) @binding(28) var<storage, read_write> dqb: array<f32>;    // [M, H, R, N] before the rotation
 @group(0) @binding(29) var<storage, read_write> dkb: array<f32>;
-@group(0) @binding(30) var<storage, read_write> dang_part: array<f32>;  // [M, H, S]
+@group(0) @binding(30) var<storage, read_write> dth: array<f32>;    // [M, H, S]: ∂loss/∂θ_t, then Σ_{t' >= t}
 @group(0) @binding(31) var<storage, read_write> dvx: array<f32>;   // [M, H, R, P]: dv ⊙ x (-> ∂mimo_x)
 @group(0) @binding(32) var<storage, read_write> dzz: array<f32>;   // dzr ⊙ z (-> ∂mimo_z)
 // reduce
-@group(0) @binding(33) var<uniform> rp: ReduceParams;
+@group(0) @binding(33) var<storage, read> dt_in: array<f32>;      // [M, H]: Δ
 @group(0) @binding(34) var<storage, read> dqb_in: array<f32>;
 @group(0) @binding(35) var<storage, read> dkb_in: array<f32>;
-@group(0) @binding(36) var<storage, read> dang_in: array<f32>;
+@group(0) @binding(36) var<storage, read> dcum_in: array<f32>;    // [M, H, S]: Σ_{t' >= t} ∂loss/∂θ_{t'}
 @group(0) @binding(37) var<storage, read_write> dBn: array<f32>;  // [M, R, G, N]
 @group(0) @binding(38) var<storage, read_write> dCn: array<f32>;
 @group(0) @binding(39) var<storage, read_write> dproj_out: array<f32>;
@@ -87,7 +93,8 @@ struct FinishParams { frows: u32, fheads: u32, frank: u32, fheaddim: u32, eps: f
 @group(0) @binding(58) var<storage, read_write> dmo_part: array<f32>;  // [M, H, R, P]: dout ⊙ o (-> ∂mimo_o)
 @group(0) @binding(59) var<storage, read_write> dD_part: array<f32>;   // [M·R, H]: Σ_p dys ⊙ v
 @group(0) @binding(60) var<storage, read> dys_in: array<f32>;          // prep backward: dv += D dys
-@group(0) @binding(61) var<storage, read_write> dcum_carry: array<f32>; // [B, H, S]: between backward segments
+
+var<workgroup> lane_sum: array<f32, 256>;  // TC · TL: the θ walks' per-lane totals
 
 fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 
@@ -103,207 +110,298 @@ fn heavy_tail(x: f32) -> f32 { return select(1.0 / (1.0 - x), 1.0 + x, x >= 0.0)
 
 fn safe_tanh(x: f32) -> f32 { return tanh(clamp(x, -15.0, 15.0)); }
 
-// The angle that turns state dim n and whether n is the second of its pair; j = angles when n is not turned.
-fn pair_of(n: u32) -> vec2<u32> {
+// The state dims of rotation element e of a (row, head, rank), e < N − S: e < S is angle e's pair (i0, i1)
+// ((2e, 2e + 1) SISO, (e, e + N/2) MIMO); e >= S is one dim that is not turned (x; y unused).
+fn pair_dims(e: u32) -> vec2<u32> {
+    let S = p.angles;
+    let half = p.nstate / 2u;
     if (p.mimo != 0u) {
-        let half = p.nstate / 2u;
-        if (n < p.angles) { return vec2<u32>(n, 0u); }
-        if (n >= half && n - half < p.angles) { return vec2<u32>(n - half, 1u); }
-        return vec2<u32>(p.angles, 0u);
+        if (e < S) { return vec2<u32>(e, e + half); }
+        return vec2<u32>(select(e + S, e, e < half), 0u);
     }
-    if (n / 2u < p.angles) { return vec2<u32>(n / 2u, n % 2u); }
-    return vec2<u32>(p.angles, 0u);
+    if (e < S) { return vec2<u32>(2u * e, 2u * e + 1u); }
+    return vec2<u32>(e + S, 0u);
 }
 
-fn partner(n: u32, second: u32) -> u32 {
-    if (p.mimo != 0u) { return select(n + p.nstate / 2u, n - p.nstate / 2u, second == 1u); }
-    return select(n + 1u, n - 1u, second == 1u);
+fn flat_id(gid: vec3<u32>, nwg: vec3<u32>, wg: u32) -> u32 { return gid.y * nwg.x * wg + gid.x; }
+
+// Δ_t π tanh(angle_t) for (batch b, step t, head h, angle j): θ's increment.
+fn theta_inc(b: u32, t: u32, h: u32, j: u32) -> f32 {
+    let pr = (b * p.len + t) * p.cols;
+    let off = 2u * p.heads * p.headdim + 2u * p.rank * p.ngroups * p.nstate;  // dd_dt
+    let dtv = softplus(proj[pr + off + h] + dt_bias[h]);
+    return dtv * PI * safe_tanh(proj[pr + off + 3u * p.heads + j]);
 }
 
-// Grid grid_1d(B·H, 64).
-@compute @workgroup_size(64)
-fn mamba3_prep_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = gid.y * nwg.x * 64u + gid.x;
-    if (i >= p.batch * p.heads) { return; }
-    let h = i % p.heads;
-    let b = i / p.heads;
-    let H = p.heads;
-    let R = p.rank;
-    let N = p.nstate;
-    let P = p.headdim;
-    let S = p.angles;
-    let di = H * P;
-    let rgn = R * p.ngroups * N;
-    let off = 2u * di + 2u * rgn;  // dd_dt
-    let g = h / (H / p.ngroups);
-    var th: array<f32, MAX_S>;
-    if (p.seg_begin == 0u) {
-        for (var j = 0u; j < S; j++) { th[j] = 0.0; }
-    } else {
-        let prev = (b * p.len + p.seg_begin - 1u) * H + h;
-        for (var j = 0u; j < S; j++) { th[j] = theta[prev * S + j]; }
-    }
-    for (var t = p.seg_begin; t < p.seg_end; t++) {
-        let row = b * p.len + t;
-        let pr = row * p.cols;
-        let dtv = softplus(proj[pr + off + h] + dt_bias[h]);
-        let a = -max(heavy_tail(proj[pr + off + H + h]), p.a_floor);
-        let rh = row * H + h;
-        dt[rh] = dtv;
-        adt[rh] = a * dtv;
-        lam[rh] = sigmoid(proj[pr + off + 2u * H + h]);
-        for (var j = 0u; j < S; j++) {
-            th[j] += dtv * PI * safe_tanh(proj[pr + off + 3u * H + j]);
-            theta[rh * S + j] = th[j];
-        }
-        for (var r = 0u; r < R; r++) {
-            let src = row * rgn + (r * p.ngroups + g) * N;
-            let bias = (h * R + r) * N;
-            let dst = (rh * R + r) * N;
-            for (var n = 0u; n < N; n++) {
-                let pj = pair_of(n);
-                let kb = Bn[src + n] + B_bias[bias + n];
-                let qb = Cn[src + n] + C_bias[bias + n];
-                if (pj.x >= S) { k[dst + n] = kb; q[dst + n] = qb; continue; }
-                let m = partner(n, pj.y);
-                let ko = Bn[src + m] + B_bias[bias + m];
-                let qo = Cn[src + m] + C_bias[bias + m];
-                let c = cos(th[pj.x]);
-                let s = sin(th[pj.x]);
-                if (pj.y == 0u) {  // x0 c − x1 s
-                    k[dst + n] = kb * c - ko * s;
-                    q[dst + n] = qb * c - qo * s;
-                } else {           // x0 s + x1 c
-                    k[dst + n] = ko * s + kb * c;
-                    q[dst + n] = qo * s + qb * c;
-                }
-            }
-            for (var c = 0u; c < P; c++) {
-                let mi = (h * R + r) * P + c;
-                v[(rh * R + r) * P + c] = proj[pr + di + h * P + c] * mimo_x[mi];
-                zr[(rh * R + r) * P + c] = proj[pr + h * P + c] * mimo_z[mi];
-            }
-        }
-    }
+// The θ walks' layout: workgroup w -> (batch b, column c = h·S + j, or c >= H·S past the end) for local thread
+// l = lane·TC + (c mod TC), and lane's steps [x, y) of [seg_begin, seg_end).
+struct Walk { b: u32, c: u32, ok: bool, t0: u32, t1: u32 }
+
+fn walk_of(wid: vec3<u32>, nwg: vec3<u32>, l: u32) -> Walk {
+    let w = wid.y * nwg.x + wid.x;
+    let width = p.heads * p.angles;
+    let blocks = (width + TC - 1u) / TC;
+    let b = w / blocks;
+    let c = (w % blocks) * TC + l % TC;
+    let n = p.seg_end - p.seg_begin;
+    let per = (n + TL - 1u) / TL;
+    let lane = l / TC;
+    let t0 = min(p.seg_end, p.seg_begin + lane * per);
+    let t1 = min(p.seg_end, t0 + per);
+    return Walk(b, c, b < p.batch && c < width, t0, t1);
 }
 
-// Grid grid_1d(B·H, 64). Writes dproj's z, x, dd_dt, dd_A and trap columns, dqb, dkb, dang_part, dvx, dzz.
-@compute @workgroup_size(64)
-fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = gid.y * nwg.x * 64u + gid.x;
-    if (i >= p.batch * p.heads) { return; }
-    let h = i % p.heads;
-    let b = i / p.heads;
-    let H = p.heads;
-    let R = p.rank;
-    let N = p.nstate;
-    let P = p.headdim;
-    let S = p.angles;
-    let di = H * P;
-    let rgn = R * p.ngroups * N;
-    let off = 2u * di + 2u * rgn;
-    var dcum: array<f32, MAX_S>;  // Σ_{t' >= t} ∂loss/∂θ_{t'}
-    if (p.seg_end >= p.len) {
-        for (var j = 0u; j < S; j++) { dcum[j] = 0.0; }
-    } else {
-        for (var j = 0u; j < S; j++) { dcum[j] = dcum_carry[i * S + j]; }
-    }
-    for (var tt = p.seg_end; tt > p.seg_begin; tt--) {
-        let t = tt - 1u;
-        let row = b * p.len + t;
-        let pr = row * p.cols;
-        let rh = row * H + h;
-        for (var r = 0u; r < R; r++) {
-            let base = (rh * R + r) * N;
-            for (var n = 0u; n < N; n++) {
-                let pj = pair_of(n);
-                if (pj.x >= S) { dqb[base + n] = dq[base + n]; dkb[base + n] = dk[base + n]; continue; }
-                let m = partner(n, pj.y);
-                let c = cos(theta_in[rh * S + pj.x]);
-                let s = sin(theta_in[rh * S + pj.x]);
-                if (pj.y == 0u) {  // dx0 = d0 c + d1 s; dθ += d1 out0 − d0 out1
-                    dqb[base + n] = dq[base + n] * c + dq[base + m] * s;
-                    dkb[base + n] = dk[base + n] * c + dk[base + m] * s;
-                    dcum[pj.x] += dq[base + m] * q_in[base + n] - dq[base + n] * q_in[base + m]
-                                + dk[base + m] * k_in[base + n] - dk[base + n] * k_in[base + m];
-                } else {           // dx1 = d1 c − d0 s
-                    dqb[base + n] = dq[base + n] * c - dq[base + m] * s;
-                    dkb[base + n] = dk[base + n] * c - dk[base + m] * s;
-                }
-            }
-        }
-        let pre = proj[pr + off + h] + dt_bias[h];
-        let dtv = softplus(pre);
-        let dda = proj[pr + off + H + h];
-        let ht = heavy_tail(dda);
-        let a = -max(ht, p.a_floor);
-        var dd = ddt[rh] + dadt[rh] * a;
-        for (var j = 0u; j < S; j++) {
-            let th = safe_tanh(proj[pr + off + 3u * H + j]);
-            dd += PI * dcum[j] * th;
-            dang_part[rh * S + j] = PI * (1.0 - th * th) * dcum[j] * dtv;
-        }
-        dproj[pr + off + h] = dd * select(sigmoid(pre), 1.0, pre > 20.0);
-        var dA = 0.0;
-        if (ht >= p.a_floor) {
-            dA = -dadt[rh] * dtv * select(1.0 / ((1.0 - dda) * (1.0 - dda)), 1.0, dda >= 0.0);
-        }
-        dproj[pr + off + H + h] = dA;
-        let l = lam[rh];
-        dproj[pr + off + 2u * H + h] = dlam[rh] * l * (1.0 - l);
-        for (var c = 0u; c < P; c++) {
-            let xv = proj[pr + di + h * P + c];
-            let zv = proj[pr + h * P + c];
-            var dx = 0.0;
-            var dz = 0.0;
-            for (var r = 0u; r < R; r++) {
-                let vi = (rh * R + r) * P + c;
-                let mi = (h * R + r) * P + c;
-                let dvt = dv[vi] + D[h] * dys_in[vi];
-                dx += dvt * mimo_x[mi];
-                dz += dzr[vi] * mimo_z[mi];
-                dvx[vi] = dvt * xv;
-                dzz[vi] = dzr[vi] * zv;
-            }
-            dproj[pr + di + h * P + c] = dx;
-            dproj[pr + h * P + c] = dz;
-        }
-    }
-    if (p.seg_begin > 0u) {
-        for (var j = 0u; j < S; j++) { dcum_carry[i * S + j] = dcum[j]; }
-    }
-}
-
-// Per row: Σ over heads of dang_part into dproj's angle columns, and Σ over the heads of each group of dqb, dkb
-// into dCn, dBn [M, R, G, N]. Grid grid_1d(M·(S + R·G·N)).
+// θ [M, H, S], the running sum over time. Grid grid_1d(B · ceil(H·S / TC) · 256, 256).
 @compute @workgroup_size(256)
-fn mamba3_prep_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let rgn = rp.rrank * rp.rgroups * rp.rnstate;
-    let width = rp.rangles + rgn;
-    let i = gid.y * nwg.x * 256u + gid.x;
-    if (i >= rp.rrows * width) { return; }
-    let row = i / width;
-    let x = i % width;
-    if (x < rp.rangles) {
-        var acc = 0.0;
-        for (var h = 0u; h < rp.rheads; h++) { acc += dang_in[(row * rp.rheads + h) * rp.rangles + x]; }
-        dproj_out[row * rp.rcols + rp.rcols - rp.rangles + x] = acc;
+fn mamba3_prep_theta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_index) l: u32) {
+    let wk = walk_of(wid, nwg, l);
+    let S = p.angles;
+    let h = wk.c / max(S, 1u);
+    let j = wk.c % max(S, 1u);
+    var sum = 0.0;
+    if (wk.ok) {
+        for (var t = wk.t0; t < wk.t1; t++) { sum += theta_inc(wk.b, t, h, j); }
+    }
+    lane_sum[l] = sum;
+    workgroupBarrier();
+    if (!wk.ok) { return; }
+    var acc = 0.0;
+    if (p.seg_begin > 0u) { acc = theta[((wk.b * p.len + p.seg_begin - 1u) * p.heads + h) * S + j]; }
+    for (var e = l % TC; e < l - l % TC; e += TC) { acc += lane_sum[e]; }
+    for (var t = wk.t0; t < wk.t1; t++) {
+        acc += theta_inc(wk.b, t, h, j);
+        theta[((wk.b * p.len + t) * p.heads + h) * S + j] = acc;
+    }
+}
+
+// Everything but θ, given θ. Threads: M·H·R·(N − S) rotation elements (row, h, r, e) (q, k), then M·H·R·P
+// (row, h, r, c) (v, zr), then M·H (row, h) (dt, adt, lam). Grid grid_1d(that total, 256).
+@compute @workgroup_size(256)
+fn mamba3_prep_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    var i = flat_id(gid, nwg, 256u);
+    let H = p.heads;
+    let R = p.rank;
+    let N = p.nstate;
+    let P = p.headdim;
+    let S = p.angles;
+    let M = p.batch * p.len;
+    let E = N - S;
+    let rot = M * H * R * E;
+    if (i < rot) {
+        let e = i % E;
+        let rr = i / E;  // (row, h, r)
+        let r = rr % R;
+        let rh = rr / R;
+        let h = rh % H;
+        let row = rh / H;
+        let g = h / (H / p.ngroups);
+        let src = row * R * p.ngroups * N + (r * p.ngroups + g) * N;
+        let bias = (h * R + r) * N;
+        let dst = rr * N;
+        let nn = pair_dims(e);
+        if (e >= S) {
+            k[dst + nn.x] = Bn[src + nn.x] + B_bias[bias + nn.x];
+            q[dst + nn.x] = Cn[src + nn.x] + C_bias[bias + nn.x];
+            return;
+        }
+        let k0 = Bn[src + nn.x] + B_bias[bias + nn.x];
+        let k1 = Bn[src + nn.y] + B_bias[bias + nn.y];
+        let q0 = Cn[src + nn.x] + C_bias[bias + nn.x];
+        let q1 = Cn[src + nn.y] + C_bias[bias + nn.y];
+        let th = theta[rh * S + e];
+        let c = cos(th);
+        let s = sin(th);
+        k[dst + nn.x] = k0 * c - k1 * s;
+        k[dst + nn.y] = k0 * s + k1 * c;
+        q[dst + nn.x] = q0 * c - q1 * s;
+        q[dst + nn.y] = q0 * s + q1 * c;
         return;
     }
-    let y_ = x - rp.rangles;  // (r, g, n)
-    let n = y_ % rp.rnstate;
-    let g = (y_ / rp.rnstate) % rp.rgroups;
-    let r = y_ / (rp.rnstate * rp.rgroups);
-    let per = rp.rheads / rp.rgroups;
-    var aq = 0.0;
-    var ak = 0.0;
-    for (var e = 0u; e < per; e++) {
-        let idx = (((row * rp.rheads + g * per + e) * rp.rrank) + r) * rp.rnstate + n;
-        aq += dqb_in[idx];
-        ak += dkb_in[idx];
+    i -= rot;
+    let di = H * P;
+    let vz = M * H * R * P;
+    if (i < vz) {
+        let c = i % P;
+        let rr = i / P;
+        let r = rr % R;
+        let rh = rr / R;
+        let h = rh % H;
+        let pr = (rh / H) * p.cols;
+        let mi = (h * R + r) * P + c;
+        v[i] = proj[pr + di + h * P + c] * mimo_x[mi];
+        zr[i] = proj[pr + h * P + c] * mimo_z[mi];
+        return;
     }
-    dCn[row * rgn + y_] = aq;
-    dBn[row * rgn + y_] = ak;
+    i -= vz;
+    if (i >= M * H) { return; }
+    let h = i % H;
+    let pr = (i / H) * p.cols;
+    let off = 2u * di + 2u * R * p.ngroups * N;  // dd_dt
+    let dtv = softplus(proj[pr + off + h] + dt_bias[h]);
+    let a = -max(heavy_tail(proj[pr + off + H + h]), p.a_floor);
+    dt[i] = dtv;
+    adt[i] = a * dtv;
+    lam[i] = sigmoid(proj[pr + off + 2u * H + h]);
+}
+
+// The elementwise backward. Threads: M·H·(N − S) rotation elements (row, h, e), each over the ranks (dqb, dkb,
+// and for a pair, ∂loss/∂θ_t into dth), then M·H·P (row, h, c) over the ranks (dproj's z and x columns, dvx,
+// dzz), then M·H (row, h) (dproj's dd_A and trap columns). Grid grid_1d(that total, 256).
+@compute @workgroup_size(256)
+fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    var i = flat_id(gid, nwg, 256u);
+    let H = p.heads;
+    let R = p.rank;
+    let N = p.nstate;
+    let P = p.headdim;
+    let S = p.angles;
+    let M = p.batch * p.len;
+    let E = N - S;
+    let rot = M * H * E;
+    if (i < rot) {
+        let e = i % E;
+        let rh = i / E;
+        let nn = pair_dims(e);
+        if (e >= S) {
+            for (var r = 0u; r < R; r++) {
+                let n = (rh * R + r) * N + nn.x;
+                dqb[n] = dq[n];
+                dkb[n] = dk[n];
+            }
+            return;
+        }
+        let th = theta_in[rh * S + e];
+        let c = cos(th);
+        let s = sin(th);
+        var acc = 0.0;
+        for (var r = 0u; r < R; r++) {
+            let n0 = (rh * R + r) * N + nn.x;
+            let n1 = (rh * R + r) * N + nn.y;
+            let dq0 = dq[n0];
+            let dq1 = dq[n1];
+            let dk0 = dk[n0];
+            let dk1 = dk[n1];
+            dqb[n0] = dq0 * c + dq1 * s;  // dx0 = d0 c + d1 s, dx1 = d1 c − d0 s; dθ = d1 out0 − d0 out1
+            dqb[n1] = dq1 * c - dq0 * s;
+            dkb[n0] = dk0 * c + dk1 * s;
+            dkb[n1] = dk1 * c - dk0 * s;
+            acc += dq1 * q_in[n0] - dq0 * q_in[n1] + dk1 * k_in[n0] - dk0 * k_in[n1];
+        }
+        dth[rh * S + e] = acc;
+        return;
+    }
+    i -= rot;
+    let di = H * P;
+    if (i < M * H * P) {
+        let c = i % P;
+        let rh = i / P;
+        let h = rh % H;
+        let pr = (rh / H) * p.cols;
+        let xv = proj[pr + di + h * P + c];
+        let zv = proj[pr + h * P + c];
+        var dx = 0.0;
+        var dz = 0.0;
+        for (var r = 0u; r < R; r++) {
+            let vi = (rh * R + r) * P + c;
+            let mi = (h * R + r) * P + c;
+            let dvt = dv[vi] + D[h] * dys_in[vi];
+            dx += dvt * mimo_x[mi];
+            dz += dzr[vi] * mimo_z[mi];
+            dvx[vi] = dvt * xv;
+            dzz[vi] = dzr[vi] * zv;
+        }
+        dproj[pr + di + h * P + c] = dx;
+        dproj[pr + h * P + c] = dz;
+        return;
+    }
+    i -= M * H * P;
+    if (i >= M * H) { return; }
+    let h = i % H;
+    let pr = (i / H) * p.cols;
+    let off = 2u * di + 2u * R * p.ngroups * N;
+    let dtv = softplus(proj[pr + off + h] + dt_bias[h]);
+    let dda = proj[pr + off + H + h];
+    var dA = 0.0;
+    if (heavy_tail(dda) >= p.a_floor) {
+        dA = -dadt[i] * dtv * select(1.0 / ((1.0 - dda) * (1.0 - dda)), 1.0, dda >= 0.0);
+    }
+    dproj[pr + off + H + h] = dA;
+    let lv = lam[i];
+    dproj[pr + off + 2u * H + h] = dlam[i] * lv * (1.0 - lv);
+}
+
+// dth [M, H, S] in place: ∂loss/∂θ_t -> Σ_{t' >= t} ∂loss/∂θ_{t'} (θ is a running sum). Grid as mamba3_prep_theta.
+@compute @workgroup_size(256)
+fn mamba3_prep_dtheta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_index) l: u32) {
+    let wk = walk_of(wid, nwg, l);
+    let S = p.angles;
+    let h = wk.c / max(S, 1u);
+    let j = wk.c % max(S, 1u);
+    var sum = 0.0;
+    if (wk.ok) {
+        for (var t = wk.t0; t < wk.t1; t++) { sum += dth[((wk.b * p.len + t) * p.heads + h) * S + j]; }
+    }
+    lane_sum[l] = sum;
+    workgroupBarrier();
+    if (!wk.ok) { return; }
+    var acc = 0.0;
+    if (p.seg_end < p.len) { acc = dth[((wk.b * p.len + p.seg_end) * p.heads + h) * S + j]; }
+    for (var e = l + TC; e < TC * TL; e += TC) { acc += lane_sum[e]; }
+    for (var tt = wk.t1; tt > wk.t0; tt--) {
+        let idx = ((wk.b * p.len + tt - 1u) * p.heads + h) * S + j;
+        acc += dth[idx];
+        dth[idx] = acc;
+    }
+}
+
+// Per row x in [0, S + R·G·N + H): angle x's column of dproj (π (1 − tanh²) Σ_h dcum·Δ), then dCn, dBn
+// [M, R, G, N] (Σ over the heads of each group of dqb, dkb), then head h's dd_dt column (∂Δ from dt, A·Δ and
+// π Σ_j dcum_j tanh(angle_j), through the softplus). Heads and angles in order. Grid grid_1d(M·(S + R·G·N + H)).
+@compute @workgroup_size(256)
+fn mamba3_prep_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let H = p.heads;
+    let S = p.angles;
+    let rgn = p.rank * p.ngroups * p.nstate;
+    let width = S + rgn + H;
+    let i = flat_id(gid, nwg, 256u);
+    if (i >= p.batch * p.len * width) { return; }
+    let row = i / width;
+    let x = i % width;
+    let pr = row * p.cols;
+    let off = p.cols - S - 3u * H;  // dd_dt
+    if (x < S) {
+        var acc = 0.0;
+        for (var h = 0u; h < H; h++) { acc += dcum_in[(row * H + h) * S + x] * dt_in[row * H + h]; }
+        let th = safe_tanh(proj[pr + off + 3u * H + x]);
+        dproj_out[pr + off + 3u * H + x] = PI * (1.0 - th * th) * acc;
+        return;
+    }
+    if (x < S + rgn) {
+        let y_ = x - S;  // (r, g, n)
+        let n = y_ % p.nstate;
+        let g = (y_ / p.nstate) % p.ngroups;
+        let r = y_ / (p.nstate * p.ngroups);
+        let per = H / p.ngroups;
+        var aq = 0.0;
+        var ak = 0.0;
+        for (var e = 0u; e < per; e++) {
+            let idx = (((row * H + g * per + e) * p.rank) + r) * p.nstate + n;
+            aq += dqb_in[idx];
+            ak += dkb_in[idx];
+        }
+        dCn[row * rgn + y_] = aq;
+        dBn[row * rgn + y_] = ak;
+        return;
+    }
+    let h = x - S - rgn;
+    let rh = row * H + h;
+    let pre = proj[pr + off + h] + dt_bias[h];
+    let a = -max(heavy_tail(proj[pr + off + H + h]), p.a_floor);
+    var dd = ddt[rh] + dadt[rh] * a;
+    for (var j = 0u; j < S; j++) { dd += PI * dcum_in[rh * S + j] * safe_tanh(proj[pr + off + 3u * H + j]); }
+    dproj_out[pr + off + h] = dd * select(sigmoid(pre), 1.0, pre > 20.0);
 }
 
 // One thread per (row, head, rank). Grid grid_1d(M·H·R, 64).

@@ -57,24 +57,32 @@ def _prep_params(d: Mamba3Dims, a_floor: float) -> dict:
                 seg_begin=0, seg_end=d.length)
 
 
-# Loop iterations per step of one prep thread (upper bounds; Mesa llvmpipe allows 65,535 per invocation, see
-# mambactl/ops/checks.py): forward S + R·(1 + N + P), backward R·(1 + N) + S + P·(1 + R), plus the step loop.
-def prep_loops_per_step(d: Mamba3Dims) -> int:
-    R, N, P, S = d.rank, d.nstate, d.headdim, d.angles
-    return 2 + S + R * (1 + N + P) + R * (1 + N) + P * (1 + R)
+THETA_COLUMNS, THETA_LANES = 16, 16  # mirror TC, TL in kernels/mamba3_prep.wgsl (a θ walk's workgroup)
+
+
+# Loop iterations of one θ-walk invocation (mamba3_prep_theta / mamba3_prep_dtheta; Mesa llvmpipe allows 65,535
+# per invocation, see mambactl/ops/checks.py) over `steps` time steps: its lane's share twice, plus the lane totals.
+# The elementwise kernels loop only over the ranks, the reduce over the heads or angles.
+def prep_walk_loops(steps: int) -> int:
+    return 2 * -(-int(steps) // THETA_LANES) + THETA_LANES
 
 
 def _segments(rt, op: str, d: Mamba3Dims, segment: int | None) -> list[tuple[int, int]]:
-    seg = segment_length(rt, op, (d.batch, d.length, d.heads), d.length, prep_loops_per_step(d), 2 * MAX_ANGLES,
-                         segment=segment)
+    # per_step 1 bounds 2·ceil(steps / lanes) from above (a lane walks its share twice)
+    seg = segment_length(rt, op, (d.batch, d.length, d.heads), d.length, 1, THETA_LANES, segment=segment)
     return [(t0, min(d.length, t0 + seg)) for t0 in range(0, d.length, seg)]
+
+
+def _walk_grid(d: Mamba3Dims):
+    blocks = -(-d.heads * d.angles // THETA_COLUMNS)
+    return grid_1d(d.batch * blocks * THETA_COLUMNS * THETA_LANES, THETA_COLUMNS * THETA_LANES)
 
 
 def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: Tensor, C_bias: Tensor,
                 mimo_x: Tensor, mimo_z: Tensor, d: Mamba3Dims, a_floor: float, segment: int | None = None) -> dict:
     """-> dict of q, k [M, H, R, N], v, zr [M, H, R, P], adt, dt, lam [M, H], theta [M, H, S].
 
-    `segment`: steps per dispatch (None: all, except on Mesa llvmpipe, whose loop budget sets it)."""
+    `segment`: steps per dispatch of the θ walk (None: all, except on Mesa llvmpipe, whose loop budget sets it)."""
     op = "mamba3_prep"
     d.check(op)
     M, H, R, N, P = d.rows, d.heads, d.rank, d.nstate, d.headdim
@@ -91,10 +99,14 @@ def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: T
                zr=rt.empty((M, H, R, P)), adt=rt.empty((M, H)), dt=rt.empty((M, H)), lam=rt.empty((M, H)),
                theta=rt.empty((M, H, max(d.angles, 1))))
     params = _prep_params(d, a_floor)
-    for t0, t1 in _segments(rt, op, d, segment):
-        params.update(seg_begin=t0, seg_end=t1)
-        rt.run("mamba3_prep_forward", grid_1d(d.batch * H, 64), proj=proj, Bn=Bn, Cn=Cn, dt_bias=dt_bias,
-               B_bias=B_bias, C_bias=C_bias, mimo_x=mimo_x, mimo_z=mimo_z, **out, **params)
+    if d.angles:
+        for t0, t1 in _segments(rt, op, d, segment):
+            params.update(seg_begin=t0, seg_end=t1)
+            rt.run("mamba3_prep_theta", _walk_grid(d), proj=proj, dt_bias=dt_bias, theta=out["theta"], **params)
+    params.update(seg_begin=0, seg_end=d.length)
+    total = M * H * (R * (N - d.angles) + R * P + 1)
+    rt.run("mamba3_prep_forward", grid_1d(total), proj=proj, Bn=Bn, Cn=Cn, dt_bias=dt_bias, B_bias=B_bias,
+           C_bias=C_bias, mimo_x=mimo_x, mimo_z=mimo_z, **out, **params)
     return out
 
 
@@ -106,26 +118,28 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: 
     -> dict: dproj [M, cols] with every column but B's and C's written, dBn, dCn [M, R·G·N] (summed over the heads
     of each group, before the bias), dqb, dkb [M, H, R, N] (∂C_bias / ∂B_bias per row), dvx, dzz [M, H, R, P]
     (∂mimo_x / ∂mimo_z per row). `segment` as in `mamba3_prep`."""
-    d.check("mamba3_prep_backward")
+    op = "mamba3_prep_backward"
+    d.check(op)
     M, H, R, N, P, S = d.rows, d.heads, d.rank, d.nstate, d.headdim, d.angles
     rt = proj.runtime
     dproj = rt.empty((M, d.cols))
     res = dict(dproj=dproj, dqb=rt.empty((M, H, R, N)), dkb=rt.empty((M, H, R, N)), dvx=rt.empty((M, H, R, P)),
                dzz=rt.empty((M, H, R, P)))
-    dang_part = rt.empty((M, H, max(S, 1)))
-    segments = _segments(rt, "mamba3_prep_backward", d, segment)
-    carry = rt.empty((d.batch, H, max(S, 1)))  # the running ∂θ sum between segments (untouched with one)
+    dth = rt.empty((M, H, max(S, 1)))  # ∂loss/∂θ per step, then its reverse running sum
     params = _prep_params(d, a_floor)
-    for t0, t1 in reversed(segments):
-        params.update(seg_begin=t0, seg_end=t1)
-        rt.run("mamba3_prep_backward", grid_1d(d.batch * H, 64), proj=proj, dt_bias=dt_bias, mimo_x=mimo_x,
-               mimo_z=mimo_z, D=D, lam=prep["lam"], q_in=prep["q"], k_in=prep["k"], theta_in=prep["theta"], dq=dq,
-               dk=dk, dv=dv, dzr=dzr, dadt=dadt, ddt=ddt, dlam=dlam, dys_in=dys, dang_part=dang_part,
-               dcum_carry=carry, **res, **params)
+    total = M * H * ((N - S) + P + 1)
+    rt.run("mamba3_prep_backward", grid_1d(total), proj=proj, dt_bias=dt_bias, mimo_x=mimo_x, mimo_z=mimo_z, D=D,
+           lam=prep["lam"], q_in=prep["q"], k_in=prep["k"], theta_in=prep["theta"], dq=dq, dk=dk, dv=dv, dzr=dzr,
+           dadt=dadt, dlam=dlam, dys_in=dys, dth=dth, **res, **params)
+    if S:
+        for t0, t1 in reversed(_segments(rt, op, d, segment)):
+            params.update(seg_begin=t0, seg_end=t1)
+            rt.run("mamba3_prep_dtheta", _walk_grid(d), dth=dth, **params)
+        params.update(seg_begin=0, seg_end=d.length)
     res["dBn"], res["dCn"] = rt.empty((M, d.rgn)), rt.empty((M, d.rgn))
-    rt.run("mamba3_prep_reduce", grid_1d(M * (S + d.rgn)), dqb_in=res["dqb"], dkb_in=res["dkb"], dang_in=dang_part,
-           dBn=res["dBn"], dCn=res["dCn"], dproj_out=dproj, rrows=M, rheads=H, rrank=R, rgroups=d.groups,
-           rnstate=N, rangles=S, rcols=d.cols)
+    rt.run("mamba3_prep_reduce", grid_1d(M * (S + d.rgn + H)), proj=proj, dt_bias=dt_bias, dt_in=prep["dt"],
+           dqb_in=res["dqb"], dkb_in=res["dkb"], dcum_in=dth, ddt=ddt, dadt=dadt, dBn=res["dBn"], dCn=res["dCn"],
+           dproj_out=dproj, **params)
     return res
 
 
