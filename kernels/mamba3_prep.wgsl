@@ -175,105 +175,136 @@ fn mamba3_prep_theta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     }
 }
 
-// Everything but θ, given θ. Threads: M·H·R·(N − S) rotation elements (row, h, r, e) (q, k), then M·H·R·P
-// (row, h, r, c) (v, zr), then M·H (row, h) (dt, adt, lam). Grid grid_1d(that total, 256).
-@compute @workgroup_size(256)
+// Everything but θ, given θ. Grid (ceil((E + P) / 64), H, rows) with E = N − S: thread (x, h, z) does head h of
+// rows z, z + rows, ..., and x < E rotation element e = x (q, k over the ranks; x = 0 also dt, adt, lam), else
+// channel c = x − E (v, zr over the ranks).
+@compute @workgroup_size(64)
 fn mamba3_prep_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    var i = flat_id(gid, nwg, 256u);
     let H = p.heads;
     let R = p.rank;
     let N = p.nstate;
     let P = p.headdim;
     let S = p.angles;
-    let M = p.batch * p.len;
+    let G = p.ngroups;
     let E = N - S;
-    let rot = M * H * R * E;
-    if (i < rot) {
-        let e = i % E;
-        let rr = i / E;  // (row, h, r)
-        let r = rr % R;
-        let rh = rr / R;
-        let h = rh % H;
-        let row = rh / H;
-        let g = h / (H / p.ngroups);
-        let src = row * R * p.ngroups * N + (r * p.ngroups + g) * N;
-        let bias = (h * R + r) * N;
-        let dst = rr * N;
-        let nn = pair_dims(e);
-        if (e >= S) {
-            k[dst + nn.x] = Bn[src + nn.x] + B_bias[bias + nn.x];
-            q[dst + nn.x] = Cn[src + nn.x] + C_bias[bias + nn.x];
-            return;
-        }
-        let k0 = Bn[src + nn.x] + B_bias[bias + nn.x];
-        let k1 = Bn[src + nn.y] + B_bias[bias + nn.y];
-        let q0 = Cn[src + nn.x] + C_bias[bias + nn.x];
-        let q1 = Cn[src + nn.y] + C_bias[bias + nn.y];
-        let th = theta[rh * S + e];
-        let c = cos(th);
-        let s = sin(th);
-        k[dst + nn.x] = k0 * c - k1 * s;
-        k[dst + nn.y] = k0 * s + k1 * c;
-        q[dst + nn.x] = q0 * c - q1 * s;
-        q[dst + nn.y] = q0 * s + q1 * c;
-        return;
-    }
-    i -= rot;
+    let x = gid.x;
+    let h = gid.y;
+    if (x >= E + P) { return; }
+    let M = p.batch * p.len;
     let di = H * P;
-    let vz = M * H * R * P;
-    if (i < vz) {
-        let c = i % P;
-        let rr = i / P;
-        let r = rr % R;
-        let rh = rr / R;
-        let h = rh % H;
-        let pr = (rh / H) * p.cols;
-        let mi = (h * R + r) * P + c;
-        v[i] = proj[pr + di + h * P + c] * mimo_x[mi];
-        zr[i] = proj[pr + h * P + c] * mimo_z[mi];
-        return;
+    let off = 2u * di + 2u * R * G * N;  // dd_dt
+    let g = h / (H / G);
+    let nn = pair_dims(x);
+    let c = x - E;  // the channel when x >= E
+    for (var row = gid.z; row < M; row += nwg.z) {
+        let rh = row * H + h;
+        let pr = row * p.cols;
+        if (x >= E) {
+            let xv = proj[pr + di + h * P + c];
+            let zv = proj[pr + h * P + c];
+            for (var r = 0u; r < R; r++) {
+                let mi = (h * R + r) * P + c;
+                v[(rh * R + r) * P + c] = xv * mimo_x[mi];
+                zr[(rh * R + r) * P + c] = zv * mimo_z[mi];
+            }
+            continue;
+        }
+        if (x == 0u) {
+            let dtv = softplus(proj[pr + off + h] + dt_bias[h]);
+            let a = -max(heavy_tail(proj[pr + off + H + h]), p.a_floor);
+            dt[rh] = dtv;
+            adt[rh] = a * dtv;
+            lam[rh] = sigmoid(proj[pr + off + 2u * H + h]);
+        }
+        var cs = vec2<f32>(1.0, 0.0);
+        if (x < S) {
+            let th = theta[rh * S + x];
+            cs = vec2<f32>(cos(th), sin(th));
+        }
+        for (var r = 0u; r < R; r++) {
+            let src = row * R * G * N + (r * G + g) * N;
+            let bias = (h * R + r) * N;
+            let dst = (rh * R + r) * N;
+            let k0 = Bn[src + nn.x] + B_bias[bias + nn.x];
+            let q0 = Cn[src + nn.x] + C_bias[bias + nn.x];
+            if (x >= S) {
+                k[dst + nn.x] = k0;
+                q[dst + nn.x] = q0;
+                continue;
+            }
+            let k1 = Bn[src + nn.y] + B_bias[bias + nn.y];
+            let q1 = Cn[src + nn.y] + C_bias[bias + nn.y];
+            k[dst + nn.x] = k0 * cs.x - k1 * cs.y;
+            k[dst + nn.y] = k0 * cs.y + k1 * cs.x;
+            q[dst + nn.x] = q0 * cs.x - q1 * cs.y;
+            q[dst + nn.y] = q0 * cs.y + q1 * cs.x;
+        }
     }
-    i -= vz;
-    if (i >= M * H) { return; }
-    let h = i % H;
-    let pr = (i / H) * p.cols;
-    let off = 2u * di + 2u * R * p.ngroups * N;  // dd_dt
-    let dtv = softplus(proj[pr + off + h] + dt_bias[h]);
-    let a = -max(heavy_tail(proj[pr + off + H + h]), p.a_floor);
-    dt[i] = dtv;
-    adt[i] = a * dtv;
-    lam[i] = sigmoid(proj[pr + off + 2u * H + h]);
 }
 
-// The elementwise backward. Threads: M·H·(N − S) rotation elements (row, h, e), each over the ranks (dqb, dkb,
-// and for a pair, ∂loss/∂θ_t into dth), then M·H·P (row, h, c) over the ranks (dproj's z and x columns, dvx,
-// dzz), then M·H (row, h) (dproj's dd_A and trap columns). Grid grid_1d(that total, 256).
-@compute @workgroup_size(256)
+// The elementwise backward. Grid as mamba3_prep_forward: x < E rotation element e = x over the ranks (dqb, dkb,
+// and for a pair, ∂loss/∂θ_t into dth; x = 0 also dproj's dd_A and trap columns), else channel c = x − E over
+// the ranks (dproj's z and x columns, dvx, dzz).
+@compute @workgroup_size(64)
 fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    var i = flat_id(gid, nwg, 256u);
     let H = p.heads;
     let R = p.rank;
     let N = p.nstate;
     let P = p.headdim;
     let S = p.angles;
-    let M = p.batch * p.len;
     let E = N - S;
-    let rot = M * H * E;
-    if (i < rot) {
-        let e = i % E;
-        let rh = i / E;
-        let nn = pair_dims(e);
-        if (e >= S) {
+    let x = gid.x;
+    let h = gid.y;
+    if (x >= E + P) { return; }
+    let M = p.batch * p.len;
+    let di = H * P;
+    let off = 2u * di + 2u * R * p.ngroups * N;  // dd_dt
+    let nn = pair_dims(x);
+    let c = x - E;
+    for (var row = gid.z; row < M; row += nwg.z) {
+        let rh = row * H + h;
+        let pr = row * p.cols;
+        if (x >= E) {
+            let xv = proj[pr + di + h * P + c];
+            let zv = proj[pr + h * P + c];
+            var dx = 0.0;
+            var dz = 0.0;
+            for (var r = 0u; r < R; r++) {
+                let vi = (rh * R + r) * P + c;
+                let mi = (h * R + r) * P + c;
+                let dvt = dv[vi] + D[h] * dys_in[vi];
+                let dzv = dzr[vi];
+                dx += dvt * mimo_x[mi];
+                dz += dzv * mimo_z[mi];
+                dvx[vi] = dvt * xv;
+                dzz[vi] = dzv * zv;
+            }
+            dproj[pr + di + h * P + c] = dx;
+            dproj[pr + h * P + c] = dz;
+            continue;
+        }
+        if (x == 0u) {
+            let dtv = softplus(proj[pr + off + h] + dt_bias[h]);
+            let dda = proj[pr + off + H + h];
+            var dA = 0.0;
+            if (heavy_tail(dda) >= p.a_floor) {
+                dA = -dadt[rh] * dtv * select(1.0 / ((1.0 - dda) * (1.0 - dda)), 1.0, dda >= 0.0);
+            }
+            dproj[pr + off + H + h] = dA;
+            let lv = lam[rh];
+            dproj[pr + off + 2u * H + h] = dlam[rh] * lv * (1.0 - lv);
+        }
+        if (x >= S) {
             for (var r = 0u; r < R; r++) {
                 let n = (rh * R + r) * N + nn.x;
                 dqb[n] = dq[n];
                 dkb[n] = dk[n];
             }
-            return;
+            continue;
         }
-        let th = theta_in[rh * S + e];
-        let c = cos(th);
-        let s = sin(th);
+        let th = theta_in[rh * S + x];
+        let cs = cos(th);
+        let sn = sin(th);
         var acc = 0.0;
         for (var r = 0u; r < R; r++) {
             let n0 = (rh * R + r) * N + nn.x;
@@ -282,56 +313,18 @@ fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
             let dq1 = dq[n1];
             let dk0 = dk[n0];
             let dk1 = dk[n1];
-            dqb[n0] = dq0 * c + dq1 * s;  // dx0 = d0 c + d1 s, dx1 = d1 c − d0 s; dθ = d1 out0 − d0 out1
-            dqb[n1] = dq1 * c - dq0 * s;
-            dkb[n0] = dk0 * c + dk1 * s;
-            dkb[n1] = dk1 * c - dk0 * s;
+            dqb[n0] = dq0 * cs + dq1 * sn;  // dx0 = d0 c + d1 s, dx1 = d1 c − d0 s; dθ = d1 out0 − d0 out1
+            dqb[n1] = dq1 * cs - dq0 * sn;
+            dkb[n0] = dk0 * cs + dk1 * sn;
+            dkb[n1] = dk1 * cs - dk0 * sn;
             acc += dq1 * q_in[n0] - dq0 * q_in[n1] + dk1 * k_in[n0] - dk0 * k_in[n1];
         }
-        dth[rh * S + e] = acc;
-        return;
+        dth[rh * S + x] = acc;
     }
-    i -= rot;
-    let di = H * P;
-    if (i < M * H * P) {
-        let c = i % P;
-        let rh = i / P;
-        let h = rh % H;
-        let pr = (rh / H) * p.cols;
-        let xv = proj[pr + di + h * P + c];
-        let zv = proj[pr + h * P + c];
-        var dx = 0.0;
-        var dz = 0.0;
-        for (var r = 0u; r < R; r++) {
-            let vi = (rh * R + r) * P + c;
-            let mi = (h * R + r) * P + c;
-            let dvt = dv[vi] + D[h] * dys_in[vi];
-            dx += dvt * mimo_x[mi];
-            dz += dzr[vi] * mimo_z[mi];
-            dvx[vi] = dvt * xv;
-            dzz[vi] = dzr[vi] * zv;
-        }
-        dproj[pr + di + h * P + c] = dx;
-        dproj[pr + h * P + c] = dz;
-        return;
-    }
-    i -= M * H * P;
-    if (i >= M * H) { return; }
-    let h = i % H;
-    let pr = (i / H) * p.cols;
-    let off = 2u * di + 2u * R * p.ngroups * N;
-    let dtv = softplus(proj[pr + off + h] + dt_bias[h]);
-    let dda = proj[pr + off + H + h];
-    var dA = 0.0;
-    if (heavy_tail(dda) >= p.a_floor) {
-        dA = -dadt[i] * dtv * select(1.0 / ((1.0 - dda) * (1.0 - dda)), 1.0, dda >= 0.0);
-    }
-    dproj[pr + off + H + h] = dA;
-    let lv = lam[i];
-    dproj[pr + off + 2u * H + h] = dlam[i] * lv * (1.0 - lv);
 }
 
-// dth [M, H, S] in place: ∂loss/∂θ_t -> Σ_{t' >= t} ∂loss/∂θ_{t'} (θ is a running sum). Grid as mamba3_prep_theta.
+// dth [M, H, S] in place: ∂loss/∂θ_t -> Σ_{t' >= t} ∂loss/∂θ_{t'} (θ is a running sum).
+// Grid as mamba3_prep_theta.
 @compute @workgroup_size(256)
 fn mamba3_prep_dtheta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_index) l: u32) {
@@ -356,52 +349,57 @@ fn mamba3_prep_dtheta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
     }
 }
 
-// Per row x in [0, S + R·G·N + H): angle x's column of dproj (π (1 − tanh²) Σ_h dcum·Δ), then dCn, dBn
-// [M, R, G, N] (Σ over the heads of each group of dqb, dkb), then head h's dd_dt column (∂Δ from dt, A·Δ and
-// π Σ_j dcum_j tanh(angle_j), through the softplus). Heads and angles in order. Grid grid_1d(M·(S + R·G·N + H)).
-@compute @workgroup_size(256)
+// Sums in fixed order, per row. Grid (ceil(max(N, S + H) / 64), R·G + 1, rows), thread (x, y, z) for rows z,
+// z + rows, ...: y < R·G is (rank r, group g) and x = n < N: dCn, dBn [M, R, G, N] (Σ over the group's heads of
+// dqb, dkb); y = R·G: x < S angle x's column of dproj (π (1 − tanh²) Σ_h dcum·Δ), S <= x < S + H head
+// h = x − S's dd_dt column (∂Δ from dt, A·Δ and π Σ_j dcum_j tanh(angle_j), through the softplus).
+@compute @workgroup_size(64)
 fn mamba3_prep_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let H = p.heads;
     let S = p.angles;
-    let rgn = p.rank * p.ngroups * p.nstate;
-    let width = S + rgn + H;
-    let i = flat_id(gid, nwg, 256u);
-    if (i >= p.batch * p.len * width) { return; }
-    let row = i / width;
-    let x = i % width;
-    let pr = row * p.cols;
+    let N = p.nstate;
+    let G = p.ngroups;
+    let rgn = p.rank * G * N;
+    let M = p.batch * p.len;
+    let x = gid.x;
+    let part = gid.y;
     let off = p.cols - S - 3u * H;  // dd_dt
-    if (x < S) {
-        var acc = 0.0;
-        for (var h = 0u; h < H; h++) { acc += dcum_in[(row * H + h) * S + x] * dt_in[row * H + h]; }
-        let th = safe_tanh(proj[pr + off + 3u * H + x]);
-        dproj_out[pr + off + 3u * H + x] = PI * (1.0 - th * th) * acc;
-        return;
-    }
-    if (x < S + rgn) {
-        let y_ = x - S;  // (r, g, n)
-        let n = y_ % p.nstate;
-        let g = (y_ / p.nstate) % p.ngroups;
-        let r = y_ / (p.nstate * p.ngroups);
-        let per = H / p.ngroups;
-        var aq = 0.0;
-        var ak = 0.0;
-        for (var e = 0u; e < per; e++) {
-            let idx = (((row * H + g * per + e) * p.rank) + r) * p.nstate + n;
-            aq += dqb_in[idx];
-            ak += dkb_in[idx];
+    if (part < p.rank * G) {
+        if (x >= N) { return; }
+        let per = H / G;
+        let r = part / G;
+        let g = part % G;
+        for (var row = gid.z; row < M; row += nwg.z) {
+            var aq = 0.0;
+            var ak = 0.0;
+            for (var e = 0u; e < per; e++) {
+                let idx = ((row * H + g * per + e) * p.rank + r) * N + x;
+                aq += dqb_in[idx];
+                ak += dkb_in[idx];
+            }
+            dCn[row * rgn + part * N + x] = aq;
+            dBn[row * rgn + part * N + x] = ak;
         }
-        dCn[row * rgn + y_] = aq;
-        dBn[row * rgn + y_] = ak;
         return;
     }
-    let h = x - S - rgn;
-    let rh = row * H + h;
-    let pre = proj[pr + off + h] + dt_bias[h];
-    let a = -max(heavy_tail(proj[pr + off + H + h]), p.a_floor);
-    var dd = ddt[rh] + dadt[rh] * a;
-    for (var j = 0u; j < S; j++) { dd += PI * dcum_in[rh * S + j] * safe_tanh(proj[pr + off + 3u * H + j]); }
-    dproj_out[pr + off + h] = dd * select(sigmoid(pre), 1.0, pre > 20.0);
+    if (x >= S + H) { return; }
+    for (var row = gid.z; row < M; row += nwg.z) {
+        let pr = row * p.cols;
+        if (x < S) {
+            var acc = 0.0;
+            for (var h = 0u; h < H; h++) { acc += dcum_in[(row * H + h) * S + x] * dt_in[row * H + h]; }
+            let th = safe_tanh(proj[pr + off + 3u * H + x]);
+            dproj_out[pr + off + 3u * H + x] = PI * (1.0 - th * th) * acc;
+            continue;
+        }
+        let h = x - S;
+        let rh = row * H + h;
+        let pre = proj[pr + off + h] + dt_bias[h];
+        let a = -max(heavy_tail(proj[pr + off + H + h]), p.a_floor);
+        var dd = ddt[rh] + dadt[rh] * a;
+        for (var j = 0u; j < S; j++) { dd += PI * dcum_in[rh * S + j] * safe_tanh(proj[pr + off + 3u * H + j]); }
+        dproj_out[pr + off + h] = dd * select(sigmoid(pre), 1.0, pre > 20.0);
+    }
 }
 
 // One thread per (row, head, rank). Grid grid_1d(M·H·R, 64).

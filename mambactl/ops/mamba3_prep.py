@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import expect, grid_1d, segment_length
+from mambactl.ops.checks import SEGMENT_BUDGET, expect, grid_1d, is_llvmpipe, loop_budget, segment_length
 from mambactl.runtime.tensor import Tensor
 
 MAX_ANGLES = 64  # mirrors MAX_S in kernels/mamba3_prep.wgsl
@@ -78,6 +78,19 @@ def _walk_grid(d: Mamba3Dims):
     return grid_1d(d.batch * blocks * THETA_COLUMNS * THETA_LANES, THETA_COLUMNS * THETA_LANES)
 
 
+def _row_grid(rt, d: Mamba3Dims, width: int, ys: int, loops_per_row: int):
+    """(x: `width` threads in workgroups of 64, y: `ys`, z: row blocks); a thread walks rows z, z + blocks, ....
+    One row per thread on GPUs; on Mesa llvmpipe, where each workgroup costs microseconds of overhead, up to 64
+    rows (kept within its loop budget at `loops_per_row` iterations per row)."""
+    rows_per_thread = 1
+    if is_llvmpipe(rt):
+        rows_per_thread = max(1, min(64, SEGMENT_BUDGET // max(int(loops_per_row), 1)))
+    blocks = min(-(-d.rows // rows_per_thread), rt.max_groups)
+    if is_llvmpipe(rt):
+        loop_budget(rt, "mamba3_prep", (d.batch, d.length, d.heads), -(-d.rows // blocks) * loops_per_row)
+    return -(-width // 64), ys, blocks
+
+
 def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: Tensor, C_bias: Tensor,
                 mimo_x: Tensor, mimo_z: Tensor, d: Mamba3Dims, a_floor: float, segment: int | None = None) -> dict:
     """-> dict of q, k [M, H, R, N], v, zr [M, H, R, P], adt, dt, lam [M, H], theta [M, H, S].
@@ -104,9 +117,8 @@ def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: T
             params.update(seg_begin=t0, seg_end=t1)
             rt.run("mamba3_prep_theta", _walk_grid(d), proj=proj, dt_bias=dt_bias, theta=out["theta"], **params)
     params.update(seg_begin=0, seg_end=d.length)
-    total = M * H * (R * (N - d.angles) + R * P + 1)
-    rt.run("mamba3_prep_forward", grid_1d(total), proj=proj, Bn=Bn, Cn=Cn, dt_bias=dt_bias, B_bias=B_bias,
-           C_bias=C_bias, mimo_x=mimo_x, mimo_z=mimo_z, **out, **params)
+    rt.run("mamba3_prep_forward", _row_grid(rt, d, N - d.angles + P, H, 1 + R), proj=proj, Bn=Bn, Cn=Cn,
+           dt_bias=dt_bias, B_bias=B_bias, C_bias=C_bias, mimo_x=mimo_x, mimo_z=mimo_z, **out, **params)
     return out
 
 
@@ -127,19 +139,19 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: 
                dzz=rt.empty((M, H, R, P)))
     dth = rt.empty((M, H, max(S, 1)))  # ∂loss/∂θ per step, then its reverse running sum
     params = _prep_params(d, a_floor)
-    total = M * H * ((N - S) + P + 1)
-    rt.run("mamba3_prep_backward", grid_1d(total), proj=proj, dt_bias=dt_bias, mimo_x=mimo_x, mimo_z=mimo_z, D=D,
-           lam=prep["lam"], q_in=prep["q"], k_in=prep["k"], theta_in=prep["theta"], dq=dq, dk=dk, dv=dv, dzr=dzr,
-           dadt=dadt, dlam=dlam, dys_in=dys, dth=dth, **res, **params)
+    rt.run("mamba3_prep_backward", _row_grid(rt, d, N - S + P, H, 1 + R), proj=proj, dt_bias=dt_bias,
+           mimo_x=mimo_x, mimo_z=mimo_z, D=D, lam=prep["lam"], q_in=prep["q"], k_in=prep["k"],
+           theta_in=prep["theta"], dq=dq, dk=dk, dv=dv, dzr=dzr, dadt=dadt, dlam=dlam, dys_in=dys, dth=dth, **res,
+           **params)
     if S:
         for t0, t1 in reversed(_segments(rt, op, d, segment)):
             params.update(seg_begin=t0, seg_end=t1)
             rt.run("mamba3_prep_dtheta", _walk_grid(d), dth=dth, **params)
         params.update(seg_begin=0, seg_end=d.length)
     res["dBn"], res["dCn"] = rt.empty((M, d.rgn)), rt.empty((M, d.rgn))
-    rt.run("mamba3_prep_reduce", grid_1d(M * (S + d.rgn + H)), proj=proj, dt_bias=dt_bias, dt_in=prep["dt"],
-           dqb_in=res["dqb"], dkb_in=res["dkb"], dcum_in=dth, ddt=ddt, dadt=dadt, dBn=res["dBn"], dCn=res["dCn"],
-           dproj_out=dproj, **params)
+    rt.run("mamba3_prep_reduce", _row_grid(rt, d, max(N, S + H), R * d.groups + 1, 1 + max(H, S)), proj=proj,
+           dt_bias=dt_bias, dt_in=prep["dt"], dqb_in=res["dqb"], dkb_in=res["dkb"], dcum_in=dth, ddt=ddt,
+           dadt=dadt, dBn=res["dBn"], dCn=res["dCn"], dproj_out=dproj, **params)
     return res
 
 
