@@ -1,13 +1,14 @@
 """GEMM throughput by shape, kernel and direction (TFLOP/s; warm, median of repeats).
 
-    python bench/gemm.py [--device D] [--shapes 4096x4096x4096,8192x768x3072,...] [--kernels auto,matmul@128x128x8]
+    python bench/gemm.py [--device D] [--shapes 4096x4096x4096,8192x768x3072,...] [--kernels auto,matmul@128x128/c]
                          [--repeats 7] [--src OTHER_CHECKOUT] [--out FILE]
 
 A shape is MxKxN for Y[M, N] = X[M, K] · W[N, K]ᵀ (the forward of a linear layer), and each kernel is also
 timed on the two backward products: dX[M, K] = dY W and dW[N, K] = dYᵀ X. A kernel is `auto` (what
 `ops.linear.matmul` picks), `matmul@TILE` (the tiled kernel with a tile of ops.linear.TILES),
-`matmul@TILE/scalar` (its scalar loads), or any other name, passed as `kernel=` (e.g. `matmul_direct`, or
-an older commit's kernels through --src). Each sample records enough calls back to back to take
+with modes appended: `/scalar` (its scalar loads), `/r` or `/c` (workgroup x walks row or column tiles),
+`/kN` (N K slices), or any other name, passed as `kernel=` (e.g. `matmul_direct`, or an older commit's
+kernels through --src). Each sample records enough calls back to back to take
 ≥ 20 ms, then syncs once, so submit and readback latency stay out of the figure; the first sample is a
 warm-up (pipeline compilation, allocations) and is excluded. One JSON line per (shape, kernel), then a table.
 """
@@ -31,8 +32,17 @@ def kwargs_for(spec: str) -> dict:
     if spec == "auto":
         return {}
     if spec.startswith("matmul@"):
-        tile, _, mode = spec[len("matmul@"):].partition("/")
-        return {"kernel": "matmul", "tile": tile, **({"vec4": False} if mode == "scalar" else {})}
+        tile, *modes = spec[len("matmul@"):].split("/")
+        kw = {"kernel": "matmul", "tile": tile}
+        for mode in modes:
+            if mode == "scalar":
+                kw["vec4"] = False
+            elif mode in ("r", "c"):
+                kw["raster"] = mode == "r"
+
+            elif mode.startswith("k"):
+                kw["split_k"] = int(mode[1:])
+        return kw
     return {"kernel": spec}
 
 
@@ -101,7 +111,7 @@ def main() -> None:
             if a.out:
                 with open(a.out, "a") as f:
                     f.write(line + "\n")
-        del x, w, dy
+        x = w = dy = None  # free the operands before the next shape
     print(f"\n| M×K×N | kernel | {' | '.join(DIRECTIONS)} |  (TFLOP/s{', ' + a.label if a.label else ''})")
     print("|---|---|---|---|---|")
     for r in rows:

@@ -6,37 +6,42 @@
 // the GPU). Any M, N, K: out-of-range loads read 0 and out-of-range stores are skipped.
 //
 // Two entry points:
-//   matmul         the tiled GEMM. 256 threads compute a (16·TM) × (16·TN) tile of C, each thread a TM × TN
-//                  register block (TM, TN ∈ {4, 8}: 64², 64×128, 128×64 or 128² tiles), stepping K by BK
-//                  (8 or 16; BM·BK and BN·BK must be ≥ 1024, so every thread stages whole vec4s).
+//   matmul         the tiled GEMM. 256 threads compute a 16·T × 16·T tile of C, each thread a T × T register
+//                  block (T = 8: 128² tiles, the default; T = 4: 64² tiles for small outputs), stepping K by
+//                  BK = 16 (so every thread stages whole vec4s of both operands).
 //   matmul_direct  no workgroup memory or barriers, for CPU adapters.
 //
-// How `matmul` is fast (on an H200 through Vulkan it is FFMA-issue bound; docs/performance.md has numbers):
+// How `matmul` is fast (on an H200 through Vulkan: 30-43 TFLOP/s at the model's shapes, was 10-17):
 // - VEC4 (chosen by ops/linear.py when the contiguous dimensions are multiples of 4): every global load
 //   and store moves a vec4; edge tiles clamp the address and select 0, so there are no branches in the
 //   load path. Without VEC4 the same staging reads 4 scalars with a check each (ragged shapes).
 // - Shared tiles are vec4 arrays, k-major ([buffer][k][row/4]), so a thread reads 4 rows (or columns)
 //   with one 16-byte load; a warp is laid out 8 columns × 4 rows of threads, so each of its shared
 //   reads touches 4 or 8 consecutive vec4s (one wavefront, no bank conflicts). Rows are padded to 33
-//   vec4s so the transposed stores of a K-contiguous operand do not collide on banks.
+//   vec4s so the transposed stores of a K-contiguous operand collide at most 2-way on banks.
+//   The forward (both operands K-contiguous, staged by transposed scalar stores) stays ~15% slower
+//   than dX and dW on the H200.
 // - Double buffering: tile t+1 is loaded from memory into registers before tile t is multiplied, then
 //   written to the other shared buffer: one barrier per K step, and the loads' latency hides behind
-//   BK·TM·TN FMAs.
+//   16·T² FMAs.
 // - The BK steps of a tile are written out (kstep(buf, 0u) ...): naga bounds every loop with a counter
 //   (so drivers may not unroll it) and clamps each dynamic workgroup-array index; with literal k every
 //   index but the per-thread row/column is a constant, and the driver folds the clamps.
 // - Accumulators are 4×4 blocks held in private mat4x4 variables and only ever indexed by constants
 //   (a dynamically indexed accumulator array spills to memory).
+// - RASTER: resident workgroups cover whole lines of the grid's x dimension, so ops/linear.py lets x walk
+//   the dimension with fewer tiles (the tied head's forward, 64 row × 393 column tiles, then reads each
+//   weight panel once instead of once per row tile: +7% there).
 
 override TRANS_A: bool = false;
 override TRANS_B: bool = false;
 override HAS_BIAS: bool = false;
 override ACCUMULATE: bool = false;
 override VEC4: bool = false;  // M/N/K allow 16-byte loads and stores (see ops/linear.py)
-override TM: u32 = 8u;        // rows per thread: 4 or 8
-override TN: u32 = 8u;        // columns per thread: 4 or 8
-override BK: u32 = 8u;        // K per shared tile: 8 or 16
+override T: u32 = 8u;         // rows and columns per thread: 8 (128² tile) or 4 (64² tile)
+override RASTER: bool = false;  // workgroup x walks row tiles (y column tiles) instead of the reverse
 
+const BK = 16u;       // K per shared tile
 const BM_MAX4 = 33u;  // 128 rows / 4 + 1 vec4 of padding
 
 struct Params { m: u32, n: u32, k: u32, k_split: u32 }
@@ -58,7 +63,7 @@ var<private> ty: u32;    // row block: rows rg·64 + ty·4 .. + 3
 var<private> row0: u32;  // the tile's first row and column
 var<private> col0: u32;
 var<private> kend: u32;  // end of this split's K range
-var<private> acc00: mat4x4<f32>;  // [row group rg][column group cg]; column i of the matrix is row i
+var<private> acc00: mat4x4<f32>;  // [row group][column group] (acc00 only when T = 4); column i of the matrix is row i
 var<private> acc01: mat4x4<f32>;
 var<private> acc10: mat4x4<f32>;
 var<private> acc11: mat4x4<f32>;
@@ -67,8 +72,7 @@ var<private> la1: vec4<f32>;
 var<private> lb0: vec4<f32>;
 var<private> lb1: vec4<f32>;
 
-fn bm() -> u32 { return 16u * TM; }
-fn bn() -> u32 { return 16u * TN; }
+fn bm() -> u32 { return 16u * T; }  // tile rows = tile columns
 
 // Four consecutive elements of A (or B) from flat index e, of which the first `valid` exist.
 fn load4_a(e: u32, valid: u32) -> vec4<f32> {
@@ -97,6 +101,11 @@ fn count4(ok: bool, start: u32, limit: u32) -> u32 {
     return select(0u, min(4u, limit - min(start, limit)), ok);
 }
 
+// Slot i of a K-contiguous operand's tile -> (row in the tile, k offset in the tile): four threads read
+// the 64 bytes of a row. (Tried on the H200: two threads per row, 32 bytes, so that the transposed shared
+// stores are free of bank conflicts; or one thread per row: both slower.)
+fn kslot(i: u32) -> vec2<u32> { return vec2<u32>(i / (BK / 4u), (i % (BK / 4u)) * 4u); }
+
 // Slot i (0 .. BM·BK/4) of the A tile at K offset k0: four elements along A's contiguous dimension,
 // so consecutive threads read consecutive memory.
 fn fetch_a(i: u32, k0: u32) -> vec4<f32> {
@@ -105,19 +114,21 @@ fn fetch_a(i: u32, k0: u32) -> vec4<f32> {
         let row = row0 + (i % (bm() / 4u)) * 4u;
         return load4_a(kk * p.m + row, count4(kk < kend, row, p.m));
     }
-    let row = row0 + i / (BK / 4u);  // A is [M, K]: along k
-    let kk = k0 + (i % (BK / 4u)) * 4u;
+    let sl = kslot(i);  // A is [M, K]: along k
+    let row = row0 + sl.x;
+    let kk = k0 + sl.y;
     return load4_a(row * p.k + kk, count4(row < p.m, kk, kend));
 }
 
 fn fetch_b(i: u32, k0: u32) -> vec4<f32> {
     if (TRANS_B) {  // B is [N, K]: along k
-        let col = col0 + i / (BK / 4u);
-        let kk = k0 + (i % (BK / 4u)) * 4u;
+        let sl = kslot(i);
+        let col = col0 + sl.x;
+        let kk = k0 + sl.y;
         return load4_b(col * p.k + kk, count4(col < p.n, kk, kend));
     }
-    let kk = k0 + i / (bn() / 4u);  // B is [K, N]: along n
-    let col = col0 + (i % (bn() / 4u)) * 4u;
+    let kk = k0 + i / (bm() / 4u);  // B is [K, N]: along n
+    let col = col0 + (i % (bm() / 4u)) * 4u;
     return load4_b(kk * p.n + col, count4(kk < kend, col, p.n));
 }
 
@@ -126,8 +137,9 @@ fn put_a(buf: u32, i: u32, v: vec4<f32>) {
         a_sh[buf][i / (bm() / 4u)][i % (bm() / 4u)] = v;
         return;
     }
-    let m = i / (BK / 4u);  // transpose: the four k values go to four rows of the k-major tile
-    let k = (i % (BK / 4u)) * 4u;
+    let sl = kslot(i);  // transpose: the four k values go to four rows of the k-major tile
+    let m = sl.x;
+    let k = sl.y;
     a_sh[buf][k][m >> 2u][m & 3u] = v.x;
     a_sh[buf][k + 1u][m >> 2u][m & 3u] = v.y;
     a_sh[buf][k + 2u][m >> 2u][m & 3u] = v.z;
@@ -136,30 +148,35 @@ fn put_a(buf: u32, i: u32, v: vec4<f32>) {
 
 fn put_b(buf: u32, i: u32, v: vec4<f32>) {
     if (!TRANS_B) {
-        b_sh[buf][i / (bn() / 4u)][i % (bn() / 4u)] = v;
+        b_sh[buf][i / (bm() / 4u)][i % (bm() / 4u)] = v;
         return;
     }
-    let n = i / (BK / 4u);
-    let k = (i % (BK / 4u)) * 4u;
+    let sl = kslot(i);
+    let n = sl.x;
+    let k = sl.y;
     b_sh[buf][k][n >> 2u][n & 3u] = v.x;
     b_sh[buf][k + 1u][n >> 2u][n & 3u] = v.y;
     b_sh[buf][k + 2u][n >> 2u][n & 3u] = v.z;
     b_sh[buf][k + 3u][n >> 2u][n & 3u] = v.w;
 }
 
-// Each thread stages BM·BK/1024 (1 or 2) vec4s of A and BN·BK/1024 of B.
+// Each thread stages T/4 (1 or 2) vec4s of A and as many of B.
 fn fetch(t: u32, k0: u32) {
     la0 = fetch_a(t, k0);
-    if (bm() * BK > 1024u) { la1 = fetch_a(t + 256u, k0); }
     lb0 = fetch_b(t, k0);
-    if (bn() * BK > 1024u) { lb1 = fetch_b(t + 256u, k0); }
+    if (T == 8u) {
+        la1 = fetch_a(t + 256u, k0);
+        lb1 = fetch_b(t + 256u, k0);
+    }
 }
 
 fn commit(t: u32, buf: u32) {
     put_a(buf, t, la0);
-    if (bm() * BK > 1024u) { put_a(buf, t + 256u, la1); }
     put_b(buf, t, lb0);
-    if (bn() * BK > 1024u) { put_b(buf, t + 256u, lb1); }
+    if (T == 8u) {
+        put_a(buf, t + 256u, la1);
+        put_b(buf, t + 256u, lb1);
+    }
 }
 
 // acc += x ⊗ y for a 4×4 block: row i of the block (column i of the matrix) gains x[i] · y.
@@ -172,27 +189,20 @@ fn kstep(buf: u32, k: u32) {
     let a0 = a_sh[buf][k][ty];
     let b0 = b_sh[buf][k][tx];
     acc00 = outer(acc00, a0, b0);
-    if (TN == 8u) {
+    if (T == 8u) {  // rows and columns 64 .. 127 of the tile
+        let a1 = a_sh[buf][k][ty + 16u];
         let b1 = b_sh[buf][k][tx + 16u];
         acc01 = outer(acc01, a0, b1);
-        if (TM == 8u) {
-            let a1 = a_sh[buf][k][ty + 16u];
-            acc10 = outer(acc10, a1, b0);
-            acc11 = outer(acc11, a1, b1);
-        }
-    } else if (TM == 8u) {
-        let a1 = a_sh[buf][k][ty + 16u];
         acc10 = outer(acc10, a1, b0);
+        acc11 = outer(acc11, a1, b1);
     }
 }
 
 fn multiply_tile(buf: u32) {
     kstep(buf, 0u); kstep(buf, 1u); kstep(buf, 2u); kstep(buf, 3u);
     kstep(buf, 4u); kstep(buf, 5u); kstep(buf, 6u); kstep(buf, 7u);
-    if (BK == 16u) {
-        kstep(buf, 8u); kstep(buf, 9u); kstep(buf, 10u); kstep(buf, 11u);
-        kstep(buf, 12u); kstep(buf, 13u); kstep(buf, 14u); kstep(buf, 15u);
-    }
+    kstep(buf, 8u); kstep(buf, 9u); kstep(buf, 10u); kstep(buf, 11u);
+    kstep(buf, 12u); kstep(buf, 13u); kstep(buf, 14u); kstep(buf, 15u);
 }
 
 // Four consecutive elements of row `row` of C plane z from column col (a multiple of 4).
@@ -233,8 +243,8 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     let lane = t & 31u;
     tx = (warp & 1u) * 8u + (lane & 7u);
     ty = (warp >> 1u) * 4u + (lane >> 3u);
-    row0 = wid.y * bm();
-    col0 = wid.x * bn();
+    row0 = select(wid.y, wid.x, RASTER) * bm();
+    col0 = select(wid.x, wid.y, RASTER) * bm();
     let kbeg = wid.z * p.k_split;
     let kz = min(p.k, kbeg + p.k_split);
     kend = kz;
@@ -254,10 +264,10 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     let r = row0 + ty * 4u;
     let q = col0 + tx * 4u;
     store_block(wid.z, r, q, acc00);
-    if (TN == 8u) { store_block(wid.z, r, q + 64u, acc01); }
-    if (TM == 8u) {
+    if (T == 8u) {
+        store_block(wid.z, r, q + 64u, acc01);
         store_block(wid.z, r + 64u, q, acc10);
-        if (TN == 8u) { store_block(wid.z, r + 64u, q + 64u, acc11); }
+        store_block(wid.z, r + 64u, q + 64u, acc11);
     }
 }
 

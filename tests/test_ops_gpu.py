@@ -104,9 +104,9 @@ def test_linear_forward_backward(rt, rng, M, K, N):
 
 
 # (kernel, tile, vec4): matmul_direct, and every tile of the tiled kernel with the default load path (vec4
-# where the shape allows it) and with the scalar loads forced.
-MATMUL_KERNELS = [("matmul_direct", None, None)] + [
-    ("matmul", tile, vec4) for tile in sorted(linear.TILES) for vec4 in (None, False)]
+# where the shape allows it, scalar at ragged shapes) and with the scalar loads forced.
+MATMUL_KERNELS = [("matmul_direct", None, None)] + [("matmul", tile, None) for tile in sorted(linear.TILES)] + [
+    ("matmul", tile, False) for tile in sorted(linear.TILES)]
 # Ragged shapes (scalar loads) and shapes whose dims are all multiples of 4 (vec4 loads at every transpose):
 # edge tiles in M and N, K not a multiple of the K tile, many K tiles (both shared buffers), exact tiles.
 MATMUL_SHAPES = [(1, 5, 3, 1), (65, 17, 130, 1), (70, 129, 66, 1), (130, 300, 7, 3), (9, 1000, 140, 4),
@@ -131,6 +131,18 @@ def test_every_matmul_kernel_transpose_and_k_split(rt, rng, kernel, tile, vec4, 
     out = rt.from_numpy(acc32)
     linear.matmul(ga, gb, out=out, split_k=split_k, **kw)
     assert rel(out.numpy(), acc + ref) < REDUCTION_TOL
+
+
+@pytest.mark.parametrize("tile", sorted(linear.TILES))
+@pytest.mark.parametrize("raster", [False, True])
+@pytest.mark.parametrize("M,K,N,split_k", [(70, 129, 300, 1), (200, 1040, 36, 2)])
+def test_matmul_raster_either_way(rt, rng, tile, raster, M, K, N, split_k):
+    """Workgroup x walking row tiles or column tiles gives the same product (every transpose)."""
+    for ta, tb in [(False, False), (True, False), (False, True), (True, True)]:
+        (a32, a), (b32, b) = f32(rng, *((K, M) if ta else (M, K))), f32(rng, *((N, K) if tb else (K, N)))
+        got = linear.matmul(rt.from_numpy(a32), rt.from_numpy(b32), trans_a=ta, trans_b=tb, kernel="matmul",
+                            tile=tile, raster=raster, split_k=split_k).numpy()
+        assert rel(got, (a.T if ta else a) @ (b.T if tb else b)) < REDUCTION_TOL
 
 
 def test_matmul_vec4_only_where_rows_align(rt, rng):

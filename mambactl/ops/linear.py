@@ -7,20 +7,19 @@ from mambactl.ops.checks import expect
 from mambactl.ops.reduce import column_sums
 from mambactl.runtime.tensor import Tensor
 
-# Tiles of the `matmul` entry point, "BMxBNxBK" -> pipeline constants (rows per thread TM = BM/16, columns
-# per thread TN = BN/16, K per shared tile BK). 256 threads per workgroup.
-TILES = {"64x64x16": (4, 4, 16), "64x128x16": (4, 8, 16), "128x64x16": (8, 4, 16), "128x128x8": (8, 8, 8),
-         "128x128x16": (8, 8, 16)}
+# Tiles of the `matmul` entry point -> its pipeline constant T (rows and columns per thread; 256 threads).
+# On the H200 128² won at every measured shape, x_proj's 80-column output included (64×128, 128×64 and
+# BK 8 variants were never faster and were dropped); 64² is for outputs at most 64 wide.
+TILES = {"64x64": 4, "128x128": 8}
 _DIRECT_TILE = 64  # matmul_direct: 64×64 outputs per 16×16 workgroup
 _FILL_GROUPS = 512  # fewer output tiles than this: split K across workgroups (then sum the planes)
 _MIN_SPLIT_K = 512  # each split's K range is at least this long
+_COLUMN_SUMS_MAX = 65535 * 64  # column_sums (which adds the split planes) runs one 64-wide workgroup row
 
 
 def choose_tile(M: int, N: int, K: int) -> str:
     """The `matmul` tile for an M×N output (GPU adapters)."""
-    if M * N >= 128 * 128 * 256:
-        return "128x128x8"
-    return "64x64x16"
+    return "64x64" if min(M, N) <= 64 else "128x128"
 
 
 def vec4_ok(M: int, N: int, K: int, trans_a: bool, trans_b: bool) -> bool:
@@ -31,14 +30,15 @@ def vec4_ok(M: int, N: int, K: int, trans_a: bool, trans_b: bool) -> bool:
 
 def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor | None = None, out: Tensor | None = None,
            kernel: str | None = None, tile: str | None = None, vec4: bool | None = None,
-           split_k: int | None = None) -> Tensor:
+           split_k: int | None = None, raster: bool | None = None) -> Tensor:
     """C[M, N] = op(A) op(B) (+ bias); A is [M, K] ([K, M] if trans_a), B is [K, N] ([N, K] if trans_b).
 
     With `out`, the product is added into it (gradient accumulation). The defaults pick everything by adapter
     and shape; tests and benchmarks can force each choice: `kernel` "matmul" (tiled) or "matmul_direct"
     (CPU adapters), `tile` one of TILES, `vec4=False` the scalar loads that ragged shapes need (True
     raises where the shape does not allow vec4), `split_k` the number of K slices (default: enough to fill
-    the GPU when the output has few tiles and K is long)."""
+    the GPU when the output has few tiles and K is long), `raster` whether workgroup x walks row tiles
+    (default: x walks whichever of rows and columns has fewer tiles)."""
     expect("matmul", "a", a)
     expect("matmul", "b", b)
     if a.ndim != 2 or b.ndim != 2:
@@ -61,21 +61,27 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
         tile = tile or choose_tile(M, N, K)
         if tile not in TILES:
             raise ShapeError(f"matmul: unknown tile {tile!r}; one of {sorted(TILES)}")
-        tm, tn, bk = TILES[tile]
+        t = TILES[tile]
         can = vec4_ok(M, N, K, trans_a, trans_b)
         if vec4 and not can:
             raise ShapeError(f"matmul: vec4 loads need N and the contiguous dims of A and B to be multiples of 4 "
                              f"(M={M}, N={N}, K={K}, trans_a={trans_a}, trans_b={trans_b})")
-        consts.update(VEC4=can if vec4 is None else vec4, TM=tm, TN=tn, BK=bk)
-        bm, bn = 16 * tm, 16 * tn
+        bm = bn = 16 * t
+        if raster is None:
+            raster = -(-M // bm) < -(-N // bn)
+        consts.update(VEC4=can if vec4 is None else vec4, T=t, RASTER=raster)
     elif entry == "matmul_direct":
         bm = bn = _DIRECT_TILE
     else:
         raise ShapeError(f"matmul: unknown kernel {entry!r}; 'matmul' or 'matmul_direct'")
     groups = (-(-N // bn), -(-M // bm))
+    if entry == "matmul" and raster:
+        groups = groups[::-1]
     if split_k is None:
         tiles = groups[0] * groups[1]
         split_k = 1 if bias is not None or cpu else max(1, min(_FILL_GROUPS // tiles, K // _MIN_SPLIT_K))
+        if M * N > _COLUMN_SUMS_MAX or split_k * M * N * 4 > rt.max_binding:
+            split_k = 1
     k_split = -(-(-(-K // split_k)) // 16) * 16  # a multiple of every kernel's K tile
     splits = max(1, -(-K // k_split))
     if splits == 1:
