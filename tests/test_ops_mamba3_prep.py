@@ -137,3 +137,14 @@ def test_prep_walk_past_loop_budget(gpu):
     x, g = make_inputs(d, seed=2, dt_shift=-6.0)
     x["proj"][:, 2 * 1 + 2 * 2] -= 2.0  # dd_dt
     check(d, run_gpu(gpu, d, x, g), reference(d, x, g), 1e-4)
+
+
+@pytest.mark.parametrize("rows_per_thread", ["gpu", "llvmpipe"])
+def test_prep_row_blocks(gpu, monkeypatch, rows_per_thread):
+    """The elementwise kernels' grid both ways: a row per thread (GPUs) and up to 64 (llvmpipe), on any adapter."""
+    from mambactl.ops import mamba3_prep as op
+
+    monkeypatch.setattr(op, "is_llvmpipe", lambda rt: rows_per_thread == "llvmpipe")
+    d = Mamba3Dims(2, 70, 3, 4, 2, 3, 8, 2, True)
+    x, g = make_inputs(d, seed=3)
+    check(d, run_gpu(gpu, d, x, g), reference(d, x, g), 1e-5)
