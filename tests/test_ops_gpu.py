@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
-from mambactl.ops import activations, conv1d, cross_entropy, embedding, fill, linear, reduce, rmsnorm, slice
+from mambactl.ops import activations, checks, conv1d, cross_entropy, embedding, fill, linear, reduce, rmsnorm, slice
 from mambactl.reference import activations as ref_act
 from mambactl.reference import conv1d as ref_conv
 from mambactl.reference import cross_entropy as ref_ce
@@ -158,6 +158,34 @@ def test_matmul_vec4_only_where_rows_align(rt, rng):
     w = rt.from_numpy(rng.standard_normal((12, 18)).astype(np.float32))
     with pytest.raises(ShapeError, match="vec4"):
         linear.matmul(x, w, trans_b=True, kernel="matmul", vec4=True)
+
+
+@pytest.mark.parametrize("trans_a", [False, True])
+def test_matmul_direct_k_past_the_software_adapters_loop_budget(rt, rng, trans_a):
+    """matmul_direct walks its K range in one loop; Mesa llvmpipe cuts loops past 65,535 iterations per
+    invocation (it was 18% off at K = 70,000), so there the K range is split across workgroups."""
+    K = 70_000
+    (a32, a), (b32, b) = f32(rng, *((K, 3) if trans_a else (3, K))), f32(rng, K, 5)
+    got = linear.matmul(rt.from_numpy(a32), rt.from_numpy(b32), trans_a=trans_a, kernel="matmul_direct").numpy()
+    assert rel(got, (a.T if trans_a else a) @ b) < REDUCTION_TOL
+
+
+def test_matmul_direct_forced_k_segments(rt, rng, monkeypatch):
+    """The split path on any adapter: K ranges of 32 (forced) summed in order give the same product."""
+    monkeypatch.setattr(checks, "FORCE_SEGMENT", 32)
+    (a32, a), (b32, b), (acc32, acc) = f32(rng, 9, 200), f32(rng, 7, 200), f32(rng, 9, 7)
+    out = rt.from_numpy(acc32)
+    linear.matmul(rt.from_numpy(a32), rt.from_numpy(b32), trans_b=True, kernel="matmul_direct", out=out)
+    assert rel(out.numpy(), acc + a @ b.T) < REDUCTION_TOL
+
+
+def test_matmul_direct_refuses_an_unsplittable_k_on_llvmpipe(rt, rng, monkeypatch):
+    monkeypatch.setattr(checks, "FORCE_SEGMENT", 32)
+    if not checks.is_llvmpipe(rt):
+        monkeypatch.setattr(checks, "is_llvmpipe", lambda _rt: True)
+    a, b, bias = (rt.from_numpy(f32(rng, *s)[0]) for s in ((3, 70_000), (5, 70_000), (5,)))
+    with pytest.raises(ShapeError, match=r"matmul: shape \(3, 70000, 5\) needs up to 70000 loop iterations"):
+        linear.matmul(a, b, trans_b=True, bias=bias, kernel="matmul_direct")
 
 
 def test_linear_backward_accumulates(rt, rng):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import expect
+from mambactl.ops.checks import expect, loop_budget, segment_length
 from mambactl.ops.reduce import column_sums
 from mambactl.runtime.tensor import Tensor
 
@@ -82,6 +82,10 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
         split_k = 1 if bias is not None or cpu else max(1, min(_FILL_GROUPS // tiles, K // _MIN_SPLIT_K))
         if M * N > _COLUMN_SUMS_MAX or split_k * M * N * 4 > rt.max_binding:
             split_k = 1
+        if entry == "matmul_direct":  # one loop iteration per k: on llvmpipe a K range must fit its loop budget
+            split_k = max(split_k, -(-K // segment_length(rt, "matmul", (M, K, N), K, per_step=1, multiple=16)))
+            if split_k > 1 and (bias is not None or M * N > _COLUMN_SUMS_MAX or split_k * M * N * 4 > rt.max_binding):
+                loop_budget(rt, "matmul", (M, K, N), K)  # K can't be split here: refuse rather than cut it short
     k_split = -(-(-(-K // split_k)) // 16) * 16  # a multiple of every kernel's K tile
     splits = max(1, -(-K // k_split))
     if splits == 1:
