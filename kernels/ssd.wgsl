@@ -10,7 +10,8 @@
 // Every chunk-level product is a 64 × 64 output tile per 128-thread workgroup (a 4 × 8 register block per
 // thread, mac_wide) fed through workgroup memory in slices of 16 (at most 31 KB of workgroup memory, in
 // ssd_decay_grad: under lavapipe's 32 KiB; the runtime requests the adapter's limit). Chunk states go in order
-// in their own dispatch (one thread per state element walks the chunks), so no workgroup waits on another.
+// in their own dispatch (one thread per state element walks the chunks; on Mesa llvmpipe, whose loop budget
+// cuts long walks, in several: seg_lo / seg_hi), so no workgroup waits on another.
 //
 // Backward, with dE_c = ∂loss/∂E_c and dS_c = dE_{c+1} (zero for the last chunk):
 //   dE_c = Σ_r exp(cs_r) dy_r C_rᵀ + exp(cs_end) dE_{c+1}                    (chunk_state + reverse passing)
@@ -61,8 +62,11 @@ override GRAD: bool = false;      // ssd_chunk_state: weights exp(cs_r) (backwar
 override ROW_DOT: bool = false;   // ssd_chunk_scan: also U_r = c_r·(state term) per column tile to u_part
 override ACCUMULATE: bool = false;
 
+// seg_lo, seg_hi: the part of a walk one dispatch takes (ssd_state_passing(_backward): chunks; ssd_param_grads:
+// (batch, chunk) partials), all of it but on Mesa llvmpipe, whose loop budget (65,535 loop iterations per
+// invocation, mambactl/ops/checks.py) splits long walks into dispatch segments that carry their sums in a buffer.
 struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nstate: u32, chunk: u32, nchunks: u32,
-              dt_min: f32, dt_max: f32 }
+              dt_min: f32, dt_max: f32, seg_lo: u32, seg_hi: u32 }
 // ssd_chunk_scan: output tiles [rows of a chunk × v_dim] per (chunk, head, batch), out [B, L, H, v_dim]. q/k rows
 // hold qk_width blocks of qk_dim (block of head h: h / qk_div); v rows hold v_width blocks of v_dim (block:
 // h / v_div). State element (j, k) of head h, chunk c is st_in[((b·nchunks + c)·heads + h)·pn + j·s_j + k·s_k].
@@ -108,6 +112,9 @@ struct ScanDims { len: u32, heads: u32, chunk: u32, nchunks: u32, qk_width: u32,
 @group(0) @binding(34) var<storage, read> head_part: array<f32>;        // ssd_sum_heads: [B, L, H, N]
 // [B, H, nchunks, ceil(N / 64), Q]: U_r = dy_r·y_off_r by 64-wide pieces of N (ssd_chunk_scan's ROW_DOT)
 @group(0) @binding(35) var<storage, read_write> u_part: array<f32>;
+// A segmented walk's running sums between its dispatches: ssd_state_passing_backward's dE [B, H, P·N],
+// ssd_param_grads' [H, 3].
+@group(0) @binding(36) var<storage, read_write> carry: array<f32>;
 
 // GEMM slices: [KT][TS], depth-major and held as vec4s, so a thread reads its 4 rows (or columns) with one
 // vector load. Rows are padded to TS = TILE + 4 floats: the loads that transpose an operand (16 consecutive
@@ -318,7 +325,8 @@ fn cs_end_of(b: u32, h: u32, c: u32) -> f32 { return dec[dec_base(b, h, c) + CS 
 
 // In place: the states each chunk adds become the states entering each chunk, E_0 = 0,
 // E_{c+1} = exp(cs_end_c) E_c + added_c; E_nchunks, the state after the last step, goes to last_state
-// [B, H, P, N] (the recurrent decoding state). One thread per (b, h, state element). Grid grid_1d(B·H·P·N).
+// [B, H, P, N] (the recurrent decoding state). One thread per (b, h, state element), chunks [seg_lo, seg_hi)
+// (E_seg_lo carried in last_state from the previous segment). Grid grid_1d(B·H·P·N).
 @compute @workgroup_size(256)
 fn ssd_state_passing(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.y * nwg.x * WG + gid.x;
@@ -327,20 +335,22 @@ fn ssd_state_passing(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
     let e = i % pn;
     let h = (i / pn) % d.heads;
     let b = i / (pn * d.heads);
-    var carry = 0.0;
-    for (var c = 0u; c < d.nchunks; c++) {
+    var run = 0.0;
+    if (d.seg_lo > 0u) { run = last_state[i]; }
+    for (var c = d.seg_lo; c < d.seg_hi; c++) {
         let k = ((b * d.nchunks + c) * d.heads + h) * pn + e;
         let added = states[k];
-        states[k] = carry;
-        carry = exp(cs_end_of(b, h, c)) * carry + added;
+        states[k] = run;
+        run = exp(cs_end_of(b, h, c)) * run + added;
     }
     // The padding past L has Δ = 0 (no decay, nothing added), so this is the state after step L − 1.
-    last_state[i] = carry;
+    last_state[i] = run;
 }
 
 // In place, last chunk to first: the in-chunk parts of dE become dS_c = dE_{c+1}, with
 // dE_c = part_c + exp(cs_end_c) dE_{c+1}; and W_c = exp(cs_end_c)⟨E_c, dS_c⟩ per workgroup of WG state
-// elements goes to w_part. Grid (ceil(P·N / WG), H, B).
+// elements goes to w_part. Chunks [seg_lo, seg_hi), dE_seg_hi carried in `carry` from the previous segment
+// (the later chunks). Grid (ceil(P·N / WG), H, B).
 @compute @workgroup_size(256)
 fn ssd_state_passing_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                               @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -348,21 +358,24 @@ fn ssd_state_passing_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(nu
     let e = wid.x * WG + lid.x;
     let h = wid.y;
     let b = wid.z;
-    var carry = 0.0;
-    for (var c = d.nchunks; c > 0u; c--) {
+    let ci = (b * d.heads + h) * pn + e;
+    var run = 0.0;
+    if (d.seg_hi < d.nchunks && e < pn) { run = carry[ci]; }
+    for (var c = d.seg_hi; c > d.seg_lo; c--) {
         let k = ((b * d.nchunks + c - 1u) * d.heads + h) * pn + e;
         let decay = exp(cs_end_of(b, h, c - 1u));
         var part = 0.0;
         var prod = 0.0;
         if (e < pn) {
             part = states[k];
-            states[k] = carry;
-            prod = carry * saved_states[k];
+            states[k] = run;
+            prod = run * saved_states[k];
         }
         let total = workgroup_sum(prod, lid.x);
         if (lid.x == 0u) { w_part[((b * d.heads + h) * d.nchunks + c - 1u) * nwg.x + wid.x] = decay * total; }
-        carry = part + decay * carry;
+        run = part + decay * run;
     }
+    if (d.seg_lo > 0u && e < pn) { carry[ci] = run; }
 }
 
 // Stage Δ, the sub-block sums and the state-term scale of rows [rb, rb + 64) of a chunk (zero past `steps`).
@@ -916,6 +929,7 @@ fn ssd_dt_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
 }
 
 // Per head: add the (batch, chunk) partials in order into dA_log, dD, ddt_bias (ACCUMULATE adds to them).
+// Partials [seg_lo, seg_hi) of the B·nchunks; the sums so far carried in `carry` between segments.
 // Grid grid_1d(H, 64).
 @compute @workgroup_size(64)
 fn ssd_param_grads(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -924,11 +938,22 @@ fn ssd_param_grads(@builtin(global_invocation_id) gid: vec3<u32>) {
     var ga = 0.0;
     var gd = 0.0;
     var gb = 0.0;
-    for (var bc = 0u; bc < d.batch * d.nchunks; bc++) {
+    if (d.seg_lo > 0u) {
+        ga = carry[h * 3u];
+        gd = carry[h * 3u + 1u];
+        gb = carry[h * 3u + 2u];
+    }
+    for (var bc = d.seg_lo; bc < d.seg_hi; bc++) {
         let k = (bc * d.heads + h) * 3u;
         ga += param_part[k];
         gd += param_part[k + 1u];
         gb += param_part[k + 2u];
+    }
+    if (d.seg_hi < d.batch * d.nchunks) {  // more segments to come
+        carry[h * 3u] = ga;
+        carry[h * 3u + 1u] = gd;
+        carry[h * 3u + 2u] = gb;
+        return;
     }
     if (ACCUMULATE) {
         ga += dA_log[h];

@@ -184,3 +184,150 @@ def test_cross_entropy_neox_vocab(gpu):
     want_dl = ref_ce.cross_entropy_backward(logits.astype(np.float64), targets)
     assert abs(float(loss.numpy()[0]) - want_loss) < 1e-4 * max(1.0, abs(want_loss))
     assert rel_err(dl.numpy(), want_dl) < 1e-4
+
+
+# --- Mamba-2 SSD ---------------------------------------------------------------------------------------------------
+# Per-invocation counts (mambactl/ops/ssd.py's kernel_loops: upper bounds, no loop unrolled). Inside a chunk every
+# loop is bounded by the chunk Q (≤ 1024), P and N: at Q 256, P = N = 128 ssd_chunk_scan ≤ 1.7k, ssd_decay_grad
+# ≤ 2.6k, ssd_chunk_state 438, ssd_dt_backward 513, ssd_prep 50; at Q 1024 ≤ 6.7k, 11.2k, 1.6k, 1.8k, 56;
+# ssd_sum_heads H / G, ssd_step N. Only the walks over chunks grow with L: ssd_state_passing 1 per chunk,
+# ssd_state_passing_backward 1 + 8 per chunk (a workgroup sum of W_c each: past the budget from 7,282 chunks),
+# ssd_param_grads 1 per (batch, chunk) partial. Those go in dispatch segments on llvmpipe.
+def test_ssd_in_chunk_loops_bounded():
+    """The largest chunk the op takes (1024) at P = N = 128 and 64 heads per group stays well under the budget,
+    so no in-chunk loop needs splitting at realistic shapes."""
+    from mambactl.ops.ssd import MAX_CHUNK, kernel_loops
+
+    loops = kernel_loops(MAX_CHUNK, 128, 128, 64, 1)
+    assert max(loops.values()) < BUDGET / 4, loops
+    assert kernel_loops(256, 128, 128)["ssd_chunk_scan"] < 2000
+
+
+def test_ssd_largest_chunk(gpu):
+    """B 1, L 1030, H 1, P 64, N 128, chunk 1024 (a full chunk and a partial one): the in-chunk kernels at their
+    longest loops (ssd_decay_grad ≈ 9.6k iterations per invocation) against the float64 reference (which runs
+    at chunk 64: the same function, and its chunk-1024 einsums take minutes)."""
+    from mambactl.ops.ssd import kernel_loops
+    from test_ops_ssd import GRADS, make_inputs, reference, run_gpu
+
+    B, L, H, P, G, N = 1, 1030, 1, 64, 1, 128
+    assert max(kernel_loops(1024, P, N).values()) < BUDGET
+    x = make_inputs(B, L, H, P, G, N)
+    dy = rng_normal(1, *x["x"].shape)
+    y, grads, _ = run_gpu(gpu, x, dy, 1024)
+    y_ref, grads_ref = reference(x, dy, 64)
+    assert rel_err(y, y_ref) < 1e-4
+    for name, got, want in zip(GRADS, grads, grads_ref):
+        assert rel_err(got, want) < 1e-4, name
+
+
+def _passing_inputs(gpu, batch, nchunks, heads, headdim, nstate, seed=0):
+    """chunk 1, so Δ·A of each step is the chunk's decay sum; small Δ (≈ 0.02) keeps the carry alive for
+    thousands of chunks. -> (dims, dec, float64 cs_end [B, H, nchunks])."""
+    from mambactl.ops import ssd
+    from mambactl.reference.activations import softplus
+
+    rng = np.random.default_rng(seed)
+    dt_raw = (rng.standard_normal((batch, nchunks, heads)) * 0.5 - 4.0).astype(np.float32)
+    dt_bias = (rng.standard_normal(heads) * 0.1).astype(np.float32)
+    A_log = np.log(rng.uniform(0.5, 2.0, heads)).astype(np.float32)
+    dims = ssd._dims(batch, nchunks, heads, headdim, 1, nstate, 1, (0.0, ssd.NO_LIMIT))
+    dec = ssd._prep(gpu, dims, *(gpu.from_numpy(v) for v in (dt_raw, dt_bias, A_log)))
+    cs_end = softplus(dt_raw.astype(np.float64) + dt_bias) * -np.exp(A_log.astype(np.float64))
+    return dims, dec, cs_end.transpose(0, 2, 1)
+
+
+@pytest.mark.parametrize("segment", [None, 1000])
+def test_ssd_state_passing_long(gpu, segment):
+    """B 1, H 2, P 2, N 3, 8,192 chunks (L 8192 at chunk 1, or L 16k at chunk 2): a backward state-passing thread
+    runs 8,192 · (1 + 8) = 73.7k iterations, the forward 8,192; both against float64 recurrences.
+    segment = 1000: the split path with a partial last segment on any adapter."""
+    from mambactl.ops import ssd
+
+    B, nc, H, P, N = 1, 8192, 2, 2, 3
+    assert nc * ssd.PASSING_BACKWARD_LOOPS > BUDGET
+    dims, dec, cs_end = _passing_inputs(gpu, B, nc, H, P, N)
+    decay = np.exp(cs_end)[..., None, None]  # [B, H, nc, 1, 1]
+    added, part, saved = (rng_normal(s, B, nc, H, P, N) for s in (1, 2, 3))
+    shape = (B, nc, H, P)
+
+    states, last = gpu.from_numpy(added), gpu.empty((B, H, P, N))
+    ssd.state_passing(gpu, dims, dec, states, last, shape, segment)
+    want, run = np.zeros((B, nc, H, P, N)), np.zeros((B, H, P, N))
+    for c in range(nc):
+        want[:, c] = run
+        run = decay[:, :, c] * run + added[:, c]
+    assert rel_err(states.numpy(), want) < 1e-5
+    assert rel_err(last.numpy(), run) < 1e-5
+
+    dstates, w_part = gpu.from_numpy(part), gpu.empty((B, H, nc, 1))
+    ssd.state_passing_backward(gpu, dims, dec, dstates, gpu.from_numpy(saved), w_part, shape, segment)
+    want_ds, want_w, run = np.zeros((B, nc, H, P, N)), np.zeros((B, H, nc, 1)), np.zeros((B, H, P, N))
+    for c in reversed(range(nc)):
+        want_ds[:, c] = run
+        want_w[:, :, c, 0] = decay[:, :, c, 0, 0] * np.sum(run * saved[:, c], axis=(2, 3))
+        run = part[:, c] + decay[:, :, c] * run
+    assert rel_err(dstates.numpy(), want_ds) < 1e-5
+    assert rel_err(w_part.numpy(), want_w) < 1e-5
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_ssd_param_grads_long(gpu, accumulate):
+    """70,000 (batch, chunk) partials per head (e.g. B 4 × L 17.5k at chunk 1): a thread adds 70,000 of them.
+    Float32 sums in order, so the result equals numpy's sequential float32 sum exactly."""
+    from mambactl.ops import ssd
+
+    B, nc, H = 1, 70_000, 3
+    assert B * nc > BUDGET
+    dims = ssd._dims(B, nc, H, 1, 1, 1, 1, (0.0, ssd.NO_LIMIT))
+    parts = rng_normal(5, B * nc, H, 3)
+    start = rng_normal(6, 3, H)
+    outs = [gpu.from_numpy(v) for v in start] if accumulate else [gpu.empty((H,)) for _ in range(3)]
+    ssd.param_grads(gpu, dims, gpu.from_numpy(parts), *outs, accumulate, (B, nc, H, 1))
+    for k, out in enumerate(outs):
+        want = np.cumsum(parts[:, :, k], axis=0, dtype=np.float32)[-1]
+        if accumulate:
+            want = want + start[k]
+        np.testing.assert_array_equal(out.numpy(), want)
+        assert rel_err(out.numpy(), parts[:, :, k].astype(np.float64).sum(0) + (start[k] if accumulate else 0)) < 1e-3
+
+
+@pytest.mark.parametrize("segment", [1, 2])
+def test_ssd_segmented(gpu, monkeypatch, segment):
+    """The llvmpipe path (walks over chunks split into dispatches) at small segments on any adapter: bit-identical
+    to one dispatch, and right through the Mamba-2 LM (reference model, every gradient)."""
+    from lm_checks import assert_lm_matches_reference
+    from test_models_mamba2_gpu import CONFIGS
+    from test_ops_ssd import GRADS, run_gpu, make_inputs
+
+    x = make_inputs(2, 37, 4, 5, 2, 6, seed=2)
+    dy = rng_normal(3, *x["x"].shape)
+    y1, g1, _ = run_gpu(gpu, x, dy, 8)
+    monkeypatch.setattr(checks, "FORCE_SEGMENT", segment)
+    y2, g2, _ = run_gpu(gpu, x, dy, 8)
+    assert np.array_equal(y1, y2)
+    for name, a, b in zip(GRADS, g1, g2):
+        assert np.array_equal(a, b), name
+    cfg, batch, length = CONFIGS["mamba2"]
+    assert_lm_matches_reference(gpu, cfg, batch, length)
+
+
+def test_ssd_over_budget_is_refused(gpu):
+    """N so wide that one invocation's in-chunk loops pass the budget: a one-line ShapeError naming op, kernel and
+    shape on llvmpipe, before dispatch (ssd_step walks N; ssd_chunk_scan N / 16 slices per column block)."""
+    from mambactl.ops.ssd import kernel_loops, ssd_scan, ssd_step
+
+    N = 70_000
+    assert kernel_loops(1, 1, N)["ssd_step"] > BUDGET and kernel_loops(1, 1, N)["ssd_chunk_scan"] > BUDGET
+    if not checks.is_llvmpipe(gpu):
+        pytest.skip("the budget is llvmpipe's")
+    one = gpu.from_numpy(np.zeros(1, np.float32))
+    row = gpu.from_numpy(np.zeros((1, 1), np.float32))
+    bc = gpu.from_numpy(np.zeros((1, N), np.float32))
+    state = gpu.from_numpy(np.zeros((1, 1, 1, N), np.float32))
+    with pytest.raises(ShapeError, match="ssd_step.*65535"):
+        ssd_step(state, row, row, one, bc, bc, one, one)
+    x = gpu.from_numpy(np.zeros((1, 1, 1, 1), np.float32))
+    bc4 = gpu.from_numpy(np.zeros((1, 1, 1, N), np.float32))
+    with pytest.raises(ShapeError, match="ssd_scan.*ssd_chunk_scan.*65535"):
+        ssd_scan(x, gpu.from_numpy(np.zeros((1, 1, 1), np.float32)), one, bc4, bc4, one, one, chunk=1)

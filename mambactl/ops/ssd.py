@@ -11,6 +11,11 @@ in-chunk decays. The backward's transients: one more such state tensor, two tens
 [B, H, n_chunks, 5, chunk], the crossing partials [B, H, n_chunks, ceil(chunk / 64), chunk], U's pieces
 [B, H, n_chunks, ceil(N / 64), chunk] and, when a group has several heads, dB's and dC's per-head terms
 [B, L, H, N] (summed over the group's heads in order).
+
+On Mesa llvmpipe (its loop budget of 65,535 iterations per shader invocation: mambactl/ops/checks.py) the walks
+over chunks (the state passing, forward and backward, and the sum of the per-chunk parameter partials) go in
+dispatch segments carrying their running sums in a buffer; the in-chunk kernels' loops are bounded by the chunk
+(at most 1024), P and N (`kernel_loops`), and a shape past the budget there is refused before dispatch.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import expect, grid_1d
+from mambactl.ops.checks import expect, grid_1d, loop_budget, segment_length
 from mambactl.runtime.tensor import Tensor
 
 WORKGROUP = 256  # mirrors kernels/ssd.wgsl's WG
@@ -27,6 +32,54 @@ MAX_CHUNK = 1024  # mirrors MAX_CHUNK there: ssd_prep / ssd_dt_backward hold a c
 TILE = 64
 DEFAULT_CHUNK = 256  # mamba_ssm's chunk_size
 NO_LIMIT = 3.0e38  # an upper clamp that never binds (a finite float32)
+KT = 16  # mirrors KT there: depth of a slice through workgroup memory
+SUB = 16  # mirrors SUB there: sub-block of the pair decays
+SCAN_THREADS = 128  # the tile kernels' workgroup (8 × 16)
+
+
+# --- loop iterations per shader invocation (upper bounds, no loop unrolled), for Mesa llvmpipe's budget ---------
+SLICE = 1 + 8 + KT  # one KT-deep slice through workgroup memory: 8 loads per thread, then mac_wide's KT steps
+BLOCK_OUT = 4 * (1 + 8)  # a thread's 4 × 8 register block written out
+REDUCE = 8  # log2(WORKGROUP) rounds of workgroup_sum / exclusive_prefix
+PASSING_LOOPS = 1  # ssd_state_passing per chunk
+PASSING_BACKWARD_LOOPS = 1 + REDUCE  # ssd_state_passing_backward per chunk (a workgroup sum of W_c each)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def kernel_loops(chunk: int, headdim: int, nstate: int, heads: int = 1, groups: int = 1) -> dict[str, int]:
+    """Loop iterations per invocation of the kernels whose loops are bounded by the chunk, P and N (the walks
+    over chunks are per chunk: PASSING_LOOPS, PASSING_BACKWARD_LOOPS, and one per (batch, chunk) partial in
+    ssd_param_grads). `chunk` is the effective one (min(chunk, L)). ssd_chunk_scan: the largest over its modes
+    (the q·k depth is N for y and dxd, P for dB and dC); every mode's extras counted."""
+    q, tiles = chunk, _cdiv(chunk, TILE)
+    seg = _cdiv(q, WORKGROUP)
+
+    def scan(depth):
+        state_term = _cdiv(depth, KT) * SLICE
+        per_block = _cdiv(q, SUB) + _cdiv(depth, KT) * SLICE + BLOCK_OUT + _cdiv(TILE, KT) * SLICE
+        return state_term + BLOCK_OUT + (BLOCK_OUT + 8) + tiles * per_block + BLOCK_OUT
+
+    return {
+        "ssd_prep": 2 * seg + 2 * REDUCE + 2 * SUB,
+        "ssd_chunk_state": _cdiv(q, SCAN_THREADS) + _cdiv(q, KT) * SLICE + BLOCK_OUT,
+        "ssd_chunk_scan": max(scan(nstate), scan(headdim)),
+        "ssd_decay_grad": 2 * _cdiv(q, SCAN_THREADS) + tiles * (
+            _cdiv(q, SUB) + (_cdiv(nstate, KT) + _cdiv(headdim, KT)) * SLICE + BLOCK_OUT + 3 * TILE
+            + _cdiv(q, SCAN_THREADS)),
+        "ssd_dt_backward": _cdiv(headdim * nstate, WORKGROUP) + _cdiv(q, 16) * (1 + _cdiv(headdim, 16) + 16)
+        + seg * (1 + _cdiv(nstate, TILE)) + 2 * REDUCE + seg + seg * (1 + tiles) + 3 * REDUCE,
+        "ssd_sum_heads": heads // groups,
+        "ssd_step": nstate,
+    }
+
+
+def _check_loops(rt, op: str, shape, loops: dict[str, int], kernels) -> None:
+    """Refuse (on llvmpipe, before anything is recorded) a shape whose in-chunk loops pass the budget."""
+    for name in kernels:
+        loop_budget(rt, f"{op} ({name})", shape, loops[name])
 
 
 @dataclass
@@ -64,8 +117,53 @@ def _check_inputs(op: str, x, dt_raw, A_log, B, C, D, dt_bias) -> tuple[int, int
 
 def _dims(batch, length, heads, headdim, groups, nstate, chunk, dt_limit) -> dict:
     lo, hi = dt_limit
+    nchunks = -(-length // chunk)
     return dict(batch=batch, len=length, heads=heads, ngroups=groups, headdim=headdim, nstate=nstate, chunk=chunk,
-                nchunks=-(-length // chunk), dt_min=float(lo), dt_max=float(min(hi, NO_LIMIT)))
+                nchunks=nchunks, dt_min=float(lo), dt_max=float(min(hi, NO_LIMIT)), seg_lo=0, seg_hi=nchunks)
+
+
+def _segments(total: int, seg: int, reverse: bool = False) -> list[tuple[int, int]]:
+    """[lo, hi) pieces of range(total) of `seg` each, in walking order."""
+    parts = [(lo, min(lo + seg, total)) for lo in range(0, total, seg)]
+    return parts[::-1] if reverse else parts
+
+
+def state_passing(rt, dims: dict, dec: Tensor, states: Tensor, last_state: Tensor, shape=None,
+                  segment: int | None = None) -> None:
+    """ssd_state_passing over the chunks, in dispatch segments of `segment` chunks (None: all of them, except on
+    llvmpipe, whose loop budget sets it); E carried between segments in last_state."""
+    nc = dims["nchunks"]
+    seg = segment_length(rt, "ssd_scan (ssd_state_passing)", shape, nc, PASSING_LOOPS, segment=segment)
+    pn = dims["headdim"] * dims["nstate"]
+    for lo, hi in _segments(nc, seg):
+        rt.run("ssd_state_passing", grid_1d(dims["batch"] * dims["heads"] * pn), dec=dec, states=states,
+               last_state=last_state, **{**dims, "seg_lo": lo, "seg_hi": hi})
+
+
+def state_passing_backward(rt, dims: dict, dec: Tensor, dstates: Tensor, saved_states: Tensor, w_part: Tensor,
+                           shape=None, segment: int | None = None) -> None:
+    """ssd_state_passing_backward, last chunk to first, in dispatch segments as `state_passing` (dE carried
+    between segments in a [B, H, P·N] buffer)."""
+    nc, pn = dims["nchunks"], dims["headdim"] * dims["nstate"]
+    seg = segment_length(rt, "ssd_scan_backward (ssd_state_passing_backward)", shape, nc,
+                         PASSING_BACKWARD_LOOPS, segment=segment)
+    carry = rt.empty((dims["batch"], dims["heads"], pn) if seg < nc else (1,))
+    for lo, hi in _segments(nc, seg, reverse=True):
+        rt.run("ssd_state_passing_backward", (_cdiv(pn, WORKGROUP), dims["heads"], dims["batch"]), dec=dec,
+               states=dstates, saved_states=saved_states, w_part=w_part, carry=carry,
+               **{**dims, "seg_lo": lo, "seg_hi": hi})
+
+
+def param_grads(rt, dims: dict, param_part: Tensor, dA_log: Tensor, dD: Tensor, ddt_bias: Tensor, accumulate: bool,
+                shape=None, segment: int | None = None) -> None:
+    """ssd_param_grads: the B·nchunks partials added in order, in dispatch segments as `state_passing` (the
+    sums so far carried in an [H, 3] buffer)."""
+    total = dims["batch"] * dims["nchunks"]
+    seg = segment_length(rt, "ssd_scan_backward (ssd_param_grads)", shape, total, 1, segment=segment)
+    carry = rt.empty((dims["heads"], 3) if seg < total else (1,))
+    for lo, hi in _segments(total, seg):
+        rt.run("ssd_param_grads", grid_1d(dims["heads"], 64), {"ACCUMULATE": accumulate}, param_part=param_part,
+               dA_log=dA_log, dD=dD, ddt_bias=ddt_bias, carry=carry, **{**dims, "seg_lo": lo, "seg_hi": hi})
 
 
 def _prep(rt, dims: dict, dt_raw, dt_bias, A_log) -> Tensor:
@@ -113,11 +211,13 @@ def _chunk_scan(rt, dims: dict, dec, q, k, v, st, out, *, reverse=False, q_dt=Fa
 
 
 def ssd_scan(x: Tensor, dt_raw: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, dt_bias: Tensor,
-             chunk: int = DEFAULT_CHUNK, dt_limit: tuple[float, float] = (0.0, NO_LIMIT)) -> tuple[Tensor, SSDSaved]:
+             chunk: int = DEFAULT_CHUNK, dt_limit: tuple[float, float] = (0.0, NO_LIMIT),
+             segment: int | None = None) -> tuple[Tensor, SSDSaved]:
     """x [B, L, H, P], dt_raw [B, L, H], A_log, D, dt_bias [H], B, C [B, L, G, N] -> (y [B, L, H, P], saved).
 
     `chunk` (1..1024) is the SSD chunk length; any L works (the last chunk is masked). `dt_limit` = (lo, hi)
-    clamps Δ after the softplus (mamba_ssm's dt_limit; hi may be inf)."""
+    clamps Δ after the softplus (mamba_ssm's dt_limit; hi may be inf). `segment`: chunks per dispatch of the
+    state passing (None: all, except on Mesa llvmpipe, whose loop budget sets it; mambactl/ops/checks.py)."""
     op = "ssd_scan"
     batch, length, heads, headdim, groups, nstate = _check_inputs(op, x, dt_raw, A_log, B, C, D, dt_bias)
     if not 1 <= chunk <= MAX_CHUNK:
@@ -125,11 +225,13 @@ def ssd_scan(x: Tensor, dt_raw: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: 
     chunk = min(chunk, length)  # one chunk holds the whole sequence either way; a longer one is only padding
     dims = _dims(batch, length, heads, headdim, groups, nstate, chunk, dt_limit)
     rt = x.runtime
+    shape = tuple(x.shape)
+    _check_loops(rt, op, shape, kernel_loops(chunk, headdim, nstate),
+                 ("ssd_prep", "ssd_chunk_state", "ssd_chunk_scan"))
     dec = _prep(rt, dims, dt_raw, dt_bias, A_log)
     states = _chunk_state(rt, dims, dec, x, B, grad=False)
     last_state = rt.empty((batch, heads, headdim, nstate))
-    rt.run("ssd_state_passing", grid_1d(batch * heads * headdim * nstate), dec=dec, states=states,
-           last_state=last_state, **dims)
+    state_passing(rt, dims, dec, states, last_state, shape, segment)
     y = rt.empty(x.shape)
     _chunk_scan(rt, dims, dec, C, B, x, states, y, k_dt=True, skip=D)
     return y, SSDSaved(x, dt_raw, A_log, B, C, D, dt_bias, states, chunk, (dims["dt_min"], dims["dt_max"]),
@@ -158,17 +260,20 @@ def ssd_step(state: Tensor, x: Tensor, dt_raw: Tensor, A_log: Tensor, B: Tensor,
         expect(op, name, t, (heads,))
     dims = _dims(batch, 1, heads, headdim, groups, nstate, 1, dt_limit)
     rt = x.runtime
+    _check_loops(rt, op, tuple(state.shape), kernel_loops(1, headdim, nstate), ("ssd_step",))
     y = rt.empty(x.shape)
     rt.run("ssd_step", grid_1d(batch * heads * headdim, 64), x=x, dt_raw=dt_raw, dt_bias=dt_bias, A_log=A_log,
            b_in=B, c_in=C, skip=D, ssm_state=state, out=y, **dims)
     return y
 
 
-def ssd_scan_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor] | None = None):
+def ssd_scan_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor] | None = None,
+                      segment: int | None = None):
     """dy [B, L, H, P] -> (dx, ddt_raw, dA_log, dB, dC, dD, ddt_bias), shaped like the inputs.
 
     ddt_raw is the gradient w.r.t. the forward's dt_raw (through the clamp and softplus). `grads`, a mapping
     with keys "A_log", "D" and "dt_bias", makes the parameter gradients add into those tensors (and returns them).
+    `segment`: chunks (and (batch, chunk) partials) per dispatch of the walks over chunks, as in `ssd_scan`.
     """
     op = "ssd_scan_backward"
     s = saved
@@ -184,6 +289,10 @@ def ssd_scan_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor] |
             raise ShapeError(f"{op}: grads lacks {sorted(missing)}; give all of A_log, D and dt_bias")
         dA_log, dD, ddt_bias = (expect(op, f"grads[{k!r}]", grads[k], (heads,)) for k in ("A_log", "D", "dt_bias"))
     rt = dy.runtime
+    shape = tuple(dy.shape)
+    _check_loops(rt, op, shape, kernel_loops(s.chunk, headdim, nstate, heads, groups),
+                 ("ssd_prep", "ssd_chunk_state", "ssd_chunk_scan", "ssd_sum_heads", "ssd_decay_grad",
+                  "ssd_dt_backward"))
     if not accumulate:
         dA_log, dD, ddt_bias = rt.empty((heads,)), rt.empty((heads,)), rt.empty((heads,))
     dec = _prep(rt, dims, s.dt_raw, s.dt_bias, s.A_log)
@@ -191,8 +300,7 @@ def ssd_scan_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor] |
     dstates = _chunk_state(rt, dims, dec, dy, s.C, grad=True)
     state_tiles = -(-headdim * nstate // WORKGROUP)
     w_part = rt.empty((batch, heads, nc, state_tiles))
-    rt.run("ssd_state_passing_backward", (state_tiles, heads, batch), dec=dec, states=dstates,
-           saved_states=s.states, w_part=w_part, **dims)
+    state_passing_backward(rt, dims, dec, dstates, s.states, w_part, shape, segment)
     dx, dxd_state = rt.empty(s.x.shape), rt.empty(s.x.shape)  # dx holds ∂loss/∂(Δ x) until ssd_dt_backward
     _chunk_scan(rt, dims, dec, s.B, s.C, dy, dstates, dx, reverse=True, out_state=dxd_state)
     dB, dC = rt.empty(s.B.shape), rt.empty(s.C.shape)
@@ -209,6 +317,5 @@ def ssd_scan_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor] |
     rt.run("ssd_dt_backward", (nc, heads, batch), dec=dec, dt_raw=s.dt_raw, dt_bias=s.dt_bias, A_log=s.A_log,
            skip=s.D, x=s.x, dy=dy, u_part=u_part, dxd_state=dxd_state, dx=dx, w_part=w_part, x_part=x_part,
            ddt_raw=ddt_raw, param_part=param_part, **dims)
-    rt.run("ssd_param_grads", grid_1d(heads, 64), {"ACCUMULATE": accumulate}, param_part=param_part,
-           dA_log=dA_log, dD=dD, ddt_bias=ddt_bias, **dims)
+    param_grads(rt, dims, param_part, dA_log, dD, ddt_bias, accumulate, shape, segment)
     return dx, ddt_raw, dA_log, dB, dC, dD, ddt_bias
