@@ -149,3 +149,20 @@ def test_pool_reuses_buffers(rt):
     buf = t.buffer
     del t
     assert rt.empty((1000,)).buffer is buf
+
+
+def test_gpu_times_label_every_dispatch_with_its_timestamps(rt):
+    if "timestamp-query" not in rt.features:
+        pytest.skip("the adapter has no timestamp queries")
+    x = rt.from_numpy(np.random.default_rng(4).standard_normal(4096).astype(np.float32))
+    rt.gpu_times = []
+    try:
+        y = activations.add(activations.silu(x), x)
+        want = y.numpy()
+        times = list(rt.gpu_times)
+    finally:
+        rt.gpu_times = None
+    assert [entry for entry, _, _ in times] == ["silu_forward", "add_forward"]
+    assert all(ns > 0 for _, _, ns in times)
+    xs = x.numpy().astype(np.float64)
+    np.testing.assert_allclose(want, xs / (1 + np.exp(-xs)) + xs, rtol=1e-5, atol=1e-6)  # timed passes still compute

@@ -62,6 +62,10 @@ class Runtime:
         # Tests set this: every new tensor starts as NaN, so an element a kernel forgets to write fails.
         self.poison = False
         self.submits = 0  # counted so tests and benchmarks can check "a handful of submits per step"
+        # Set to a list to time every dispatch on the GPU (bench/profile_step.py): each flush then appends
+        # (entry, constants, nanoseconds) per dispatch, read back with timestamp queries (a host round trip).
+        self.gpu_times: list | None = None
+        self._queries = None
 
     # pipelines --------------------------------------------------------------------------------------
     def pipeline(self, entry: str, constants: dict | None = None):
@@ -112,7 +116,8 @@ class Runtime:
                     f"limit of {self.max_binding} bytes"
                 )
             buffers.append(t.buffer)
-        self._pending.append(("dispatch", pipe, self._bind_group(bgl, ep, buffers), offsets, groups))
+        label = None if self.gpu_times is None else (entry, constants)
+        self._pending.append(("dispatch", pipe, self._bind_group(bgl, ep, buffers), offsets, groups, label))
         if len(self._pending) >= DISPATCHES_PER_SUBMIT:
             self.flush()
 
@@ -149,16 +154,21 @@ class Runtime:
             return
         if self._uniform_bytes:
             self.device.queue.write_buffer(self._uniforms, 0, bytes(self._uniform_bytes))
+        timed = self.gpu_times is not None and "timestamp-query" in self.features
         encoder = self.device.create_command_encoder()
-        cpass = None
+        cpass, labels = None, []
         for cmd in self._pending:
             if cmd[0] == "dispatch":
                 if cpass is None:
-                    cpass = encoder.begin_compute_pass()
-                _, pipe, bind_group, offsets, groups = cmd
+                    cpass = encoder.begin_compute_pass(timestamp_writes=self._timestamp_writes(len(labels)) if timed else None)
+                _, pipe, bind_group, offsets, groups, label = cmd
                 cpass.set_pipeline(pipe)
                 cpass.set_bind_group(0, bind_group, offsets)
                 cpass.dispatch_workgroups(*groups)
+                if timed:  # one pass per dispatch, so the pass's timestamps are the dispatch's
+                    cpass.end()
+                    cpass = None
+                    labels.append(label)
             else:
                 if cpass is not None:
                     cpass.end()
@@ -167,10 +177,26 @@ class Runtime:
                 encoder.copy_buffer_to_buffer(src, so, dst, do, n)
         if cpass is not None:
             cpass.end()
+        if labels:
+            queries, resolved = self._queries
+            encoder.resolve_query_set(queries, 0, 2 * len(labels), resolved, 0)
         self.device.queue.submit([encoder.finish()])
         self.submits += 1
         self._pending.clear()
         self._uniform_bytes = bytearray()
+        if labels:
+            ticks = np.frombuffer(self.device.queue.read_buffer(self._queries[1], 0, 16 * len(labels)), np.uint64)
+            self.gpu_times.extend((entry, constants, int(end) - int(begin))
+                                  for (entry, constants), begin, end in zip(labels, ticks[0::2], ticks[1::2]))
+
+    def _timestamp_writes(self, i: int) -> dict:
+        if self._queries is None:
+            n = 2 * (DISPATCHES_PER_SUBMIT + 1)
+            self._queries = (self.device.create_query_set(type=wgpu.QueryType.timestamp, count=n),
+                             self.device.create_buffer(size=8 * n, usage=wgpu.BufferUsage.QUERY_RESOLVE
+                                                       | wgpu.BufferUsage.COPY_SRC))
+        return {"query_set": self._queries[0], "beginning_of_pass_write_index": 2 * i,
+                "end_of_pass_write_index": 2 * i + 1}
 
     def sync(self) -> None:
         """Flush and wait until the GPU has finished (for timing)."""
