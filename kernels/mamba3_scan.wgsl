@@ -8,17 +8,25 @@
 //   g_t = α_t g_{t−1} + s_t u_t,  h_t = g_t − δ_{t+1} u_t,
 // so the carried state is g alone [P, N] per (batch, head).
 //
-// Forward: one thread per (batch b, head h, value channel p), walking time in order with its row g[p, :] in a
-// private array (N ≤ MAX_N); no workgroup memory. It saves the state g entering each chunk of `chunk` steps,
-// states [B, n_chunks, H, P, N].
+// Forward (mamba3_scan_forward_tiled): one workgroup of 256 threads per (batch b, head h, block of 32 value
+// channels); each channel's row g[p, :] is split over 8 threads (state tiles of ceil(N / 8) ≤ 16 columns, kept in
+// registers). Time goes in tiles of T steps (T·R ≤ 16): a tile's k, q, v and per-step scalars are staged in
+// workgroup memory by all threads at once (k, q rows are contiguous in memory), the threads walk the T steps from
+// there keeping their partial y_{t,r}[p] (over their columns) privately, and after the tile lane x adds the 8
+// partials of output x in order. It saves the state g entering each chunk of `chunk` steps, states
+// [B, n_chunks, H, P, N]. Where not even one step's k, q fit 16 KiB (R·(2N + 32) + 3 > 4096 floats, e.g. R 16 with
+// N 128) mamba3_scan_forward runs instead: one thread per (b, h, p) with the whole row g[p, :] private.
 // Backward (option (a), chosen over an SSD-style chunked matmul form for exactness and a small change): one
 // workgroup of BT = 64 threads per (b, h, tile of TN = 32 state columns); lane l takes value channel
 // c = pb·BT + l of p-block pb = 0, 1, .. in order, so any headdim works (P = 3, 17, 80, 130 ..). It walks the chunks
-// last to first, recomputes the chunk's g_t (its row c, its tile's columns) into g_scratch ([B, H, P, min(chunk,
-// L), N], read back only by the same thread), then runs the adjoint G_t = Σ_R dy_{t,R} q_{t,R}ᵀ + α_{t+1} G_{t+1}
-// backwards with G (TN floats) private. Per step, the sums over p of dq = Σ_p h[p, n] dy[p], dk = Σ_p du[p, n] v[p]
-// and of three scalars go through workgroup memory `red` (BT × RS floats, 12.25 KiB < 16 KiB) XB outputs per pass;
-// lane x adds column x over the lanes in order and adds it to what earlier p-blocks left (the same lane wrote it).
+// last to first, recomputes the chunk's g_t (its row c, its tile's columns, carried in registers) into g_scratch
+// ([B, H, min(chunk, L), N, P]: adjacent lanes adjacent, so its stores and loads coalesce; read back only by the
+// same thread), then runs the adjoint G_t = Σ_R dy_{t,R} q_{t,R}ᵀ + α_{t+1} G_{t+1} backwards with G, g_t, g_{t−1}
+// (TN floats each) private (loops over a tile's columns run TN times, guarded, so the arrays stay in registers;
+// g_t is the previous step's g_{t−1}, so one scratch row is loaded per step). Per step, the sums over p of
+// dq_r = Σ_p h[p, n] dy_r[p], dk_r = Σ_p du[p, n] v_r[p] and of three scalars go through workgroup memory `red`
+// (BT × RS floats, 12.25 KiB < 16 KiB), one pass per (kind, r) (the scalars ride with the last); lane x adds
+// column x over the lanes in order and adds it to what earlier p-blocks left (the same lane wrote it).
 // dv (a sum over n) is per state tile: dv_part [B, L, H, R, P, n_tiles], added over tiles in order by
 // mamba3_scan_sum_channels (none when N ≤ 32); the scalars, part_s [B, L, H, n_tiles, 3], by mamba3_scan_scalars.
 // Nothing scales as B·L·H·P·N; no atomics, so results are deterministic.
@@ -27,8 +35,7 @@ const MAX_N: u32 = 128u;  // mirrored by the wrapper (mambactl/ops/mamba3_scan.p
 const MAX_R: u32 = 16u;
 const BT: u32 = 64u;   // mamba3_scan_backward: threads (value channels) per workgroup
 const TN: u32 = 32u;   // mamba3_scan_backward: state columns per workgroup (one tile); mirrored by the wrapper
-const XB: u32 = 48u;   // outputs reduced per pass through `red`
-const RS: u32 = 49u;   // row stride of `red` (XB + 1: no bank conflicts either way)
+const RS: u32 = 49u;   // row stride of `red` (≥ TN + 3; odd: no bank conflicts either way)
 
 // Segments (Mesa llvmpipe caps the loop iterations of one invocation at 65,535 in total, so on that adapter the
 // wrapper splits each walk over time into dispatches; on GPUs one dispatch covers everything):
@@ -38,7 +45,7 @@ const RS: u32 = 49u;   // row stride of `red` (XB + 1: no bank conflicts either 
 //   with carry_in G starts from g_carry (else 0) and with carry_out G is left there.
 struct ScanParams { batch: u32, len: u32, heads: u32, rank: u32, nstate: u32, headdim: u32, chunk: u32, nchunks: u32,
                     seg_begin: u32, seg_end: u32, pb_lo: u32, pb_hi: u32, kc_lo: u32, kc_hi: u32, rec_lo: u32,
-                    rec_hi: u32, adj_lo: u32, adj_hi: u32, carry_in: u32, carry_out: u32 }
+                    rec_hi: u32, adj_lo: u32, adj_hi: u32, carry_in: u32, carry_out: u32, tile: u32 }
 // Sum over p of part [rows, P, width] -> total [rows, width].
 struct SumParams { rows: u32, width: u32, slices: u32 }
 // Per (b, t, h) scalars from part_s [B·L·H, n_tiles, 3].
@@ -56,7 +63,7 @@ struct ScalarParams { count: u32, steps: u32, nheads: u32, nslices: u32 }
 @group(0) @binding(9) var<storage, read_write> y: array<f32>;
 @group(0) @binding(10) var<storage, read_write> states: array<f32>;   // [B, n_chunks, H, P, N]
 @group(0) @binding(11) var<storage, read_write> last_state: array<f32>;  // [B, H, P, N]: g after the last step
-@group(0) @binding(12) var<storage, read_write> g_scratch: array<f32>;   // [B, H, P, min(chunk, L), N]
+@group(0) @binding(12) var<storage, read_write> g_scratch: array<f32>;   // [B, H, min(chunk, L), N, P]
 @group(0) @binding(13) var<storage, read_write> dv_part: array<f32>;     // [B, L, H, R, P, n_tiles]: dv per state tile
 @group(0) @binding(14) var<storage, read_write> dq: array<f32>;          // [B, L, H, R, N]
 @group(0) @binding(15) var<storage, read_write> dk: array<f32>;          // [B, L, H, R, N]
@@ -70,6 +77,16 @@ struct ScalarParams { count: u32, steps: u32, nheads: u32, nslices: u32 }
 @group(0) @binding(23) var<storage, read_write> dlam: array<f32>;
 @group(0) @binding(33) var<storage, read_write> g_carry: array<f32>;     // [B, H, P, N]: G between backward segments
 var<workgroup> red: array<f32, 3136>;  // BT · RS: one contribution per (lane, output), 12.25 KiB
+
+// mamba3_scan_forward_tiled: FP value channels × FNT state tiles per workgroup (lane = nt·FP + pl, so a warp shares
+// its state tile), time in tiles of `tile` steps staged in `fbuf`; FBUF floats = 16 KiB.
+const FP: u32 = 32u;
+const FNT: u32 = 8u;
+const FW: u32 = 256u;     // FP · FNT
+const MAX_NT: u32 = 16u;  // state columns per thread: ceil(MAX_N / FNT)
+const MAX_TR: u32 = 16u;  // steps × rank per time tile; mirrored by the wrapper
+const FBUF: u32 = 4096u;  // mirrored by the wrapper
+var<workgroup> fbuf: array<f32, 4096>;
 
 // Index of (b, t, h) in a [B, L, H] tensor.
 fn bth(b: u32, t: u32, h: u32) -> u32 { return (b * p.len + t) * p.heads + h; }
@@ -138,6 +155,126 @@ fn mamba3_scan_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
     for (var n = 0u; n < N; n++) { last_state[last + n] = g[n]; }
 }
 
+// The forward on GPUs (and everywhere the tile fits): one workgroup of FW threads per (batch b, head h, block of FP
+// value channels); lane = nt·FP + pl holds g[c, n0 .. n0 + nw) of channel c = block·FP + pl, state tile nt
+// (n0 = nt·nw, nw = ceil(N / FNT) ≤ MAX_NT), so the state lives in registers and 8× more threads walk than
+// channels. Time goes in tiles of T = p.tile steps (T·R ≤ MAX_TR): all threads stage the tile's k, q (R·N each per
+// step), v (R·FP) and (α, s, δ_{t+1}) in `fbuf` at once, walk the T steps from workgroup memory keeping the partial
+// y_{t,r}[c] over their columns privately, then (k, q no longer needed) put those partials in `fbuf` and lane x
+// adds the FNT partials of output x in order. Layout of fbuf while walking: k [T·R, N], q [T·R, N], v [T·R, FP],
+// scalars [T, 3]; afterwards y partials [T·R, FW]. Grid grid_1d(B·H·ceil(P / FP)·FW, FW).
+@compute @workgroup_size(256)
+fn mamba3_scan_forward_tiled(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                             @builtin(num_workgroups) nwg: vec3<u32>) {
+    let npb = (p.headdim + FP - 1u) / FP;
+    let w = wid.y * nwg.x + wid.x;
+    if (w >= p.batch * p.heads * npb) { return; }  // whole workgroups only (uniform)
+    let pb = w % npb;
+    let h = (w / npb) % p.heads;
+    let b = w / (npb * p.heads);
+    let N = p.nstate;
+    let R = p.rank;
+    let T = p.tile;
+    let pl = lane % FP;
+    let nt = lane / FP;
+    let c = pb * FP + pl;
+    let live = c < p.headdim;
+    let cc = min(c, p.headdim - 1u);
+    let nw = (N + FNT - 1u) / FNT;
+    let n0 = min(nt * nw, N);
+    let nn = min(nw, N - n0);     // this thread's columns (0 for tiles past N)
+    let pbw = min(FP, p.headdim - pb * FP);  // live channels of the block
+    let last = ((b * p.heads + h) * p.headdim + cc) * N;
+    var g: array<f32, MAX_NT>;
+    var hv: array<f32, MAX_NT>;
+    var yacc: array<f32, MAX_TR>;
+    for (var i = 0u; i < MAX_NT; i++) {
+        g[i] = 0.0;
+        if (p.seg_begin > 0u && i < nn) { g[i] = last_state[last + n0 + i]; }
+    }
+    let rn = R * N;
+    for (var t0 = p.seg_begin; t0 < p.seg_end; t0 += T) {
+        let steps = min(T, p.seg_end - t0);
+        let rows = steps * R;
+        let q_off = rows * N;
+        let v_off = 2u * rows * N;
+        let s_off = v_off + rows * FP;
+        let nstage = s_off + 3u * steps;
+        // Stage: k and q rows of the tile are contiguous in memory ([B, L, H, R, N] with steps apart by H·R·N).
+        for (var idx = lane; idx < nstage; idx += FW) {
+            var val = 0.0;
+            if (idx < v_off) {
+                let which = idx / q_off;       // 0: k, 1: q
+                let e = idx - which * q_off;
+                let jj = e / rn;
+                let src = bth(b, t0 + jj, h) * rn + (e - jj * rn);
+                if (which == 0u) { val = k[src]; } else { val = q[src]; }
+            } else if (idx < s_off) {
+                let e = idx - v_off;
+                let row = e / FP;
+                let x = e % FP;
+                if (x < pbw) {
+                    let jj = row / R;
+                    val = v[v_index(b, t0 + jj, h, row % R, pb * FP + x)];
+                }
+            } else {
+                let e = idx - s_off;
+                let jj = e / 3u;
+                let which = e % 3u;
+                let t = t0 + jj;
+                let j = bth(b, t, h);
+                if (which == 0u) { val = exp(adt[j]); }
+                else if (which == 1u) { val = lam[j] * dt[j] + delta_next(b, t, h); }
+                else { val = delta_next(b, t, h); }
+            }
+            fbuf[idx] = val;
+        }
+        workgroupBarrier();
+        for (var jj = 0u; jj < steps; jj++) {
+            let t = t0 + jj;
+            if (t % p.chunk == 0u && live) {
+                let base = (((b * p.nchunks + t / p.chunk) * p.heads + h) * p.headdim + c) * N + n0;
+                for (var i = 0u; i < MAX_NT; i++) { if (i < nn) { states[base + i] = g[i]; } }
+            }
+            let alpha = fbuf[s_off + 3u * jj];
+            let s = fbuf[s_off + 3u * jj + 1u];
+            let dn = fbuf[s_off + 3u * jj + 2u];
+            let krow = jj * rn;
+            let vrow = v_off + jj * R * FP + pl;
+            for (var i = 0u; i < MAX_NT; i++) {
+                if (i < nn) {
+                    var u = 0.0;
+                    for (var r = 0u; r < R; r++) { u += fbuf[vrow + r * FP] * fbuf[krow + r * N + n0 + i]; }
+                    g[i] = alpha * g[i] + s * u;
+                    hv[i] = g[i] - dn * u;
+                }
+            }
+            for (var r = 0u; r < R; r++) {
+                var acc = 0.0;
+                let qrow = q_off + krow + r * N + n0;
+                for (var i = 0u; i < MAX_NT; i++) { if (i < nn) { acc += hv[i] * fbuf[qrow + i]; } }
+                yacc[jj * R + r] = acc;
+            }
+        }
+        workgroupBarrier();
+        for (var row = 0u; row < rows; row++) { fbuf[row * FW + lane] = yacc[row]; }
+        workgroupBarrier();
+        for (var idx = lane; idx < rows * FP; idx += FW) {
+            let row = idx / FP;
+            let x = idx % FP;
+            if (x < pbw) {
+                var acc = 0.0;
+                for (var q_ = 0u; q_ < FNT; q_++) { acc += fbuf[row * FW + q_ * FP + x]; }
+                y[v_index(b, t0 + row / R, h, row % R, pb * FP + x)] = acc;
+            }
+        }
+        workgroupBarrier();
+    }
+    if (live) {
+        for (var i = 0u; i < MAX_NT; i++) { if (i < nn) { last_state[last + n0 + i] = g[i]; } }
+    }
+}
+
 // One workgroup of BT threads per (batch b, head h, state tile of TN columns n0 = tile·TN ..); thread `lane` takes
 // the value channel c = pb·BT + lane of p-block pb = 0, 1, .. (blocks in order, so any headdim works).
 // Grid grid_1d(B·H·n_tiles·BT, BT).
@@ -154,48 +291,56 @@ fn mamba3_scan_backward(@builtin(local_invocation_index) lane: u32, @builtin(wor
     let R = p.rank;
     let n0 = tile * TN;
     let tn = min(TN, N - n0);     // columns of this tile
-    let nq = R * tn;              // dq (then dk) outputs per step
-    let nout = 2u * nq + 3u;      // + the three per-step scalars
-    let nblocks = (nout + XB - 1u) / XB;
     let span = min(p.chunk, p.len);
     let npb = (p.headdim + BT - 1u) / BT;
     var G: array<f32, TN>;        // α_{t+1} G_{t+1} on entering step t
+    var gr: array<f32, TN>;       // the recompute's g_t; in the adjoint, g_t of the step at hand
+    var gp: array<f32, TN>;       // g_{t−1}
     var hv: array<f32, TN>;       // h_t[c, n]
     var duv: array<f32, TN>;      // ∂loss/∂u_t[c, n]
-    var dyc: array<f32, MAX_R>;
-    var vc: array<f32, MAX_R>;
-    var dvacc: array<f32, MAX_R>;
+    let sbase = (b * p.heads + h) * span * N * p.headdim;  // g_scratch [B, H, span, N, P]: lanes adjacent
     for (var pb = p.pb_lo; pb < min(p.pb_hi, npb); pb++) {
         let c = pb * BT + lane;
         let live = c < p.headdim;
         let cc = min(c, p.headdim - 1u);  // a valid channel for the idle lanes' reads (their results are dropped)
         let lanes = min(BT, p.headdim - pb * BT);
-        let scratch = ((b * p.heads + h) * p.headdim + cc) * span * N;  // this channel's g_t rows
         let carry = ((b * p.heads + h) * p.headdim + cc) * N + n0;
-        for (var i = 0u; i < TN; i++) { G[i] = 0.0; }
-        if (p.carry_in != 0u) {
-            for (var i = 0u; i < tn; i++) { G[i] = g_carry[carry + i]; }
+        for (var i = 0u; i < TN; i++) {
+            G[i] = 0.0;
+            if (p.carry_in != 0u && i < tn) { G[i] = g_carry[carry + i]; }
         }
         for (var kc = min(p.kc_hi, p.nchunks); kc > p.kc_lo; kc--) {
             let t0 = (kc - 1u) * p.chunk;
             let steps = min(p.chunk, p.len - t0);
-            let entry = (((b * p.nchunks + kc - 1u) * p.heads + h) * p.headdim + cc) * N;
-            // Recompute g_t over the chunk (this thread's row c, columns of the tile; read back only by it).
+            let entry = (((b * p.nchunks + kc - 1u) * p.heads + h) * p.headdim + cc) * N + n0;
+            // Recompute g_t over the chunk (this thread's row c, the tile's columns) in registers, stored to
+            // g_scratch (read back only by this thread; adjacent lanes adjacent, so stores coalesce).
             if (live) {
-                for (var jj = p.rec_lo; jj < min(p.rec_hi, steps); jj++) {
+                let r_end = min(p.rec_hi, steps);
+                if (p.rec_lo < r_end) {
+                    for (var i = 0u; i < TN; i++) {
+                        if (i < tn) {
+                            if (p.rec_lo == 0u) { gr[i] = saved_states[entry + i]; }
+                            else { gr[i] = g_scratch[sbase + ((p.rec_lo - 1u) * N + n0 + i) * p.headdim + cc]; }
+                        }
+                    }
+                }
+                for (var jj = p.rec_lo; jj < r_end; jj++) {
                     let t = t0 + jj;
                     let j = bth(b, t, h);
                     let alpha = exp(adt[j]);
                     let s = lam[j] * dt[j] + delta_next(b, t, h);
-                    for (var n = n0; n < n0 + tn; n++) {
-                        var prev = 0.0;
-                        if (jj == 0u) { prev = saved_states[entry + n]; } else { prev = g_scratch[scratch + (jj - 1u) * N + n]; }
-                        g_scratch[scratch + jj * N + n] = alpha * prev + s * outer_sum(b, t, h, cc, n);
+                    for (var i = 0u; i < TN; i++) {
+                        if (i < tn) {
+                            gr[i] = alpha * gr[i] + s * outer_sum(b, t, h, cc, n0 + i);
+                            g_scratch[sbase + (jj * N + n0 + i) * p.headdim + cc] = gr[i];
+                        }
                     }
                 }
             }
-            // The adjoint, last step to first.
-            for (var jj = min(p.adj_hi, steps); jj > p.adj_lo; jj--) {
+            // The adjoint, last step to first; g_t carries over from the step after (g_{t−1} there).
+            let a_hi = min(p.adj_hi, steps);
+            for (var jj = a_hi; jj > p.adj_lo; jj--) {
                 let t = t0 + jj - 1u;
                 let j = bth(b, t, h);
                 let alpha = exp(adt[j]);
@@ -204,68 +349,75 @@ fn mamba3_scan_backward(@builtin(local_invocation_index) lane: u32, @builtin(wor
                 var dscale = 0.0;  // Σ_n G_t u_t over the tile
                 var dyqu = 0.0;    // Σ_n (Σ_R dy q_Rᵀ) u_t
                 var gg = 0.0;      // Σ_n G_t g_{t−1}
-                for (var r = 0u; r < R; r++) {
-                    dvacc[r] = 0.0;
-                    dyc[r] = dy[v_index(b, t, h, r, cc)];
-                    vc[r] = v[v_index(b, t, h, r, cc)];
+                for (var i = 0u; i < TN; i++) {
+                    if (i < tn) {
+                        let n = n0 + i;
+                        if (jj == a_hi) { gr[i] = g_scratch[sbase + ((jj - 1u) * N + n) * p.headdim + cc]; }
+                        else { gr[i] = gp[i]; }
+                        if (jj == 1u) { gp[i] = saved_states[entry + i]; }
+                        else { gp[i] = g_scratch[sbase + ((jj - 2u) * N + n) * p.headdim + cc]; }
+                    }
                 }
-                if (live) {
-                    for (var i = 0u; i < tn; i++) {
+                for (var i = 0u; i < TN; i++) {
+                    if (i < tn) {
                         let n = n0 + i;
                         let u = outer_sum(b, t, h, cc, n);
                         let dq_ = dy_q(b, t, h, cc, n);
                         let Gn = dq_ + G[i];
-                        let g_t = g_scratch[scratch + (jj - 1u) * N + n];
-                        var g_prev = 0.0;
-                        if (jj == 1u) { g_prev = saved_states[entry + n]; } else { g_prev = g_scratch[scratch + (jj - 2u) * N + n]; }
-                        hv[i] = g_t - dn * u;
+                        hv[i] = gr[i] - dn * u;
                         let du = s * Gn - dn * dq_;
                         duv[i] = du;
                         dscale += Gn * u;
                         dyqu += dq_ * u;
-                        gg += Gn * g_prev;
-                        for (var r = 0u; r < R; r++) { dvacc[r] += du * k[qk_index(b, t, h, r, n)]; }
+                        gg += Gn * gp[i];
                         G[i] = alpha * Gn;
                     }
-                    for (var r = 0u; r < R; r++) { dv_part[v_index(b, t, h, r, c) * ntiles + tile] = dvacc[r]; }
                 }
-                // Sums over the channels of this p-block, XB outputs at a time: lane x adds column x of `red`
-                // over the lanes in order, and adds it to what the earlier p-blocks left (the same lane wrote
-                // that, so program order makes it visible).
-                for (var blk = 0u; blk < nblocks; blk++) {
-                    for (var xx = 0u; xx < XB; xx++) {
-                        let x = blk * XB + xx;
-                        var val = 0.0;
-                        if (live && x < nout) {
-                            if (x < nq) {
-                                val = hv[x % tn] * dyc[x / tn];
-                            } else if (x < 2u * nq) {
-                                val = duv[(x - nq) % tn] * vc[(x - nq) / tn];
-                            } else if (x == 2u * nq) {
-                                val = dscale;
-                            } else if (x == 2u * nq + 1u) {
-                                val = dyqu;
-                            } else {
-                                val = alpha * gg;
-                            }
+                if (live) {
+                    for (var r = 0u; r < R; r++) {
+                        var acc = 0.0;
+                        for (var i = 0u; i < TN; i++) {
+                            if (i < tn) { acc += duv[i] * k[qk_index(b, t, h, r, n0 + i)]; }
                         }
-                        red[lane * RS + xx] = val;
+                        dv_part[v_index(b, t, h, r, c) * ntiles + tile] = acc;
+                    }
+                }
+                // Sums over the channels of this p-block through `red`, one pass per (kind, r): dq_r, then dk_r
+                // (the last with the three scalars in slots tn ..): lane x adds column x over the lanes in order,
+                // and adds it to what the earlier p-blocks left (the same lane wrote that).
+                for (var ps = 0u; ps < 2u * R; ps++) {
+                    let r = ps % R;
+                    let is_dk = ps >= R;
+                    var f = 0.0;
+                    if (live) {
+                        if (is_dk) { f = v[v_index(b, t, h, r, cc)]; } else { f = dy[v_index(b, t, h, r, cc)]; }
+                    }
+                    for (var i = 0u; i < TN; i++) {
+                        if (is_dk) { red[lane * RS + i] = duv[i] * f; } else { red[lane * RS + i] = hv[i] * f; }
+                    }
+                    var nslots = tn;
+                    if (ps == 2u * R - 1u) {
+                        nslots = tn + 3u;
+                        red[lane * RS + tn] = select(0.0, dscale, live);
+                        red[lane * RS + tn + 1u] = select(0.0, dyqu, live);
+                        red[lane * RS + tn + 2u] = select(0.0, alpha * gg, live);
                     }
                     workgroupBarrier();
-                    let x = blk * XB + lane;
-                    if (lane < XB && x < nout) {
+                    if (lane < nslots) {
                         var acc = 0.0;
                         for (var l = 0u; l < lanes; l++) { acc += red[l * RS + lane]; }
-                        if (x < nq) {
-                            let idx = qk_index(b, t, h, x / tn, n0 + x % tn);
-                            if (pb > 0u) { acc += dq[idx]; }
-                            dq[idx] = acc;
-                        } else if (x < 2u * nq) {
-                            let idx = qk_index(b, t, h, (x - nq) / tn, n0 + (x - nq) % tn);
-                            if (pb > 0u) { acc += dk[idx]; }
-                            dk[idx] = acc;
+                        var idx = 0u;
+                        if (lane < tn) {
+                            idx = qk_index(b, t, h, r, n0 + lane);
+                            if (is_dk) {
+                                if (pb > 0u) { acc += dk[idx]; }
+                                dk[idx] = acc;
+                            } else {
+                                if (pb > 0u) { acc += dq[idx]; }
+                                dq[idx] = acc;
+                            }
                         } else {
-                            let idx = (j * ntiles + tile) * 3u + (x - 2u * nq);
+                            idx = (j * ntiles + tile) * 3u + (lane - tn);
                             if (pb > 0u) { acc += part_s[idx]; }
                             part_s[idx] = acc;
                         }
@@ -275,7 +427,7 @@ fn mamba3_scan_backward(@builtin(local_invocation_index) lane: u32, @builtin(wor
             }
         }
         if (p.carry_out != 0u && live) {
-            for (var i = 0u; i < tn; i++) { g_carry[carry + i] = G[i]; }
+            for (var i = 0u; i < TN; i++) { if (i < tn) { g_carry[carry + i] = G[i]; } }
         }
     }
 }

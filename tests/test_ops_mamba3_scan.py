@@ -5,8 +5,10 @@ import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
-from mambactl.ops.mamba3_scan import (BACKWARD_THREADS, TILE_N, backward_buffers, mamba3_scan,
-                                      mamba3_scan_backward)
+from mambactl.ops import checks
+from mambactl.ops.mamba3_scan import (BACKWARD_THREADS, FWD_CHANNELS, FWD_TILES, TILE_N,
+                                      backward_adjoint_loops_per_step, backward_buffers, forward_loops_per_step,
+                                      forward_tile, mamba3_scan, mamba3_scan_backward)
 from mambactl.reference import mamba3 as ref
 
 NAMES = ("q", "k", "v", "adt", "dt", "lam")
@@ -150,6 +152,7 @@ def test_backward_plan_fits_the_130m_training_shape():
     (2, 33, 2, 2, 8, 4, 8, 3),      # segments not dividing the chunk, chunks not dividing L
     (1, 20, 1, 1, 40, 80, 16, 5),   # two p-blocks, two state tiles
     (1, 9, 1, 3, 6, 5, 100, 1),     # one step per dispatch, one chunk longer than L
+    (1, 37, 1, 3, 70, 40, 8, 7),    # MIMO R = 3 tiled forward: segments cutting its time tiles (5 steps)
 ])
 def test_segmented_matches_one_dispatch(gpu, batch, length, heads, rank, nstate, headdim, chunk, segment):
     """The dispatch segments that Mesa llvmpipe's loop budget needs (the carried state in last_state / g_carry)
@@ -169,3 +172,41 @@ def test_segmented_matches_one_dispatch(gpu, batch, length, heads, rank, nstate,
     assert rel_err(y2.numpy(), ref.mamba3_scan_sequential(*x64)) < 1e-4
     for name, got, want in zip(GRADS, g2, ref.mamba3_scan_backward(*x64, dy.astype(np.float64))):
         assert rel_err(got.numpy(), want) < 1e-4, name
+
+
+@pytest.mark.parametrize("batch,length,heads,rank,nstate,headdim,chunk", [
+    (1, 23, 2, 3, 13, 33, 4),    # MIMO R = 3: tiles of 5 steps, L a multiple of neither; N = 13 over 8 state tiles
+                                 # of 2 (the last one empty), P = 33: a full and a one-channel block of 32
+    (2, 19, 1, 1, 70, 70, 8),    # SISO: N = 70 (tiles of 9, the last of 7), P = 70 (blocks 32 + 32 + 6)
+    (1, 7, 1, 2, 3, 1, 3),       # N < 8 state tiles (five empty), one channel
+    (1, 5, 1, 16, 128, 3, 2),    # one step's k, q overflow 16 KiB: the per-channel forward
+])
+def test_forward_tiles_match_reference(gpu, batch, length, heads, rank, nstate, headdim, chunk):
+    """The tiled forward (FWD_CHANNELS channels × FWD_TILES state tiles per workgroup, time tiles of
+    forward_tile(R, N) steps) and its fallback, against the reference, outputs poisoned by the fixture."""
+    tile = forward_tile(rank, nstate)
+    assert (tile == 0) == (rank == 16 and nstate == 128)
+    assert FWD_CHANNELS * FWD_TILES <= 256
+    x = make_inputs(batch, length, heads, rank, nstate, headdim, seed=6)
+    dy = np.random.default_rng(7).standard_normal((batch, length, heads, rank, headdim)).astype(np.float32)
+    y, grads, saved = run_gpu(gpu, x, dy, chunk)
+    x64 = [x[k].astype(np.float64) for k in NAMES]
+    assert rel_err(y, ref.mamba3_scan_sequential(*x64)) < 1e-4
+    for name, got, want in zip(GRADS, grads, ref.mamba3_scan_backward(*x64, dy.astype(np.float64))):
+        assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
+    assert np.isfinite(saved.states.numpy()).all() and np.isfinite(saved.last_state.numpy()).all()
+
+
+def test_walk_past_the_loop_budget(gpu):
+    """A walk longer than Mesa llvmpipe's loop budget allows per invocation, forward and backward, with no forced
+    segment: on llvmpipe the wrapper splits it into dispatches by itself (elsewhere one dispatch)."""
+    batch, length, heads, rank, nstate, headdim = 1, 600, 1, 1, 4, 3
+    assert length * forward_loops_per_step(rank, nstate) > checks.LOOP_BUDGET
+    assert length * backward_adjoint_loops_per_step(rank, nstate) > checks.LOOP_BUDGET
+    x = make_inputs(batch, length, heads, rank, nstate, headdim, seed=8)
+    dy = np.random.default_rng(9).standard_normal((batch, length, heads, rank, headdim)).astype(np.float32)
+    y, grads, _ = run_gpu(gpu, x, dy, chunk=64)
+    x64 = [x[k].astype(np.float64) for k in NAMES]
+    assert rel_err(y, ref.mamba3_scan_sequential(*x64)) < 1e-4
+    for name, got, want in zip(GRADS, grads, ref.mamba3_scan_backward(*x64, dy.astype(np.float64))):
+        assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))

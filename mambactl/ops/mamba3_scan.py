@@ -7,11 +7,14 @@ The same computation as mambactl/reference/mamba3.py's `mamba3_scan` / `mamba3_s
 
 with q, k [B, L, H, R, N], v and y [B, L, H, R, P], adt = A·Δ, dt = Δ, lam = λ [B, L, H] (SISO is R = 1).
 
+The forward (on every adapter, unless one step's k and q overflow 16 KiB of workgroup memory) splits each value
+channel's state row over FWD_TILES threads and stages time tiles of k, q, v in workgroup memory (the kernel's header).
+
 Memory: the forward keeps the (SSD-form) state entering each chunk of `chunk` steps, [B, ceil(L / chunk), H, P, N],
 and the state after the last step [B, H, P, N]; the backward recomputes the states in between. One workgroup per
 (batch, head, tile of TILE_N state columns) runs the adjoint with its threads over the value channels (in blocks of
 BACKWARD_THREADS, so any headdim) and adds the dq / dk contributions over p in workgroup memory, in order. Its
-transients (`backward_buffers`): one chunk of recomputed states per channel ([B, H, P, min(chunk, L), N]), dv per
+transients (`backward_buffers`): one chunk of recomputed states per channel ([B, H, min(chunk, L), N, P]), dv per
 state tile ([B, L, H, R, P, ceil(N / TILE_N)], only when N > TILE_N) and three scalars per step, head and tile
 ([B, L, H, ceil(N / TILE_N), 3]), added over tiles in order by second dispatches: nothing of B·L·H·P·N size, and
 deterministic (no atomics). At mamba-130m training (B 8, L 1024, H 24, P 64, N 128) the largest is 400 MB.
@@ -31,7 +34,11 @@ DEFAULT_CHUNK = 64
 THREADS = 64     # workgroup size of the forward and step entries
 BACKWARD_THREADS = 64  # mirrors BT: value channels per backward workgroup
 TILE_N = 32      # mirrors TN: state columns per backward workgroup
-XB = 48          # mirrors XB: outputs per pass through workgroup memory in the backward
+FWD_CHANNELS = 32  # mirrors FP: value channels per workgroup of the tiled forward
+FWD_TILES = 8      # mirrors FNT: state tiles (threads per channel) of the tiled forward
+FWD_THREADS = FWD_CHANNELS * FWD_TILES  # mirrors FW
+FWD_MAX_ROWS = 16  # mirrors MAX_TR: steps × rank per time tile
+FWD_BUF = 4096     # mirrors FBUF: floats of workgroup memory (16 KiB)
 _ALL = 0xFFFFFFFF  # "to the end" for the kernel's segment bounds
 
 
@@ -72,27 +79,38 @@ def _check_inputs(op: str, q, k, v, adt, dt, lam) -> tuple[int, int, int, int, i
 def _params(batch, length, heads, rank, nstate, headdim, chunk) -> dict:
     return dict(batch=batch, len=length, heads=heads, rank=rank, nstate=nstate, headdim=headdim, chunk=chunk,
                 nchunks=-(-length // chunk), seg_begin=0, seg_end=length, pb_lo=0, pb_hi=_ALL, kc_lo=0, kc_hi=_ALL,
-                rec_lo=0, rec_hi=_ALL, adj_lo=0, adj_hi=_ALL, carry_in=0, carry_out=0)
+                rec_lo=0, rec_hi=_ALL, adj_lo=0, adj_hi=_ALL, carry_in=0, carry_out=0, tile=1)
+
+
+def forward_tile(rank: int, nstate: int) -> int:
+    """Steps per time tile of the tiled forward (0: not even one step's k, q, v fit its workgroup memory, and the
+    per-channel forward runs instead): T·R ≤ FWD_MAX_ROWS and T·(R·(2N + FWD_CHANNELS) + 3) ≤ FWD_BUF."""
+    return min(FWD_MAX_ROWS // rank, FWD_BUF // (rank * (2 * nstate + FWD_CHANNELS) + 3))
 
 
 # Loop iterations per invocation (upper bounds, no unrolling assumed), for Mesa llvmpipe's budget of 65,535
 # (mambactl/ops/checks.py). Forward, per step: the t loop, the chunk-entry store (N), the g update (N·(1 + R))
 # and the output (R·(1 + N·(1 + R))).
 def forward_loops_per_step(rank: int, nstate: int) -> int:
-    return 1 + nstate + nstate * (1 + rank) + rank * (1 + nstate * (1 + rank))
+    if forward_tile(rank, nstate) == 0:
+        return 1 + nstate + nstate * (1 + rank) + rank * (1 + nstate * (1 + rank))
+    # The tiled forward, per step: the step loop, the chunk-entry store (MAX_NT), the g update (MAX_NT·(1 + R)),
+    # the output (R·(1 + MAX_NT)); per tile (charged to each step, as if T = 1): staging (≤ 17), the y partials
+    # (≤ MAX_TR) and their sums (≤ 2·(1 + FNT)), the tile loop.
+    nt = -(-MAX_STATE // FWD_TILES)
+    return 1 + nt + nt * (1 + rank) + rank * (1 + nt) + 17 + FWD_MAX_ROWS + 2 * (1 + FWD_TILES) + 1
 
 
-# Backward, per step of the recompute (tn = the tile's columns ≤ TILE_N): the step loop and tn·(1 + R).
+# Backward, per step of the recompute: the step loop and TILE_N·(1 + R) (loops over a tile's columns run TILE_N
+# times, guarded, so their arrays stay in registers).
 def backward_recompute_loops_per_step(rank: int, nstate: int) -> int:
-    return 1 + min(TILE_N, nstate) * (1 + rank)
+    return 1 + TILE_N * (1 + rank)
 
 
-# Backward, per step of the adjoint: loads (R), the column loop (tn·(1 + 3R)), the dv store (R), and per pass
-# through workgroup memory 1 + XB + BACKWARD_THREADS.
+# Backward, per step of the adjoint: the step loop, the two column loops (TILE_N·(2 + 2R)), dv (R·(1 + TILE_N)),
+# and 2R passes through workgroup memory of 1 + TILE_N + BACKWARD_THREADS.
 def backward_adjoint_loops_per_step(rank: int, nstate: int) -> int:
-    tn = min(TILE_N, nstate)
-    passes = -(-(2 * rank * tn + 3) // XB)
-    return 1 + 2 * rank + tn * (1 + 3 * rank) + passes * (1 + XB + BACKWARD_THREADS)
+    return 1 + TILE_N * (2 + 2 * rank) + rank * (1 + TILE_N) + 2 * rank * (1 + TILE_N + BACKWARD_THREADS)
 
 
 _FIXED = 4 * MAX_STATE + 64  # per dispatch: the state's init and store, the p-block and chunk loops
@@ -116,10 +134,17 @@ def mamba3_scan(q: Tensor, k: Tensor, v: Tensor, adt: Tensor, dt: Tensor, lam: T
     last_state = rt.empty((batch, heads, headdim, nstate))
     seg = segment_length(rt, op, tuple(q.shape), length, forward_loops_per_step(rank, nstate), _FIXED,
                          segment=segment)
+    tile = forward_tile(rank, nstate)
+    if tile:
+        entry = "mamba3_scan_forward_tiled"
+        grid = grid_1d(batch * heads * -(-headdim // FWD_CHANNELS) * FWD_THREADS, FWD_THREADS)
+        params.update(tile=tile)
+    else:
+        entry, grid = "mamba3_scan_forward", grid_1d(batch * heads * headdim, THREADS)
     for t0 in range(0, length, seg):
         params.update(seg_begin=t0, seg_end=min(length, t0 + seg))
-        rt.run("mamba3_scan_forward", grid_1d(batch * heads * headdim, THREADS), q=q, k=k, v=v, adt=adt, dt=dt,
-               lam=lam, y=y, states=states, last_state=last_state, **params)
+        rt.run(entry, grid, q=q, k=k, v=v, adt=adt, dt=dt, lam=lam, y=y, states=states, last_state=last_state,
+               **params)
     return y, Mamba3ScanSaved(q, k, v, adt, dt, lam, states, int(chunk), last_state)
 
 
@@ -128,7 +153,7 @@ def backward_buffers(batch: int, length: int, heads: int, rank: int, nstate: int
     """The backward's transient tensors (name -> shape) besides its outputs: what `mamba3_scan_backward`
     allocates, for planning memory without a device."""
     tiles = -(-nstate // TILE_N)
-    shapes = {"g_scratch": (batch, heads, headdim, min(chunk, length), nstate),
+    shapes = {"g_scratch": (batch, heads, min(chunk, length), nstate, headdim),
               "part_s": (batch, length, heads, tiles, 3)}
     if tiles > 1:
         shapes["dv_part"] = (batch, length, heads, rank, headdim, tiles)
