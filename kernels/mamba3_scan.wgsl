@@ -296,6 +296,7 @@ fn mamba3_scan_backward(@builtin(local_invocation_index) lane: u32, @builtin(wor
     var G: array<f32, TN>;        // α_{t+1} G_{t+1} on entering step t
     var gr: array<f32, TN>;       // the recompute's g_t; in the adjoint, g_t of the step at hand
     var gp: array<f32, TN>;       // g_{t−1}
+    var gpn: array<f32, TN>;      // g_{t−2}, loaded a step ahead (its latency overlaps this step's reductions)
     var hv: array<f32, TN>;       // h_t[c, n]
     var duv: array<f32, TN>;      // ∂loss/∂u_t[c, n]
     let sbase = (b * p.heads + h) * span * N * p.headdim;  // g_scratch [B, H, span, N, P]: lanes adjacent
@@ -338,7 +339,8 @@ fn mamba3_scan_backward(@builtin(local_invocation_index) lane: u32, @builtin(wor
                     }
                 }
             }
-            // The adjoint, last step to first; g_t carries over from the step after (g_{t−1} there).
+            // The adjoint, last step to first; g_t carries over from the step after (g_{t−1} there), and g_{t−1}
+            // was loaded during the step after (gpn), except on a dispatch's first step.
             let a_hi = min(p.adj_hi, steps);
             for (var jj = a_hi; jj > p.adj_lo; jj--) {
                 let t = t0 + jj - 1u;
@@ -352,10 +354,14 @@ fn mamba3_scan_backward(@builtin(local_invocation_index) lane: u32, @builtin(wor
                 for (var i = 0u; i < TN; i++) {
                     if (i < tn) {
                         let n = n0 + i;
-                        if (jj == a_hi) { gr[i] = g_scratch[sbase + ((jj - 1u) * N + n) * p.headdim + cc]; }
-                        else { gr[i] = gp[i]; }
-                        if (jj == 1u) { gp[i] = saved_states[entry + i]; }
-                        else { gp[i] = g_scratch[sbase + ((jj - 2u) * N + n) * p.headdim + cc]; }
+                        if (jj == a_hi) {
+                            gr[i] = g_scratch[sbase + ((jj - 1u) * N + n) * p.headdim + cc];
+                            if (jj == 1u) { gp[i] = saved_states[entry + i]; }
+                            else { gp[i] = g_scratch[sbase + ((jj - 2u) * N + n) * p.headdim + cc]; }
+                        } else {
+                            gr[i] = gp[i];
+                            gp[i] = gpn[i];
+                        }
                     }
                 }
                 for (var i = 0u; i < TN; i++) {
@@ -371,6 +377,14 @@ fn mamba3_scan_backward(@builtin(local_invocation_index) lane: u32, @builtin(wor
                         dyqu += dq_ * u;
                         gg += Gn * gp[i];
                         G[i] = alpha * Gn;
+                    }
+                }
+                if (jj > p.adj_lo + 1u) {  // the next step's g_{t−1}
+                    for (var i = 0u; i < TN; i++) {
+                        if (i < tn) {
+                            if (jj == 2u) { gpn[i] = saved_states[entry + i]; }
+                            else { gpn[i] = g_scratch[sbase + ((jj - 3u) * N + n0 + i) * p.headdim + cc]; }
+                        }
                     }
                 }
                 if (live) {
