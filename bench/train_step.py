@@ -1,4 +1,4 @@
-"""Benchmark: full LM training steps of one layer type (--arch) on one wgpu adapter (forward + backward + AdamW with grad clip, fp32).
+"""Benchmark: LM training steps of one layer type (--arch) on one wgpu adapter (fwd, bwd, AdamW + clip, fp32).
 
     python bench/train_step.py --d-model 768 --layers 24 --vocab 50280 --seq 1024 --batch 8 --steps 5 \
         [--device NVIDIA/Vulkan] [--peer hf-mambapy] [--out results.jsonl]
