@@ -26,7 +26,8 @@
 // g_t is the previous step's g_{t−1}, so one scratch row is loaded per step). Per step, the sums over p of
 // dq_r = Σ_p h[p, n] dy_r[p], dk_r = Σ_p du[p, n] v_r[p] and of three scalars go through workgroup memory `red`
 // (BT × RS floats, 12.25 KiB < 16 KiB), one pass per (kind, r) (the scalars ride with the last); lane x adds
-// column x over the lanes in order and adds it to what earlier p-blocks left (the same lane wrote it).
+// column x over the lanes in a fixed order (four interleaved chains) and adds it to what earlier p-blocks left (the
+// same lane wrote it).
 // dv (a sum over n) is per state tile: dv_part [B, L, H, R, P, n_tiles], added over tiles in order by
 // mamba3_scan_sum_channels (none when N ≤ 32); the scalars, part_s [B, L, H, n_tiles, 3], by mamba3_scan_scalars.
 // Nothing scales as B·L·H·P·N; no atomics, so results are deterministic.
@@ -304,7 +305,6 @@ fn mamba3_scan_backward(@builtin(local_invocation_index) lane: u32, @builtin(wor
         let c = pb * BT + lane;
         let live = c < p.headdim;
         let cc = min(c, p.headdim - 1u);  // a valid channel for the idle lanes' reads (their results are dropped)
-        let lanes = min(BT, p.headdim - pb * BT);
         let carry = ((b * p.heads + h) * p.headdim + cc) * N + n0;
         for (var i = 0u; i < TN; i++) {
             G[i] = 0.0;
@@ -407,7 +407,9 @@ fn mamba3_scan_backward(@builtin(local_invocation_index) lane: u32, @builtin(wor
                         if (is_dk) { f = v[v_index(b, t, h, r, cc)]; } else { f = dy[v_index(b, t, h, r, cc)]; }
                     }
                     for (var i = 0u; i < TN; i++) {
-                        if (is_dk) { red[lane * RS + i] = duv[i] * f; } else { red[lane * RS + i] = hv[i] * f; }
+                        var val = hv[i] * f;
+                        if (is_dk) { val = duv[i] * f; }
+                        red[lane * RS + i] = select(0.0, val, live);  // idle lanes add exact zeros
                     }
                     var nslots = tn;
                     if (ps == 2u * R - 1u) {
@@ -418,8 +420,18 @@ fn mamba3_scan_backward(@builtin(local_invocation_index) lane: u32, @builtin(wor
                     }
                     workgroupBarrier();
                     if (lane < nslots) {
-                        var acc = 0.0;
-                        for (var l = 0u; l < lanes; l++) { acc += red[l * RS + lane]; }
+                        // all BT rows (idle lanes' are +0.0) in four interleaved chains, combined in a fixed order
+                        var a0 = 0.0;
+                        var a1 = 0.0;
+                        var a2 = 0.0;
+                        var a3 = 0.0;
+                        for (var l = 0u; l < BT; l += 4u) {
+                            a0 += red[l * RS + lane];
+                            a1 += red[(l + 1u) * RS + lane];
+                            a2 += red[(l + 2u) * RS + lane];
+                            a3 += red[(l + 3u) * RS + lane];
+                        }
+                        var acc = (a0 + a1) + (a2 + a3);
                         var idx = 0u;
                         if (lane < tn) {
                             idx = qk_index(b, t, h, r, n0 + lane);

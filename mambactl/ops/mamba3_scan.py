@@ -108,9 +108,9 @@ def backward_recompute_loops_per_step(rank: int, nstate: int) -> int:
 
 
 # Backward, per step of the adjoint: the step loop, the three column loops (TILE_N·(3 + 2R)), dv (R·(1 + TILE_N)),
-# and 2R passes through workgroup memory of 1 + TILE_N + BACKWARD_THREADS.
+# and 2R passes through workgroup memory of 1 + TILE_N + BACKWARD_THREADS / 4.
 def backward_adjoint_loops_per_step(rank: int, nstate: int) -> int:
-    return 1 + TILE_N * (3 + 2 * rank) + rank * (1 + TILE_N) + 2 * rank * (1 + TILE_N + BACKWARD_THREADS)
+    return 1 + TILE_N * (3 + 2 * rank) + rank * (1 + TILE_N) + 2 * rank * (1 + TILE_N + BACKWARD_THREADS // 4)
 
 
 _FIXED = 4 * MAX_STATE + 64  # per dispatch: the state's init and store, the p-block and chunk loops
