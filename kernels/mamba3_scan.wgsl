@@ -28,7 +28,7 @@
 // (BT × RS floats, 12.25 KiB < 16 KiB), one pass per (kind, r) (the scalars ride with the last); lane x adds
 // column x over the lanes in a fixed order (four interleaved chains) and adds it to what earlier p-blocks left (the
 // same lane wrote it).
-// dv (a sum over n) is per state tile: dv_part [B, L, H, R, P, n_tiles], added over tiles in order by
+// dv (a sum over n) is per state tile: dv_part [n_tiles, B, L, H, R, P] (stores coalesce), added over tiles in order by
 // mamba3_scan_sum_channels (none when N ≤ 32); the scalars, part_s [B, L, H, n_tiles, 3], by mamba3_scan_scalars.
 // Nothing scales as B·L·H·P·N; no atomics, so results are deterministic.
 
@@ -65,7 +65,7 @@ struct ScalarParams { count: u32, steps: u32, nheads: u32, nslices: u32 }
 @group(0) @binding(10) var<storage, read_write> states: array<f32>;   // [B, n_chunks, H, P, N]
 @group(0) @binding(11) var<storage, read_write> last_state: array<f32>;  // [B, H, P, N]: g after the last step
 @group(0) @binding(12) var<storage, read_write> g_scratch: array<f32>;   // [B, H, min(chunk, L), N, P]
-@group(0) @binding(13) var<storage, read_write> dv_part: array<f32>;     // [B, L, H, R, P, n_tiles]: dv per state tile
+@group(0) @binding(13) var<storage, read_write> dv_part: array<f32>;     // [n_tiles, B, L, H, R, P]: dv per state tile
 @group(0) @binding(14) var<storage, read_write> dq: array<f32>;          // [B, L, H, R, N]
 @group(0) @binding(15) var<storage, read_write> dk: array<f32>;          // [B, L, H, R, N]
 @group(0) @binding(16) var<storage, read_write> part_s: array<f32>;      // [B, L, H, n_tiles, 3]
@@ -297,6 +297,7 @@ fn mamba3_scan_backward(@builtin(local_invocation_index) lane: u32, @builtin(wor
     var G: array<f32, TN>;        // α_{t+1} G_{t+1} on entering step t
     var gr: array<f32, TN>;       // the recompute's g_t; in the adjoint, g_t of the step at hand
     var gp: array<f32, TN>;       // g_{t−1}
+    let nv = p.batch * p.len * p.heads * p.rank * p.headdim;  // dv_part's tile stride
     var gpn: array<f32, TN>;      // g_{t−2}, loaded a step ahead (its latency overlaps this step's reductions)
     var hv: array<f32, TN>;       // h_t[c, n]
     var duv: array<f32, TN>;      // ∂loss/∂u_t[c, n]
@@ -393,7 +394,7 @@ fn mamba3_scan_backward(@builtin(local_invocation_index) lane: u32, @builtin(wor
                         for (var i = 0u; i < TN; i++) {
                             if (i < tn) { acc += duv[i] * k[qk_index(b, t, h, r, n0 + i)]; }
                         }
-                        dv_part[v_index(b, t, h, r, c) * ntiles + tile] = acc;
+                        dv_part[tile * nv + v_index(b, t, h, r, c)] = acc;
                     }
                 }
                 // Sums over the channels of this p-block through `red`, one pass per (kind, r): dq_r, then dk_r

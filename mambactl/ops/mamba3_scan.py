@@ -15,7 +15,7 @@ and the state after the last step [B, H, P, N]; the backward recomputes the stat
 (batch, head, tile of TILE_N state columns) runs the adjoint with its threads over the value channels (in blocks of
 BACKWARD_THREADS, so any headdim) and adds the dq / dk contributions over p in workgroup memory, in order. Its
 transients (`backward_buffers`): one chunk of recomputed states per channel ([B, H, min(chunk, L), N, P]), dv per
-state tile ([B, L, H, R, P, ceil(N / TILE_N)], only when N > TILE_N) and three scalars per step, head and tile
+state tile ([ceil(N / TILE_N), B, L, H, R, P], only when N > TILE_N) and three scalars per step, head and tile
 ([B, L, H, ceil(N / TILE_N), 3]), added over tiles in order by second dispatches: nothing of B·L·H·P·N size, and
 deterministic (no atomics). At mamba-130m training (B 8, L 1024, H 24, P 64, N 128) the largest is 400 MB.
 """
@@ -156,7 +156,7 @@ def backward_buffers(batch: int, length: int, heads: int, rank: int, nstate: int
     shapes = {"g_scratch": (batch, heads, min(chunk, length), nstate, headdim),
               "part_s": (batch, length, heads, tiles, 3)}
     if tiles > 1:
-        shapes["dv_part"] = (batch, length, heads, rank, headdim, tiles)
+        shapes["dv_part"] = (tiles, batch, length, heads, rank, headdim)
     return shapes
 
 
@@ -214,7 +214,7 @@ def mamba3_scan_backward(saved: Mamba3ScanSaved, dy: Tensor, segment: int | None
                **{**params, **seg})
     if tiles > 1:
         rows = batch * length * heads * rank * headdim
-        rt.run("mamba3_scan_sum_channels", grid_1d(rows), part=dv_part, total=dv, rows=rows, width=1, slices=tiles)
+        rt.run("mamba3_scan_sum_channels", grid_1d(rows), part=dv_part, total=dv, rows=1, width=rows, slices=tiles)
     rows = batch * length * heads
     dadt, ddt, dlam = (rt.empty(s.adt.shape) for _ in range(3))
     rt.run("mamba3_scan_scalars", grid_1d(rows), part=part_s, lam=s.lam, dt=s.dt, dadt=dadt, ddt=ddt, dlam=dlam,
