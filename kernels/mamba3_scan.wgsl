@@ -17,7 +17,7 @@
 // [B, n_chunks, H, P, N]. Where not even one step's k, q fit 16 KiB (R·(2N + 32) + 3 > 4096 floats, e.g. R 16 with
 // N 128) mamba3_scan_forward runs instead: one thread per (b, h, p) with the whole row g[p, :] private.
 // Backward (option (a), chosen over an SSD-style chunked matmul form for exactness and a small change): one
-// workgroup of BT = 64 threads per (b, h, tile of TN = 32 state columns); lane l takes value channel
+// workgroup of BT = 64 threads per (b, h, tile of TN = 16 state columns); lane l takes value channel
 // c = pb·BT + l of p-block pb = 0, 1, .. in order, so any headdim works (P = 3, 17, 80, 130 ..). It walks the chunks
 // last to first, recomputes the chunk's g_t (its row c, its tile's columns, carried in registers) into g_scratch
 // ([B, H, min(chunk, L), N, P]: adjacent lanes adjacent, so its stores and loads coalesce; read back only by the
@@ -25,7 +25,7 @@
 // (TN floats each) private (loops over a tile's columns run TN times, guarded, so the arrays stay in registers;
 // g_t is the previous step's g_{t−1}, so one scratch row is loaded per step). Per step, the sums over p of
 // dq_r = Σ_p h[p, n] dy_r[p], dk_r = Σ_p du[p, n] v_r[p] and of three scalars go through workgroup memory `red`
-// (BT × RS floats, 12.25 KiB < 16 KiB), one pass per (kind, r) (the scalars ride with the last); lane x adds
+// (BT × RS floats, 9.25 KiB), one pass per r for dq_r and dk_r (the scalars ride with the last); lane x adds
 // column x over the lanes in a fixed order (four interleaved chains) and adds it to what earlier p-blocks left (the
 // same lane wrote it).
 // dv (a sum over n) is per state tile: dv_part [n_tiles, B, L, H, R, P] (stores coalesce), added over tiles in order by
@@ -35,8 +35,8 @@
 const MAX_N: u32 = 128u;  // mirrored by the wrapper (mambactl/ops/mamba3_scan.py)
 const MAX_R: u32 = 16u;
 const BT: u32 = 64u;   // mamba3_scan_backward: threads (value channels) per workgroup
-const TN: u32 = 32u;   // mamba3_scan_backward: state columns per workgroup (one tile); mirrored by the wrapper
-const RS: u32 = 49u;   // row stride of `red` (≥ TN + 3; odd: no bank conflicts either way)
+const TN: u32 = 16u;   // mamba3_scan_backward: state columns per workgroup (one tile); mirrored by the wrapper
+const RS: u32 = 37u;   // row stride of `red` (≥ 2 TN + 3; odd: no bank conflicts either way)
 
 // Segments (Mesa llvmpipe caps the loop iterations of one invocation at 65,535 in total, so on that adapter the
 // wrapper splits each walk over time into dispatches; on GPUs one dispatch covers everything):
@@ -77,7 +77,7 @@ struct ScalarParams { count: u32, steps: u32, nheads: u32, nslices: u32 }
 @group(0) @binding(22) var<storage, read_write> ddt: array<f32>;
 @group(0) @binding(23) var<storage, read_write> dlam: array<f32>;
 @group(0) @binding(33) var<storage, read_write> g_carry: array<f32>;     // [B, H, P, N]: G between backward segments
-var<workgroup> red: array<f32, 3136>;  // BT · RS: one contribution per (lane, output), 12.25 KiB
+var<workgroup> red: array<f32, 2368>;  // BT · RS: one contribution per (lane, output), 9.25 KiB
 
 // mamba3_scan_forward_tiled: FP value channels × FNT state tiles per workgroup (lane = nt·FP + pl, so a warp shares
 // its state tile), time in tiles of `tile` steps staged in `fbuf`; FBUF floats = 16 KiB.
@@ -397,30 +397,30 @@ fn mamba3_scan_backward(@builtin(local_invocation_index) lane: u32, @builtin(wor
                         dv_part[tile * nv + v_index(b, t, h, r, c)] = acc;
                     }
                 }
-                // Sums over the channels of this p-block through `red`, one pass per (kind, r): dq_r, then dk_r
-                // (the last with the three scalars in slots tn ..): lane x adds column x over the lanes in order,
-                // and adds it to what the earlier p-blocks left (the same lane wrote that).
-                for (var ps = 0u; ps < 2u * R; ps++) {
-                    let r = ps % R;
-                    let is_dk = ps >= R;
-                    var f = 0.0;
+                // Sums over the channels of this p-block through `red`, one pass per r: dq_r in slots [0, TN),
+                // dk_r in [TN, 2 TN) and, with the last, the three scalars in 2 TN ..: lane x adds column x over the
+                // lanes and adds it to what the earlier p-blocks left (the same lane wrote that).
+                for (var r = 0u; r < R; r++) {
+                    var fy = 0.0;
+                    var fv = 0.0;
                     if (live) {
-                        if (is_dk) { f = v[v_index(b, t, h, r, cc)]; } else { f = dy[v_index(b, t, h, r, cc)]; }
+                        fy = dy[v_index(b, t, h, r, cc)];
+                        fv = v[v_index(b, t, h, r, cc)];
                     }
-                    for (var i = 0u; i < TN; i++) {
-                        var val = hv[i] * f;
-                        if (is_dk) { val = duv[i] * f; }
-                        red[lane * RS + i] = select(0.0, val, live);  // idle lanes add exact zeros
+                    for (var i = 0u; i < TN; i++) {  // idle lanes add exact zeros
+                        red[lane * RS + i] = select(0.0, hv[i] * fy, live);
+                        red[lane * RS + TN + i] = select(0.0, duv[i] * fv, live);
                     }
-                    var nslots = tn;
-                    if (ps == 2u * R - 1u) {
-                        nslots = tn + 3u;
-                        red[lane * RS + tn] = select(0.0, dscale, live);
-                        red[lane * RS + tn + 1u] = select(0.0, dyqu, live);
-                        red[lane * RS + tn + 2u] = select(0.0, alpha * gg, live);
+                    let last_pass = r + 1u == R;
+                    if (last_pass) {
+                        red[lane * RS + 2u * TN] = select(0.0, dscale, live);
+                        red[lane * RS + 2u * TN + 1u] = select(0.0, dyqu, live);
+                        red[lane * RS + 2u * TN + 2u] = select(0.0, alpha * gg, live);
                     }
                     workgroupBarrier();
-                    if (lane < nslots) {
+                    let x = lane % TN;
+                    let is_dk = lane >= TN && lane < 2u * TN;
+                    if ((lane < 2u * TN && x < tn) || (last_pass && lane >= 2u * TN && lane < 2u * TN + 3u)) {
                         // all BT rows (idle lanes' are +0.0) in four interleaved chains, combined in a fixed order
                         var a0 = 0.0;
                         var a1 = 0.0;
@@ -434,8 +434,8 @@ fn mamba3_scan_backward(@builtin(local_invocation_index) lane: u32, @builtin(wor
                         }
                         var acc = (a0 + a1) + (a2 + a3);
                         var idx = 0u;
-                        if (lane < tn) {
-                            idx = qk_index(b, t, h, r, n0 + lane);
+                        if (lane < 2u * TN) {
+                            idx = qk_index(b, t, h, r, n0 + x);
                             if (is_dk) {
                                 if (pb > 0u) { acc += dk[idx]; }
                                 dk[idx] = acc;
@@ -444,7 +444,7 @@ fn mamba3_scan_backward(@builtin(local_invocation_index) lane: u32, @builtin(wor
                                 dq[idx] = acc;
                             }
                         } else {
-                            idx = (j * ntiles + tile) * 3u + (lane - tn);
+                            idx = (j * ntiles + tile) * 3u + (lane - 2u * TN);
                             if (pb > 0u) { acc += part_s[idx]; }
                             part_s[idx] = acc;
                         }

@@ -48,10 +48,10 @@ def run_gpu(rt, x, dy, chunk):
     (1, 70, 2, 4, 4, 3, 32),   # MIMO rank 4
     (1, 70, 1, 1, 16, 2, 100), # one chunk longer than L
     # the backward's blocks: value channels past one workgroup (BACKWARD_THREADS = 64) and not a multiple of it,
-    # several state tiles (TILE_N = 32) with a partial last one, more outputs than one reduction pass
-    (1, 9, 2, 1, 40, 80, 4),   # P = 80: a full and a partial p-block; N = 40: tiles of 32 + 8
-    (2, 11, 1, 3, 70, 67, 4),  # MIMO rank 3, three tiles, P = 67
-    (1, 6, 1, 16, 33, 17, 4),  # the largest rank: 2·16·32 + 3 outputs per step
+    # several state tiles (TILE_N = 16) with a partial last one, several reduction passes (one per rank)
+    (1, 9, 2, 1, 40, 80, 4),   # P = 80: a full and a partial p-block; N = 40: tiles of 16 + 16 + 8
+    (2, 11, 1, 3, 70, 67, 4),  # MIMO rank 3, five tiles, P = 67
+    (1, 6, 1, 16, 33, 17, 4),  # the largest rank: 2·16·16 + 3 outputs per step
     (1, 5, 1, 1, 128, 130, 2), # the largest N, three p-blocks
 ])
 def test_matches_reference(gpu, batch, length, heads, rank, nstate, headdim, chunk):

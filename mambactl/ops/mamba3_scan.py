@@ -33,7 +33,7 @@ MAX_RANK = 16    # mirrors MAX_R
 DEFAULT_CHUNK = 64
 THREADS = 64     # workgroup size of the forward and step entries
 BACKWARD_THREADS = 64  # mirrors BT: value channels per backward workgroup
-TILE_N = 32      # mirrors TN: state columns per backward workgroup
+TILE_N = 16      # mirrors TN: state columns per backward workgroup
 FWD_CHANNELS = 32  # mirrors FP: value channels per workgroup of the tiled forward
 FWD_TILES = 8      # mirrors FNT: state tiles (threads per channel) of the tiled forward
 FWD_THREADS = FWD_CHANNELS * FWD_TILES  # mirrors FW
@@ -108,9 +108,9 @@ def backward_recompute_loops_per_step(rank: int, nstate: int) -> int:
 
 
 # Backward, per step of the adjoint: the step loop, the three column loops (TILE_N·(3 + 2R)), dv (R·(1 + TILE_N)),
-# and 2R passes through workgroup memory of 1 + TILE_N + BACKWARD_THREADS / 4.
+# and R passes through workgroup memory of 1 + TILE_N + BACKWARD_THREADS / 4.
 def backward_adjoint_loops_per_step(rank: int, nstate: int) -> int:
-    return 1 + TILE_N * (3 + 2 * rank) + rank * (1 + TILE_N) + 2 * rank * (1 + TILE_N + BACKWARD_THREADS // 4)
+    return 1 + TILE_N * (3 + 2 * rank) + rank * (1 + TILE_N) + rank * (1 + TILE_N + BACKWARD_THREADS // 4)
 
 
 _FIXED = 4 * MAX_STATE + 64  # per dispatch: the state's init and store, the p-block and chunk loops
