@@ -17,7 +17,8 @@ BACKWARD_THREADS, so any headdim) and adds the dq / dk contributions over p in w
 transients (`backward_buffers`): one chunk of recomputed states per channel ([B, H, min(chunk, L), N, P]), dv per
 state tile ([ceil(N / TILE_N), B, L, H, R, P], only when N > TILE_N) and three scalars per step, head and tile
 ([B, L, H, ceil(N / TILE_N), 3]), added over tiles in order by second dispatches: nothing of B·L·H·P·N size, and
-deterministic (no atomics). At mamba-130m training (B 8, L 1024, H 24, P 64, N 128) the largest is 400 MB.
+deterministic (no atomics). At mamba-130m training (B 8, L 1024, H 24, P 64, N 128) the largest, g_scratch and
+dv_part, are 400 MB each.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def forward_tile(rank: int, nstate: int) -> int:
 
 
 # Loop iterations per invocation (upper bounds, no unrolling assumed), for Mesa llvmpipe's budget of 65,535
-# (mambactl/ops/checks.py). Forward, per step: the t loop, the chunk-entry store (N), the g update (N·(1 + R))
+# (mambactl/ops/checks.py). The per-channel forward, per step: the t loop, the chunk-entry store (N), the g update (N·(1 + R))
 # and the output (R·(1 + N·(1 + R))).
 def forward_loops_per_step(rank: int, nstate: int) -> int:
     if forward_tile(rank, nstate) == 0:
