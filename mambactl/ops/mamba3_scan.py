@@ -90,8 +90,8 @@ def forward_tile(rank: int, nstate: int) -> int:
 
 
 # Loop iterations per invocation (upper bounds, no unrolling assumed), for Mesa llvmpipe's budget of 65,535
-# (mambactl/ops/checks.py). The per-channel forward, per step: the t loop, the chunk-entry store (N), the g update (N·(1 + R))
-# and the output (R·(1 + N·(1 + R))).
+# (mambactl/ops/checks.py). The per-channel forward, per step: the t loop, the chunk-entry store (N), the g update
+# (N·(1 + R)) and the output (R·(1 + N·(1 + R))).
 def forward_loops_per_step(rank: int, nstate: int) -> int:
     if forward_tile(rank, nstate) == 0:
         return 1 + nstate + nstate * (1 + rank) + rank * (1 + nstate * (1 + rank))
