@@ -404,3 +404,190 @@ fn selective_scan_param_grads(@builtin(global_invocation_id) gid: vec3<u32>, @bu
         ddelta_bias[d] = acc;
     }
 }
+
+// --- CPU adapters: barrier-free walks -------------------------------------------------------------------------
+// On a CPU adapter (Mesa llvmpipe) a workgroup's invocations run as SIMD loops on one CPU thread and every
+// barrier is a coroutine switch, so the tiled kernels above spend their time in barriers and workgroup memory.
+// These entry points use neither (as matmul_direct in linear.wgsl): one invocation walks time for one
+// (batch row, channel) with the channel's N states in private arrays, reading its inputs straight from memory
+// (CPU caches do the tiling). Same saved format as the tiled forward (states [B, n_chunks, Dc, N], last_state),
+// so either backward consumes either forward's states. The backward gives each invocation `per_thread` channels
+// (d = group + j·groups, walked one after another) and writes dB and dC as per-group partials
+// dB_part, dC_part [groups, B, L, N] (its channels added in order j), summed over groups by
+// selective_scan_sum_slices; du, ddelta, dz and the per-batch-row parameter sums (param_part) are summed
+// in-thread. Segments as above: the forward steps [seg_begin, seg_end) (h entering from last_state when
+// seg_begin > 0), the backward chunks kc_hi down to kc_lo + 1, per channel g, ∂/∂A, ∂/∂D, ∂/∂delta_bias carried
+// in carry [B, Dc, 2N + 2]. Loop iterations per invocation: see the wrapper.
+const MAX_N: u32 = 128u;  // MAX_STATE in the wrapper
+
+struct DirectParams { batch: u32, len: u32, channels: u32, chunk: u32, nchunks: u32, seg_begin: u32, seg_end: u32,
+                      kc_lo: u32, kc_hi: u32, ngroups: u32, per_thread: u32 }
+@group(0) @binding(31) var<uniform> dp: DirectParams;
+
+fn direct_row(b: u32, t: u32, d: u32) -> u32 { return (b * dp.len + t) * dp.channels + d; }
+
+// Grid grid_1d(B·Dc) in workgroups of 64: invocation b·Dc + d.
+@compute @workgroup_size(64)
+fn selective_scan_forward_direct(@builtin(global_invocation_id) gid: vec3<u32>,
+                                 @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * 64u + gid.x;
+    if (i >= dp.batch * dp.channels) { return; }
+    let b = i / dp.channels;
+    let d = i % dp.channels;
+    let base = i * N;  // [B, Dc, N] index of (b, d, 0)
+    let resume = dp.seg_begin > 0u;
+    var a: array<f32, MAX_N>;
+    var h: array<f32, MAX_N>;
+    for (var n = 0u; n < N; n++) {
+        a[n] = -exp(A_log[d * N + n]);
+        var h0 = 0.0;
+        if (resume) { h0 = last_state[base + n]; }
+        h[n] = h0;
+    }
+    let bias = delta_bias[d];
+    let skip = D[d];
+    for (var t = dp.seg_begin; t < dp.seg_end; t++) {
+        let row = direct_row(b, t, d);
+        let dt = softplus(delta[row] + bias);
+        let uv = u[row];
+        let dtu = dt * uv;
+        let save = t % dp.chunk == 0u;
+        let sb = ((b * dp.nchunks + t / dp.chunk) * dp.channels + d) * N;
+        let bc = (b * dp.len + t) * N;
+        var acc = 0.0;
+        for (var n = 0u; n < N; n++) {
+            if (save) { states[sb + n] = h[n]; }
+            let hn = exp(dt * a[n]) * h[n] + dtu * B[bc + n];
+            h[n] = hn;
+            acc += C[bc + n] * hn;
+        }
+        let zv = z[row];
+        y[row] = (skip * uv + acc) * zv * sigmoid(zv);
+    }
+    for (var n = 0u; n < N; n++) { last_state[base + n] = h[n]; }
+}
+
+// Grid grid_1d(B·groups) in workgroups of 32: invocation b·groups + group. tile_states is the scratch of the
+// chunk's states, [B·groups, min(chunk, L) + 1, N] (slot 0: the chunk's entry state; slot s + 1: h after its
+// step s), reused for each chunk and channel.
+@compute @workgroup_size(32)
+fn selective_scan_backward_direct(@builtin(global_invocation_id) gid: vec3<u32>,
+                                  @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * 32u + gid.x;
+    if (i >= dp.batch * dp.ngroups) { return; }
+    let b = i / dp.ngroups;
+    let grp = i % dp.ngroups;
+    let scr = i * (min(dp.chunk, dp.len) + 1u) * N;
+    let resume = dp.kc_hi < dp.nchunks;
+    var a: array<f32, MAX_N>;
+    var h: array<f32, MAX_N>;
+    var g: array<f32, MAX_N>;   // g_t = ∂loss/∂h_t, carried backwards over steps and chunks
+    var da: array<f32, MAX_N>;  // Σ_t g_t exp(Δ_t A) h_{t−1} Δ_t = ∂loss/∂A[d, n] for this batch row
+    for (var j = 0u; j < dp.per_thread; j++) {
+        let d = grp + j * dp.ngroups;
+        if (d >= dp.channels) { break; }
+        let cb = (b * dp.channels + d) * (2u * N + 2u);
+        var d_skip = 0.0;  // ∂loss/∂D
+        var d_bias = 0.0;  // ∂loss/∂delta_bias
+        if (resume) {
+            d_skip = carry[cb + 2u * N];
+            d_bias = carry[cb + 2u * N + 1u];
+        }
+        for (var n = 0u; n < N; n++) {
+            a[n] = -exp(A_log[d * N + n]);
+            var g0 = 0.0;
+            var da0 = 0.0;
+            if (resume) {
+                g0 = carry[cb + n];
+                da0 = carry[cb + N + n];
+            }
+            g[n] = g0;
+            da[n] = da0;
+        }
+        let bias = delta_bias[d];
+        let skip = D[d];
+        for (var k = min(dp.kc_hi, dp.nchunks); k > dp.kc_lo; k--) {
+            let t0 = (k - 1u) * dp.chunk;
+            let steps = min(dp.chunk, dp.len - t0);
+            // The chunk's states, recomputed from its saved entry state.
+            let sb = ((b * dp.nchunks + k - 1u) * dp.channels + d) * N;
+            for (var n = 0u; n < N; n++) {
+                let h0 = saved_states[sb + n];
+                h[n] = h0;
+                tile_states[scr + n] = h0;
+            }
+            for (var s = 0u; s < steps; s++) {
+                let row = direct_row(b, t0 + s, d);
+                let dt = softplus(delta[row] + bias);
+                let dtu = dt * u[row];
+                let bc = (b * dp.len + t0 + s) * N;
+                let out = scr + (s + 1u) * N;
+                for (var n = 0u; n < N; n++) {
+                    let hn = exp(dt * a[n]) * h[n] + dtu * B[bc + n];
+                    h[n] = hn;
+                    tile_states[out + n] = hn;
+                }
+            }
+            // The adjoint, last step to first.
+            for (var s = steps; s > 0u; s--) {
+                let t = t0 + s - 1u;
+                let row = direct_row(b, t, d);
+                let uv = u[row];
+                let zv = z[row];
+                let dyv = dy[row];
+                let gate = sigmoid(zv);
+                let dyg = dyv * zv * gate;                            // dy through the gate
+                let dzg = dyv * gate * (1.0 + zv * sigmoid(-zv));     // dz is this times the ungated y
+                let x = delta[row] + bias;
+                let dt = softplus(x);
+                let dsp = select(sigmoid(x), 1.0, x > 20.0);          // ∂Δ/∂delta
+                let dtu = dt * uv;
+                let bc = (b * dp.len + t) * N;
+                let cur = scr + s * N;  // h_t; h_{t−1} is the slot before
+                let pb = ((grp * dp.batch + b) * dp.len + t) * N;
+                var yc = 0.0;   // C_t·h_t
+                var gb = 0.0;   // Σ_n g_t[n] B_t[n] = ∂loss/∂(Δ_t u_t)
+                var gha = 0.0;  // Σ_n g_t[n] exp(Δ_t A[n]) h_{t−1}[n] A[n]
+                for (var n = 0u; n < N; n++) {
+                    let ht = tile_states[cur + n];
+                    let cn = C[bc + n];
+                    yc += cn * ht;
+                    let gn = g[n] + dyg * cn;
+                    let decay = exp(dt * a[n]);
+                    let gh = gn * decay * tile_states[cur - N + n];  // ∂loss/∂(Δ_t A)
+                    da[n] += gh * dt;
+                    gha += gh * a[n];
+                    gb += gn * B[bc + n];
+                    var dc = ht * dyg;
+                    var db = gn * dtu;
+                    if (j > 0u) {
+                        dc += dC_part[pb + n];
+                        db += dB_part[pb + n];
+                    }
+                    dC_part[pb + n] = dc;
+                    dB_part[pb + n] = db;
+                    g[n] = gn * decay;
+                }
+                dz[row] = (skip * uv + yc) * dzg;
+                du[row] = skip * dyg + dt * gb;
+                let dx = (gha + uv * gb) * dsp;
+                ddelta[row] = dx;
+                d_skip += dyg * uv;
+                d_bias += dx;
+            }
+        }
+        if (dp.kc_lo > 0u) {  // more chunks follow in another dispatch
+            for (var n = 0u; n < N; n++) {
+                carry[cb + n] = g[n];
+                carry[cb + N + n] = da[n];
+            }
+            carry[cb + 2u * N] = d_skip;
+            carry[cb + 2u * N + 1u] = d_bias;
+        } else {
+            let pp = (b * dp.channels + d) * (N + 2u);
+            for (var n = 0u; n < N; n++) { param_part[pp + n] = da[n] * a[n]; }  // ∂/∂A_log = ∂/∂A · A
+            param_part[pp + N] = d_skip;
+            param_part[pp + N + 1u] = d_bias;
+        }
+    }
+}

@@ -98,20 +98,25 @@ def test_mamba3_block_segmented(gpu, monkeypatch, segment):
 
 
 # --- Mamba-1 selective scan ----------------------------------------------------------------------------------------
-def test_selective_scan_long(gpu):
+@pytest.mark.parametrize("path", ["tiled", "direct"])
+def test_selective_scan_long(gpu, path):
     """B 1, L 2048, Dc 2, N 128 (one channel per workgroup, tiles of T = 4): a forward thread runs ~144 iterations
     per tile (73k over L), a backward thread ~303 per tile (155k). (At N = 16 the counts are 30 and 84 per tile of
-    8: under the budget up to L ≈ 17k and 6k.)"""
-    from mambactl.ops.selective_scan import (backward_loops_per_tile, forward_loops_per_tile, selective_scan,
+    8: under the budget up to L ≈ 17k and 6k.) The direct kernels (CPU adapters): a forward invocation 129 per
+    step (264k over L), a backward one ~33k per chunk of 128 steps (534k): one chunk per dispatch."""
+    from mambactl.ops.selective_scan import (backward_loops_per_tile, direct_backward_loops_per_chunk,
+                                             direct_forward_loops_per_step, forward_loops_per_tile, selective_scan,
                                              selective_scan_backward)
     from test_ops_selective_scan import GRADS, NAMES, make_inputs, reference
 
     B, L, Dc, N = 1, 2048, 2, 128
     assert L // 4 * forward_loops_per_tile(N, 4) > BUDGET and L // 4 * backward_loops_per_tile(N, 4) > BUDGET
+    assert L * direct_forward_loops_per_step(N) > BUDGET
+    assert L // 128 * direct_backward_loops_per_chunk(N, 128) > BUDGET
     x = make_inputs(B, L, Dc, N)
     dy = rng_normal(1, B, L, Dc)
-    y, saved = selective_scan(*(gpu.from_numpy(x[k]) for k in NAMES))
-    grads = selective_scan_backward(saved, gpu.from_numpy(dy))
+    y, saved = selective_scan(*(gpu.from_numpy(x[k]) for k in NAMES), path=path)
+    grads = selective_scan_backward(saved, gpu.from_numpy(dy), path=path)
     y_ref, grads_ref = reference(x, dy)
     assert rel_err(y.numpy(), y_ref) < 1e-4
     for name, got, want in zip(GRADS, grads, grads_ref):

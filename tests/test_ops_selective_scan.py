@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
-from mambactl.ops.selective_scan import (channels_per_group, selective_scan, selective_scan_backward, selective_scan_step,
-                                         tile_steps)
+from mambactl.ops.selective_scan import (PATHS, channels_per_group, direct_per_thread, selective_scan,
+                                         selective_scan_backward, selective_scan_step, tile_steps)
 from mambactl.reference import selective_scan as ref
 from mambactl.reference.activations import softplus, softplus_backward
 from mambactl.runtime.gpu import get_runtime
@@ -54,12 +54,15 @@ def rel_err(got, want):
     return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
 
 
-def run_gpu(rt, x, dy, chunk=128, grads=None):
-    y, saved = selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), chunk=chunk)
-    out = selective_scan_backward(saved, rt.from_numpy(dy), grads)
+def run_gpu(rt, x, dy, chunk=128, grads=None, path=None, backward_path=None, per_thread=None):
+    """`path` forces the forward's kernels ("tiled": the GPU path, "direct": the CPU adapters' path) and,
+    unless `backward_path` differs, the backward's."""
+    y, saved = selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), chunk=chunk, path=path)
+    out = selective_scan_backward(saved, rt.from_numpy(dy), grads, path=backward_path or path, per_thread=per_thread)
     return y.numpy(), [g.numpy() for g in out], saved
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("batch,length,channels,nstate,chunk", [
     (1, 1, 5, 3, 128),
     (2, 2, 3, 1, 128),
@@ -71,10 +74,10 @@ def run_gpu(rt, x, dy, chunk=128, grads=None):
     (2, 70, 6, 20, 32),    # tiles of 16 steps
     (1, 17, 3, 128, 8),    # the largest N, one channel per workgroup; tiles of 4 steps
 ])
-def test_matches_reference(rt, batch, length, channels, nstate, chunk):
+def test_matches_reference(rt, path, batch, length, channels, nstate, chunk):
     x = make_inputs(batch, length, channels, nstate)
     dy = np.random.default_rng(1).standard_normal((batch, length, channels)).astype(np.float32)
-    y, grads, _ = run_gpu(rt, x, dy, chunk)
+    y, grads, _ = run_gpu(rt, x, dy, chunk, path=path)
     y_ref, grads_ref = reference(x, dy)
     assert rel_err(y, y_ref) < 1e-4
     for name, got, want in zip(GRADS, grads, grads_ref):
@@ -82,28 +85,30 @@ def test_matches_reference(rt, batch, length, channels, nstate, chunk):
         assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
 
 
-def test_parameter_grads_accumulate_deterministically(rt):
+@pytest.mark.parametrize("path", PATHS)
+def test_parameter_grads_accumulate_deterministically(rt, path):
     x = make_inputs(2, 40, 11, 16, seed=2)
     dy = np.random.default_rng(3).standard_normal((2, 40, 11)).astype(np.float32)
-    _, fresh, _ = run_gpu(rt, x, dy, chunk=16)
-    _, again, _ = run_gpu(rt, x, dy, chunk=16)
+    _, fresh, _ = run_gpu(rt, x, dy, chunk=16, path=path)
+    _, again, _ = run_gpu(rt, x, dy, chunk=16, path=path)
     for name, a, b in zip(GRADS, fresh, again):
         assert np.array_equal(a, b), f"{name} differs between identical runs"
     rng = np.random.default_rng(4)
     start = {"A_log": rng.standard_normal((11, 16)), "D": rng.standard_normal(11),
              "delta_bias": rng.standard_normal(11)}
     acc = {k: rt.from_numpy(v) for k, v in start.items()}
-    _, summed, _ = run_gpu(rt, x, dy, chunk=16, grads=acc)
+    _, summed, _ = run_gpu(rt, x, dy, chunk=16, grads=acc, path=path)
     by_name = dict(zip(GRADS, summed))
     for key, name in (("A_log", "dA_log"), ("D", "dD"), ("delta_bias", "ddelta_bias")):
         np.testing.assert_allclose(by_name[name], start[key] + dict(zip(GRADS, fresh))[name], rtol=1e-6, atol=1e-6)
         np.testing.assert_array_equal(acc[key].numpy(), by_name[name])
 
 
-def test_saved_states_are_chunk_boundaries_only(rt):
+@pytest.mark.parametrize("path", PATHS)
+def test_saved_states_are_chunk_boundaries_only(rt, path):
     batch, length, channels, nstate, chunk = 2, 300, 5, 16, 64
     x = make_inputs(batch, length, channels, nstate)
-    _, saved = selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), chunk=chunk)
+    _, saved = selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), chunk=chunk, path=path)
     n_chunks = -(-length // chunk)
     assert saved.states.shape == (batch, n_chunks, channels, nstate)
     # Everything saved beyond the inputs themselves: O(B·Dc·N·L / chunk), not the B·Dc·N·L states.
@@ -112,6 +117,59 @@ def test_saved_states_are_chunk_boundaries_only(rt):
     assert extra == batch * channels * nstate * (n_chunks + 1)  # chunk entry states + the last state
     assert extra <= batch * channels * nstate * (length / chunk + 2)
     assert channels_per_group(16) == 8
+
+
+@pytest.mark.parametrize("batch,length,channels,nstate,chunk,per_thread", [
+    (2, 63, 9, 16, 16, 2),    # a last group with one channel
+    (3, 41, 7, 5, 8, 7),      # one group: every channel in one invocation
+    (1, 17, 3, 128, 8, 2),
+])
+def test_direct_backward_channels_per_thread(rt, batch, length, channels, nstate, chunk, per_thread):
+    """The direct backward with several channels per invocation (their dB / dC added in order, then over
+    groups) matches the reference and one channel per invocation."""
+    x = make_inputs(batch, length, channels, nstate, seed=8)
+    dy = np.random.default_rng(9).standard_normal((batch, length, channels)).astype(np.float32)
+    _, one, _ = run_gpu(rt, x, dy, chunk, path="direct", per_thread=1)
+    _, several, _ = run_gpu(rt, x, dy, chunk, path="direct", per_thread=per_thread)
+    _, want = reference(x, dy)
+    for name, a, b, w in zip(GRADS, one, several, want):
+        assert rel_err(b, w) < 1e-4, name
+        if name not in ("dB", "dC"):  # only the channel sums' order differs
+            assert np.array_equal(a, b), name
+
+
+@pytest.mark.parametrize("forward,backward", [("tiled", "direct"), ("direct", "tiled")])
+def test_paths_share_saved_states(rt, forward, backward):
+    """Both forwards save the same states (so either backward consumes either forward's)."""
+    batch, length, channels, nstate, chunk = 2, 70, 6, 20, 32
+    x = make_inputs(batch, length, channels, nstate, seed=10)
+    dy = np.random.default_rng(11).standard_normal((batch, length, channels)).astype(np.float32)
+    y, grads, saved = run_gpu(rt, x, dy, chunk, path=forward, backward_path=backward)
+    _, other = selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), chunk=chunk, path=backward)
+    np.testing.assert_allclose(saved.states.numpy(), other.states.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(saved.last_state.numpy(), other.last_state.numpy(), rtol=1e-5, atol=1e-6)
+    y_ref, grads_ref = reference(x, dy)
+    assert rel_err(y, y_ref) < 1e-4
+    for name, got, want in zip(GRADS, grads, grads_ref):
+        assert rel_err(got, want) < 1e-4, name
+
+
+def test_direct_path_choice(rt, monkeypatch):
+    """CPU adapters take the direct kernels by default, other adapters the tiled ones; the direct backward's
+    invocations (and so its partials) stay bounded as the batch and channels grow."""
+    x = make_inputs(1, 9, 4, 3)
+    dy = np.ones((1, 9, 4), np.float32)
+    entries = []
+    run = rt.run
+    monkeypatch.setattr(rt, "run", lambda entry, *a, **k: (entries.append(entry), run(entry, *a, **k)))
+    run_gpu(rt, x, dy, chunk=8)
+    suffix = "_direct" if rt.info.type == "CPU" else ""
+    assert {"selective_scan_forward" + suffix, "selective_scan_backward" + suffix} <= set(entries)
+    per, groups = direct_per_thread(rt, 8, 64, 1536, 16, 128)
+    assert per * groups >= 1536 and (per - 1) * groups < 1536 and groups <= 1536 // 4
+    assert direct_per_thread(rt, 8, 64, 128, 16, 128, per_thread=3) == (3, 43)
+    with pytest.raises(ShapeError, match="unknown path"):
+        selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), path="fast")
 
 
 def test_tile_choice():
@@ -156,20 +214,22 @@ def test_last_state_and_recurrent_steps_continue_the_parallel_scan(rt):
         assert rel_err(y.numpy(), want[:, t]) < 1e-5
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("batch,length,channels,nstate,chunk,segment", [
     (2, 37, 5, 16, 8, 1),     # one tile / chunk per dispatch, L not a multiple of the tile
     (1, 50, 3, 128, 16, 3),   # N = 128: one channel per workgroup, tiles of 4
 ])
-def test_segmented_matches_one_dispatch(rt, batch, length, channels, nstate, chunk, segment):
+def test_segmented_matches_one_dispatch(rt, path, batch, length, channels, nstate, chunk, segment):
     """The dispatch segments that Mesa llvmpipe's loop budget needs (h carried in last_state; the adjoint and the
     parameter sums in a carry buffer) give bit-identical results to one dispatch, and match the reference."""
     x = make_inputs(batch, length, channels, nstate, seed=6)
     dy = np.random.default_rng(7).standard_normal((batch, length, channels)).astype(np.float32)
     args = [rt.from_numpy(x[k]) for k in NAMES]
-    y1, s1 = selective_scan(*args, chunk=chunk, segment=10**6)
-    g1 = selective_scan_backward(s1, rt.from_numpy(dy), segment=10**6)
-    y2, s2 = selective_scan(*args, chunk=chunk, segment=segment)
-    g2 = selective_scan_backward(s2, rt.from_numpy(dy), segment=segment)
+    per = 2 if path == "direct" else None  # the carry of several channels per invocation
+    y1, s1 = selective_scan(*args, chunk=chunk, segment=10**6, path=path)
+    g1 = selective_scan_backward(s1, rt.from_numpy(dy), segment=10**6, path=path, per_thread=per)
+    y2, s2 = selective_scan(*args, chunk=chunk, segment=segment, path=path)
+    g2 = selective_scan_backward(s2, rt.from_numpy(dy), segment=segment, path=path, per_thread=per)
     assert np.array_equal(y1.numpy(), y2.numpy())
     assert np.array_equal(s1.last_state.numpy(), s2.last_state.numpy())
     assert np.array_equal(s1.states.numpy(), s2.states.numpy())

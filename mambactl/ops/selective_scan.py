@@ -12,6 +12,13 @@ backward recomputes the states in between. Its transient buffers are the tile en
 (2 × [Dc / CH, B, L, N]), where CH, the channels per workgroup, is min(128 / N, 32) rounded down to a power
 of two (8 for N = 16), and T, the steps per tile, is the largest of 16, 8, 4 that divides `chunk` and keeps
 workgroup memory within 16 KiB (8 for N = 16).
+
+CPU adapters (`rt.info.type == "CPU"`, e.g. Mesa llvmpipe) take barrier-free kernels instead (`path="direct"`;
+`path="tiled"` / `"direct"` forces either): one invocation per (batch row, channel) walks time with its N states
+in private arrays. Same saved states, so either backward consumes either forward. The direct backward's
+transient buffers are a scratch of one chunk's states per invocation ([B·G, min(chunk, L) + 1, N]) and the
+partials of dB and dC (2 × [G, B, L, N]), where G = ceil(Dc / per_thread) channel groups and an invocation owns
+per_thread channels, chosen so that B·G ≈ DIRECT_THREADS (memory O(DIRECT_THREADS·L·N), not O(B·Dc·L·N)).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import expect, grid_1d, segment_length
+from mambactl.ops.checks import LOOP_BUDGET, SEGMENT_BUDGET, expect, grid_1d, is_llvmpipe, segment_length
 from mambactl.runtime.tensor import Tensor
 
 WORKGROUP = 128  # mirrors WG in kernels/selective_scan.wgsl
@@ -32,6 +39,12 @@ TILES = (16, 8, 4)  # steps per tile, largest first
 WORKGROUP_MEMORY = 16384
 CHUNK_MULTIPLE = 8
 DEFAULT_CHUNK = 128
+PATHS = ("tiled", "direct")
+# Direct backward: invocations (B·G) to aim for when giving each several channels; enough SIMD batches for the
+# CPU's threads, and it bounds the dB / dC partials to about DIRECT_THREADS·L·N each.
+DIRECT_THREADS = 256
+DIRECT_FORWARD_GROUP = 64  # mirrors the workgroup sizes of the direct kernels
+DIRECT_BACKWARD_GROUP = 32
 
 
 @dataclass
@@ -113,18 +126,60 @@ def backward_loops_per_tile(nstate: int, tile: int) -> int:
     return recompute + adjoint
 
 
+def direct_forward_loops_per_step(nstate: int) -> int:
+    return 1 + nstate  # the time loop and the loop over states
+
+
+def direct_backward_loops_per_chunk(nstate: int, steps: int) -> int:
+    """Per channel and chunk of `steps` steps: the chunk loop, the entry state copy, the recompute and the
+    adjoint (each a time loop with a loop over states per step)."""
+    return 1 + nstate + 2 * steps * (1 + nstate)
+
+
+def direct_backward_fixed(nstate: int) -> int:
+    return 1 + 2 * nstate  # per channel: its loop, loading A (and the carry), storing the sums
+
+
+def direct_per_thread(rt, batch: int, length: int, channels: int, nstate: int, chunk: int,
+                      per_thread: int | None = None) -> tuple[int, int]:
+    """-> (channels per invocation, channel groups G) for the direct backward: B·G ≈ DIRECT_THREADS, and on
+    llvmpipe one chunk of all an invocation's channels within the segment budget where one channel fits."""
+    if per_thread is None:
+        per_thread = max(1, batch * channels // DIRECT_THREADS)
+        if is_llvmpipe(rt):
+            one = direct_backward_loops_per_chunk(nstate, min(chunk, length)) + direct_backward_fixed(nstate)
+            per_thread = max(1, min(per_thread, SEGMENT_BUDGET // one))
+    per_thread = max(1, min(int(per_thread), channels))
+    groups = -(-channels // per_thread)
+    return -(-channels // groups), groups
+
+
+def _choose_path(rt, op: str, path: str | None, nstate: int, steps: int) -> str:
+    if path is not None:
+        if path not in PATHS:
+            raise ShapeError(f"{op}: unknown path {path!r}; one of {PATHS} or None")
+        return path
+    if getattr(getattr(rt, "info", None), "type", None) != "CPU":
+        return "tiled"
+    # The direct backward walks a whole chunk per dispatch; where one chunk is over llvmpipe's budget the tiled
+    # kernels (finer segments) take it.
+    one = direct_backward_loops_per_chunk(nstate, steps) + direct_backward_fixed(nstate)
+    return "tiled" if is_llvmpipe(rt) and one > LOOP_BUDGET else "direct"
+
+
 def _constants(nstate: int, chunk: int) -> dict:
     return {"N": nstate, "CH": channels_per_group(nstate), "T": tile_steps(nstate, chunk)}
 
 
 def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor,
-                   delta_bias: Tensor, chunk: int = DEFAULT_CHUNK, segment: int | None = None
-                   ) -> tuple[Tensor, ScanSaved]:
+                   delta_bias: Tensor, chunk: int = DEFAULT_CHUNK, segment: int | None = None,
+                   path: str | None = None) -> tuple[Tensor, ScanSaved]:
     """u, delta, z [B, L, Dc]; A_log [Dc, N]; B, C [B, L, N]; D, delta_bias [Dc] -> (y [B, L, Dc], saved).
 
     `chunk` (a positive multiple of 8) is the number of steps between saved states. `segment`: steps per dispatch
     (rounded up to a tile; h carried in last_state). None: one dispatch, except on Mesa llvmpipe, whose
-    per-invocation loop budget sets it (mambactl/ops/checks.py).
+    per-invocation loop budget sets it (mambactl/ops/checks.py). `path`: "tiled" (GPUs), "direct" (CPU adapters)
+    or None (by the adapter type); the direct forward's segments are not rounded to a tile.
     """
     op = "selective_scan"
     batch, length, channels, nstate = _check_inputs(op, u, delta, A_log, B, C, D, z, delta_bias)
@@ -136,6 +191,15 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
     y = rt.empty(u.shape)
     states = rt.empty((batch, params["nchunks"], channels, nstate))
     last_state = rt.empty((batch, channels, nstate))
+    if _choose_path(rt, op, path, nstate, min(chunk, length)) == "direct":
+        seg = segment_length(rt, op, tuple(u.shape), length, direct_forward_loops_per_step(nstate), 2 * nstate,
+                             segment=segment)
+        for t0 in range(0, length, seg):
+            params.update(seg_begin=t0, seg_end=min(length, t0 + seg))
+            rt.run("selective_scan_forward_direct", grid_1d(batch * channels, DIRECT_FORWARD_GROUP), {"N": nstate},
+                   u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states,
+                   last_state=last_state, ngroups=0, per_thread=0, **params)
+        return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
     tile = constants["T"]
     seg = segment_length(rt, op, tuple(u.shape), length, -(-forward_loops_per_tile(nstate, tile) // tile), 64,
                          multiple=tile, segment=segment)
@@ -170,13 +234,15 @@ def selective_scan_step(state: Tensor, u: Tensor, delta: Tensor, A_log: Tensor, 
 
 
 def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Tensor] | None = None,
-                            segment: int | None = None):
+                            segment: int | None = None, path: str | None = None, per_thread: int | None = None):
     """dy [B, L, Dc] -> (du, ddelta, dA_log, dB, dC, dD, dz, ddelta_bias), shaped like the inputs.
 
     ddelta is the gradient w.r.t. the forward's `delta` (before bias and softplus). `grads`, a mapping with
     keys "A_log", "D" and "delta_bias", makes the parameter gradients add into those tensors (and returns them).
     `segment`: chunks per dispatch (the adjoint and the parameter sums carried between dispatches). None: one
     dispatch, except on Mesa llvmpipe, whose per-invocation loop budget sets it (mambactl/ops/checks.py).
+    `path` as in `selective_scan` (either backward takes either forward's `saved`); `per_thread` forces the
+    direct backward's channels per invocation (tests).
     """
     op = "selective_scan_backward"
     s = saved
@@ -195,23 +261,40 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
     rt = dy.runtime
     if not accumulate:
         dA_log, dD, ddelta_bias = rt.empty((channels, nstate)), rt.empty((channels,)), rt.empty((channels,))
-    constants = _constants(nstate, s.chunk)
-    groups, tile = -(-channels // constants["CH"]), constants["T"]
-    du, ddelta, dz = rt.empty(s.u.shape), rt.empty(s.u.shape), rt.empty(s.u.shape)
-    dB_part = rt.empty((groups, batch, length, nstate))
-    dC_part = rt.empty((groups, batch, length, nstate))
-    param_part = rt.empty((batch, channels, nstate + 2))
-    tile_states = rt.empty((batch, groups, -(-min(s.chunk, length) // tile), WORKGROUP))
     nchunks = params["nchunks"]
-    per_chunk = -(-min(s.chunk, length) // tile) * backward_loops_per_tile(nstate, tile)
-    seg = segment_length(rt, op, tuple(s.u.shape), nchunks, per_chunk, 4 * WORKGROUP, segment=segment)
-    carry = rt.empty((batch, groups, WORKGROUP, 4))
-    for hi in range(nchunks, 0, -seg):
-        params.update(kc_lo=max(0, hi - seg), kc_hi=hi)
-        rt.run("selective_scan_backward", (groups, batch), constants, u=s.u, delta=s.delta, A_log=s.A_log, B=s.B,
-               C=s.C, D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy, saved_states=s.states, du=du, ddelta=ddelta,
-               dz=dz, dB_part=dB_part, dC_part=dC_part, param_part=param_part, tile_states=tile_states,
-               carry=carry, **params)
+    du, ddelta, dz = rt.empty(s.u.shape), rt.empty(s.u.shape), rt.empty(s.u.shape)
+    param_part = rt.empty((batch, channels, nstate + 2))
+    if _choose_path(rt, op, path, nstate, min(s.chunk, length)) == "direct":
+        per, groups = direct_per_thread(rt, batch, length, channels, nstate, s.chunk, per_thread)
+        dB_part = rt.empty((groups, batch, length, nstate))
+        dC_part = rt.empty((groups, batch, length, nstate))
+        scratch = rt.empty((batch * groups, min(s.chunk, length) + 1, nstate))
+        carry = rt.empty((batch, channels, 2 * nstate + 2))
+        seg = segment_length(rt, op, tuple(s.u.shape), nchunks,
+                             per * direct_backward_loops_per_chunk(nstate, min(s.chunk, length)),
+                             per * direct_backward_fixed(nstate), segment=segment)
+        for hi in range(nchunks, 0, -seg):
+            params.update(kc_lo=max(0, hi - seg), kc_hi=hi)
+            rt.run("selective_scan_backward_direct", grid_1d(batch * groups, DIRECT_BACKWARD_GROUP), {"N": nstate},
+                   u=s.u, delta=s.delta, A_log=s.A_log, B=s.B, C=s.C, D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy,
+                   saved_states=s.states, du=du, ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part,
+                   param_part=param_part, tile_states=scratch, carry=carry, ngroups=groups, per_thread=per,
+                   **params)
+    else:
+        constants = _constants(nstate, s.chunk)
+        groups, tile = -(-channels // constants["CH"]), constants["T"]
+        dB_part = rt.empty((groups, batch, length, nstate))
+        dC_part = rt.empty((groups, batch, length, nstate))
+        tile_states = rt.empty((batch, groups, -(-min(s.chunk, length) // tile), WORKGROUP))
+        per_chunk = -(-min(s.chunk, length) // tile) * backward_loops_per_tile(nstate, tile)
+        seg = segment_length(rt, op, tuple(s.u.shape), nchunks, per_chunk, 4 * WORKGROUP, segment=segment)
+        carry = rt.empty((batch, groups, WORKGROUP, 4))
+        for hi in range(nchunks, 0, -seg):
+            params.update(kc_lo=max(0, hi - seg), kc_hi=hi)
+            rt.run("selective_scan_backward", (groups, batch), constants, u=s.u, delta=s.delta, A_log=s.A_log,
+                   B=s.B, C=s.C, D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy, saved_states=s.states, du=du,
+                   ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, param_part=param_part,
+                   tile_states=tile_states, carry=carry, **params)
     dB, dC = rt.empty(s.B.shape), rt.empty(s.C.shape)
     count = batch * length * nstate
     rt.run("selective_scan_sum_slices", grid_1d(count), part=dB_part, total=dB, count=count, slices=groups)
