@@ -18,7 +18,9 @@ CPU adapters (`rt.info.type == "CPU"`, e.g. Mesa llvmpipe) take barrier-free ker
 in private arrays. Same saved states, so either backward consumes either forward. The direct backward's
 transient buffers are a scratch of one chunk's states per invocation ([B·G, min(chunk, L) + 1, N]) and the
 partials of dB and dC (2 × [G, B, L, N]), where G = ceil(Dc / per_thread) channel groups and an invocation owns
-per_thread channels, chosen so that B·G ≈ DIRECT_THREADS (memory O(DIRECT_THREADS·L·N), not O(B·Dc·L·N)).
+per_thread channels, chosen so that B·G ≈ DIRECT_THREADS (memory O(DIRECT_THREADS·L·N), not O(B·Dc·L·N)),
+except that on llvmpipe one chunk of an invocation's channels must fit the segment budget (a cap of
+SEGMENT_BUDGET / (2·min(chunk, L)·(N + 1)) channels per invocation; 14 for N = 16 and chunk 64).
 """
 
 from __future__ import annotations
