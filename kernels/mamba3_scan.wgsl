@@ -16,27 +16,25 @@
 // partials of output x in order. It saves the state g entering each chunk of `chunk` steps, states
 // [B, n_chunks, H, P, N]. Where not even one step's k, q fit 16 KiB (R·(2N + 32) + 3 > 4096 floats, e.g. R 16 with
 // N 128) mamba3_scan_forward runs instead: one thread per (b, h, p) with the whole row g[p, :] private.
-// Backward (option (a), chosen over an SSD-style chunked matmul form for exactness and a small change): one
-// workgroup of BT = 64 threads per (b, h, tile of TN = 16 state columns); lane l takes value channel
-// c = pb·BT + l of p-block pb = 0, 1, .. in order, so any headdim works (P = 3, 17, 80, 130 ..). It walks the chunks
-// last to first, recomputes the chunk's g_t (its row c, its tile's columns, carried in registers) into g_scratch
-// ([B, H, min(chunk, L), N, P]: adjacent lanes adjacent, so its stores and loads coalesce; read back only by the
-// same thread), then runs the adjoint G_t = Σ_R dy_{t,R} q_{t,R}ᵀ + α_{t+1} G_{t+1} backwards with G, g_t, g_{t−1}
-// (TN floats each) private (loops over a tile's columns run TN times, guarded, so the arrays stay in registers;
-// g_t is the previous step's g_{t−1}, so one scratch row is loaded per step). Per step, the sums over p of
-// dq_r = Σ_p h[p, n] dy_r[p], dk_r = Σ_p du[p, n] v_r[p] and of three scalars go through workgroup memory `red`
-// (BT × RS floats, 9.25 KiB), one pass per r for dq_r and dk_r (the scalars ride with the last); lane x adds
-// column x over the lanes in a fixed order (four interleaved chains) and adds it to what earlier p-blocks left (the
-// same lane wrote it).
-// dv (a sum over n) is per state tile: dv_part [n_tiles, B, L, H, R, P] (stores coalesce), added over tiles in order by
-// mamba3_scan_sum_channels (none when N ≤ 32); the scalars, part_s [B, L, H, n_tiles, 3], by mamba3_scan_scalars.
+// Backward (recurrent, exact): one workgroup of 256 threads per (b, h, block of 64 state columns); the value
+// channels in blocks of 64 walked in order (any headdim), each thread holding 4 channels × 4 columns of the state in
+// registers. It walks the chunks last to first, recomputes the chunk's g_t into g_scratch
+// ([B·H·ceil(N / 64), min(chunk, L), 16, 256]: adjacent lanes adjacent, read back only by the same thread), then
+// runs the adjoint G_t = Σ_R dy_{t,R} q_{t,R}ᵀ + α_{t+1} G_{t+1} backwards. Per step and rank r, the sums over
+// channels (dq_r = Σ_p h[p, n] dy_r[p], dk_r = Σ_p du[p, n] v_r[p]), over columns (dv_r = Σ_n du[p, n] k_r[n]) and,
+// on the last pass, of three scalars go through workgroup memory `bred` once: each thread first adds its own 4
+// channels / 4 columns, then one lane per output adds 16 thread rows in a fixed order (2R barriers a step).
+// dv over column blocks: dv_part [n_blocks, B, L, H, R, P], added in order by mamba3_scan_sum_channels (none when
+// N ≤ 64); the scalars, part_s [B, L, H, 8·n_blocks, 3] (8 warp slices per block), by mamba3_scan_scalars.
 // Nothing scales as B·L·H·P·N; no atomics, so results are deterministic.
 
 const MAX_N: u32 = 128u;  // mirrored by the wrapper (mambactl/ops/mamba3_scan.py)
 const MAX_R: u32 = 16u;
-const BT: u32 = 64u;   // mamba3_scan_backward: threads (value channels) per workgroup
-const TN: u32 = 16u;   // mamba3_scan_backward: state columns per workgroup (one tile); mirrored by the wrapper
-const RS: u32 = 37u;   // row stride of `red` (≥ 2 TN + 3; odd: no bank conflicts either way)
+const BW: u32 = 256u;   // mamba3_scan_backward: threads per workgroup
+const BPB: u32 = 64u;   // value channels per block (16 thread rows × 4); mirrored by the wrapper
+const BNB: u32 = 64u;   // state columns per workgroup (16 thread columns × 4); mirrored by the wrapper
+const BDV: u32 = 2048u; // bred: dq / dk partials [16, 128] at 0, dv partials [16, 64] at BDV, scalars [3, 256] at BSC
+const BSC: u32 = 3072u;
 
 // Segments (Mesa llvmpipe caps the loop iterations of one invocation at 65,535 in total, so on that adapter the
 // wrapper splits each walk over time into dispatches; on GPUs one dispatch covers everything):
@@ -77,7 +75,7 @@ struct ScalarParams { count: u32, steps: u32, nheads: u32, nslices: u32 }
 @group(0) @binding(22) var<storage, read_write> ddt: array<f32>;
 @group(0) @binding(23) var<storage, read_write> dlam: array<f32>;
 @group(0) @binding(33) var<storage, read_write> g_carry: array<f32>;     // [B, H, P, N]: G between backward segments
-var<workgroup> red: array<f32, 2368>;  // BT · RS: one contribution per (lane, output), 9.25 KiB
+var<workgroup> bred: array<f32, 3840>;  // mamba3_scan_backward's per-step partials, 15 KiB
 
 // mamba3_scan_forward_tiled: FP value channels × FNT state tiles per workgroup (lane = nt·FP + pl, so a warp shares
 // its state tile), time in tiles of `tile` steps staged in `fbuf`; FBUF floats = 16 KiB.
@@ -276,72 +274,103 @@ fn mamba3_scan_forward_tiled(@builtin(local_invocation_index) lane: u32, @builti
     }
 }
 
-// One workgroup of BT threads per (batch b, head h, state tile of TN columns n0 = tile·TN ..); thread `lane` takes
-// the value channel c = pb·BT + lane of p-block pb = 0, 1, .. (blocks in order, so any headdim works).
-// Grid grid_1d(B·H·n_tiles·BT, BT).
-@compute @workgroup_size(64)
+// One workgroup of BW = 256 threads per (batch b, head h, block of BNB = 64 state columns); value channels in
+// blocks of BPB = 64, walked in order (pb = 0, 1, ..), so any headdim works. Thread lane = cg·16 + ng holds the
+// 4 × 4 state elements e = ci·4 + ni of channels c = pb·64 + ci·16 + cg and columns n = nb·64 + ni·16 + ng
+// (strided, so a warp's k / q loads and its workgroup-memory stores are contiguous) in registers: G, g_t, g_{t−1},
+// h_t, ∂u_t.
+// Elements past P or N hold exact zeros (their loads read 0), so they add nothing. Per step and rank r, each thread
+// sums its 4 channels (dq_r, dk_r partials of its 4 columns) and its 4 columns (dv_r partials of its 4 channels)
+// privately, stores them in `bred` (XOR-swizzled: conflict-free stores and loads), one barrier, then lanes 0..191
+// each add one output over the 16 thread rows in a fixed order (four interleaved chains); on the last pass the
+// three per-step scalars go the same way, lanes 192..215 adding 32 lanes each (one warp's slice: part_s holds
+// 8 slices per column block). A second barrier ends the pass. So 2R barriers per step for 16 elements × 256
+// threads (the old kernel: 2R for 16 × 64), and 16 (not 64) loads per reduced output.
+// Grid grid_1d(B·H·ceil(N / BNB)·BW, BW).
+@compute @workgroup_size(256)
 fn mamba3_scan_backward(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>,
                         @builtin(num_workgroups) nwg: vec3<u32>) {
-    let ntiles = (p.nstate + TN - 1u) / TN;
+    let ncb = (p.nstate + BNB - 1u) / BNB;
     let w = wid.y * nwg.x + wid.x;
-    if (w >= p.batch * p.heads * ntiles) { return; }  // whole workgroups only (uniform)
-    let tile = w % ntiles;
-    let h = (w / ntiles) % p.heads;
-    let b = w / (ntiles * p.heads);
+    if (w >= p.batch * p.heads * ncb) { return; }  // whole workgroups only (uniform)
+    let nb = w % ncb;
+    let h = (w / ncb) % p.heads;
+    let b = w / (ncb * p.heads);
     let N = p.nstate;
+    let P = p.headdim;
     let R = p.rank;
-    let n0 = tile * TN;
-    let tn = min(TN, N - n0);     // columns of this tile
+    let cg = lane / 16u;
+    let ng = lane % 16u;
     let span = min(p.chunk, p.len);
-    let npb = (p.headdim + BT - 1u) / BT;
-    var G: array<f32, TN>;        // α_{t+1} G_{t+1} on entering step t
-    var gr: array<f32, TN>;       // the recompute's g_t; in the adjoint, g_t of the step at hand
-    var gp: array<f32, TN>;       // g_{t−1}
-    let nv = p.batch * p.len * p.heads * p.rank * p.headdim;  // dv_part's tile stride
-    var gpn: array<f32, TN>;      // g_{t−2}, loaded a step ahead (its latency overlaps this step's reductions)
-    var hv: array<f32, TN>;       // h_t[c, n]
-    var duv: array<f32, TN>;      // ∂loss/∂u_t[c, n]
-    let sbase = (b * p.heads + h) * span * N * p.headdim;  // g_scratch [B, H, span, N, P]: lanes adjacent
+    let npb = (P + BPB - 1u) / BPB;
+    let nv = p.batch * p.len * p.heads * R * P;  // dv_part's column-block stride
+    let nsl = ncb * 8u;                          // part_s slices
+    var G: array<f32, 16>;   // α_{t+1} G_{t+1} on entering step t
+    var gr: array<f32, 16>;  // recompute: g_t; adjoint: g_t of the step at hand
+    var gp: array<f32, 16>;  // g_{t−1}
+    var hv: array<f32, 16>;  // h_t
+    var duv: array<f32, 16>; // ∂loss/∂u_t
+    var nidx: array<u32, 4>; // this thread's columns (clamped) and whether they exist
+    var nok: array<bool, 4>;
+    for (var ni = 0u; ni < 4u; ni++) {
+        let n = nb * BNB + ni * 16u + ng;
+        nok[ni] = n < N;
+        nidx[ni] = min(n, N - 1u);
+    }
+    let sbase = w * span * 16u * BW;  // g_scratch [B·H·ncb, span, 16, BW]: lanes adjacent
     for (var pb = p.pb_lo; pb < min(p.pb_hi, npb); pb++) {
-        let c = pb * BT + lane;
-        let live = c < p.headdim;
-        let cc = min(c, p.headdim - 1u);  // a valid channel for the idle lanes' reads (their results are dropped)
-        let carry = ((b * p.heads + h) * p.headdim + cc) * N + n0;
-        for (var i = 0u; i < TN; i++) {
-            G[i] = 0.0;
-            if (p.carry_in != 0u && i < tn) { G[i] = g_carry[carry + i]; }
+        var cidx: array<u32, 4>;
+        var cok: array<bool, 4>;
+        for (var ci = 0u; ci < 4u; ci++) {
+            let c = pb * BPB + ci * 16u + cg;
+            cok[ci] = c < P;
+            cidx[ci] = min(c, P - 1u);
+        }
+        for (var e = 0u; e < 16u; e++) {
+            G[e] = 0.0;
+            gr[e] = 0.0;
+            gp[e] = 0.0;
+            let ok = cok[e / 4u] && nok[e % 4u];
+            if (p.carry_in != 0u && ok) {
+                G[e] = g_carry[((b * p.heads + h) * P + cidx[e / 4u]) * N + nidx[e % 4u]];
+            }
         }
         for (var kc = min(p.kc_hi, p.nchunks); kc > p.kc_lo; kc--) {
             let t0 = (kc - 1u) * p.chunk;
             let steps = min(p.chunk, p.len - t0);
-            let entry = (((b * p.nchunks + kc - 1u) * p.heads + h) * p.headdim + cc) * N + n0;
-            // Recompute g_t over the chunk (this thread's row c, the tile's columns) in registers, stored to
-            // g_scratch (read back only by this thread; adjacent lanes adjacent, so stores coalesce).
-            if (live) {
-                let r_end = min(p.rec_hi, steps);
-                if (p.rec_lo < r_end) {
-                    for (var i = 0u; i < TN; i++) {
-                        if (i < tn) {
-                            if (p.rec_lo == 0u) { gr[i] = saved_states[entry + i]; }
-                            else { gr[i] = g_scratch[sbase + ((p.rec_lo - 1u) * N + n0 + i) * p.headdim + cc]; }
-                        }
-                    }
-                }
-                for (var jj = p.rec_lo; jj < r_end; jj++) {
-                    let t = t0 + jj;
-                    let j = bth(b, t, h);
-                    let alpha = exp(adt[j]);
-                    let s = lam[j] * dt[j] + delta_next(b, t, h);
-                    for (var i = 0u; i < TN; i++) {
-                        if (i < tn) {
-                            gr[i] = alpha * gr[i] + s * outer_sum(b, t, h, cc, n0 + i);
-                            g_scratch[sbase + (jj * N + n0 + i) * p.headdim + cc] = gr[i];
-                        }
+            let entry = ((b * p.nchunks + kc - 1u) * p.heads + h) * P;
+            // Recompute g_t over the chunk into g_scratch (read back only by this thread; stores coalesce).
+            let r_end = min(p.rec_hi, steps);
+            if (p.rec_lo < r_end) {
+                for (var e = 0u; e < 16u; e++) {
+                    let ok = cok[e / 4u] && nok[e % 4u];
+                    if (p.rec_lo == 0u) {
+                        gr[e] = select(0.0, saved_states[(entry + cidx[e / 4u]) * N + nidx[e % 4u]], ok);
+                    } else {
+                        gr[e] = g_scratch[sbase + ((p.rec_lo - 1u) * 16u + e) * BW + lane];
                     }
                 }
             }
-            // The adjoint, last step to first; g_t carries over from the step after (g_{t−1} there), and g_{t−1}
-            // was loaded during the step after (gpn), except on a dispatch's first step.
+            for (var jj = p.rec_lo; jj < r_end; jj++) {
+                let t = t0 + jj;
+                let j = bth(b, t, h);
+                let alpha = exp(adt[j]);
+                let s = lam[j] * dt[j] + delta_next(b, t, h);
+                var u: array<f32, 16>;
+                for (var e = 0u; e < 16u; e++) { u[e] = 0.0; }
+                for (var r = 0u; r < R; r++) {
+                    for (var e = 0u; e < 16u; e++) {
+                        let vv = select(0.0, v[v_index(b, t, h, r, cidx[e / 4u])], cok[e / 4u]);
+                        let kk = select(0.0, k[qk_index(b, t, h, r, nidx[e % 4u])], nok[e % 4u]);
+                        u[e] += vv * kk;
+                    }
+                }
+                for (var e = 0u; e < 16u; e++) {
+                    gr[e] = alpha * gr[e] + s * u[e];
+                    g_scratch[sbase + (jj * 16u + e) * BW + lane] = gr[e];
+                }
+            }
+            // The adjoint, last step to first.
             let a_hi = min(p.adj_hi, steps);
             for (var jj = a_hi; jj > p.adj_lo; jj--) {
                 let t = t0 + jj - 1u;
@@ -349,112 +378,141 @@ fn mamba3_scan_backward(@builtin(local_invocation_index) lane: u32, @builtin(wor
                 let alpha = exp(adt[j]);
                 let dn = delta_next(b, t, h);
                 let s = lam[j] * dt[j] + dn;
-                var dscale = 0.0;  // Σ_n G_t u_t over the tile
-                var dyqu = 0.0;    // Σ_n (Σ_R dy q_Rᵀ) u_t
-                var gg = 0.0;      // Σ_n G_t g_{t−1}
-                for (var i = 0u; i < TN; i++) {
-                    if (i < tn) {
-                        let n = n0 + i;
-                        if (jj == a_hi) {
-                            gr[i] = g_scratch[sbase + ((jj - 1u) * N + n) * p.headdim + cc];
-                            if (jj == 1u) { gp[i] = saved_states[entry + i]; }
-                            else { gp[i] = g_scratch[sbase + ((jj - 2u) * N + n) * p.headdim + cc]; }
-                        } else {
-                            gr[i] = gp[i];
-                            gp[i] = gpn[i];
-                        }
-                    }
+                for (var e = 0u; e < 16u; e++) {
+                    let ok = cok[e / 4u] && nok[e % 4u];
+                    if (jj == a_hi) { gr[e] = g_scratch[sbase + ((jj - 1u) * 16u + e) * BW + lane]; }
+                    else { gr[e] = gp[e]; }
+                    if (jj == 1u) { gp[e] = select(0.0, saved_states[(entry + cidx[e / 4u]) * N + nidx[e % 4u]], ok); }
+                    else { gp[e] = g_scratch[sbase + ((jj - 2u) * 16u + e) * BW + lane]; }
                 }
-                for (var i = 0u; i < TN; i++) {
-                    if (i < tn) {
-                        let n = n0 + i;
-                        let u = outer_sum(b, t, h, cc, n);
-                        let dq_ = dy_q(b, t, h, cc, n);
-                        let Gn = dq_ + G[i];
-                        hv[i] = gr[i] - dn * u;
-                        let du = s * Gn - dn * dq_;
-                        duv[i] = du;
-                        dscale += Gn * u;
-                        dyqu += dq_ * u;
-                        gg += Gn * gp[i];
-                        G[i] = alpha * Gn;
-                    }
-                }
-                if (jj > p.adj_lo + 1u) {  // the next step's g_{t−1}
-                    for (var i = 0u; i < TN; i++) {
-                        if (i < tn) {
-                            if (jj == 2u) { gpn[i] = saved_states[entry + i]; }
-                            else { gpn[i] = g_scratch[sbase + ((jj - 3u) * N + n0 + i) * p.headdim + cc]; }
-                        }
-                    }
-                }
-                if (live) {
-                    for (var r = 0u; r < R; r++) {
-                        var acc = 0.0;
-                        for (var i = 0u; i < TN; i++) {
-                            if (i < tn) { acc += duv[i] * k[qk_index(b, t, h, r, n0 + i)]; }
-                        }
-                        dv_part[tile * nv + v_index(b, t, h, r, c)] = acc;
-                    }
-                }
-                // Sums over the channels of this p-block through `red`, one pass per r: dq_r in slots [0, TN),
-                // dk_r in [TN, 2 TN) and, with the last, the three scalars in 2 TN ..: lane x adds column x over the
-                // lanes and adds it to what the earlier p-blocks left (the same lane wrote that).
+                var u: array<f32, 16>;
+                var dq_: array<f32, 16>;
+                for (var e = 0u; e < 16u; e++) { u[e] = 0.0; dq_[e] = 0.0; }
                 for (var r = 0u; r < R; r++) {
-                    var fy = 0.0;
-                    var fv = 0.0;
-                    if (live) {
-                        fy = dy[v_index(b, t, h, r, cc)];
-                        fv = v[v_index(b, t, h, r, cc)];
+                    for (var e = 0u; e < 16u; e++) {
+                        let ci = cidx[e / 4u];
+                        let nn = nidx[e % 4u];
+                        let cm = cok[e / 4u];
+                        let nm = nok[e % 4u];
+                        let vi = v_index(b, t, h, r, ci);
+                        let ki = qk_index(b, t, h, r, nn);
+                        u[e] += select(0.0, v[vi], cm) * select(0.0, k[ki], nm);
+                        dq_[e] += select(0.0, dy[vi], cm) * select(0.0, q[ki], nm);
                     }
-                    for (var i = 0u; i < TN; i++) {  // idle lanes add exact zeros
-                        red[lane * RS + i] = select(0.0, hv[i] * fy, live);
-                        red[lane * RS + TN + i] = select(0.0, duv[i] * fv, live);
-                    }
+                }
+                var dscale = 0.0;  // Σ G_t u_t over this thread's elements
+                var dyqu = 0.0;    // Σ (Σ_R dy q_Rᵀ) u_t
+                var gg = 0.0;      // Σ G_t g_{t−1}
+                for (var e = 0u; e < 16u; e++) {
+                    let Gn = dq_[e] + G[e];
+                    hv[e] = gr[e] - dn * u[e];
+                    duv[e] = s * Gn - dn * dq_[e];
+                    dscale += Gn * u[e];
+                    dyqu += dq_[e] * u[e];
+                    gg += Gn * gp[e];
+                    G[e] = alpha * Gn;
+                }
+                for (var r = 0u; r < R; r++) {
                     let last_pass = r + 1u == R;
+                    var fy: array<f32, 4>;
+                    var fv: array<f32, 4>;
+                    var fk: array<f32, 4>;
+                    for (var i = 0u; i < 4u; i++) {
+                        fy[i] = select(0.0, dy[v_index(b, t, h, r, cidx[i])], cok[i]);
+                        fv[i] = select(0.0, v[v_index(b, t, h, r, cidx[i])], cok[i]);
+                        fk[i] = select(0.0, k[qk_index(b, t, h, r, nidx[i])], nok[i]);
+                    }
+                    let sw = 16u * (cg & 1u);
+                    for (var ni = 0u; ni < 4u; ni++) {
+                        let x = ni * 16u + ng;
+                        bred[cg * 128u + (x ^ sw)] =
+                            ((hv[ni] * fy[0] + hv[4u + ni] * fy[1]) + (hv[8u + ni] * fy[2] + hv[12u + ni] * fy[3]));
+                        bred[cg * 128u + ((64u + x) ^ sw)] =
+                            ((duv[ni] * fv[0] + duv[4u + ni] * fv[1]) + (duv[8u + ni] * fv[2] + duv[12u + ni] * fv[3]));
+                    }
+                    for (var ci = 0u; ci < 4u; ci++) {
+                        let y_ = ci * 16u + cg;
+                        bred[BDV + ng * 64u + (y_ ^ (2u * ng))] =
+                            ((duv[ci * 4u] * fk[0] + duv[ci * 4u + 1u] * fk[1])
+                             + (duv[ci * 4u + 2u] * fk[2] + duv[ci * 4u + 3u] * fk[3]));
+                    }
                     if (last_pass) {
-                        red[lane * RS + 2u * TN] = select(0.0, dscale, live);
-                        red[lane * RS + 2u * TN + 1u] = select(0.0, dyqu, live);
-                        red[lane * RS + 2u * TN + 2u] = select(0.0, alpha * gg, live);
+                        let m = lane / 32u;
+                        let i = lane % 32u;
+                        bred[BSC + m * 32u + ((i + m) % 32u)] = dscale;
+                        bred[BSC + 256u + m * 32u + ((i + m + 8u) % 32u)] = dyqu;
+                        bred[BSC + 512u + m * 32u + ((i + m + 16u) % 32u)] = alpha * gg;
                     }
                     workgroupBarrier();
-                    let x = lane % TN;
-                    let is_dk = lane >= TN && lane < 2u * TN;
-                    if ((lane < 2u * TN && x < tn) || (last_pass && lane >= 2u * TN && lane < 2u * TN + 3u)) {
-                        // all BT rows (idle lanes' are +0.0) in four interleaved chains, combined in a fixed order
+                    if (lane < 192u) {
+                        let x = lane % 64u;
                         var a0 = 0.0;
                         var a1 = 0.0;
                         var a2 = 0.0;
                         var a3 = 0.0;
-                        for (var l = 0u; l < BT; l += 4u) {
-                            a0 += red[l * RS + lane];
-                            a1 += red[(l + 1u) * RS + lane];
-                            a2 += red[(l + 2u) * RS + lane];
-                            a3 += red[(l + 3u) * RS + lane];
+                        if (lane < 128u) {  // dq_r (lanes 0..63) and dk_r (64..127) of column nb·64 + x
+                            let col = lane;
+                            for (var g4 = 0u; g4 < 16u; g4 += 4u) {
+                                a0 += bred[g4 * 128u + col];
+                                a1 += bred[(g4 + 1u) * 128u + (col ^ 16u)];
+                                a2 += bred[(g4 + 2u) * 128u + col];
+                                a3 += bred[(g4 + 3u) * 128u + (col ^ 16u)];
+                            }
+                        } else {            // dv_r of channel pb·64 + x, over the 16 column rows
+                            for (var g4 = 0u; g4 < 16u; g4 += 4u) {
+                                a0 += bred[BDV + g4 * 64u + (x ^ (2u * g4))];
+                                a1 += bred[BDV + (g4 + 1u) * 64u + (x ^ (2u * g4 + 2u))];
+                                a2 += bred[BDV + (g4 + 2u) * 64u + (x ^ (2u * g4 + 4u))];
+                                a3 += bred[BDV + (g4 + 3u) * 64u + (x ^ (2u * g4 + 6u))];
+                            }
                         }
                         var acc = (a0 + a1) + (a2 + a3);
-                        var idx = 0u;
-                        if (lane < 2u * TN) {
-                            idx = qk_index(b, t, h, r, n0 + x);
-                            if (is_dk) {
-                                if (pb > 0u) { acc += dk[idx]; }
-                                dk[idx] = acc;
-                            } else {
-                                if (pb > 0u) { acc += dq[idx]; }
-                                dq[idx] = acc;
+                        if (lane < 128u) {
+                            let n = nb * BNB + x;
+                            if (n < N) {
+                                let idx = qk_index(b, t, h, r, n);
+                                if (lane < 64u) {
+                                    if (pb > 0u) { acc += dq[idx]; }
+                                    dq[idx] = acc;
+                                } else {
+                                    if (pb > 0u) { acc += dk[idx]; }
+                                    dk[idx] = acc;
+                                }
                             }
                         } else {
-                            idx = (j * ntiles + tile) * 3u + (lane - 2u * TN);
-                            if (pb > 0u) { acc += part_s[idx]; }
-                            part_s[idx] = acc;
+                            let c = pb * BPB + x;
+                            if (c < P) { dv_part[nb * nv + v_index(b, t, h, r, c)] = acc; }
                         }
+                    } else if (last_pass && lane < 216u) {  // scalar sc over warp m's 32 lanes
+                        let jx = lane - 192u;
+                        let sc = jx / 8u;
+                        let m = jx % 8u;
+                        var a0 = 0.0;
+                        var a1 = 0.0;
+                        var a2 = 0.0;
+                        var a3 = 0.0;
+                        let base = BSC + sc * 256u + m * 32u;
+                        for (var i = 0u; i < 32u; i += 4u) {
+                            a0 += bred[base + (i + m + 8u * sc) % 32u];
+                            a1 += bred[base + (i + 1u + m + 8u * sc) % 32u];
+                            a2 += bred[base + (i + 2u + m + 8u * sc) % 32u];
+                            a3 += bred[base + (i + 3u + m + 8u * sc) % 32u];
+                        }
+                        var acc = (a0 + a1) + (a2 + a3);
+                        let idx = (j * nsl + nb * 8u + m) * 3u + sc;
+                        if (pb > 0u) { acc += part_s[idx]; }
+                        part_s[idx] = acc;
                     }
                     workgroupBarrier();
                 }
             }
         }
-        if (p.carry_out != 0u && live) {
-            for (var i = 0u; i < TN; i++) { if (i < tn) { g_carry[carry + i] = G[i]; } }
+        if (p.carry_out != 0u) {
+            for (var e = 0u; e < 16u; e++) {
+                if (cok[e / 4u] && nok[e % 4u]) {
+                    g_carry[((b * p.heads + h) * P + cidx[e / 4u]) * N + nidx[e % 4u]] = G[e];
+                }
+            }
         }
     }
 }

@@ -6,7 +6,7 @@ import pytest
 
 from mambactl.errors import ShapeError
 from mambactl.ops import checks
-from mambactl.ops.mamba3_scan import (BACKWARD_THREADS, FWD_CHANNELS, FWD_TILES, TILE_N,
+from mambactl.ops.mamba3_scan import (BACKWARD_THREADS, BWD_CHANNELS, FWD_CHANNELS, FWD_TILES, TILE_N,
                                       backward_adjoint_loops_per_step, backward_buffers, forward_loops_per_step,
                                       forward_tile, mamba3_scan, mamba3_scan_backward)
 from mambactl.reference import mamba3 as ref
@@ -126,7 +126,7 @@ def test_backward_transients_do_not_scale_with_headdim_state_and_length(gpu, mon
     grads = [g.numpy() for g in mamba3_scan_backward(saved, dyt)]
     monkeypatch.undo()
     tiles = -(-nstate // TILE_N)
-    bound = max(batch * heads * headdim * chunk * nstate,           # one chunk of recomputed states
+    bound = max(batch * heads * chunk * BWD_CHANNELS * tiles * TILE_N,  # one chunk of states (one p-block, padded)
                 batch * length * heads * rank * headdim * tiles,     # dv per state tile
                 batch * length * heads * rank * nstate)              # dq, dk
     assert sizes and max(sizes) <= bound, (max(sizes), bound)
@@ -153,6 +153,7 @@ def test_backward_plan_fits_the_130m_training_shape():
     (1, 20, 1, 1, 40, 80, 16, 5),   # two p-blocks, two state tiles
     (1, 9, 1, 3, 6, 5, 100, 1),     # one step per dispatch, one chunk longer than L
     (1, 37, 1, 3, 70, 40, 8, 7),    # MIMO R = 3 tiled forward: segments cutting its time tiles (5 steps)
+    (1, 23, 1, 3, 100, 130, 8, 5),  # backward: three p-blocks of 64 (the last of 2), two column blocks (64 + 36)
 ])
 def test_segmented_matches_one_dispatch(gpu, batch, length, heads, rank, nstate, headdim, chunk, segment):
     """The dispatch segments that Mesa llvmpipe's loop budget needs (the carried state in last_state / g_carry)
@@ -200,7 +201,7 @@ def test_forward_tiles_match_reference(gpu, batch, length, heads, rank, nstate, 
 def test_walk_past_the_loop_budget(gpu):
     """A walk longer than Mesa llvmpipe's loop budget allows per invocation, forward and backward, with no forced
     segment: on llvmpipe the wrapper splits it into dispatches by itself (elsewhere one dispatch)."""
-    batch, length, heads, rank, nstate, headdim = 1, 600, 1, 1, 4, 3
+    batch, length, heads, rank, nstate, headdim = 1, 800, 1, 1, 4, 3
     assert length * forward_loops_per_step(rank, nstate) > checks.LOOP_BUDGET
     assert length * backward_adjoint_loops_per_step(rank, nstate) > checks.LOOP_BUDGET
     x = make_inputs(batch, length, heads, rank, nstate, headdim, seed=8)
@@ -210,3 +211,26 @@ def test_walk_past_the_loop_budget(gpu):
     assert rel_err(y, ref.mamba3_scan_sequential(*x64)) < 1e-4
     for name, got, want in zip(GRADS, grads, ref.mamba3_scan_backward(*x64, dy.astype(np.float64))):
         assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
+
+
+@pytest.mark.parametrize("batch,length,heads,rank,nstate,headdim,chunk", [
+    (1, 13, 2, 3, 100, 130, 5),  # MIMO R = 3; N = 100: column blocks 64 + 36; P = 130: p-blocks 64 + 64 + 2
+    (2, 9, 1, 2, 65, 65, 4),     # one column and one channel past a block
+    (1, 7, 1, 1, 3, 1, 3),       # one channel, three columns: almost every element of the 64 × 64 block idle
+    (1, 6, 1, 16, 128, 17, 4),   # the largest rank and N: 2·16 reduction barriers a step, no fallback needed
+    (1, 70, 1, 1, 128, 64, 64),  # the 130m head (P 64, N 128), L past one chunk and not a multiple of it
+])
+def test_backward_blocks_match_reference(gpu, batch, length, heads, rank, nstate, headdim, chunk):
+    """The backward's blocks (BACKWARD_THREADS threads, each 4 channels × 4 columns; BWD_CHANNELS channels walked
+    in blocks, TILE_N columns per workgroup, partial last blocks) against the reference, outputs poisoned by the
+    fixture, and bit-identical on a second run (fixed-order sums)."""
+    assert BACKWARD_THREADS <= 256 and BACKWARD_THREADS * 16 == BWD_CHANNELS * TILE_N
+    x = make_inputs(batch, length, heads, rank, nstate, headdim, seed=10)
+    dy = np.random.default_rng(11).standard_normal((batch, length, heads, rank, headdim)).astype(np.float32)
+    _, grads, _ = run_gpu(gpu, x, dy, chunk)
+    _, again, _ = run_gpu(gpu, x, dy, chunk)
+    x64 = [x[k].astype(np.float64) for k in NAMES]
+    for name, got, want, second in zip(GRADS, grads, ref.mamba3_scan_backward(*x64, dy.astype(np.float64)), again):
+        assert got.shape == want.shape, name
+        assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
+        assert np.array_equal(got, second), name

@@ -11,14 +11,16 @@ The forward (on every adapter, unless one step's k and q overflow 16 KiB of work
 channel's state row over FWD_TILES threads and stages time tiles of k, q, v in workgroup memory (the kernel's header).
 
 Memory: the forward keeps the (SSD-form) state entering each chunk of `chunk` steps, [B, ceil(L / chunk), H, P, N],
-and the state after the last step [B, H, P, N]; the backward recomputes the states in between. One workgroup per
-(batch, head, tile of TILE_N state columns) runs the adjoint with its threads over the value channels (in blocks of
-BACKWARD_THREADS, so any headdim) and adds the dq / dk contributions over p in workgroup memory, in order. Its
-transients (`backward_buffers`): one chunk of recomputed states per channel ([B, H, min(chunk, L), N, P]), dv per
-state tile ([ceil(N / TILE_N), B, L, H, R, P], only when N > TILE_N) and three scalars per step, head and tile
-([B, L, H, ceil(N / TILE_N), 3]), added over tiles in order by second dispatches: nothing of B·L·H·P·N size, and
-deterministic (no atomics). At mamba-130m training (B 8, L 1024, H 24, P 64, N 128) the largest, g_scratch and
-dv_part, are 400 MB each.
+and the state after the last step [B, H, P, N]; the backward recomputes the states in between. One workgroup of
+BACKWARD_THREADS threads per (batch, head, block of TILE_N state columns) walks the value channels in blocks of
+BWD_CHANNELS, each thread holding 4 channels × 4 columns of the state and adjoint in registers; per step the sums
+over channels (dq, dk), over columns (dv) and the scalars go through workgroup memory once per rank, in a fixed
+order. Its transients (`backward_buffers`): one chunk of recomputed states per workgroup
+([B, H, ceil(N / TILE_N), min(chunk, L), 16, BACKWARD_THREADS]), dv per column block
+([ceil(N / TILE_N), B, L, H, R, P], only when N > TILE_N) and three scalars per step, head and warp slice
+([B, L, H, 8·ceil(N / TILE_N), 3]), added in order by second dispatches: nothing of B·L·H·P·N size, and
+deterministic (no atomics). At mamba-130m training (B 8, L 1024, H 24, P 64, N 128) the largest, g_scratch, is
+400 MB.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ MAX_STATE = 128  # mirrors MAX_N in kernels/mamba3_scan.wgsl (a private array pe
 MAX_RANK = 16    # mirrors MAX_R
 DEFAULT_CHUNK = 64
 THREADS = 64     # workgroup size of the forward and step entries
-BACKWARD_THREADS = 64  # mirrors BT: value channels per backward workgroup
-TILE_N = 16      # mirrors TN: state columns per backward workgroup
+BACKWARD_THREADS = 256  # mirrors BW: threads per backward workgroup (16 × 16, each 4 channels × 4 columns)
+BWD_CHANNELS = 64  # mirrors BPB: value channels per block of the backward (walked in order by one workgroup)
+TILE_N = 64      # mirrors BNB: state columns per backward workgroup
 FWD_CHANNELS = 32  # mirrors FP: value channels per workgroup of the tiled forward
 FWD_TILES = 8      # mirrors FNT: state tiles (threads per channel) of the tiled forward
 FWD_THREADS = FWD_CHANNELS * FWD_TILES  # mirrors FW
@@ -102,16 +105,17 @@ def forward_loops_per_step(rank: int, nstate: int) -> int:
     return 1 + nt + nt * (1 + rank) + rank * (1 + nt) + 17 + FWD_MAX_ROWS + 2 * (1 + FWD_TILES) + 1
 
 
-# Backward, per step of the recompute: the step loop and TILE_N·(1 + R) (loops over a tile's columns run TILE_N
-# times, guarded, so their arrays stay in registers).
+# Backward, per step of the recompute (16 state elements per thread): the step loop, u's init (16), its rank loop
+# (R·(1 + 16)) and the update (16).
 def backward_recompute_loops_per_step(rank: int, nstate: int) -> int:
-    return 1 + TILE_N * (1 + rank)
+    return 1 + 16 + rank * 17 + 16
 
 
-# Backward, per step of the adjoint: the step loop, the three column loops (TILE_N·(3 + 2R)), dv (R·(1 + TILE_N)),
-# and R passes through workgroup memory of 1 + TILE_N + BACKWARD_THREADS / 4.
+# Backward, per step of the adjoint: the step loop, the state loads (16), u / dq's init (16), their rank loop
+# (R·(1 + 16)), the update (16), and R passes through workgroup memory: the pass loop, the k / v / dy loads (4), the
+# partial stores (4 + 4) and the reduction (at most 8, the scalars').
 def backward_adjoint_loops_per_step(rank: int, nstate: int) -> int:
-    return 1 + TILE_N * (3 + 2 * rank) + rank * (1 + TILE_N) + rank * (1 + TILE_N + BACKWARD_THREADS // 4)
+    return 1 + 16 + 16 + rank * 17 + 16 + rank * (1 + 4 + 4 + 4 + 8)
 
 
 _FIXED = 4 * MAX_STATE + 64  # per dispatch: the state's init and store, the p-block and chunk loops
@@ -154,8 +158,8 @@ def backward_buffers(batch: int, length: int, heads: int, rank: int, nstate: int
     """The backward's transient tensors (name -> shape) besides its outputs: what `mamba3_scan_backward`
     allocates, for planning memory without a device."""
     tiles = -(-nstate // TILE_N)
-    shapes = {"g_scratch": (batch, heads, min(chunk, length), nstate, headdim),
-              "part_s": (batch, length, heads, tiles, 3)}
+    shapes = {"g_scratch": (batch, heads, tiles, min(chunk, length), 16, BACKWARD_THREADS),
+              "part_s": (batch, length, heads, tiles * 8, 3)}
     if tiles > 1:
         shapes["dv_part"] = (tiles, batch, length, heads, rank, headdim)
     return shapes
@@ -167,14 +171,14 @@ def _backward_segments(rt, op: str, shape, length: int, rank: int, nstate: int, 
     `segment` steps) per p-block and chunk, the recompute and then the adjoint in segments of steps."""
     span = min(chunk, length)
     per_rec, per_adj = backward_recompute_loops_per_step(rank, nstate), backward_adjoint_loops_per_step(rank, nstate)
-    whole = _FIXED + -(-headdim // BACKWARD_THREADS) * length * (per_rec + per_adj)
+    whole = _FIXED + -(-headdim // BWD_CHANNELS) * length * (per_rec + per_adj)
     if segment is None and segment_length(rt, op, shape, whole, 1) >= whole:
         return [{}]  # one dispatch: not llvmpipe, or it all fits the budget
     rec = segment_length(rt, op, shape, span, per_rec, _FIXED, segment=segment)
     adj = segment_length(rt, op, shape, span, per_adj, _FIXED, segment=segment)
     nchunks = -(-length // chunk)
     out = []
-    for pb in range(-(-headdim // BACKWARD_THREADS)):
+    for pb in range(-(-headdim // BWD_CHANNELS)):
         first = True
         for kc in range(nchunks, 0, -1):
             steps = min(chunk, length - (kc - 1) * chunk)
@@ -219,7 +223,7 @@ def mamba3_scan_backward(saved: Mamba3ScanSaved, dy: Tensor, segment: int | None
     rows = batch * length * heads
     dadt, ddt, dlam = (rt.empty(s.adt.shape) for _ in range(3))
     rt.run("mamba3_scan_scalars", grid_1d(rows), part=part_s, lam=s.lam, dt=s.dt, dadt=dadt, ddt=ddt, dlam=dlam,
-           count=rows, steps=length, nheads=heads, nslices=tiles)
+           count=rows, steps=length, nheads=heads, nslices=tiles * 8)
     return dq, dk, dv, dadt, ddt, dlam
 
 
