@@ -272,42 +272,117 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
 }
 
 // ---- matmul_direct ------------------------------------------------------------------------------
+// No workgroup memory or barriers, for CPU adapters (llvmpipe/lavapipe run a workgroup's invocations as SIMD
+// loops on one thread; every barrier is a context switch). One workgroup of 4 × 2 invocations (one 8-lane
+// SIMD group on AVX2) computes a 64 × 64 tile of C; each invocation a 32-row × 16-column block, held in
+// 8 × 4 accumulators of 4 × 4.
+//
+// Why so large a block (Mesa 22.3 lavapipe, issue #9): there every storage-buffer load is a loop over the
+// SIMD lanes with one scalar load and a dynamic vector insert per lane and component: ~9-13 ns per lane per
+// component, whether the address is uniform or not and whether it loads a vec4 or a scalar (a vec4 costs four
+// scalars; measured with bench-style micro-kernels). The FMAs are nearly free beside that, so the speed is set
+// by the loads per FMA: (R + C) / (R · C) per k. The old 4 × 4 block with scalar loads (0.5) ran at 0.46
+// GFLOP/s per CPU second at 512×64×256; 8 × 8 (0.25) at ~0.9; 32 × 16 (0.09) at ~1.6-1.7 (blocks wider in
+// columns than rows were slower; 64 × 16 was no faster). Loads are branch-free: rows and columns past the
+// edge read the last row or column (clamped address; those results are never stored) and k never leaves
+// the range, so there is no per-element bounds branch in the loop. The stores check bounds (store4, whose
+// VEC4 path ops/linear.py picks where N allows it).
 
-fn load_a(row: u32, kk: u32, kz: u32) -> f32 {
-    if (row >= p.m || kk >= kz) { return 0.0; }
-    var e = row * p.k + kk;
-    if (TRANS_A) { e = kk * p.m + row; }
+// A[row][kk] (row clamped to the last row).
+fn elem_a(row: u32, kk: u32) -> f32 {
+    let r = min(row, p.m - 1u);
+    var e = r * p.k + kk;
+    if (TRANS_A) { e = kk * p.m + r; }
     return a[e >> 2u][e & 3u];
 }
 
-fn load_b(kk: u32, col: u32, kz: u32) -> f32 {
-    if (kk >= kz || col >= p.n) { return 0.0; }
-    var e = kk * p.n + col;
-    if (TRANS_B) { e = col * p.k + kk; }
+// B[kk][col] (column clamped to the last column).
+fn elem_b(kk: u32, col: u32) -> f32 {
+    let c = min(col, p.n - 1u);
+    var e = kk * p.n + c;
+    if (TRANS_B) { e = c * p.k + kk; }
     return b[e >> 2u][e & 3u];
 }
 
-// No workgroup memory or barriers: each thread reads its 4 rows and 4 columns straight from memory.
-// On CPU adapters (llvmpipe/lavapipe run a workgroup's invocations as loops and every barrier is a
-// context switch) the caches do the tiling's job.
-@compute @workgroup_size(16, 16)
+// Rows r .. r+3 of A at k, and columns c .. c+3 of B at k.
+fn col4_a(r: u32, k: u32) -> vec4<f32> {
+    return vec4<f32>(elem_a(r, k), elem_a(r + 1u, k), elem_a(r + 2u, k), elem_a(r + 3u, k));
+}
+
+fn row4_b(c: u32, k: u32) -> vec4<f32> {
+    return vec4<f32>(elem_b(k, c), elem_b(k, c + 1u), elem_b(k, c + 2u), elem_b(k, c + 3u));
+}
+
+// acc += x ⊗ y: row i of the block gains x[i] · y (multiply and add, as the kernel before).
+fn outer_mul(acc: mat4x4<f32>, x: vec4<f32>, y: vec4<f32>) -> mat4x4<f32> {
+    return mat4x4<f32>(acc[0] + x.x * y, acc[1] + x.y * y, acc[2] + x.z * y, acc[3] + x.w * y);
+}
+
+@compute @workgroup_size(4, 2)
 fn matmul_direct(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let r0 = wid.y * 64u + lid.y * 4u;
-    let c0 = wid.x * 64u + lid.x * 4u;
+    let r0 = wid.y * 64u + lid.y * 32u;
+    let c0 = wid.x * 64u + lid.x * 16u;
     let kz = min(p.k, (wid.z + 1u) * p.k_split);
-    var acc0 = vec4<f32>(0.0);
-    var acc1 = vec4<f32>(0.0);
-    var acc2 = vec4<f32>(0.0);
-    var acc3 = vec4<f32>(0.0);
-    for (var kk = wid.z * p.k_split; kk < kz; kk++) {
-        let bv = vec4<f32>(load_b(kk, c0, kz), load_b(kk, c0 + 1u, kz), load_b(kk, c0 + 2u, kz), load_b(kk, c0 + 3u, kz));
-        acc0 += load_a(r0, kk, kz) * bv;
-        acc1 += load_a(r0 + 1u, kk, kz) * bv;
-        acc2 += load_a(r0 + 2u, kk, kz) * bv;
-        acc3 += load_a(r0 + 3u, kk, kz) * bv;
+    var d0_0 = mat4x4<f32>();
+    var d0_1 = mat4x4<f32>();
+    var d0_2 = mat4x4<f32>();
+    var d0_3 = mat4x4<f32>();
+    var d1_0 = mat4x4<f32>();
+    var d1_1 = mat4x4<f32>();
+    var d1_2 = mat4x4<f32>();
+    var d1_3 = mat4x4<f32>();
+    var d2_0 = mat4x4<f32>();
+    var d2_1 = mat4x4<f32>();
+    var d2_2 = mat4x4<f32>();
+    var d2_3 = mat4x4<f32>();
+    var d3_0 = mat4x4<f32>();
+    var d3_1 = mat4x4<f32>();
+    var d3_2 = mat4x4<f32>();
+    var d3_3 = mat4x4<f32>();
+    var d4_0 = mat4x4<f32>();
+    var d4_1 = mat4x4<f32>();
+    var d4_2 = mat4x4<f32>();
+    var d4_3 = mat4x4<f32>();
+    var d5_0 = mat4x4<f32>();
+    var d5_1 = mat4x4<f32>();
+    var d5_2 = mat4x4<f32>();
+    var d5_3 = mat4x4<f32>();
+    var d6_0 = mat4x4<f32>();
+    var d6_1 = mat4x4<f32>();
+    var d6_2 = mat4x4<f32>();
+    var d6_3 = mat4x4<f32>();
+    var d7_0 = mat4x4<f32>();
+    var d7_1 = mat4x4<f32>();
+    var d7_2 = mat4x4<f32>();
+    var d7_3 = mat4x4<f32>();
+    for (var kk = wid.z * p.k_split; kk < kz; kk++) {  // one loop iteration per k
+        let x0 = col4_a(r0 + 0u, kk);
+        let x1 = col4_a(r0 + 4u, kk);
+        let x2 = col4_a(r0 + 8u, kk);
+        let x3 = col4_a(r0 + 12u, kk);
+        let x4 = col4_a(r0 + 16u, kk);
+        let x5 = col4_a(r0 + 20u, kk);
+        let x6 = col4_a(r0 + 24u, kk);
+        let x7 = col4_a(r0 + 28u, kk);
+        let y0 = row4_b(c0 + 0u, kk);
+        let y1 = row4_b(c0 + 4u, kk);
+        let y2 = row4_b(c0 + 8u, kk);
+        let y3 = row4_b(c0 + 12u, kk);
+        d0_0 = outer_mul(d0_0, x0, y0); d0_1 = outer_mul(d0_1, x0, y1); d0_2 = outer_mul(d0_2, x0, y2); d0_3 = outer_mul(d0_3, x0, y3);
+        d1_0 = outer_mul(d1_0, x1, y0); d1_1 = outer_mul(d1_1, x1, y1); d1_2 = outer_mul(d1_2, x1, y2); d1_3 = outer_mul(d1_3, x1, y3);
+        d2_0 = outer_mul(d2_0, x2, y0); d2_1 = outer_mul(d2_1, x2, y1); d2_2 = outer_mul(d2_2, x2, y2); d2_3 = outer_mul(d2_3, x2, y3);
+        d3_0 = outer_mul(d3_0, x3, y0); d3_1 = outer_mul(d3_1, x3, y1); d3_2 = outer_mul(d3_2, x3, y2); d3_3 = outer_mul(d3_3, x3, y3);
+        d4_0 = outer_mul(d4_0, x4, y0); d4_1 = outer_mul(d4_1, x4, y1); d4_2 = outer_mul(d4_2, x4, y2); d4_3 = outer_mul(d4_3, x4, y3);
+        d5_0 = outer_mul(d5_0, x5, y0); d5_1 = outer_mul(d5_1, x5, y1); d5_2 = outer_mul(d5_2, x5, y2); d5_3 = outer_mul(d5_3, x5, y3);
+        d6_0 = outer_mul(d6_0, x6, y0); d6_1 = outer_mul(d6_1, x6, y1); d6_2 = outer_mul(d6_2, x6, y2); d6_3 = outer_mul(d6_3, x6, y3);
+        d7_0 = outer_mul(d7_0, x7, y0); d7_1 = outer_mul(d7_1, x7, y1); d7_2 = outer_mul(d7_2, x7, y2); d7_3 = outer_mul(d7_3, x7, y3);
     }
-    store4(wid.z, r0, c0, acc0);
-    store4(wid.z, r0 + 1u, c0, acc1);
-    store4(wid.z, r0 + 2u, c0, acc2);
-    store4(wid.z, r0 + 3u, c0, acc3);
+    store_block(wid.z, r0 + 0u, c0 + 0u, d0_0); store_block(wid.z, r0 + 0u, c0 + 4u, d0_1); store_block(wid.z, r0 + 0u, c0 + 8u, d0_2); store_block(wid.z, r0 + 0u, c0 + 12u, d0_3);
+    store_block(wid.z, r0 + 4u, c0 + 0u, d1_0); store_block(wid.z, r0 + 4u, c0 + 4u, d1_1); store_block(wid.z, r0 + 4u, c0 + 8u, d1_2); store_block(wid.z, r0 + 4u, c0 + 12u, d1_3);
+    store_block(wid.z, r0 + 8u, c0 + 0u, d2_0); store_block(wid.z, r0 + 8u, c0 + 4u, d2_1); store_block(wid.z, r0 + 8u, c0 + 8u, d2_2); store_block(wid.z, r0 + 8u, c0 + 12u, d2_3);
+    store_block(wid.z, r0 + 12u, c0 + 0u, d3_0); store_block(wid.z, r0 + 12u, c0 + 4u, d3_1); store_block(wid.z, r0 + 12u, c0 + 8u, d3_2); store_block(wid.z, r0 + 12u, c0 + 12u, d3_3);
+    store_block(wid.z, r0 + 16u, c0 + 0u, d4_0); store_block(wid.z, r0 + 16u, c0 + 4u, d4_1); store_block(wid.z, r0 + 16u, c0 + 8u, d4_2); store_block(wid.z, r0 + 16u, c0 + 12u, d4_3);
+    store_block(wid.z, r0 + 20u, c0 + 0u, d5_0); store_block(wid.z, r0 + 20u, c0 + 4u, d5_1); store_block(wid.z, r0 + 20u, c0 + 8u, d5_2); store_block(wid.z, r0 + 20u, c0 + 12u, d5_3);
+    store_block(wid.z, r0 + 24u, c0 + 0u, d6_0); store_block(wid.z, r0 + 24u, c0 + 4u, d6_1); store_block(wid.z, r0 + 24u, c0 + 8u, d6_2); store_block(wid.z, r0 + 24u, c0 + 12u, d6_3);
+    store_block(wid.z, r0 + 28u, c0 + 0u, d7_0); store_block(wid.z, r0 + 28u, c0 + 4u, d7_1); store_block(wid.z, r0 + 28u, c0 + 8u, d7_2); store_block(wid.z, r0 + 28u, c0 + 12u, d7_3);
 }

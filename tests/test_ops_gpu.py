@@ -103,9 +103,10 @@ def test_linear_forward_backward(rt, rng, M, K, N):
     assert rel(db.numpy(), rdb) < REDUCTION_TOL
 
 
-# (kernel, tile, vec4): matmul_direct, and every tile of the tiled kernel with the default load path (vec4
-# where the shape allows it, scalar at ragged shapes) and with the scalar loads forced.
-MATMUL_KERNELS = [("matmul_direct", None, None)] + [("matmul", tile, None) for tile in sorted(linear.TILES)] + [
+# (kernel, tile, vec4): matmul_direct with its default stores (vec4 where N allows) and with scalar stores
+# forced, and every tile of the tiled kernel with the default load path (vec4 where the shape allows it, scalar
+# at ragged shapes) and with the scalar loads forced.
+MATMUL_KERNELS = [("matmul_direct", None, None), ("matmul_direct", None, False)] + [("matmul", tile, None) for tile in sorted(linear.TILES)] + [
     ("matmul", tile, False) for tile in sorted(linear.TILES)]
 # Ragged shapes (scalar loads) and shapes whose dims are all multiples of 4 (vec4 loads at every transpose):
 # edge tiles in M and N, K not a multiple of the K tile, many K tiles (both shared buffers), exact tiles.
@@ -186,6 +187,18 @@ def test_matmul_direct_refuses_an_unsplittable_k_on_llvmpipe(rt, rng, monkeypatc
     a, b, bias = (rt.from_numpy(f32(rng, *s)[0]) for s in ((3, 70_000), (5, 70_000), (5,)))
     with pytest.raises(ShapeError, match=r"matmul: shape \(3, 70000, 5\) needs up to 70000 loop iterations"):
         linear.matmul(a, b, trans_b=True, bias=bias, kernel="matmul_direct")
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_matmul_direct_edge_blocks(rt, rng, ta, tb):
+    """matmul_direct's 32-row × 16-column blocks: outputs that end inside a block in both dimensions, in
+    several workgroups (their loads read clamped rows and columns, whose results must never be stored), a
+    single-row and a single-column output, and the poisoned output shows any element left unwritten."""
+    for M, K, N in [(97, 45, 83), (1, 33, 70), (70, 33, 1), (33, 7, 17)]:
+        (a32, a), (b32, b) = f32(rng, *((K, M) if ta else (M, K))), f32(rng, *((N, K) if tb else (K, N)))
+        got = linear.matmul(rt.from_numpy(a32), rt.from_numpy(b32), trans_a=ta, trans_b=tb, kernel="matmul_direct").numpy()
+        assert got.shape == (M, N)
+        assert rel(got, (a.T if ta else a) @ (b.T if tb else b)) < REDUCTION_TOL
 
 
 def test_linear_backward_accumulates(rt, rng):

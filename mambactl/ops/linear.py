@@ -11,7 +11,8 @@ from mambactl.runtime.tensor import Tensor
 # On the H200 128² won at every measured shape, x_proj's 80-column output included (64×128, 128×64 and
 # BK 8 variants were never faster and were dropped); 64² is for outputs at most 64 wide.
 TILES = {"64x64": 4, "128x128": 8}
-_DIRECT_TILE = 64  # matmul_direct: 64×64 outputs per 16×16 workgroup
+_DIRECT_TILE = 64  # matmul_direct: 64×64 outputs per 4×2 workgroup (32×16 per invocation)
+_DIRECT_STORE_LOOPS = 512  # matmul_direct: 128 row stores of 4 columns, a loop of 4 each without VEC4
 _FILL_GROUPS = 512  # fewer output tiles than this: split K across workgroups (then sum the planes)
 _MIN_SPLIT_K = 512  # each split's K range is at least this long
 _COLUMN_SUMS_MAX = 65535 * 64  # column_sums (which adds the split planes) runs one 64-wide workgroup row
@@ -26,6 +27,16 @@ def vec4_ok(M: int, N: int, K: int, trans_a: bool, trans_b: bool) -> bool:
     """Every row of A, B and C starts on a 16-byte boundary along its contiguous dimension (so the
     kernel's vec4 loads and stores line up): N and the contiguous dims of A and B multiples of 4."""
     return N % 4 == 0 and (M if trans_a else K) % 4 == 0 and (K if trans_b else N) % 4 == 0
+
+
+def vec4_path(M: int, N: int, K: int, trans_a: bool, trans_b: bool, vec4: bool | None) -> bool:
+    """The VEC4 constant (16-byte loads and stores in `matmul`, 16-byte stores in `matmul_direct`): on where
+    the shape allows it unless `vec4` says otherwise; forcing it where the shape doesn't is a ShapeError."""
+    can = vec4_ok(M, N, K, trans_a, trans_b)
+    if vec4 and not can:
+        raise ShapeError(f"matmul: vec4 loads need N and the contiguous dims of A and B to be multiples of 4 "
+                         f"(M={M}, N={N}, K={K}, trans_a={trans_a}, trans_b={trans_b})")
+    return can if vec4 is None else bool(vec4)
 
 
 def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor | None = None, out: Tensor | None = None,
@@ -62,16 +73,13 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
         if tile not in TILES:
             raise ShapeError(f"matmul: unknown tile {tile!r}; one of {sorted(TILES)}")
         t = TILES[tile]
-        can = vec4_ok(M, N, K, trans_a, trans_b)
-        if vec4 and not can:
-            raise ShapeError(f"matmul: vec4 loads need N and the contiguous dims of A and B to be multiples of 4 "
-                             f"(M={M}, N={N}, K={K}, trans_a={trans_a}, trans_b={trans_b})")
         bm = bn = 16 * t
         if raster is None:
             raster = -(-M // bm) < -(-N // bn)
-        consts.update(VEC4=can if vec4 is None else vec4, T=t, RASTER=raster)
+        consts.update(VEC4=vec4_path(M, N, K, trans_a, trans_b, vec4), T=t, RASTER=raster)
     elif entry == "matmul_direct":
         bm = bn = _DIRECT_TILE
+        consts["VEC4"] = vec4_path(M, N, K, trans_a, trans_b, vec4)  # its stores (its loads are scalar)
     else:
         raise ShapeError(f"matmul: unknown kernel {entry!r}; 'matmul' or 'matmul_direct'")
     groups = (-(-N // bn), -(-M // bm))
@@ -83,7 +91,8 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
         if M * N > _COLUMN_SUMS_MAX or split_k * M * N * 4 > rt.max_binding:
             split_k = 1
         if entry == "matmul_direct":  # one loop iteration per k: on llvmpipe a K range must fit its loop budget
-            split_k = max(split_k, -(-K // segment_length(rt, "matmul", (M, K, N), K, per_step=1, multiple=16)))
+            split_k = max(split_k, -(-K // segment_length(rt, "matmul", (M, K, N), K, per_step=1, fixed=_DIRECT_STORE_LOOPS,
+                                                           multiple=16)))
             if split_k > 1 and (bias is not None or M * N > _COLUMN_SUMS_MAX or split_k * M * N * 4 > rt.max_binding):
                 loop_budget(rt, "matmul", (M, K, N), K)  # K can't be split here: refuse rather than cut it short
     k_split = -(-(-(-K // split_k)) // 16) * 16  # a multiple of every kernel's K tile
