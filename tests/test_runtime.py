@@ -166,3 +166,20 @@ def test_gpu_times_label_every_dispatch_with_its_timestamps(rt):
     assert all(ns > 0 for _, _, ns in times)
     xs = x.numpy().astype(np.float64)
     np.testing.assert_allclose(want, xs / (1 + np.exp(-xs)) + xs, rtol=1e-5, atol=1e-6)  # timed passes still compute
+
+
+def test_a_checkout_first_on_sys_path_runs_its_own_kernels(tmp_path):
+    """bench/gemm.py --src OTHER and device snapshots import another tree's mambactl: its WGSL must come with it,
+    not from wherever mambactl is installed."""
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    shutil.copytree(repo / "mambactl", tmp_path / "mambactl", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(repo / "kernels", tmp_path / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    code = "from mambactl.runtime.kernels import kernel_dir; print(kernel_dir())"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)})
+    assert Path(out.stdout.strip()) == tmp_path / "kernels"

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
+from pathlib import Path
 
 _GLOBAL = re.compile(
     r"@group\(0\)\s*@binding\((\d+)\)\s*var<\s*(storage|uniform)\s*(?:,\s*(read_write|read))?\s*>\s*(\w+)\s*:\s*([^;]+);"
@@ -100,9 +101,18 @@ def parse_module(name: str, source: str) -> Module:
     return Module(name, source, entries)  # source without comments is what gets compiled
 
 
+def kernel_dir():
+    """Where the WGSL files are: the kernels/ folder of the checkout this package was imported from (so a checkout
+    first on sys.path runs its own kernels, whatever is installed), else the installed `mambactl.kernels` data."""
+    checkout = Path(__file__).resolve().parents[2] / "kernels"
+    if (checkout / "__init__.py").is_file() and any(checkout.glob("*.wgsl")):
+        return checkout
+    return resources.files("mambactl.kernels")
+
+
 @lru_cache(maxsize=None)
 def all_modules() -> dict[str, Module]:
-    root = resources.files("mambactl.kernels")
+    root = kernel_dir()
     mods = {}
     for f in sorted(root.iterdir(), key=lambda p: p.name):
         if f.name.endswith(".wgsl"):
