@@ -17,10 +17,7 @@
 // The backward walks the chunks last to first: it recomputes the tile entry states of a chunk into
 // tile_states (per workgroup, chunk / T states per thread), then for each tile, last to first, the tile's
 // states in workgroup memory, and runs the adjoint g_t = ∂loss/∂h_t = C_t dy'_t + exp(Δ_{t+1} A) g_{t+1}
-// backwards (dy' = dy·silu(z)). The backward double-buffers its staged tile inputs (pipeline constant BUFS = 2)
-// and loads the next tile's inputs and entry state while the current tile's sums run, so their latency is
-// hidden and a tile costs one barrier in the entry-state pass and four in the adjoint pass (was 2 and 5).
-// Sums over channels go out as per-workgroup partials (dB_part, dC_part) and
+// backwards (dy' = dy·silu(z)). Sums over channels go out as per-workgroup partials (dB_part, dC_part) and
 // sums over batch as per-batch-row partials (param_part); second dispatches add them in a fixed order,
 // so results are deterministic and there are no atomics.
 
@@ -30,7 +27,6 @@ override N: u32 = 16u;  // state size
 override CH: u32 = 8u;  // channels per workgroup
 override T: u32 = 8u;   // steps per tile; divides chunk
 override ACCUMULATE: bool = false;
-override BUFS: u32 = 1u;  // buffers of the staged tiles: 1 in the forward, 2 in the backward
 
 // Segments (Mesa llvmpipe caps one invocation's loop iterations at 65,535 in total, so there the wrapper splits
 // the walk over time into dispatches; elsewhere one dispatch covers it): the forward runs steps [seg_begin,
@@ -77,18 +73,16 @@ struct StepParams { batch: u32, channels: u32, nstate: u32 }
 @group(0) @binding(29) var<storage, read_write> state: array<f32>;
 @group(0) @binding(30) var<storage, read_write> carry: array<f32>;  // [B, Dc / CH, WG, 4]: backward segments
 
-// Per (step of the tile, channel of the workgroup), index s·CH + c. The backward (BUFS = 2) stages the next
-// tile while the current one is in use, so there the arrays it stages hold two tiles (buffer k at offset
-// k·T·CH); the forward (BUFS = 1) has one.
-var<workgroup> dt_tile: array<f32, BUFS * T * CH>;        // Δ_t
-var<workgroup> u_tile: array<f32, BUFS * T * CH>;         // u_t
-var<workgroup> z_tile: array<f32, T * CH>;              // z_t (forward)
-var<workgroup> dyg_tile: array<f32, BUFS * T * CH>;       // dy'_t = dy_t·silu(z_t): the gradient reaching y before the gate
-var<workgroup> dzg_tile: array<f32, BUFS * T * CH>;       // dy_t·silu'(z_t): dz_t is this times the ungated y_t
-var<workgroup> dsoftplus_tile: array<f32, BUFS * T * CH>; // ∂Δ_t/∂delta_t
-// Per (step of the tile, state), index s·N + n (buffer k at offset k·T·N when BUFS = 2).
-var<workgroup> B_tile: array<f32, BUFS * T * N>;
-var<workgroup> C_tile: array<f32, BUFS * T * N>;
+// Per (step of the tile, channel of the workgroup), index s·CH + c.
+var<workgroup> dt_tile: array<f32, T * CH>;        // Δ_t
+var<workgroup> u_tile: array<f32, T * CH>;         // u_t
+var<workgroup> z_tile: array<f32, T * CH>;         // z_t
+var<workgroup> dyg_tile: array<f32, T * CH>;       // dy'_t = dy_t·silu(z_t): the gradient reaching y before the gate
+var<workgroup> dzg_tile: array<f32, T * CH>;       // dy_t·silu'(z_t): dz_t is this times the ungated y_t
+var<workgroup> dsoftplus_tile: array<f32, T * CH>; // ∂Δ_t/∂delta_t
+// Per (step of the tile, state), index s·N + n.
+var<workgroup> B_tile: array<f32, T * N>;
+var<workgroup> C_tile: array<f32, T * N>;
 // Per (step of the tile, channel, state), index s·CH·(N + 1) + c·(N + 1) + n: padding each channel's row by
 // one word puts the N values of one channel, and the same n of consecutive channels, in distinct banks.
 // state_terms holds C_t·h_t in the forward; in the backward first h_t, then (the adjoint pass overwrites
@@ -116,27 +110,22 @@ fn softplus(x: f32) -> f32 {
 // Row of a [B, L, Dc] tensor.
 fn row_index(b: u32, t: u32, d: u32) -> u32 { return (b * p.len + t) * p.channels + d; }
 
-// Stage what advancing the state over steps [t0, t0 + steps) needs: Δ, u and B, into buffer `buf` (0 or 1).
-// Channels past Dc are left alone (no thread reads them).
-fn load_step_inputs(b: u32, d0: u32, t0: u32, steps: u32, thread: u32, buf: u32) {
-    let o = buf * T * CH;
+// Stage what advancing the state over steps [t0, t0 + steps) needs: Δ, u and B. Channels past Dc are left
+// alone (no thread reads them).
+fn load_step_inputs(b: u32, d0: u32, t0: u32, steps: u32, thread: u32) {
     for (var i = thread; i < steps * CH; i += WG) {
         let d = d0 + i % CH;
         if (d < p.channels) {
             let row = row_index(b, t0 + i / CH, d);
-            dt_tile[o + i] = softplus(delta[row] + delta_bias[d]);
-            u_tile[o + i] = u[row];
+            dt_tile[i] = softplus(delta[row] + delta_bias[d]);
+            u_tile[i] = u[row];
         }
     }
-    let ob = buf * T * N;
-    let src = (b * p.len + t0) * N;
-    for (var i = thread; i < steps * N; i += WG) { B_tile[ob + i] = B[src + i]; }
+    for (var i = thread; i < steps * N; i += WG) { B_tile[i] = B[(b * p.len + t0) * N + i]; }
 }
 
-fn load_C(b: u32, t0: u32, steps: u32, thread: u32, buf: u32) {
-    let ob = buf * T * N;
-    let src = (b * p.len + t0) * N;
-    for (var i = thread; i < steps * N; i += WG) { C_tile[ob + i] = C[src + i]; }
+fn load_C(b: u32, t0: u32, steps: u32, thread: u32) {
+    for (var i = thread; i < steps * N; i += WG) { C_tile[i] = C[(b * p.len + t0) * N + i]; }
 }
 
 fn load_z(b: u32, d0: u32, t0: u32, steps: u32, thread: u32) {
@@ -148,19 +137,17 @@ fn load_z(b: u32, d0: u32, t0: u32, steps: u32, thread: u32) {
 
 // Stage the backward's per-(step, channel) factors: dy through the gate, and the gate's and softplus's
 // derivatives.
-fn load_grad_factors(b: u32, d0: u32, t0: u32, steps: u32, thread: u32, buf: u32) {
-    let o = buf * T * CH;
+fn load_grad_factors(b: u32, d0: u32, t0: u32, steps: u32, thread: u32) {
     for (var i = thread; i < steps * CH; i += WG) {
         let d = d0 + i % CH;
         if (d < p.channels) {
             let row = row_index(b, t0 + i / CH, d);
             let zv = z[row];
             let gate = sigmoid(zv);
-            let dyv = dy[row];
-            dyg_tile[o + i] = dyv * zv * gate;
-            dzg_tile[o + i] = dyv * gate * (1.0 + zv * sigmoid(-zv));  // 1 − σ(z) = σ(−z), no cancellation
+            dyg_tile[i] = dy[row] * zv * gate;
+            dzg_tile[i] = dy[row] * gate * (1.0 + zv * sigmoid(-zv));  // 1 − σ(z) = σ(−z), no cancellation
             let x = delta[row] + delta_bias[d];
-            dsoftplus_tile[o + i] = select(sigmoid(x), 1.0, x > 20.0);
+            dsoftplus_tile[i] = select(sigmoid(x), 1.0, x > 20.0);
         }
     }
 }
@@ -185,8 +172,8 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
             states[((b * p.nchunks + t0 / p.chunk) * p.channels + d0 + c) * N + n] = h;
         }
         let steps = min(T, p.len - t0);
-        load_step_inputs(b, d0, t0, steps, thread, 0u);
-        load_C(b, t0, steps, thread, 0u);
+        load_step_inputs(b, d0, t0, steps, thread);
+        load_C(b, t0, steps, thread);
         load_z(b, d0, t0, steps, thread);
         workgroupBarrier();
         if (owns_state) {
@@ -261,118 +248,80 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     for (var k = min(p.kc_hi, p.nchunks); k > p.kc_lo; k--) {
         let chunk_start = (k - 1u) * p.chunk;
         let ntiles = (min(p.chunk, p.len - chunk_start) + T - 1u) / T;
-        // Entry state of every tile of the chunk, recomputed from the chunk's saved entry state. Tile j's inputs
-        // go to buffer j % 2, staged during tile j − 1 (one barrier per tile). During the last tile its C and
-        // gradient factors are staged too: the adjoint starts with that tile, whose Δ, u, B are already there.
+        // Entry state of every tile of the chunk, recomputed from the chunk's saved entry state.
         var h = 0.0;
         if (owns_state) { h = saved_states[((b * p.nchunks + k - 1u) * p.channels + d0 + c) * N + n]; }
-        load_step_inputs(b, d0, chunk_start, min(T, p.len - chunk_start), thread, 0u);
-        workgroupBarrier();
-        var h_next = 0.0;  // the entry state of the adjoint's next tile, loaded a pass before it is needed
         for (var j = 0u; j < ntiles; j++) {
             let t0 = chunk_start + j * T;
             let steps = min(T, p.len - t0);
-            let buf = j & 1u;
-            if (j + 1u < ntiles) {
-                load_step_inputs(b, d0, t0 + T, min(T, p.len - t0 - T), thread, buf ^ 1u);
-            } else {
-                load_C(b, t0, steps, thread, buf);
-                load_grad_factors(b, d0, t0, steps, thread, buf);
-            }
+            if (owns_state) { tile_states[scratch + j * WG] = h; }
+            load_step_inputs(b, d0, t0, steps, thread);
+            workgroupBarrier();
             if (owns_state) {
-                tile_states[scratch + j * WG] = h;
-                h_next = h;
-                let o = buf * T * CH + c;
-                let ob = buf * T * N + n;
-                for (var s = 0u; s < T; s++) {
-                    if (s < steps) {
-                        let dt = dt_tile[o + s * CH];
-                        h = exp(dt * a) * h + dt * u_tile[o + s * CH] * B_tile[ob + s * N];
-                    }
+                for (var s = 0u; s < steps; s++) {
+                    let dt = dt_tile[s * CH + c];
+                    h = exp(dt * a) * h + dt * u_tile[s * CH + c] * B_tile[s * N + n];
                 }
             }
             workgroupBarrier();
         }
-        // The tiles last to first; tile j's inputs are in buffer j % 2, and tile j − 1's are staged into the
-        // other buffer during tile j's last pass.
         for (var j = ntiles; j > 0u; j--) {
-            let jt = j - 1u;
-            let t0 = chunk_start + jt * T;
+            let t0 = chunk_start + (j - 1u) * T;
             let steps = min(T, p.len - t0);
-            let bo = (jt & 1u) * T * CH;  // this tile's buffer in the [T, CH] arrays
-            let bn = (jt & 1u) * T * N;   // and in the [T, N] arrays
-            let h_entry = h_next;
+            var h_entry = 0.0;
+            if (owns_state) { h_entry = tile_states[scratch + (j - 1u) * WG]; }
+            load_step_inputs(b, d0, t0, steps, thread);
+            load_C(b, t0, steps, thread);
+            load_grad_factors(b, d0, t0, steps, thread);
+            workgroupBarrier();
             if (owns_state) {
                 var ht = h_entry;
-                for (var s = 0u; s < T; s++) {
-                    if (s < steps) {
-                        let dt = dt_tile[bo + s * CH + c];
-                        ht = exp(dt * a) * ht + dt * u_tile[bo + s * CH + c] * B_tile[bn + s * N + n];
-                        state_terms[s * stride + slot] = ht;
-                    }
+                for (var s = 0u; s < steps; s++) {
+                    let dt = dt_tile[s * CH + c];
+                    ht = exp(dt * a) * ht + dt * u_tile[s * CH + c] * B_tile[s * N + n];
+                    state_terms[s * stride + slot] = ht;
                 }
             }
             workgroupBarrier();
-            // From h_t: dz (needs the ungated y_t) per (step, channel) on the first WG / 2 threads, and dC per
-            // (step, state) on the others (N = 16: 16 terms per thread either way, not 16 + 8 on half of them).
-            for (var i = thread; i < steps * CH && thread < WG / 2u; i += WG / 2u) {
+            // From h_t: dz (needs the ungated y_t) per (step, channel) and dC per (step, state).
+            for (var i = thread; i < steps * CH; i += WG) {
                 let s = i / CH;
                 let cc = i % CH;
                 if (cc < nch) {
-                    var acc = D[d0 + cc] * u_tile[bo + i];
-                    let cs = bn + s * N;
-                    let hs = s * stride + cc * (N + 1u);
-                    for (var m = 0u; m < N; m++) { acc += C_tile[cs + m] * state_terms[hs + m]; }
-                    dz[row_index(b, t0 + s, d0 + cc)] = acc * dzg_tile[bo + i];
+                    var acc = D[d0 + cc] * u_tile[i];
+                    for (var m = 0u; m < N; m++) {
+                        acc += C_tile[s * N + m] * state_terms[s * stride + cc * (N + 1u) + m];
+                    }
+                    dz[row_index(b, t0 + s, d0 + cc)] = acc * dzg_tile[i];
                 }
             }
-            for (var i = thread - WG / 2u; i < steps * N && thread >= WG / 2u; i += WG / 2u) {
+            for (var i = thread; i < steps * N; i += WG) {
                 let s = i / N;
                 let m = i % N;
-                let hs = s * stride + m;
-                let gs = bo + s * CH;
                 var acc = 0.0;
-                for (var cc = 0u; cc < CH; cc++) {
-                    if (cc < nch) { acc += state_terms[hs + cc * (N + 1u)] * dyg_tile[gs + cc]; }
+                for (var cc = 0u; cc < nch; cc++) {
+                    acc += state_terms[s * stride + cc * (N + 1u) + m] * dyg_tile[s * CH + cc];
                 }
                 dC_part[(part_row * p.len + t0) * N + i] = acc;
             }
             workgroupBarrier();
             // The adjoint, last step to first. Step s reads h_{s−1} before step s − 1 overwrites its slot.
             if (owns_state) {
-                let o = bo + c;
-                let ob = bn + n;
-                for (var s = T; s > 0u; s--) {
+                for (var s = steps; s > 0u; s--) {
                     let si = s - 1u;
-                    if (si < steps) {
-                        g += dyg_tile[o + si * CH] * C_tile[ob + si * N];
-                        let dt = dt_tile[o + si * CH];
-                        let decay = exp(dt * a);
-                        var h_prev = h_entry;
-                        if (si > 0u) { h_prev = state_terms[(si - 1u) * stride + slot]; }
-                        let gh = g * decay * h_prev;  // ∂loss/∂(Δ_t A)
-                        da += gh * dt;
-                        state_terms[si * stride + slot] = gh * a;
-                        adjoint[si * stride + slot] = g;
-                        g *= decay;
-                    }
+                    g += dyg_tile[si * CH + c] * C_tile[si * N + n];
+                    let dt = dt_tile[si * CH + c];
+                    let decay = exp(dt * a);
+                    var h_prev = h_entry;
+                    if (si > 0u) { h_prev = state_terms[(si - 1u) * stride + slot]; }
+                    let gh = g * decay * h_prev;  // ∂loss/∂(Δ_t A)
+                    da += gh * dt;
+                    state_terms[si * stride + slot] = gh * a;
+                    adjoint[si * stride + slot] = g;
+                    g *= decay;
                 }
             }
             workgroupBarrier();
-            // Stage tile j − 1 into the other buffer (free: its last reader finished before the barrier above),
-            // so its loads overlap the sums below and the barrier after them covers them.
-            // The entry state of tile j − 1 and its inputs are loaded here, so that their latency overlaps the
-            // sums below. The staging threads are rotated by WG / 2: where T·CH ≤ WG / 2 (N = 16: 64 items), the per-(step,
-            // channel) staging (softplus, sigmoids) falls on the threads that have no du / ddelta item below.
-            if (jt > 0u) {
-                if (owns_state) { h_next = tile_states[scratch + (jt - 1u) * WG]; }
-                let tp = t0 - T;
-                let pb = (jt - 1u) & 1u;
-                let stager = (thread + WG / 2u) % WG;
-                load_step_inputs(b, d0, tp, T, stager, pb);
-                load_C(b, tp, T, stager, pb);
-                load_grad_factors(b, d0, tp, T, stager, pb);
-            }
             // du, ddelta per (step, channel); dB per (step, state).
             for (var i = thread; i < steps * CH; i += WG) {
                 let s = i / CH;
@@ -380,34 +329,28 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                 if (cc < nch) {
                     var gb = 0.0;   // Σ_n g_t[n] B_t[n] = ∂loss/∂(Δ_t u_t)
                     var gha = 0.0;  // Σ_n g_t[n] exp(Δ_t A[n]) h_{t−1}[n] A[n]
-                    let bs = bn + s * N;
-                    let hs = s * stride + cc * (N + 1u);
                     for (var m = 0u; m < N; m++) {
-                        gb += adjoint[hs + m] * B_tile[bs + m];
-                        gha += state_terms[hs + m];
+                        gb += adjoint[s * stride + cc * (N + 1u) + m] * B_tile[s * N + m];
+                        gha += state_terms[s * stride + cc * (N + 1u) + m];
                     }
                     let row = row_index(b, t0 + s, d0 + cc);
-                    let dyg_v = dyg_tile[bo + i];
-                    let u_v = u_tile[bo + i];
-                    du[row] = D[d0 + cc] * dyg_v + dt_tile[bo + i] * gb;
-                    let dx = (gha + u_v * gb) * dsoftplus_tile[bo + i];
+                    du[row] = D[d0 + cc] * dyg_tile[i] + dt_tile[i] * gb;
+                    let dx = (gha + u_tile[i] * gb) * dsoftplus_tile[i];
                     ddelta[row] = dx;
-                    d_skip += dyg_v * u_v;
+                    d_skip += dyg_tile[i] * u_tile[i];
                     d_bias += dx;
                 }
             }
             for (var i = thread; i < steps * N; i += WG) {
                 let s = i / N;
                 let m = i % N;
-                let hs = s * stride + m;
-                let gs = bo + s * CH;
                 var acc = 0.0;
-                for (var cc = 0u; cc < CH; cc++) {
-                    if (cc < nch) { acc += adjoint[hs + cc * (N + 1u)] * dt_tile[gs + cc] * u_tile[gs + cc]; }
+                for (var cc = 0u; cc < nch; cc++) {
+                    acc += adjoint[s * stride + cc * (N + 1u) + m] * dt_tile[s * CH + cc] * u_tile[s * CH + cc];
                 }
                 dB_part[(part_row * p.len + t0) * N + i] = acc;
             }
-            workgroupBarrier();  // the next tile overwrites the terms; its inputs are staged
+            workgroupBarrier();  // the next tile overwrites the staged inputs and terms
         }
     }
     if (p.kc_lo > 0u) {  // uniform: more chunks follow in another dispatch

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
-from mambactl.ops.selective_scan import (PATHS, backward_tile_steps, channels_per_group, direct_per_thread,
-                                         selective_scan, selective_scan_backward, selective_scan_step, tile_steps)
+from mambactl.ops.selective_scan import (PATHS, channels_per_group, direct_per_thread, selective_scan,
+                                         selective_scan_backward, selective_scan_step, tile_steps)
 from mambactl.reference import selective_scan as ref
 from mambactl.reference.activations import softplus, softplus_backward
 from mambactl.runtime.gpu import get_runtime
@@ -71,7 +71,7 @@ def run_gpu(rt, x, dy, chunk=128, grads=None, path=None, backward_path=None, per
     (2, 65, 70, 16, 32),   # channels not a multiple of the 8 per workgroup
     (1, 1000, 6, 16, 128),
     (1, 50, 5, 20, 24),    # N = 20: 4 channels of 20 threads per workgroup; tiles of 8 steps
-    (2, 70, 6, 20, 32),    # forward tiles of 16 steps (the backward's: 8, double-buffered)
+    (2, 70, 6, 20, 32),    # tiles of 16 steps
     (1, 17, 3, 128, 8),    # the largest N, one channel per workgroup; tiles of 4 steps
 ])
 def test_matches_reference(rt, path, batch, length, channels, nstate, chunk):
@@ -175,9 +175,6 @@ def test_direct_path_choice(rt, monkeypatch):
 def test_tile_choice():
     assert [tile_steps(n, 128) for n in (1, 4, 16, 20, 128)] == [8, 4, 8, 16, 4]
     assert tile_steps(20, 24) == 8
-    # The backward double-buffers its staged tiles: T = 8 at N = 16 still, shorter where memory runs out.
-    assert [backward_tile_steps(n, 128) for n in (1, 4, 16, 20, 128)] == [8, 4, 8, 8, 4]
-    assert backward_tile_steps(20, 24) == 8
 
 
 def test_shape_errors(rt):

@@ -11,8 +11,7 @@ backward recomputes the states in between. Its transient buffers are the tile en
 ([B, Dc / CH, ceil(min(chunk, L) / T), 128]) and the per-workgroup partials of dB and dC
 (2 × [Dc / CH, B, L, N]), where CH, the channels per workgroup, is min(128 / N, 32) rounded down to a power
 of two (8 for N = 16), and T, the steps per tile, is the largest of 16, 8, 4 that divides `chunk` and keeps
-workgroup memory within 16 KiB (8 for N = 16; the backward double-buffers its staged inputs, so its T,
-`backward_tile_steps`, can be smaller than the forward's).
+workgroup memory within 16 KiB (8 for N = 16).
 
 CPU adapters (`rt.info.type == "CPU"`, e.g. Mesa llvmpipe) take barrier-free kernels instead (`path="direct"`;
 `path="tiled"` / `"direct"` forces either): one invocation per (batch row, channel) walks time with its N states
@@ -76,22 +75,12 @@ def channels_per_group(nstate: int) -> int:
 
 
 def tile_steps(nstate: int, chunk: int) -> int:
-    """Steps per tile (the forward's): the largest of TILES that divides `chunk` and whose workgroup memory (the
-    kernel's six [T, CH] tiles, two [T, N] tiles and two [T, CH·(N + 1)] tiles of f32) fits WORKGROUP_MEMORY;
+    """Steps per tile: the largest of TILES that divides `chunk` and whose workgroup memory (the kernel's
+    six [T, CH] tiles, two [T, N] tiles and two [T, CH·(N + 1)] tiles of f32) fits WORKGROUP_MEMORY;
     T = 4 always does (N ≤ 128, chunk a multiple of 8)."""
     ch = channels_per_group(nstate)
     return next(t for t in TILES
                 if chunk % t == 0 and 4 * t * (6 * ch + 2 * nstate + 2 * ch * (nstate + 1)) <= WORKGROUP_MEMORY)
-
-
-def backward_tile_steps(nstate: int, chunk: int) -> int:
-    """The backward's steps per tile: the largest of TILES that divides `chunk` and whose workgroup memory (two
-    buffers of the five [T, CH] tiles it stages, the forward's [T, CH] tile of z, two buffers of the [T, N]
-    tiles of B and C, and two [T, CH·(N + 1)] tiles, f32) fits WORKGROUP_MEMORY; T = 4 always does (8 for
-    N = 16)."""
-    ch = channels_per_group(nstate)
-    return next(t for t in TILES
-                if chunk % t == 0 and 4 * t * (11 * ch + 4 * nstate + 2 * ch * (nstate + 1)) <= WORKGROUP_MEMORY)
 
 
 def _check_inputs(op: str, u, delta, A_log, B, C, D, z, delta_bias) -> tuple[int, int, int, int]:
@@ -132,16 +121,10 @@ def forward_loops_per_tile(nstate: int, tile: int) -> int:
 
 
 def backward_loops_per_tile(nstate: int, tile: int) -> int:
-    """Per tile of the backward (`tile` = backward_tile_steps): the entry-state pass (its loop, staging Δ, u, B
-    of the next tile or C and the gradient factors of the last, the steps) and the adjoint pass (its loop,
-    staging all of the previous tile, the steps, the sums). A chunk stages Δ, u, B once more at its start but
-    not the tile before its first, so ntiles times this bounds a chunk."""
     a, st = _tile_passes(nstate, tile)
     ch = channels_per_group(nstate)
-    half = WORKGROUP // 2  # dz and dC are each spread over half the workgroup
-    a2, st2 = -(-tile * ch // half), -(-tile * nstate // half)
     recompute = 1 + (a + st) + tile
-    adjoint = (1 + (a + st) + st + a + tile + (a + a2) * (1 + nstate) + (st + st2) * (1 + ch) + tile)
+    adjoint = 1 + (a + st) + st + a + tile + 2 * a * (1 + nstate) + 2 * st * (1 + ch) + tile
     return recompute + adjoint
 
 
@@ -300,7 +283,7 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
                    param_part=param_part, tile_states=scratch, carry=carry, ngroups=groups, per_thread=per,
                    **params)
     else:
-        constants = dict(_constants(nstate, s.chunk), T=backward_tile_steps(nstate, s.chunk), BUFS=2)
+        constants = _constants(nstate, s.chunk)
         groups, tile = -(-channels // constants["CH"]), constants["T"]
         dB_part = rt.empty((groups, batch, length, nstate))
         dC_part = rt.empty((groups, batch, length, nstate))
