@@ -34,29 +34,35 @@ def _mimo(p: dict, d: Mamba3Dims, rt):
     return one, one, one
 
 
-def mamba3_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig):
-    """x [B·L, d_model] -> (y [B·L, d_model], saved)."""
-    d = _dims(cfg, batch, length)
-    rt = x.runtime
-    M, di = d.rows, d.heads * d.headdim
-    mimo_x, mimo_z, mimo_o = _mimo(p, d, rt)
+def _project(p: dict, x: Tensor, d: Mamba3Dims, mimo, cfg: ModelConfig) -> dict:
+    """in_proj, RMSNorm of its B and C columns, mamba3_prep: what the parallel forward and the step share."""
+    di = d.heads * d.headdim
     proj = linear.linear(x, p["in_proj.weight"])
     Bp = slice.column_slice(proj, 2 * di, d.rgn).reshape(-1, d.nstate)
     Cp = slice.column_slice(proj, 2 * di + d.rgn, d.rgn).reshape(-1, d.nstate)
     Bn, rstd_B = rmsnorm.rmsnorm(Bp, p["B_norm.weight"], NORM_EPS)
     Cn, rstd_C = rmsnorm.rmsnorm(Cp, p["C_norm.weight"], NORM_EPS)
-    pr = mamba3_prep(proj, Bn.reshape(M, d.rgn), Cn.reshape(M, d.rgn), p["dt_bias"], p["B_bias"], p["C_bias"],
-                     mimo_x, mimo_z, d, cfg.mamba3.A_floor)
+    pr = mamba3_prep(proj, Bn.reshape(d.rows, d.rgn), Cn.reshape(d.rows, d.rgn), p["dt_bias"], p["B_bias"],
+                     p["C_bias"], mimo[0], mimo[1], d, cfg.mamba3.A_floor)
+    return dict(proj=proj, Bp=Bp, Cp=Cp, rstd_B=rstd_B, rstd_C=rstd_C, prep=pr)
+
+
+def mamba3_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig):
+    """x [B·L, d_model] -> (y [B·L, d_model], saved)."""
+    d = _dims(cfg, batch, length)
+    M = d.rows
+    mimo = _mimo(p, d, x.runtime)
+    proj_saved = _project(p, x, d, mimo, cfg)
+    pr = proj_saved["prep"]
     shape5 = lambda t: t.reshape(batch, length, d.heads, d.rank, -1)  # noqa: E731
     shape3 = lambda t: t.reshape(batch, length, d.heads)  # noqa: E731
     ys, scan_saved = mamba3_scan(shape5(pr["q"]), shape5(pr["k"]), shape5(pr["v"]), shape3(pr["adt"]),
                                  shape3(pr["dt"]), shape3(pr["lam"]), chunk=cfg.mamba3.chunk_size)
     norm_w = p["norm.weight"] if cfg.mamba3.is_outproj_norm else None
-    out, fin = mamba3_finish(ys.reshape(M, d.heads, d.rank, d.headdim), pr["v"], pr["zr"], p["D"], norm_w, mimo_o,
+    out, fin = mamba3_finish(ys.reshape(M, d.heads, d.rank, d.headdim), pr["v"], pr["zr"], p["D"], norm_w, mimo[2],
                              d, NORM_EPS)
     result = linear.linear(out, p["out_proj.weight"])
-    saved = dict(x=x, proj=proj, Bp=Bp, Cp=Cp, rstd_B=rstd_B, rstd_C=rstd_C, prep=pr, scan=scan_saved, fin=fin,
-                 out=out, dims=d, mimo=(mimo_x, mimo_z, mimo_o))
+    saved = dict(x=x, **proj_saved, scan=scan_saved, fin=fin, out=out, dims=d, mimo=mimo)
     return result, saved
 
 
@@ -117,17 +123,10 @@ def mamba3_step(p: dict, x: Tensor, state: dict, cfg: ModelConfig) -> Tensor:
     """One token per batch row: x [B, d_model] -> [B, d_model]; `state` (θ, h, previous k and v) advances."""
     batch = x.shape[0]
     d = _dims(cfg, batch, 1)
-    rt = x.runtime
-    M, H, R, N, P, di = batch, d.heads, d.rank, d.nstate, d.headdim, d.heads * d.headdim
-    mimo_x, mimo_z, mimo_o = _mimo(p, d, rt)
-    proj = linear.linear(x, p["in_proj.weight"])
-    Bp = slice.column_slice(proj, 2 * di, d.rgn).reshape(-1, d.nstate)
-    Cp = slice.column_slice(proj, 2 * di + d.rgn, d.rgn).reshape(-1, d.nstate)
-    Bn, _ = rmsnorm.rmsnorm(Bp, p["B_norm.weight"], NORM_EPS)
-    Cn, _ = rmsnorm.rmsnorm(Cp, p["C_norm.weight"], NORM_EPS)
+    M, H, R, N, P = batch, d.heads, d.rank, d.nstate, d.headdim
+    mimo = _mimo(p, d, x.runtime)
     # L = 1: the prep turns q, k by this token's angle increment alone; the rotate step adds the angle before it
-    pr = mamba3_prep(proj, Bn.reshape(M, d.rgn), Cn.reshape(M, d.rgn), p["dt_bias"], p["B_bias"], p["C_bias"],
-                     mimo_x, mimo_z, d, cfg.mamba3.A_floor)
+    pr = _project(p, x, d, mimo, cfg)["prep"]
     S = max(d.angles, 1)
     q, k, theta = mamba3_rotate_step(pr["q"].reshape(batch, H, R, N), pr["k"].reshape(batch, H, R, N),
                                      state["theta"], pr["theta"].reshape(batch, H, S), d.angles, d.mimo)
@@ -135,5 +134,5 @@ def mamba3_step(p: dict, x: Tensor, state: dict, cfg: ModelConfig) -> Tensor:
     ys = mamba3_scan_step(state["h"], q, k, v, pr["adt"], pr["dt"], pr["lam"], state["k"], state["v"])
     state.update(theta=theta, k=k, v=v)
     norm_w = p["norm.weight"] if cfg.mamba3.is_outproj_norm else None
-    out, _ = mamba3_finish(ys.reshape(M, H, R, P), pr["v"], pr["zr"], p["D"], norm_w, mimo_o, d, NORM_EPS)
+    out, _ = mamba3_finish(ys.reshape(M, H, R, P), pr["v"], pr["zr"], p["D"], norm_w, mimo[2], d, NORM_EPS)
     return linear.linear(out, p["out_proj.weight"])
