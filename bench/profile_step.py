@@ -15,16 +15,12 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from common import model_config  # first: it puts the checkout on sys.path
 
 import numpy as np  # noqa: E402
 
-from mambactl.models.config import Mamba1Config, Mamba2Config, Mamba3Config, ModelConfig  # noqa: E402
 from mambactl.models.lm import LanguageModel  # noqa: E402
 from mambactl.models.params import init_parameters, parameter_specs  # noqa: E402
 from mambactl.ops.adamw import AdamWState, adamw_step  # noqa: E402
@@ -39,9 +35,7 @@ def main() -> None:
     p.add_argument("--device", default=None)
     a = p.parse_args()
     rt = get_runtime(a.device)
-    cfg = ModelConfig(vocab_size=a.vocab, d_model=a.d_model, n_layer=a.layers, layers=[a.arch] * a.layers,
-                      mamba1=Mamba1Config(d_state=a.d_state), mamba2=Mamba2Config(d_state=a.d_state, headdim=64),
-                      mamba3=Mamba3Config(d_state=a.d_state, headdim=64))
+    cfg = model_config([a.arch] * a.layers, a.d_model, a.vocab, a.d_state)
     lm = LanguageModel(cfg, rt, init_parameters(cfg, 0))
     specs = parameter_specs(cfg)
     params, grads = [lm.params[s.name] for s in specs], [lm.grads[s.name] for s in specs]
