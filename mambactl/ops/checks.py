@@ -59,6 +59,11 @@ def loop_budget(rt, op: str, shape, iterations: int) -> None:
             f"this CPU adapter or a GPU")
 
 
+def segments(total: int, seg: int) -> list[tuple[int, int]]:
+    """The [lo, hi) pieces of range(total), `seg` long (the last may be shorter), in order."""
+    return [(lo, min(lo + seg, total)) for lo in range(0, total, seg)]
+
+
 def segment_length(rt, op: str, shape, total: int, per_step: int, fixed: int = 0, multiple: int = 1,
                    segment: int | None = None) -> int:
     """Steps per dispatch for a kernel that walks `total` steps per invocation at most `per_step` loop

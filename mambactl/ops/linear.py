@@ -91,8 +91,8 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
         if M * N > _COLUMN_SUMS_MAX or split_k * M * N * 4 > rt.max_binding:
             split_k = 1
         if entry == "matmul_direct":  # one loop iteration per k: on llvmpipe a K range must fit its loop budget
-            split_k = max(split_k, -(-K // segment_length(rt, "matmul", (M, K, N), K, per_step=1, fixed=_DIRECT_STORE_LOOPS,
-                                                           multiple=16)))
+            k_range = segment_length(rt, "matmul", (M, K, N), K, per_step=1, fixed=_DIRECT_STORE_LOOPS, multiple=16)
+            split_k = max(split_k, -(-K // k_range))
             if split_k > 1 and (bias is not None or M * N > _COLUMN_SUMS_MAX or split_k * M * N * 4 > rt.max_binding):
                 loop_budget(rt, "matmul", (M, K, N), K)  # K can't be split here: refuse rather than cut it short
     k_split = -(-(-(-K // split_k)) // 16) * 16  # a multiple of every kernel's K tile

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import SEGMENT_BUDGET, expect, grid_1d, is_llvmpipe, loop_budget, segment_length
+from mambactl.ops.checks import (SEGMENT_BUDGET, expect, grid_1d, is_llvmpipe, loop_budget, segment_length,
+                                 segments)
 from mambactl.runtime.tensor import Tensor
 
 MAX_ANGLES = 64  # mirrors MAX_S in kernels/mamba3_prep.wgsl
@@ -70,7 +71,7 @@ def prep_walk_loops(steps: int) -> int:
 def _segments(rt, op: str, d: Mamba3Dims, segment: int | None) -> list[tuple[int, int]]:
     # per_step 1 bounds 2·ceil(steps / lanes) from above (a lane walks its share twice)
     seg = segment_length(rt, op, (d.batch, d.length, d.heads), d.length, 1, THETA_LANES, segment=segment)
-    return [(t0, min(d.length, t0 + seg)) for t0 in range(0, d.length, seg)]
+    return segments(d.length, seg)
 
 
 def _walk_grid(d: Mamba3Dims):

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import expect, grid_1d, segment_length
+from mambactl.ops.checks import expect, grid_1d, segment_length, segments
 from mambactl.runtime.tensor import Tensor
 
 MAX_STATE = 128  # mirrors MAX_N in kernels/mamba3_scan.wgsl (a private array per thread)
@@ -146,8 +146,8 @@ def mamba3_scan(q: Tensor, k: Tensor, v: Tensor, adt: Tensor, dt: Tensor, lam: T
         params.update(tile=tile)
     else:
         entry, grid = "mamba3_scan_forward", grid_1d(batch * heads * headdim, THREADS)
-    for t0 in range(0, length, seg):
-        params.update(seg_begin=t0, seg_end=min(length, t0 + seg))
+    for t0, t1 in segments(length, seg):
+        params.update(seg_begin=t0, seg_end=t1)
         rt.run(entry, grid, q=q, k=k, v=v, adt=adt, dt=dt, lam=lam, y=y, states=states, last_state=last_state,
                **params)
     return y, Mamba3ScanSaved(q, k, v, adt, dt, lam, states, int(chunk), last_state)

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import LOOP_BUDGET, SEGMENT_BUDGET, expect, grid_1d, is_llvmpipe, segment_length
+from mambactl.ops.checks import LOOP_BUDGET, SEGMENT_BUDGET, expect, grid_1d, is_llvmpipe, segment_length, segments
 from mambactl.runtime.tensor import Tensor
 
 WORKGROUP = 128  # mirrors WG in kernels/selective_scan.wgsl
@@ -196,8 +196,8 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
     if _choose_path(rt, op, path, nstate, min(chunk, length)) == "direct":
         seg = segment_length(rt, op, tuple(u.shape), length, direct_forward_loops_per_step(nstate), 2 * nstate,
                              segment=segment)
-        for t0 in range(0, length, seg):
-            params.update(seg_begin=t0, seg_end=min(length, t0 + seg))
+        for t0, t1 in segments(length, seg):
+            params.update(seg_begin=t0, seg_end=t1)
             rt.run("selective_scan_forward_direct", grid_1d(batch * channels, DIRECT_FORWARD_GROUP), {"N": nstate},
                    u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states,
                    last_state=last_state, ngroups=0, per_thread=0, **params)
@@ -205,8 +205,8 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
     tile = constants["T"]
     seg = segment_length(rt, op, tuple(u.shape), length, -(-forward_loops_per_tile(nstate, tile) // tile), 64,
                          multiple=tile, segment=segment)
-    for t0 in range(0, length, seg):
-        params.update(seg_begin=t0, seg_end=min(length, t0 + seg))
+    for t0, t1 in segments(length, seg):
+        params.update(seg_begin=t0, seg_end=t1)
         rt.run("selective_scan_forward", (-(-channels // constants["CH"]), batch), constants, u=u, delta=delta,
                A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states, last_state=last_state,
                **params)

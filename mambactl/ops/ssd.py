@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import expect, grid_1d, loop_budget, segment_length
+from mambactl.ops.checks import expect, grid_1d, loop_budget, segment_length, segments
 from mambactl.runtime.tensor import Tensor
 
 WORKGROUP = 256  # mirrors kernels/ssd.wgsl's WG
@@ -122,12 +122,6 @@ def _dims(batch, length, heads, headdim, groups, nstate, chunk, dt_limit) -> dic
                 nchunks=nchunks, dt_min=float(lo), dt_max=float(min(hi, NO_LIMIT)), seg_lo=0, seg_hi=nchunks)
 
 
-def _segments(total: int, seg: int, reverse: bool = False) -> list[tuple[int, int]]:
-    """[lo, hi) pieces of range(total) of `seg` each, in walking order."""
-    parts = [(lo, min(lo + seg, total)) for lo in range(0, total, seg)]
-    return parts[::-1] if reverse else parts
-
-
 def state_passing(rt, dims: dict, dec: Tensor, states: Tensor, last_state: Tensor, shape=None,
                   segment: int | None = None) -> None:
     """ssd_state_passing over the chunks, in dispatch segments of `segment` chunks (None: all of them, except on
@@ -135,7 +129,7 @@ def state_passing(rt, dims: dict, dec: Tensor, states: Tensor, last_state: Tenso
     nc = dims["nchunks"]
     seg = segment_length(rt, "ssd_scan (ssd_state_passing)", shape, nc, PASSING_LOOPS, segment=segment)
     pn = dims["headdim"] * dims["nstate"]
-    for lo, hi in _segments(nc, seg):
+    for lo, hi in segments(nc, seg):
         rt.run("ssd_state_passing", grid_1d(dims["batch"] * dims["heads"] * pn), dec=dec, states=states,
                last_state=last_state, **{**dims, "seg_lo": lo, "seg_hi": hi})
 
@@ -148,7 +142,7 @@ def state_passing_backward(rt, dims: dict, dec: Tensor, dstates: Tensor, saved_s
     seg = segment_length(rt, "ssd_scan_backward (ssd_state_passing_backward)", shape, nc,
                          PASSING_BACKWARD_LOOPS, segment=segment)
     carry = rt.empty((dims["batch"], dims["heads"], pn) if seg < nc else (1,))
-    for lo, hi in _segments(nc, seg, reverse=True):
+    for lo, hi in reversed(segments(nc, seg)):
         rt.run("ssd_state_passing_backward", (_cdiv(pn, WORKGROUP), dims["heads"], dims["batch"]), dec=dec,
                states=dstates, saved_states=saved_states, w_part=w_part, carry=carry,
                **{**dims, "seg_lo": lo, "seg_hi": hi})
@@ -161,7 +155,7 @@ def param_grads(rt, dims: dict, param_part: Tensor, dA_log: Tensor, dD: Tensor, 
     total = dims["batch"] * dims["nchunks"]
     seg = segment_length(rt, "ssd_scan_backward (ssd_param_grads)", shape, total, 1, segment=segment)
     carry = rt.empty((dims["heads"], 3) if seg < total else (1,))
-    for lo, hi in _segments(total, seg):
+    for lo, hi in segments(total, seg):
         rt.run("ssd_param_grads", grid_1d(dims["heads"], 64), {"ACCUMULATE": accumulate}, param_part=param_part,
                dA_log=dA_log, dD=dD, ddt_bias=ddt_bias, carry=carry, **{**dims, "seg_lo": lo, "seg_hi": hi})
 
