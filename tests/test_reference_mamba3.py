@@ -13,9 +13,10 @@ from mambactl.errors import MambactlError
 from mambactl.models.config import Mamba1Config, Mamba2Config, Mamba3Config, ModelConfig
 from mambactl.models.params import init_parameters, parameter_specs
 from mambactl.reference.lm import lm_forward
-from mambactl.reference.mamba3 import (heavy_tail, heavy_tail_backward, mamba3_block, mamba3_init_cache,
-                                       mamba3_scan, mamba3_scan_backward, mamba3_scan_sequential, mamba3_step,
-                                       rope_pairs, rotate, rotate_backward)
+from mambactl.reference.mamba3 import (heavy_tail, heavy_tail_backward, mamba3_block, mamba3_fold_backward,
+                                       mamba3_fold_output, mamba3_fold_scale, mamba3_init_cache, mamba3_scan,
+                                       mamba3_scan_backward, mamba3_scan_sequential, mamba3_step, rope_pairs, rotate,
+                                       rotate_backward)
 from mambactl.reference.ssd import ssd_sequential
 
 TOL = 1e-6
@@ -115,6 +116,89 @@ def test_scan_backward(r, l, chunk):
     for name, t, grad in zip("q k v adt dt lam".split(), inputs, grads):
         assert grad.shape == t.shape
         assert check_grad(f, t, grad, max_elems=60) < TOL, name
+
+
+# --- the SISO fold into a Mamba-2 SSD ---------------------------------------------------------------------------
+
+
+def _siso(q, k, v):
+    return q[:, :, :, 0], k[:, :, :, 0], v[:, :, :, 0]
+
+
+def test_fold_scale_and_output():
+    """s_t = λ_t Δ_t + (1 − λ_{t+1}) Δ_{t+1} (0 after each sequence's last step, never across batch rows), and
+    the correction term by a loop."""
+    rng = np.random.default_rng(20)
+    q, k, v, adt, dt, lam = scan_inputs(rng, b=2, l=5, r=1)
+    s = mamba3_fold_scale(dt, lam)
+    for b in range(2):
+        for t in range(5):
+            nxt = (1 - lam[b, t + 1]) * dt[b, t + 1] if t + 1 < 5 else 0.0
+            np.testing.assert_allclose(s[b, t], lam[b, t] * dt[b, t] + nxt, rtol=1e-15)
+    q, k, v = _siso(q, k, v)
+    y_core = rng.normal(size=v.shape)
+    y = mamba3_fold_output(y_core, q, k, v, dt, lam)
+    b, t, h = 1, 2, 1
+    want = y_core[b, t, h] - (1 - lam[b, t + 1, h]) * dt[b, t + 1, h] * np.dot(k[b, t, h], q[b, t, h]) * v[b, t, h]
+    np.testing.assert_allclose(y[b, t, h], want, rtol=1e-14)
+    np.testing.assert_array_equal(y[:, -1], y_core[:, -1])  # δ after the last step is 0
+
+
+@pytest.mark.parametrize("l", [1, 6])
+def test_fold_backward(l):
+    """The fold's adjoint against finite differences of Σ dy·fold_output + Σ w·fold_scale (w standing in for the
+    core's ∂loss/∂scale); the core's dq, dk, dv pass through added."""
+    rng = np.random.default_rng(21)
+    q, k, v, adt, dt, lam = scan_inputs(rng, b=2, l=l, r=1)
+    q, k, v = (np.ascontiguousarray(t) for t in _siso(q, k, v))
+    y_core, dy, w = rng.normal(size=v.shape), rng.normal(size=v.shape), rng.normal(size=dt.shape)
+    core = [rng.normal(size=t.shape) for t in (q, k, v)]
+    grads = mamba3_fold_backward(q, k, v, dt, lam, dy, *core, w)
+    f = lambda: np.sum(mamba3_fold_output(y_core, q, k, v, dt, lam) * dy) + np.sum(mamba3_fold_scale(dt, lam) * w)
+    for name, t, grad, passed in zip("q k v dt lam".split(), (q, k, v, dt, lam), grads, core + [0, 0]):
+        assert grad.shape == t.shape
+        assert check_grad(f, t, grad - passed) < TOL, name
+
+
+@pytest.mark.parametrize("lam_mode", ["random", "near0", "near1"])
+def test_fold_composes_to_the_scan(lam_mode):
+    """mamba3_scan (SISO) == fold_output(SSD with x = v, B = k, C = q, decay adt, scale fold_scale), and its
+    backward == fold_backward around the SSD's backward: written out here as the plain SSD recurrence."""
+    rng = np.random.default_rng(22)
+    q, k, v, adt, dt, lam = scan_inputs(rng, b=2, l=9, r=1)
+    if lam_mode != "random":
+        eps = 1e-6 * rng.random(lam.shape)
+        lam = eps if lam_mode == "near0" else 1 - eps
+    dy = rng.normal(size=v.shape)
+    q1, k1, v1 = _siso(q, k, v)
+    s = mamba3_fold_scale(dt, lam)
+    alpha = np.exp(adt)
+    b, l, h, P = v1.shape
+    g = np.zeros((b, l, h, P, q1.shape[-1]))
+    for t in range(l):
+        g[:, t] = (alpha[:, t, :, None, None] * g[:, t - 1] if t else 0) + s[:, t, :, None, None] * np.einsum(
+            "bhp,bhn->bhpn", v1[:, t], k1[:, t])
+    y_core = np.einsum("blhpn,blhn->blhp", g, q1)
+    y = mamba3_fold_output(y_core, q1, k1, v1, dt, lam)
+    np.testing.assert_allclose(y, mamba3_scan_sequential(q, k, v, adt, dt, lam)[:, :, :, 0], rtol=1e-10,
+                               atol=1e-12)
+    # the plain SSD's adjoint: G_t = dy_t q_tᵀ + α_{t+1} G_{t+1}
+    G = np.zeros_like(g)
+    for t in reversed(range(l)):
+        G[:, t] = np.einsum("bhp,bhn->bhpn", dy[:, t, :, 0], q1[:, t]) + (
+            alpha[:, t + 1, :, None, None] * G[:, t + 1] if t + 1 < l else 0)
+    u = np.einsum("blhp,blhn->blhpn", v1, k1)
+    dq_c = np.einsum("blhpn,blhp->blhn", g, dy[:, :, :, 0])
+    dk_c = np.einsum("blhpn,blhp->blhn", s[..., None, None] * G, v1)
+    dv_c = np.einsum("blhpn,blhn->blhp", s[..., None, None] * G, k1)
+    dscale = np.sum(G * u, axis=(3, 4))
+    dq, dk, dv, ddt, dlam = mamba3_fold_backward(q1, k1, v1, dt, lam, dy[:, :, :, 0], dq_c, dk_c, dv_c, dscale)
+    want = mamba3_scan_backward(q, k, v, adt, dt, lam, dy)
+    g_prev = np.concatenate([np.zeros_like(g[:, :1]), g[:, :-1]], axis=1)
+    np.testing.assert_allclose(alpha * np.sum(G * g_prev, axis=(3, 4)), want[3], rtol=1e-9, atol=1e-11)  # the core's
+    for name, got, ref in zip("dq dk dv ddt dlam".split(), (dq, dk, dv, ddt, dlam),
+                              (want[0][:, :, :, 0], want[1][:, :, :, 0], want[2][:, :, :, 0], want[4], want[5])):
+        np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-11, err_msg=name)
 
 
 # --- rotation and A ---------------------------------------------------------------------------------------------------

@@ -112,6 +112,42 @@ def mamba3_scan_sequential(q, k, v, adt, dt, lam):
     return np.stack(ys, axis=1)
 
 
+# --- the SISO fold into a Mamba-2 SSD (kernels/mamba3_fold.wgsl) ------------------------------------------------
+
+
+def mamba3_fold_scale(dt, lam):
+    """Δ, λ [b, l, H] -> the SSD input scale s_t = λ_t Δ_t + δ_{t+1}, δ_t = (1 − λ_t) Δ_t (0 after the last step).
+
+    With it the recurrence is g_t = exp(adt_t) g_{t−1} + s_t Σ_r v_{t,r} k_{t,r}ᵀ and h_t = g_t − δ_{t+1} u_t."""
+    return lam * dt + _next((1 - lam) * dt)
+
+
+def mamba3_fold_output(y_core, q, k, v, dt, lam):
+    """SISO: the core's g_t q_t -> h_t q_t = y_core_t − δ_{t+1} v_t (k_t · q_t).
+
+    y_core, v [b, l, H, P]; q, k [b, l, H, N]; Δ, λ [b, l, H]."""
+    delta_next = _next((1 - lam) * dt)
+    return y_core - (delta_next * np.einsum("blhn,blhn->blh", k, q))[..., None] * v
+
+
+def mamba3_fold_backward(q, k, v, dt, lam, dy, dq_core, dk_core, dv_core, dscale):
+    """The adjoint of `mamba3_fold_output` and `mamba3_fold_scale` around the SSD core (SISO shapes as there).
+
+    dy: ∂loss/∂y (also what the core's backward was given); dq_core, dk_core, dv_core, dscale: the core's ∂loss/∂C,
+    ∂B, ∂x and ∂scale. -> (dq, dk, dv, ddt, dlam). ∂loss/∂adt is the core's, unchanged. With c_t = δ_{t+1}:
+    dq = dq_core − c vdy k, dk = dk_core − c vdy q, dv = dv_core − c kq dy (kq = k·q, vdy = v·dy);
+    ∂/∂δ_{t+1} = dscale_t − kq_t vdy_t reaches Δ_{t+1}, λ_{t+1} through δ_{t+1} = (1 − λ_{t+1}) Δ_{t+1}."""
+    c = _next((1 - lam) * dt)
+    kq = np.einsum("blhn,blhn->blh", k, q)
+    vdy = np.einsum("blhp,blhp->blh", v, dy)
+    dq = dq_core - (c * vdy)[..., None] * k
+    dk = dk_core - (c * vdy)[..., None] * q
+    dv = dv_core - (c * kq)[..., None] * dy
+    ddelta_next = dscale - kq * vdy  # at t = l − 1 it multiplies the constant 0
+    ddelta = np.concatenate([np.zeros_like(dscale[:, :1]), ddelta_next[:, :-1]], axis=1)  # ∂/∂δ_t
+    return dq, dk, dv, lam * dscale + (1 - lam) * ddelta, dt * (dscale - ddelta)
+
+
 def mamba3_scan(q, k, v, adt, dt, lam, chunk_size):
     """-> y [b, l, H, R, P] = h_t q_t, in chunks of `chunk_size` steps (as mamba3_siso_fwd_ref, chunked).
 
@@ -124,7 +160,7 @@ def mamba3_scan(q, k, v, adt, dt, lam, chunk_size):
     b, l, H, R, P = v.shape
     Q = chunk_size
     delta = _next((1 - lam) * dt)
-    ks = k * (lam * dt + delta)[..., None, None]
+    ks = k * mamba3_fold_scale(dt, lam)[..., None, None]
     corr = delta[..., None, None] * np.einsum("blhRr,blhrp->blhRp", np.einsum("blhRn,blhrn->blhRr", q, k), v)
     pad = -l % Q
     if pad:
