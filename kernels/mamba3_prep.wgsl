@@ -12,7 +12,7 @@
 // on consecutive addresses. Sums over heads (∂angle, and ∂Bn, ∂Cn over the heads of a group) and the ∂dd_dt
 // column, which needs Σ over angles of the ∂θ running sum, are mamba3_prep_reduce's: fixed order, no atomics.
 // finish: y_r = ys_r + D v_r; yn = RMSNorm over P per (head, rank) times norm.weight (with NORM) or y;
-// o_r = yn_r ⊙ silu(zr_r); out = Σ_r mimo_o_r ⊙ o_r. One thread per (row, head, rank).
+// o_r = yn_r ⊙ silu(zr_r); out = Σ_r mimo_o_r ⊙ o_r (SISO: out = o). A workgroup per (row, head, rank).
 
 const MAX_S: u32 = 64u;  // mirrored by mambactl/ops/mamba3_prep.py
 const PI: f32 = 3.14159265358979;
@@ -21,6 +21,7 @@ const TC: u32 = 16u;
 const TL: u32 = 16u;
 
 override NORM: bool = false;
+override MIMO: bool = true;  // finish backward: mimo_o read and ∂mimo_o partials (false for SISO)
 
 // The θ walks cover steps [seg_begin, seg_end) (the wrapper splits them into dispatches on Mesa llvmpipe, whose
 // per-invocation loop budget is 65,535 iterations): the forward's running θ enters from theta at step
@@ -208,9 +209,15 @@ fn mamba3_prep_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
             let xv = proj[pr + di + h * P + c];
             let zv = proj[pr + h * P + c];
             for (var r = 0u; r < R; r++) {
-                let mi = (h * R + r) * P + c;
-                v[(rh * R + r) * P + c] = xv * mimo_x[mi];
-                zr[(rh * R + r) * P + c] = zv * mimo_z[mi];
+                var mx = 1.0;  // SISO: no mimo_x, mimo_z (what is bound there is not read)
+                var mz = 1.0;
+                if (p.mimo != 0u) {
+                    let mi = (h * R + r) * P + c;
+                    mx = mimo_x[mi];
+                    mz = mimo_z[mi];
+                }
+                v[(rh * R + r) * P + c] = xv * mx;
+                zr[(rh * R + r) * P + c] = zv * mz;
             }
             continue;
         }
@@ -276,9 +283,14 @@ fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
             var dz = 0.0;
             for (var r = 0u; r < R; r++) {
                 let vi = (rh * R + r) * P + c;
-                let mi = (h * R + r) * P + c;
                 let dvt = dv[vi] + D[h] * dys_in[vi];
                 let dzv = dzr[vi];
+                if (p.mimo == 0u) {  // SISO: mimo_x = mimo_z = 1, no ∂mimo partials
+                    dx += dvt;
+                    dz += dzv;
+                    continue;
+                }
+                let mi = (h * R + r) * P + c;
                 dx += dvt * mimo_x[mi];
                 dz += dzv * mimo_z[mi];
                 dvx[vi] = dvt * xv;
@@ -407,24 +419,46 @@ fn mamba3_prep_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(nu
     }
 }
 
-// One thread per (row, head, rank). Grid grid_1d(M·H·R, 64).
+// finish: one workgroup of FL lanes per (row, head, rank) item, the lanes over its P channels (consecutive lanes on
+// consecutive addresses), the sums over P (the norm's Σ y², the backward's Σ dyn·w·ŷ and Σ dys·v) by a fixed-order
+// tree in workgroup memory (deterministic). Items are workgroup x + y·groups_x (grid grid_1d(M·H·R, 1)).
+const FL: u32 = 64u;  // mirrored by FINISH_LANES in mambactl/ops/mamba3_prep.py
+var<workgroup> finish_red: array<f32, FL>;
+
+fn finish_item(wid: vec3<u32>, nwg: vec3<u32>) -> u32 { return wid.y * nwg.x + wid.x; }
+
+// Σ over the workgroup's lanes of `part`, in a fixed order; every lane gets it. Uniform control flow only.
+fn finish_sum(lane: u32, part: f32) -> f32 {
+    finish_red[lane] = part;
+    workgroupBarrier();
+    for (var s = FL / 2u; s > 0u; s = s / 2u) {
+        if (lane < s) { finish_red[lane] += finish_red[lane + s]; }
+        workgroupBarrier();
+    }
+    let total = finish_red[0];
+    workgroupBarrier();
+    return total;
+}
+
+// y = ys + D v, yn = RMSNorm(y) ⊙ w (NORM) or y, o = yn ⊙ silu(zr). With SISO o is already out (R = 1, mimo_o = 1).
 @compute @workgroup_size(64)
-fn mamba3_finish_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = gid.y * nwg.x * 64u + gid.x;
-    if (i >= fp.frows * fp.fheads * fp.frank) { return; }
+fn mamba3_finish_forward(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                         @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = finish_item(wid, nwg);
+    if (i >= fp.frows * fp.fheads * fp.frank) { return; }  // uniform: the whole workgroup
     let P = fp.fheaddim;
     let h = (i / fp.frank) % fp.fheads;
     let base = i * P;
     var ss = 0.0;
-    for (var c = 0u; c < P; c++) {
+    for (var c = lane; c < P; c += FL) {
         let yv = ys[base + c] + D[h] * v_in[base + c];
         y[base + c] = yv;
         ss += yv * yv;
     }
     var rs = 1.0;
-    if (NORM) { rs = inverseSqrt(ss / f32(P) + fp.eps); }
-    rstd[i] = rs;
-    for (var c = 0u; c < P; c++) {
+    if (NORM) { rs = inverseSqrt(finish_sum(lane, ss) / f32(P) + fp.eps); }
+    if (lane == 0u) { rstd[i] = rs; }
+    for (var c = lane; c < P; c += FL) {
         var yn = y[base + c];
         if (NORM) { yn = yn * rs * norm_w[h * P + c]; }
         let zv = zr_in[base + c];
@@ -432,7 +466,7 @@ fn mamba3_finish_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin
     }
 }
 
-// out[row, h·P + c] = Σ_r mimo_o[h, r, c] o[row, h, r, c] (r in order). Grid grid_1d(M·H·P).
+// out[row, h·P + c] = Σ_r mimo_o[h, r, c] o[row, h, r, c] (r in order); MIMO only. Grid grid_1d(M·H·P).
 @compute @workgroup_size(256)
 fn mamba3_finish_sum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.y * nwg.x * 256u + gid.x;
@@ -448,11 +482,12 @@ fn mamba3_finish_sum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
     out[i] = acc;
 }
 
-// One thread per (row, head, rank): dys (gradient reaching the scan output and, times D, v), dzr and the
-// per-item parameter partials. Grid grid_1d(M·H·R, 64).
+// dys (gradient reaching the scan output and, times D, v), dzr and the per-item parameter partials; MIMO also
+// dout ⊙ o (-> ∂mimo_o) and reads mimo_o (SISO: 1). Workgroups as mamba3_finish_forward.
 @compute @workgroup_size(64)
-fn mamba3_finish_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = gid.y * nwg.x * 64u + gid.x;
+fn mamba3_finish_backward(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                          @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = finish_item(wid, nwg);
     if (i >= fp.frows * fp.fheads * fp.frank) { return; }
     let P = fp.fheaddim;
     let r = i % fp.frank;
@@ -461,28 +496,33 @@ fn mamba3_finish_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builti
     let base = i * P;
     let rs = rstd_in[i];
     var dot = 0.0;  // Σ_c dyn·w·ŷ (RMSNorm backward)
-    for (var c = 0u; c < P; c++) {
+    for (var c = lane; c < P; c += FL) {
         let dout_v = dout[row * fp.fheads * P + h * P + c];
-        let do_ = dout_v * mimo_o[(h * fp.frank + r) * P + c];
-        dmo_part[base + c] = dout_v * o_in[base + c];
+        var do_ = dout_v;
+        if (MIMO) {
+            do_ = dout_v * mimo_o[(h * fp.frank + r) * P + c];
+            dmo_part[base + c] = dout_v * o_in[base + c];
+        }
         let zv = zr_in[base + c];
         let sg = sigmoid(zv);
         var yn = y_in[base + c];
         if (NORM) { yn = yn * rs * norm_w[h * P + c]; }
         dzr_out[base + c] = do_ * yn * sg * (1.0 + zv * (1.0 - sg));
         let dyn = do_ * zv * sg;
-        dys[base + c] = dyn;  // before the norm; finished below
+        dys[base + c] = dyn;  // before the norm; finished below (by the same lane)
         if (NORM) {
             dot += dyn * norm_w[h * P + c] * y_in[base + c] * rs;
             dnw_part[(row * fp.frank + r) * fp.fheads * P + h * P + c] = dyn * y_in[base + c] * rs;
         }
     }
+    if (NORM) { dot = finish_sum(lane, dot); }
     var dd = 0.0;
-    for (var c = 0u; c < P; c++) {
+    for (var c = lane; c < P; c += FL) {
         var g = dys[base + c];
         if (NORM) { g = rs * (g * norm_w[h * P + c] - y_in[base + c] * rs * dot / f32(P)); }
         dys[base + c] = g;
         dd += g * v_in[base + c];
     }
-    dD_part[(row * fp.frank + r) * fp.fheads + h] = dd;
+    dd = finish_sum(lane, dd);
+    if (lane == 0u) { dD_part[(row * fp.frank + r) * fp.fheads + h] = dd; }
 }

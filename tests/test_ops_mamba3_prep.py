@@ -6,7 +6,9 @@ budget. Outputs start NaN-poisoned (the `gpu` fixture), so an element no kernel 
 import numpy as np
 import pytest
 
-from mambactl.ops.mamba3_prep import Mamba3Dims, mamba3_prep, mamba3_prep_backward, prep_walk_loops
+from mambactl.errors import ShapeError
+from mambactl.ops.mamba3_prep import (Mamba3Dims, mamba3_finish, mamba3_finish_backward, mamba3_prep,
+                                      mamba3_prep_backward, prep_walk_loops)
 from mambactl.reference import mamba3 as ref
 from mambactl.reference.activations import sigmoid, sigmoid_backward, softplus, softplus_backward
 
@@ -31,9 +33,11 @@ def make_inputs(d, seed=0, dt_shift=0.0):
     def f(*shape, scale=1.0):
         return (scale * rng.standard_normal(shape)).astype(np.float32)
 
+    mimo_x, mimo_z = 1 + f(H, R, P, scale=0.3), 1 + f(H, R, P, scale=0.3)
+    if not d.mimo:  # SISO has no mimo_* parameters: the reference multiplies by 1, the GPU ops get None
+        mimo_x, mimo_z = np.ones_like(mimo_x), np.ones_like(mimo_z)
     x = dict(proj=f(M, d.cols), Bn=f(M, d.rgn), Cn=f(M, d.rgn), dt_bias=f(H) + np.float32(dt_shift),
-             B_bias=f(H, R, N, scale=0.3), C_bias=f(H, R, N, scale=0.3), mimo_x=1 + f(H, R, P, scale=0.3),
-             mimo_z=1 + f(H, R, P, scale=0.3), D=f(H))
+             B_bias=f(H, R, N, scale=0.3), C_bias=f(H, R, N, scale=0.3), mimo_x=mimo_x, mimo_z=mimo_z, D=f(H))
     g = dict(dq=f(M, H * R * N), dk=f(M, H * R * N), dv=f(M, H * R * P), dzr=f(M, H, R, P), dadt=f(M, H),
              ddt=f(M, H), dlam=f(M, H), dys=f(M, H, R, P))
     return x, g
@@ -77,13 +81,17 @@ def reference(d, x, g):
     dproj[:, off + H:off + 2 * H] = ddd_A.reshape(M, H)
     dproj[:, off + 2 * H:off + 3 * H] = sigmoid_backward(trap, g["dlam"].reshape(b, l, H)).reshape(M, H)
     dproj[:, off + 3 * H:] = dang.reshape(M, S)
-    bwd = dict(dproj=dproj, dqb=dqb, dkb=dkb, dvx=dv * xs[:, :, :, None, :], dzz=dzr * z[:, :, :, None, :],
-               dBn=ref._groups(dkb, G).reshape(M, rgn), dCn=ref._groups(dqb, G).reshape(M, rgn))
+    bwd = dict(dproj=dproj, dqb=dqb, dkb=dkb, dBn=ref._groups(dkb, G).reshape(M, rgn),
+               dCn=ref._groups(dqb, G).reshape(M, rgn))
+    if d.mimo:  # ∂mimo_x, ∂mimo_z per row
+        bwd.update(dvx=dv * xs[:, :, :, None, :], dzz=dzr * z[:, :, :, None, :])
     return fwd, bwd
 
 
 def run_gpu(gpu, d, x, g, segment=None):
     t = {k: gpu.from_numpy(v) for k, v in {**x, **g}.items()}
+    if not d.mimo:
+        t["mimo_x"] = t["mimo_z"] = None
     pr = mamba3_prep(t["proj"], t["Bn"], t["Cn"], t["dt_bias"], t["B_bias"], t["C_bias"], t["mimo_x"],
                      t["mimo_z"], d, A_FLOOR, segment=segment)
     bw = mamba3_prep_backward(t["proj"], t["dt_bias"], t["mimo_x"], t["mimo_z"], t["D"], pr, t["dq"], t["dk"],
@@ -148,3 +156,59 @@ def test_prep_row_blocks(gpu, monkeypatch, rows_per_thread):
     d = Mamba3Dims(2, 70, 3, 4, 2, 3, 8, 2, True)
     x, g = make_inputs(d, seed=3)
     check(d, run_gpu(gpu, d, x, g), reference(d, x, g), 1e-5)
+
+
+def test_siso_takes_no_mimo_tensors(gpu):
+    d = Mamba3Dims(1, 4, 2, 4, 1, 1, 8, 2, False)
+    x, _ = make_inputs(d)
+    t = {k: gpu.from_numpy(v) for k, v in x.items()}
+    with pytest.raises(ShapeError, match="mamba3_prep: mimo_x is given for SISO"):
+        mamba3_prep(t["proj"], t["Bn"], t["Cn"], t["dt_bias"], t["B_bias"], t["C_bias"], t["mimo_x"], None, d,
+                    A_FLOOR)
+
+
+def finish_reference(d, f, norm):
+    """mambactl/reference/mamba3.py's _finish and its backward (mamba3_block_backward's first lines), float64."""
+    f = {k: v.astype(np.float64) for k, v in f.items()}
+    M, H, R, P = d.rows, d.heads, d.rank, d.headdim
+    y = f["ys"] + f["D"][:, None, None] * f["v"]
+    w = f["norm_w"].reshape(H, 1, P)
+    yn = ref.rmsnorm(y, w, ref.NORM_EPS) if norm else y
+    o = yn * ref.silu(f["zr"])
+    out = np.sum(o * f["mimo_o"], axis=2).reshape(M, H * P)
+    do = f["dout"].reshape(M, H, 1, P) * f["mimo_o"]
+    dzr = ref.silu_backward(f["zr"], do * yn)
+    dyn = do * ref.silu(f["zr"])
+    dys = ref.rmsnorm_backward(y, w, dyn, ref.NORM_EPS)[0] if norm else dyn
+    back = dict(dys=dys, dzr=dzr, dD=np.sum(dys * f["v"], axis=3).transpose(0, 2, 1).reshape(M * R, H))
+    if norm:
+        back["dnw"] = (dyn * ref.rmsnorm(y, 1.0, ref.NORM_EPS)).transpose(0, 2, 1, 3).reshape(M * R, H * P)
+    if d.mimo:
+        back["dmo"] = (f["dout"].reshape(M, H, 1, P) * o).reshape(M, H * R * P)
+    return out, back
+
+
+# (rows M, heads, headdim, rank, mimo, norm): P within one workgroup of 64 lanes, past it and not a multiple of it
+FINISH_SHAPES = [(5, 3, 4, 1, False, False), (5, 3, 4, 1, False, True), (3, 2, 130, 1, False, True),
+                 (4, 2, 70, 3, True, True), (4, 3, 5, 2, True, False), (2, 24, 64, 1, False, False)]
+
+
+@pytest.mark.parametrize("rows,heads,headdim,rank,mimo,norm", FINISH_SHAPES)
+def test_finish_matches_reference(gpu, rows, heads, headdim, rank, mimo, norm):
+    d = Mamba3Dims(1, rows, heads, headdim, rank, 1, 8, 2, mimo)
+    rng = np.random.default_rng(7)
+    M, H, R, P = d.rows, heads, rank, headdim
+    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    f = dict(ys=f32(M, H, R, P), v=f32(M, H, R, P), zr=f32(M, H, R, P), D=f32(H), norm_w=1 + 0.3 * f32(H * P),
+             mimo_o=1 + 0.3 * f32(H, R, P) if mimo else np.ones((H, R, P), np.float32), dout=f32(M, H * P))
+    t = {k: gpu.from_numpy(v) for k, v in f.items()}
+    mimo_o = t["mimo_o"] if mimo else None
+    norm_w = t["norm_w"] if norm else None
+    out, saved = mamba3_finish(t["ys"], t["v"], t["zr"], t["D"], norm_w, mimo_o, d, ref.NORM_EPS)
+    back = mamba3_finish_backward(saved, t["v"], t["zr"], t["D"], norm_w, mimo_o, t["dout"], d, ref.NORM_EPS)
+    out_ref, back_ref = finish_reference(d, f, norm)
+    assert rel(out.numpy(), out_ref) < 1e-5
+    for name, want in back_ref.items():
+        got = back[name].numpy().reshape(want.shape)
+        assert rel(got, want) < 1e-5, (name, rel(got, want))
+    assert (back["dmo"] is None) == (not mimo)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from mambactl.models.config import ModelConfig
 from mambactl.ops import linear, rmsnorm, slice
-from mambactl.ops.fill import fill
 from mambactl.ops.mamba3_prep import (Mamba3Dims, mamba3_finish, mamba3_finish_backward, mamba3_prep,
                                       mamba3_prep_backward)
 from mambactl.ops.mamba3_scan import mamba3_rotate_step, mamba3_scan, mamba3_scan_backward, mamba3_scan_step
@@ -27,11 +26,11 @@ def _dims(cfg: ModelConfig, batch: int, length: int) -> Mamba3Dims:
                       cfg.mamba3_num_rope_angles, bool(m.is_mimo))
 
 
-def _mimo(p: dict, d: Mamba3Dims, rt):
+def _mimo(p: dict, d: Mamba3Dims):
+    """(mimo_x, mimo_z, mimo_o) for MIMO; (None, None, None) for SISO, whose kernels multiply by nothing."""
     if d.mimo:
         return p["mimo_x"], p["mimo_z"], p["mimo_o"]
-    one = fill(rt.empty((d.heads, 1, d.headdim)), 1.0)
-    return one, one, one
+    return None, None, None
 
 
 def _project(p: dict, x: Tensor, d: Mamba3Dims, mimo, cfg: ModelConfig) -> dict:
@@ -51,7 +50,7 @@ def mamba3_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig
     """x [B·L, d_model] -> (y [B·L, d_model], saved)."""
     d = _dims(cfg, batch, length)
     M = d.rows
-    mimo = _mimo(p, d, x.runtime)
+    mimo = _mimo(p, d)
     proj_saved = _project(p, x, d, mimo, cfg)
     pr = proj_saved["prep"]
     shape5 = lambda t: t.reshape(batch, length, d.heads, d.rank, -1)  # noqa: E731
@@ -124,7 +123,7 @@ def mamba3_step(p: dict, x: Tensor, state: dict, cfg: ModelConfig) -> Tensor:
     batch = x.shape[0]
     d = _dims(cfg, batch, 1)
     M, H, R, N, P = batch, d.heads, d.rank, d.nstate, d.headdim
-    mimo = _mimo(p, d, x.runtime)
+    mimo = _mimo(p, d)
     # L = 1: the prep turns q, k by this token's angle increment alone; the rotate step adds the angle before it
     pr = _project(p, x, d, mimo, cfg)["prep"]
     S = max(d.angles, 1)

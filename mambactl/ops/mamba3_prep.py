@@ -92,9 +92,24 @@ def _row_grid(rt, d: Mamba3Dims, width: int, ys: int, loops_per_row: int):
     return -(-width // 64), ys, blocks
 
 
+def _mimo_or_stand_in(op: str, d: Mamba3Dims, stand_in: Tensor, **mimo):
+    """MIMO: the mimo_* tensors, checked [H, R, P]. SISO: they must be None (the kernels read none of them), and
+    `stand_in` (a read-only tensor the dispatch binds anyway) fills their bindings."""
+    out = []
+    for name, t in mimo.items():
+        if d.mimo:
+            out.append(expect(op, name, t, (d.heads, d.rank, d.headdim)))
+        elif t is not None:
+            raise ShapeError(f"{op}: {name} is given for SISO layers (they have no mimo_* parameters)")
+        else:
+            out.append(stand_in)
+    return out
+
+
 def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: Tensor, C_bias: Tensor,
                 mimo_x: Tensor, mimo_z: Tensor, d: Mamba3Dims, a_floor: float, segment: int | None = None) -> dict:
-    """-> dict of q, k [M, H, R, N], v, zr [M, H, R, P], adt, dt, lam [M, H], theta [M, H, S].
+    """-> dict of q, k [M, H, R, N], v, zr [M, H, R, P], adt, dt, lam [M, H], theta [M, H, S]. mimo_x, mimo_z
+    [H, R, P] for MIMO, None for SISO (v = x, zr = z there).
 
     `segment`: steps per dispatch of the θ walk (None: all, except on Mesa llvmpipe, whose loop budget sets it)."""
     op = "mamba3_prep"
@@ -106,8 +121,7 @@ def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: T
     expect(op, "dt_bias", dt_bias, (H,))
     for name, t in (("B_bias", B_bias), ("C_bias", C_bias)):
         expect(op, name, t, (H, R, N))
-    for name, t in (("mimo_x", mimo_x), ("mimo_z", mimo_z)):
-        expect(op, name, t, (H, R, P))
+    mimo_x, mimo_z = _mimo_or_stand_in(op, d, dt_bias, mimo_x=mimo_x, mimo_z=mimo_z)
     rt = proj.runtime
     out = dict(q=rt.empty((M, H, R, N)), k=rt.empty((M, H, R, N)), v=rt.empty((M, H, R, P)),
                zr=rt.empty((M, H, R, P)), adt=rt.empty((M, H)), dt=rt.empty((M, H)), lam=rt.empty((M, H)),
@@ -126,18 +140,23 @@ def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: T
 def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: Tensor, D: Tensor, prep: dict,
                          dq: Tensor, dk: Tensor, dv: Tensor, dzr: Tensor, dadt: Tensor, ddt: Tensor, dlam: Tensor,
                          dys: Tensor, d: Mamba3Dims, a_floor: float, segment: int | None = None) -> dict:
-    """Gradients of `mamba3_prep` (dv is the scan's; D·dys, the skip's share, is added here).
+    """Gradients of `mamba3_prep` (dv is the scan's; D·dys, the skip's share, is added here). mimo_x, mimo_z:
+    None for SISO.
 
     -> dict: dproj [M, cols] with every column but B's and C's written, dBn, dCn [M, R·G·N] (summed over the heads
     of each group, before the bias), dqb, dkb [M, H, R, N] (∂C_bias / ∂B_bias per row), dvx, dzz [M, H, R, P]
-    (∂mimo_x / ∂mimo_z per row). `segment` as in `mamba3_prep`."""
+    (∂mimo_x / ∂mimo_z per row; MIMO only, SISO leaves one-element scratch there). `segment` as in
+    `mamba3_prep`."""
     op = "mamba3_prep_backward"
     d.check(op)
     M, H, R, N, P, S = d.rows, d.heads, d.rank, d.nstate, d.headdim, d.angles
     rt = proj.runtime
+    mimo_x, mimo_z = _mimo_or_stand_in(op, d, dt_bias, mimo_x=mimo_x, mimo_z=mimo_z)
     dproj = rt.empty((M, d.cols))
-    res = dict(dproj=dproj, dqb=rt.empty((M, H, R, N)), dkb=rt.empty((M, H, R, N)), dvx=rt.empty((M, H, R, P)),
-               dzz=rt.empty((M, H, R, P)))
+    # SISO writes no ∂mimo partials: one-element stand-ins fill those bindings
+    mimo_shape = (M, H, R, P) if d.mimo else (1,)
+    res = dict(dproj=dproj, dqb=rt.empty((M, H, R, N)), dkb=rt.empty((M, H, R, N)), dvx=rt.empty(mimo_shape),
+               dzz=rt.empty(mimo_shape))
     dth = rt.empty((M, H, max(S, 1)))  # ∂loss/∂θ per step, then its reverse running sum
     params = _prep_params(d, a_floor)
     rt.run("mamba3_prep_backward", _row_grid(rt, d, N - S + P, H, 1 + R), proj=proj, dt_bias=dt_bias,
@@ -160,32 +179,51 @@ def _finish_params(d: Mamba3Dims, eps: float) -> dict:
     return dict(frows=d.rows, fheads=d.heads, frank=d.rank, fheaddim=d.headdim, eps=float(eps))
 
 
-def mamba3_finish(ys: Tensor, v: Tensor, zr: Tensor, D: Tensor, norm_w: Tensor | None, mimo_o: Tensor,
+FINISH_LANES = 64  # mirrors FL in kernels/mamba3_prep.wgsl: lanes per (row, head, rank) item of the finish
+
+
+def finish_loops(headdim: int) -> int:
+    """Loop iterations per invocation of mamba3_finish_forward / _backward (for Mesa llvmpipe's budget): two
+    strided walks over P and up to two log2(FINISH_LANES)-round sums."""
+    return 2 * -(-headdim // FINISH_LANES) + 12
+
+
+def mamba3_finish(ys: Tensor, v: Tensor, zr: Tensor, D: Tensor, norm_w: Tensor | None, mimo_o: Tensor | None,
                   d: Mamba3Dims, eps: float) -> tuple[Tensor, dict]:
-    """ys, v, zr [M, H, R, P] -> (out [M, H·P], saved: y, rstd, o)."""
+    """ys, v, zr [M, H, R, P] -> (out [M, H·P], saved: y, rstd, o). mimo_o [H, R, P] for MIMO, None for SISO
+    (out is o itself there: R = 1 and mimo_o = 1)."""
+    op = "mamba3_finish"
     M, H, R, P = d.rows, d.heads, d.rank, d.headdim
     rt = ys.runtime
+    (mimo_o,) = _mimo_or_stand_in(op, d, D, mimo_o=mimo_o)
+    loop_budget(rt, op, (M, H, R, P), finish_loops(P))
     norm = norm_w is not None
     y, rstd, o = rt.empty((M, H, R, P)), rt.empty((M, H, R)), rt.empty((M, H, R, P))
     nw = norm_w if norm else D  # an unused binding when there is no norm
-    rt.run("mamba3_finish_forward", grid_1d(M * H * R, 64), {"NORM": norm}, ys=ys, v_in=v, zr_in=zr, D=D,
+    rt.run("mamba3_finish_forward", grid_1d(M * H * R, 1), {"NORM": norm}, ys=ys, v_in=v, zr_in=zr, D=D,
            norm_w=nw, y=y, rstd=rstd, o=o, **_finish_params(d, eps))
+    if not d.mimo:
+        return o.reshape(M, H * P), dict(y=y, rstd=rstd, o=o)
     out = rt.empty((M, H * P))
     rt.run("mamba3_finish_sum", grid_1d(M * H * P), mimo_o=mimo_o, o_in=o, out=out, **_finish_params(d, eps))
     return out, dict(y=y, rstd=rstd, o=o)
 
 
-def mamba3_finish_backward(saved: dict, v: Tensor, zr: Tensor, D: Tensor, norm_w: Tensor | None, mimo_o: Tensor,
-                           dout: Tensor, d: Mamba3Dims, eps: float) -> dict:
+def mamba3_finish_backward(saved: dict, v: Tensor, zr: Tensor, D: Tensor, norm_w: Tensor | None,
+                           mimo_o: Tensor | None, dout: Tensor, d: Mamba3Dims, eps: float) -> dict:
     """dout [M, H·P] -> dict: dys, dzr [M, H, R, P]; per-row partials dnw [M·R, H·P] (with the norm),
-    dmo [M, H·R·P] and dD [M·R, H], to be summed over rows."""
+    dmo [M, H·R·P] (MIMO; None for SISO, whose mimo_o is None) and dD [M·R, H], to be summed over rows."""
+    op = "mamba3_finish_backward"
     M, H, R, P = d.rows, d.heads, d.rank, d.headdim
     rt = dout.runtime
+    (mimo_o,) = _mimo_or_stand_in(op, d, D, mimo_o=mimo_o)
+    loop_budget(rt, op, (M, H, R, P), finish_loops(P))
     norm = norm_w is not None
-    res = dict(dys=rt.empty((M, H, R, P)), dzr=rt.empty((M, H, R, P)), dmo=rt.empty((M, H * R * P)),
+    res = dict(dys=rt.empty((M, H, R, P)), dzr=rt.empty((M, H, R, P)),
+               dmo=rt.empty((M, H * R * P)) if d.mimo else None,
                dD=rt.empty((M * R, H)), dnw=rt.empty((M * R, H * P)) if norm else rt.empty((1,)))
-    rt.run("mamba3_finish_backward", grid_1d(M * H * R, 64), {"NORM": norm}, y_in=saved["y"], rstd_in=saved["rstd"],
-           o_in=saved["o"], v_in=v, zr_in=zr, norm_w=norm_w if norm else D, mimo_o=mimo_o, dout=dout,
-           dys=res["dys"], dzr_out=res["dzr"], dnw_part=res["dnw"], dmo_part=res["dmo"], dD_part=res["dD"],
-           **_finish_params(d, eps))
+    rt.run("mamba3_finish_backward", grid_1d(M * H * R, 1), {"NORM": norm, "MIMO": d.mimo}, y_in=saved["y"],
+           rstd_in=saved["rstd"], o_in=saved["o"], v_in=v, zr_in=zr, norm_w=norm_w if norm else D, mimo_o=mimo_o,
+           dout=dout, dys=res["dys"], dzr_out=res["dzr"], dnw_part=res["dnw"],
+           dmo_part=res["dmo"] if d.mimo else rt.empty((1,)), dD_part=res["dD"], **_finish_params(d, eps))
     return res
