@@ -1,12 +1,16 @@
-// Mamba-2 SSD scan (state space duality), chunked as mamba_ssm's ssd_minimal / Triton ssd_combined, and its
-// exact backward. Per batch b and head h (headdim P, state P × N, heads h share group h / (H / G) of B, C):
-//   Δ_t = clamp(softplus(dt_raw_t + dt_bias), dt_min, dt_max),  a_t = Δ_t A,  A = −exp(A_log),
-//   S_t = exp(a_t) S_{t−1} + Δ_t x_t B_tᵀ,  y_t = S_t C_t + D x_t.
-// Layouts: x, y, dy [B, L, H, P] and B, C [B, L, G, N] (rows of the in_proj / conv matrices); dt_raw [B, L, H].
+// The SSD scan (state space duality), chunked as mamba_ssm's ssd_minimal / Triton ssd_combined, and its exact
+// backward: a general core and Mamba-2's thin composition around it. The core, per batch b and head h (headdim
+// P, state P × N, heads h share group h / (H / G) of B, C), with the per-step log-decay a_t = adt_t ≤ 0 and the
+// input scale s_t given directly:
+//   S_t = exp(a_t) S_{t−1} + s_t x_t B_tᵀ,  y_t = S_t C_t (+ D x_t when the core has D).
+// Mamba-2 (ssd_mamba2_prep / ssd_mamba2_backward): s_t = Δ_t = clamp(softplus(dt_raw_t + dt_bias), dt_min,
+// dt_max), a_t = Δ_t A, A = −exp(A_log); its chain rule: ∂/∂Δ = ∂/∂s + A ∂/∂a, ∂/∂A = Σ Δ ∂/∂a.
+// Layouts: x, y, dy [B, L, H, P] and B, C [B, L, G, N] (rows of the in_proj / conv matrices); adt, scale,
+// dt_raw [B, L, H].
 //
 // Chunks of Q steps; cs_r = Σ_{s ≤ r} a_s within a chunk (cs_end = cs_{Q−1}), E_c the state entering chunk c:
-//   y_r = Σ_{s ≤ r} exp(cs_r − cs_s) (C_r·B_s) Δ_s x_s + exp(cs_r) E_c C_r + D x_r   (ssd_chunk_scan)
-//   E_{c+1} = exp(cs_end) E_c + Σ_s exp(cs_end − cs_s) Δ_s x_s B_sᵀ                  (chunk_state + passing)
+//   y_r = Σ_{o ≤ r} exp(cs_r − cs_o) (C_r·B_o) s_o x_o + exp(cs_r) E_c C_r + D x_r   (ssd_chunk_scan)
+//   E_{c+1} = exp(cs_end) E_c + Σ_o exp(cs_end − cs_o) s_o x_o B_oᵀ                  (chunk_state + passing)
 // Every chunk-level product is a 64 × 64 output tile per 128-thread workgroup (a 4 × 8 register block per
 // thread, mac_wide) fed through workgroup memory in slices of 16 (at most 31 KB of workgroup memory, in
 // ssd_decay_grad: under lavapipe's 32 KiB; the runtime requests the adapter's limit). Chunk states go in order
@@ -15,19 +19,18 @@
 //
 // Backward, with dE_c = ∂loss/∂E_c and dS_c = dE_{c+1} (zero for the last chunk):
 //   dE_c = Σ_r exp(cs_r) dy_r C_rᵀ + exp(cs_end) dE_{c+1}                    (chunk_state + reverse passing)
-//   dxd_s = ∂/∂(Δ_s x_s) = Σ_{t ≥ s} exp(cs_t − cs_s)(B_s·C_t) dy_t + exp(cs_end − cs_s) dS_c B_s
-//   dC_t = Σ_heads [Σ_{s ≤ t} exp(cs_t − cs_s)(dy_t·Δ_s x_s) B_s + exp(cs_t) E_cᵀ dy_t]
-//   dB_s = Σ_heads [Σ_{t ≥ s} exp(cs_t − cs_s)(Δ_s x_s·dy_t) C_t + exp(cs_end − cs_s) dS_cᵀ Δ_s x_s]
-// all four by one tile kernel (ssd_chunk_scan with REVERSE / Q_DT / K_DT / transposed state strides; dB and dC
-// per head, then summed over a group's heads in order). Then
-// dx = Δ dxd + D dy and ∂loss/∂Δ_s = x_s·dxd_s + A ∂loss/∂a_s, where a_σ is inside the decay of every term
-// that passes step σ:
-//   ∂loss/∂a_σ = Σ_{o < σ ≤ t} T_to + Σ_{t ≥ σ} dy_t·y_off_t + Σ_{o < σ} Δ_o x_o·dxd_state_o + W_c,
-//   T_to = exp(Σ_{o<k≤t} a_k)(C_t·B_o)(dy_t·Δ_o x_o),  y_off_t = exp(cs_t) E_c C_t,
+//   dxd_o = ∂/∂(s_o x_o) = Σ_{t ≥ o} exp(cs_t − cs_o)(B_o·C_t) dy_t + exp(cs_end − cs_o) dS_c B_o
+//   dC_t = Σ_heads [Σ_{o ≤ t} exp(cs_t − cs_o)(dy_t·s_o x_o) B_o + exp(cs_t) E_cᵀ dy_t]
+//   dB_o = Σ_heads [Σ_{t ≥ o} exp(cs_t − cs_o)(s_o x_o·dy_t) C_t + exp(cs_end − cs_o) dS_cᵀ s_o x_o]
+// all four by one tile kernel (ssd_chunk_scan with REVERSE / Q_SCALE / K_SCALE / transposed state strides; dB
+// and dC per head, then summed over a group's heads in order). Then dx = s dxd + D dy, ∂loss/∂s_o = x_o·dxd_o,
+// and a_σ is inside the decay of every term that passes step σ:
+//   ∂loss/∂a_σ = Σ_{o < σ ≤ t} T_to + Σ_{t ≥ σ} dy_t·y_off_t + Σ_{o < σ} s_o x_o·dxd_state_o + W_c,
+//   T_to = exp(Σ_{o<k≤t} a_k)(C_t·B_o)(dy_t·s_o x_o),  y_off_t = exp(cs_t) E_c C_t,
 //   dxd_state_o = exp(cs_end − cs_o) dS_c B_o,  W_c = exp(cs_end)⟨E_c, dS_c⟩;
 // dy_t·y_off_t = C_t·(exp(cs_t) E_cᵀ dy_t) comes from dC's state term (ROW_DOT), so y_off is never formed.
 // These are direct sums, as mamba_ssm's "stable" ddA kernels: the shorter identity ∂loss/∂cs_r =
-// dy_r·(y_r − D x_r) − Δ_r x_r·dxd_r cancels large near-diagonal terms and loses ∂A to float32 rounding
+// dy_r·(y_r − D x_r) − s_r x_r·dxd_r cancels large near-diagonal terms and loses ∂a to float32 rounding
 // when the decay is strong. The crossing sums Σ_{o<σ≤t} T_to come from ssd_decay_grad.
 // Decays are never differences of chunk-long cumsums either (their rounding, |cs|·2⁻²⁴, would swamp a small
 // difference late in a strongly decaying chunk): ssd_prep writes direct sums (all a ≤ 0, so every partial sum
@@ -35,32 +38,34 @@
 // prefix / suffix sums within sub-blocks of SUB steps; a pair decay Σ_{o<s≤r} a_s is a difference of two
 // sums within one sub-block, or sub-block suffix + the whole sub-blocks between + sub-block prefix (the
 // blockwise form of ssd_minimal's stable segsum).
-// The forward saves only E (O(B·H·P·N·L/Q)); Δ and the decays are recomputed. Sums over workgroups go out as
-// partials added in a fixed order by a later dispatch: deterministic, no atomics. Positions past L (the last
-// chunk's padding) have Δ = 0 and read x = B = C = dy = 0, and every exp is of a value ≤ 0, so nothing there
-// can become inf or NaN.
+// The forward saves only E (O(B·H·P·N·L/Q)); the decays (and Mamba-2's Δ) are recomputed. Sums over
+// workgroups go out as partials added in a fixed order by a later dispatch: deterministic, no atomics.
+// Positions past L (the last chunk's padding) have s = a = 0 and read x = B = C = dy = 0, and every exp is of
+// a value ≤ 0, so nothing there can become inf or NaN.
 
-const WG: u32 = 256u;          // threads of the 1-D kernels; ssd_prep / ssd_dt_backward give each a segment
+const WG: u32 = 256u;          // threads of the 1-D kernels; ssd_prep / ssd_rows_backward give each a segment
 const MAX_CHUNK: u32 = 1024u;  // = WG · 4: the longest chunk those two kernels hold in workgroup memory
 const TILE: u32 = 64u;
 const KT: u32 = 16u;           // depth of a slice through workgroup memory
 const SUB: u32 = 16u;          // sub-block of the pair decays; TILE / SUB = 4 per tile
 // Rows of `dec`.
-const DT: u32 = 0u;
+const SCALE: u32 = 0u;
 const CS: u32 = 1u;
 const SFX: u32 = 2u;
 const LO: u32 = 3u;
 const RLO: u32 = 4u;
 
 override REVERSE: bool = false;   // ssd_chunk_scan: pairs o ≥ r with decay Σ a over (r, o] (the adjoint)
-override Q_DT: bool = false;      // ssd_chunk_scan: row operand scaled by the row's Δ
-override K_DT: bool = false;      // ssd_chunk_scan: column operand scaled by the column's Δ
+override Q_SCALE: bool = false;  // ssd_chunk_scan: row operand scaled by the row's scale s
+override K_SCALE: bool = false;  // ssd_chunk_scan: column operand scaled by the column's scale s
 override ADD_SKIP: bool = false;  // ssd_chunk_scan: output += D · (value operand at the row)
 override PAIRS: bool = true;      // ssd_chunk_scan: false = the state term only
 override STATE_OUT: bool = false; // ssd_chunk_scan: also write the state term alone to out_state
-override GRAD: bool = false;      // ssd_chunk_state: weights exp(cs_r) (backward) instead of exp(cs_end − cs_r) Δ_r
+override GRAD: bool = false;      // ssd_chunk_state: weights exp(cs_r) (backward) instead of exp(cs_end − cs_r) s_r
 override ROW_DOT: bool = false;   // ssd_chunk_scan: also U_r = c_r·(state term) per column tile to u_part
 override ACCUMULATE: bool = false;
+override HAS_D: bool = true;      // ssd_rows_backward: the core has a D skip (dx += D dy, ∂D partials)
+override NPARAM: u32 = 1u;        // ssd_param_grads: parameters per partial (1 or 2)
 
 // seg_lo, seg_hi: the part of a walk one dispatch takes (ssd_state_passing(_backward): chunks; ssd_param_grads:
 // (batch, chunk) partials), all of it but on Mesa llvmpipe, whose loop budget (65,535 loop iterations per
@@ -78,7 +83,7 @@ struct ScanDims { len: u32, heads: u32, chunk: u32, nchunks: u32, qk_width: u32,
 @group(0) @binding(2) var<storage, read> dt_raw: array<f32>;        // [B, L, H]
 @group(0) @binding(3) var<storage, read> dt_bias: array<f32>;       // [H]
 @group(0) @binding(4) var<storage, read> A_log: array<f32>;         // [H]
-// [B, H, nchunks, 5, Q] per position r of a chunk: Δ_r; cs_r = Σ_{s≤r} a_s; Σ_{s>r} a_s; the sums over s ≤ r
+// [B, H, nchunks, 5, Q] per position r of a chunk: the scale s_r; cs_r = Σ_{s≤r} a_s; Σ_{s>r} a_s; the sums over s ≤ r
 // and over s > r within r's sub-block of SUB steps (rows DT, CS, SFX, LO, RLO).
 @group(0) @binding(5) var<storage, read_write> dec_out: array<f32>;
 @group(0) @binding(6) var<storage, read> dec: array<f32>;
@@ -100,13 +105,13 @@ struct ScanDims { len: u32, heads: u32, chunk: u32, nchunks: u32, qk_width: u32,
 @group(0) @binding(22) var<storage, read> dy: array<f32>;
 @group(0) @binding(23) var<storage, read_write> x_part: array<f32>;  // [B, H, nchunks, ceil(Q / 64), Q]
 @group(0) @binding(25) var<storage, read> dxd_state: array<f32>;
-@group(0) @binding(26) var<storage, read_write> dx: array<f32>;     // holds dxd on entry to ssd_dt_backward
+@group(0) @binding(26) var<storage, read_write> dx: array<f32>;     // holds dxd on entry to ssd_rows_backward
 @group(0) @binding(27) var<storage, read_write> ddt_raw: array<f32>;
-// [B, nchunks, H, 3]: ∂A_log, ∂D, ∂dt_bias
+// Per (batch, chunk, head) partials of parameter gradients: [B, nchunks, H, NPARAM] (the core: ∂D; Mamba-2's
+// chain rule: ∂A_log, ∂dt_bias), added in order by ssd_param_grads into grad_0 (, grad_1) [H].
 @group(0) @binding(28) var<storage, read_write> param_part: array<f32>;
-@group(0) @binding(29) var<storage, read_write> dA_log: array<f32>;
-@group(0) @binding(30) var<storage, read_write> dD: array<f32>;
-@group(0) @binding(31) var<storage, read_write> ddt_bias: array<f32>;
+@group(0) @binding(29) var<storage, read_write> grad_0: array<f32>;
+@group(0) @binding(31) var<storage, read_write> grad_1: array<f32>;
 @group(0) @binding(32) var<storage, read_write> last_state: array<f32>;  // [B, H, P, N]: S after the last step
 @group(0) @binding(33) var<storage, read_write> ssm_state: array<f32>;   // ssd_step: [B, H, P, N], in place
 @group(0) @binding(34) var<storage, read> head_part: array<f32>;        // ssd_sum_heads: [B, L, H, N]
@@ -115,6 +120,12 @@ struct ScanDims { len: u32, heads: u32, chunk: u32, nchunks: u32, qk_width: u32,
 // A segmented walk's running sums between its dispatches: ssd_state_passing_backward's dE [B, H, P·N],
 // ssd_param_grads' [H, 3].
 @group(0) @binding(36) var<storage, read_write> carry: array<f32>;
+@group(0) @binding(37) var<storage, read> adt_in: array<f32>;          // [B, L, H]: the core's log-decay (≤ 0)
+@group(0) @binding(38) var<storage, read> scale_in: array<f32>;        // [B, L, H]: the core's input scale
+@group(0) @binding(39) var<storage, read_write> dadt: array<f32>;      // [B, L, H]
+@group(0) @binding(40) var<storage, read_write> dscale: array<f32>;    // [B, L, H]
+@group(0) @binding(41) var<storage, read_write> adt_out: array<f32>;   // ssd_mamba2_prep: Δ A
+@group(0) @binding(42) var<storage, read_write> scale_out: array<f32>; // ssd_mamba2_prep: Δ
 
 // GEMM slices: [KT][TS], depth-major and held as vec4s, so a thread reads its 4 rows (or columns) with one
 // vector load. Rows are padded to TS = TILE + 4 floats: the loads that transpose an operand (16 consecutive
@@ -126,17 +137,17 @@ var<workgroup> kv_tile: array<vec4<f32>, KT * TS / 4>;
 // 64 × 64 products of a row and a column block: ssd_chunk_scan keeps [o][r] (r as vec4s); ssd_decay_grad keeps
 // [t][o] scalars with row t rotated by t (get_f / set_f), so walking a row or a column is conflict-free.
 var<workgroup> pair_tile: array<vec4<f32>, TILE * TILE / 4>;
-var<workgroup> row_dt: array<f32, TILE>;
+var<workgroup> row_sc: array<f32, TILE>;
 var<workgroup> row_scale: array<f32, TILE>;
 var<workgroup> row_lo: array<f32, TILE>;
 var<workgroup> row_rlo: array<f32, TILE>;
-var<workgroup> col_dt: array<f32, TILE>;
+var<workgroup> col_sc: array<f32, TILE>;
 var<workgroup> col_lo: array<f32, TILE>;
 var<workgroup> col_rlo: array<f32, TILE>;
 var<workgroup> mid: array<f32, 16>;  // [row sub-block][column sub-block]: Σ a over the whole sub-blocks between
 var<workgroup> scan_buf: array<f32, WG>;
 var<workgroup> red_buf: array<f32, WG>;
-// Per chunk position: a (prep), the crossing sums (ssd_decay_grad), the per-position terms (ssd_dt_backward).
+// Per chunk position: a (prep), the crossing sums (ssd_decay_grad), the per-position terms (ssd_rows_backward).
 var<workgroup> seg_a: array<f32, MAX_CHUNK>;
 var<workgroup> seg_b: array<f32, MAX_CHUNK>;
 var<workgroup> seg_c: array<f32, MAX_CHUNK>;
@@ -192,15 +203,14 @@ fn head_at(b: u32, pos: u32, h: u32, p: u32) -> u32 { return ((b * d.len + pos) 
 
 fn group_at(b: u32, pos: u32, g: u32, n: u32) -> u32 { return ((b * d.len + pos) * d.ngroups + g) * d.nstate + n; }
 
-// The decay sums of `dec` for every position of a chunk (padding: Δ = 0, so a = 0 there). Thread t owns the
-// consecutive positions [t·seg, (t + 1)·seg). Grid (nchunks, H, B).
+// The decay sums of `dec` for every position of a chunk from the per-step log-decays adt (padding: scale = 0
+// and adt = 0 there). Thread t owns the consecutive positions [t·seg, (t + 1)·seg). Grid (nchunks, H, B).
 @compute @workgroup_size(256)
 fn ssd_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let c = wid.x;
     let h = wid.y;
     let b = wid.z;
     let t = lid.x;
-    let a = -exp(A_log[h]);
     let seg = (d.chunk + WG - 1u) / WG;
     let q = d.chunk;
     let base = dec_base(b, h, c);
@@ -209,13 +219,16 @@ fn ssd_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id)
         let r = t * seg + i;
         let pos = c * q + r;
         if (r < q) {
-            var dt = 0.0;
+            var sc = 0.0;
+            var a = 0.0;
             if (pos < d.len) {
-                dt = clamp(softplus(dt_raw[(b * d.len + pos) * d.heads + h] + dt_bias[h]), d.dt_min, d.dt_max);
+                let k = (b * d.len + pos) * d.heads + h;
+                sc = scale_in[k];
+                a = adt_in[k];
             }
-            dec_out[base + DT * q + r] = dt;
-            seg_a[r] = dt * a;
-            run += dt * a;
+            dec_out[base + SCALE * q + r] = sc;
+            seg_a[r] = a;
+            run += a;
             seg_b[r] = run;
         }
     }
@@ -264,7 +277,7 @@ fn pick(i: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>) -> v
 }
 
 // Per chunk, head: states[j, k] = Σ_r w_r left_r[j] right_r[k] over the chunk's valid steps, j < P, k < N, with
-// w_r = exp(cs_end − cs_r) Δ_r (forward: the state the chunk adds) or exp(cs_r) (GRAD: dE's in-chunk part),
+// w_r = exp(cs_end − cs_r) s_r (forward: the state the chunk adds) or exp(cs_r) (GRAD: dE's in-chunk part),
 // computed once per step into seg_a. 128 threads, 4 × 8 blocks (mac_wide). At mamba2-130m's shape 2·Q·P·N =
 // 4.2 MFLOP per (b, chunk, head), 3.2 GFLOP a call. Grid (ceil(P / 64) · ceil(N / 64), nchunks · H, B).
 @compute @workgroup_size(8, 16)
@@ -283,7 +296,7 @@ fn ssd_chunk_state(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
     let steps = min(q, d.len - t0);
     for (var r = tid; r < steps; r += 128u) {
         var w = exp(dec[base + CS * q + r]);
-        if (!GRAD) { w = exp(dec[base + SFX * q + r]) * dec[base + DT * q + r]; }
+        if (!GRAD) { w = exp(dec[base + SFX * q + r]) * dec[base + SCALE * q + r]; }
         seg_a[r] = w;
     }
     workgroupBarrier();
@@ -348,7 +361,7 @@ fn ssd_state_passing(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
         states[k] = run;
         run = exp(cs_end_of(b, h, c)) * run + added;
     }
-    // The padding past L has Δ = 0 (no decay, nothing added), so this is the state after step L − 1.
+    // The padding past L has s = a = 0 (no decay, nothing added), so this is the state after step L − 1.
     last_state[i] = run;
 }
 
@@ -383,7 +396,7 @@ fn ssd_state_passing_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(nu
     if (d.seg_lo > 0u && e < pn) { carry[ci] = run; }
 }
 
-// Stage Δ, the sub-block sums and the state-term scale of rows [rb, rb + 64) of a chunk (zero past `steps`).
+// Stage the scale, the sub-block sums and the state-term scale of rows [rb, rb + 64) of a chunk (zero past `steps`).
 fn stage_rows(base: u32, q: u32, rb: u32, steps: u32, tid: u32) {
     if (tid < TILE) {
         let r = rb + tid;
@@ -392,13 +405,13 @@ fn stage_rows(base: u32, q: u32, rb: u32, steps: u32, tid: u32) {
         var rlo = 0.0;
         var scale = 0.0;
         if (r < steps) {
-            dt = dec[base + DT * q + r];
+            dt = dec[base + SCALE * q + r];
             lo = dec[base + LO * q + r];
             rlo = dec[base + RLO * q + r];
             scale = exp(dec[base + select(CS, SFX, REVERSE) * q + r]);
-            if (Q_DT) { scale *= dt; }
+            if (Q_SCALE) { scale *= dt; }
         }
-        row_dt[tid] = dt;
+        row_sc[tid] = dt;
         row_lo[tid] = lo;
         row_rlo[tid] = rlo;
         row_scale[tid] = scale;
@@ -414,11 +427,11 @@ fn stage_cols(base: u32, q: u32, rb: u32, ob: u32, steps: u32, tid: u32) {
         var lo = 0.0;
         var rlo = 0.0;
         if (o < steps) {
-            dt = dec[base + DT * q + o];
+            dt = dec[base + SCALE * q + o];
             lo = dec[base + LO * q + o];
             rlo = dec[base + RLO * q + o];
         }
-        col_dt[tid] = dt;
+        col_sc[tid] = dt;
         col_lo[tid] = lo;
         col_rlo[tid] = rlo;
     }
@@ -481,9 +494,9 @@ fn wide_col(lx: u32, jq: u32) -> u32 { return select(4u * lx + jq, 32u + 4u * lx
 // Per head h: out[r, j] = Σ_k rowscale_r q_r[k] S[j, k] + Σ_{o ~ r} w_ro (q_r·k_o) v_o[j] (+ D v_r[j]) over rows
 // r of a chunk (tile of 64) and j < v_dim (tile of 64); out is [B, L, H, v_dim]. Forward pairs o ≤ r with
 // w = exp(Σ a over (o, r]) and rowscale exp(cs_r); REVERSE pairs o ≥ r with w = exp(Σ a over (r, o]) and rowscale
-// exp(cs_end − cs_r). Q_DT / K_DT scale q_r / k_o by Δ_r / Δ_o. Modes (q, k, v, S):
-//   y   (C, B·Δ, x, E)        forward, ADD_SKIP       dxd (B, C, dy, dS)       REVERSE, STATE_OUT
-//   dC  (dy, x·Δ, B, Eᵀ)      forward, ROW_DOT        dB  (x·Δ, dy, C, dSᵀ)    REVERSE
+// exp(cs_end − cs_r). Q_SCALE / K_SCALE scale q_r / k_o by s_r / s_o. Modes (q, k, v, S):
+//   y   (C, B·s, x, E)        forward, ADD_SKIP       dxd (B, C, dy, dS)       REVERSE, STATE_OUT
+//   dC  (dy, x·s, B, Eᵀ)      forward, ROW_DOT        dB  (x·s, dy, C, dSᵀ)    REVERSE
 // dB and dC come out per head (a group's heads are summed by ssd_sum_heads, in order). ROW_DOT: also
 // U_r = Σ_j c_r[j]·(state term)[r, j] (= dy_r·y_off_r, y_off_r = exp(cs_r) E C_r), per 64-column tile, to u_part.
 // Grid (ceil(v_dim / 64) · ceil(Q / 64), nchunks · H, B): one workgroup per head, so every (b, chunk, head)
@@ -614,11 +627,11 @@ fn ssd_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                     if (k0 + kk < s.qk_dim) {
                         if (rb + rr < steps) {
                             qv = q_in[q0 + (rb + rr) * qk_row + k0 + kk];
-                            if (Q_DT) { qv *= row_dt[rr]; }
+                            if (Q_SCALE) { qv *= row_sc[rr]; }
                         }
                         if (ob + rr < steps) {
                             kv = k_in[q0 + (ob + rr) * qk_row + k0 + kk];
-                            if (K_DT) { kv *= col_dt[rr]; }
+                            if (K_SCALE) { kv *= col_sc[rr]; }
                         }
                     }
                     set_q(kk, rr, kv);
@@ -693,7 +706,7 @@ fn ssd_sum_heads(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
     out[i] = acc;
 }
 
-// The crossing sums X_σ = Σ_{o < σ ≤ t} T_to, T_to = exp(Σ a over (o, t])(C_t·B_o)(dy_t·Δ_o x_o), of one
+// The crossing sums X_σ = Σ_{o < σ ≤ t} T_to, T_to = exp(Σ a over (o, t])(C_t·B_o)(dy_t·s_o x_o), of one
 // (chunk, head): the pair terms of y whose decay passes step σ. A workgroup takes the rows t of one 64-block
 // rb and walks the column blocks ob ≤ rb; it builds T there with row prefix sums F[t][o] = Σ_{o' ≤ o} T_to'
 // in workgroup memory, and adds (every term once, no differences):
@@ -747,7 +760,7 @@ fn ssd_decay_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                 mac_wide(&cb0, &cb1, &cb2, &cb3, &cb4, &cb5, &cb6, &cb7, lid, false, 0u);
                 workgroupBarrier();
             }
-            var gx0 = vec4<f32>(0.0);  // dy_t·Δ_o x_o
+            var gx0 = vec4<f32>(0.0);  // dy_t·s_o x_o
             var gx1 = vec4<f32>(0.0);
             var gx2 = vec4<f32>(0.0);
             var gx3 = vec4<f32>(0.0);
@@ -762,7 +775,7 @@ fn ssd_decay_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
                     var xv = 0.0;
                     if (k0 + kk < d.headdim) {
                         if (rb + rr < steps) { gv = dy[head_at(b, t0 + rb + rr, h, k0 + kk)]; }
-                        if (ob + rr < steps) { xv = x[head_at(b, t0 + ob + rr, h, k0 + kk)] * col_dt[rr]; }
+                        if (ob + rr < steps) { xv = x[head_at(b, t0 + ob + rr, h, k0 + kk)] * col_sc[rr]; }
                     }
                     set_q(kk, rr, gv);
                     set_kv(kk, rr, xv);
@@ -818,24 +831,24 @@ fn ssd_decay_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     for (var i = tid; i < q; i += 128u) { x_part[out_base + i] = seg_a[i]; }
 }
 
-// Per (chunk, head, batch): dx = Δ dxd + D dy (in place over dxd), ∂loss/∂a_σ = X_σ + Σ_{t ≥ σ} U_t +
-// Σ_{o < σ} V_o + W_c with U_t = dy_t·y_off_t (ssd_chunk_scan's ROW_DOT pieces in u_part) and
-// V_o = Δ_o x_o·dxd_state_o (the header has the derivation), ddt_raw through the clamp and softplus, and this
-// chunk's partial sums of ∂A_log, ∂D, ∂dt_bias. The per-position dot products go 16 positions at a time, 16
-// threads along each position's P floats (coalesced), their partials added in order; then thread t owns
-// positions [t·seg, (t + 1)·seg) for the scans. At mamba2-130m's shape it moves 5 × 25 MB (x, dy, dxd,
-// dxd_state read, dx written). Grid (nchunks, H, B).
+// Per (chunk, head, batch): dx = scale dxd (+ D dy) (in place over dxd), dscale = x·dxd and
+// dadt_σ = ∂loss/∂adt_σ = X_σ + Σ_{t ≥ σ} U_t + Σ_{o < σ} V_o + W_c with U_t = dy_t·y_off_t (ssd_chunk_scan's
+// ROW_DOT pieces in u_part) and V_o = scale_o x_o·dxd_state_o (the header has the derivation), and (HAS_D) this
+// chunk's partial sum of ∂D. The per-position dot products go 16 positions at a time, 16 threads along each
+// position's P floats (coalesced), their partials added in order; then thread t owns positions
+// [t·seg, (t + 1)·seg) for the scans. At mamba2-130m's shape it moves 5 × 25 MB (x, dy, dxd, dxd_state read,
+// dx written). Grid (nchunks, H, B).
 @compute @workgroup_size(256)
-fn ssd_dt_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn ssd_rows_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let c = wid.x;
     let h = wid.y;
     let b = wid.z;
     let t = lid.x;
     let q = d.chunk;
-    let a = -exp(A_log[h]);
-    let dskip = skip[h];
+    var dskip = 0.0;
+    if (HAS_D) { dskip = skip[h]; }
     let seg = (q + WG - 1u) / WG;
-    let base = dec_base(b, h, c) + DT * q;
+    let base = dec_base(b, h, c) + SCALE * q;
     let steps = min(q, d.len - c * q);
     let row_tiles = (q + TILE - 1u) / TILE;
     let n_tiles = (d.nstate + TILE - 1u) / TILE;
@@ -850,7 +863,7 @@ fn ssd_dt_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
         var xq = 0.0;  // x·dxd
         var vv = 0.0;  // x·dxd_state
         if (r < steps) {
-            let dt = dec[base + r];
+            let sc = dec[base + r];
             let row = head_at(b, c * q + r, h, 0u);
             for (var p = lane; p < d.headdim; p += 16u) {
                 let xv = x[row + p];
@@ -859,7 +872,7 @@ fn ssd_dt_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
                 xq += xv * dxd;
                 vv += xv * dxd_state[row + p];
                 d_skip += gv * xv;
-                dx[row + p] = dt * dxd + dskip * gv;
+                dx[row + p] = sc * dxd + dskip * gv;
             }
         }
         scan_buf[t] = xq;
@@ -901,21 +914,61 @@ fn ssd_dt_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
         }
     }
     var u_suffix = u_after;
-    var d_a = 0.0;
-    var d_bias = 0.0;
     for (var i = seg; i > 0u; i--) {
         let r = t * seg + i - 1u;
         if (r < steps) {
             u_suffix += seg_a[r];
             var crossing = 0.0;
             for (var k = 0u; k < row_tiles; k++) { crossing += x_part[(bhc * row_tiles + k) * q + r]; }
-            let da = crossing + u_suffix + seg_b[r] + w_term;
-            let dt = dec[base + r];
-            d_a += dt * da;
+            let k = (b * d.len + c * q + r) * d.heads + h;
+            dadt[k] = crossing + u_suffix + seg_b[r] + w_term;
+            dscale[k] = seg_c[r];
+        }
+    }
+    if (HAS_D) {
+        let total_skip = workgroup_sum(d_skip, t);
+        if (t == 0u) { param_part[(b * d.nchunks + c) * d.heads + h] = total_skip; }
+    }
+}
+
+// Mamba-2's prep, elementwise over [B, L, H]: Δ = clamp(softplus(dt_raw + dt_bias), dt_min, dt_max) is the
+// core's scale, and adt = Δ A with A = −exp(A_log). Grid grid_1d(B·L·H).
+@compute @workgroup_size(256)
+fn ssd_mamba2_prep(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * WG + gid.x;
+    if (i >= d.batch * d.len * d.heads) { return; }
+    let h = i % d.heads;
+    let dt = clamp(softplus(dt_raw[i] + dt_bias[h]), d.dt_min, d.dt_max);
+    scale_out[i] = dt;
+    adt_out[i] = dt * -exp(A_log[h]);
+}
+
+// Mamba-2's chain rule from the core's dscale, dadt (scale = Δ, adt = Δ A): ∂loss/∂Δ = dscale + A dadt, then
+// ddt_raw through the clamp and the softplus; per (chunk, head, batch) the partial sums of ∂A_log = A Σ Δ dadt
+// and ∂dt_bias = Σ ddt_raw into param_part [B, nchunks, H, 2] (ssd_param_grads adds them in order). Thread t
+// owns positions [t·seg, (t + 1)·seg) of the chunk. Grid (nchunks, H, B).
+@compute @workgroup_size(256)
+fn ssd_mamba2_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let c = wid.x;
+    let h = wid.y;
+    let b = wid.z;
+    let t = lid.x;
+    let q = d.chunk;
+    let a = -exp(A_log[h]);
+    let seg = (q + WG - 1u) / WG;
+    let steps = min(q, d.len - c * q);
+    var d_a = 0.0;
+    var d_bias = 0.0;
+    for (var i = 0u; i < seg; i++) {
+        let r = t * seg + i;
+        if (r < steps) {
             let k = (b * d.len + c * q + r) * d.heads + h;
             let pre = dt_raw[k] + dt_bias[h];
             let sp = softplus(pre);
-            var g = seg_c[r] + a * da;
+            let dt = clamp(sp, d.dt_min, d.dt_max);
+            let da = dadt[k];
+            d_a += dt * da;
+            var g = dscale[k] + a * da;
             if (sp < d.dt_min || sp > d.dt_max) { g = 0.0; }  // torch.clamp passes the gradient at the bounds
             g *= select(sigmoid(pre), 1.0, pre > 20.0);
             ddt_raw[k] = g;
@@ -923,51 +976,43 @@ fn ssd_dt_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
         }
     }
     let total_a = workgroup_sum(d_a, t);
-    let total_skip = workgroup_sum(d_skip, t);
     let total_bias = workgroup_sum(d_bias, t);
     if (t == 0u) {
-        let k = ((b * d.nchunks + c) * d.heads + h) * 3u;
+        let k = ((b * d.nchunks + c) * d.heads + h) * 2u;
         param_part[k] = total_a * a;  // ∂/∂A_log = ∂/∂A · A
-        param_part[k + 1u] = total_skip;
-        param_part[k + 2u] = total_bias;
+        param_part[k + 1u] = total_bias;
     }
 }
 
-// Per head: add the (batch, chunk) partials in order into dA_log, dD, ddt_bias (ACCUMULATE adds to them).
-// Partials [seg_lo, seg_hi) of the B·nchunks; the sums so far carried in `carry` between segments.
-// Grid grid_1d(H, 64).
+// Per head: add the partials param_part [parts, H, NPARAM] in order into grad_0 (and grad_1 when NPARAM = 2)
+// [H] (ACCUMULATE adds to them). Partials [seg_lo, seg_hi) of the B·nchunks; the sums so far carried in
+// `carry` [H, NPARAM] between segments. Grid grid_1d(H, 64).
 @compute @workgroup_size(64)
 fn ssd_param_grads(@builtin(global_invocation_id) gid: vec3<u32>) {
     let h = gid.x;
     if (h >= d.heads) { return; }
-    var ga = 0.0;
-    var gd = 0.0;
-    var gb = 0.0;
+    var g0 = 0.0;
+    var g1 = 0.0;
     if (d.seg_lo > 0u) {
-        ga = carry[h * 3u];
-        gd = carry[h * 3u + 1u];
-        gb = carry[h * 3u + 2u];
+        g0 = carry[h * NPARAM];
+        if (NPARAM == 2u) { g1 = carry[h * NPARAM + 1u]; }
     }
     for (var bc = d.seg_lo; bc < d.seg_hi; bc++) {
-        let k = (bc * d.heads + h) * 3u;
-        ga += param_part[k];
-        gd += param_part[k + 1u];
-        gb += param_part[k + 2u];
+        let k = (bc * d.heads + h) * NPARAM;
+        g0 += param_part[k];
+        if (NPARAM == 2u) { g1 += param_part[k + 1u]; }
     }
     if (d.seg_hi < d.batch * d.nchunks) {  // more segments to come
-        carry[h * 3u] = ga;
-        carry[h * 3u + 1u] = gd;
-        carry[h * 3u + 2u] = gb;
+        carry[h * NPARAM] = g0;
+        if (NPARAM == 2u) { carry[h * NPARAM + 1u] = g1; }
         return;
     }
     if (ACCUMULATE) {
-        ga += dA_log[h];
-        gd += dD[h];
-        gb += ddt_bias[h];
+        g0 += grad_0[h];
+        if (NPARAM == 2u) { g1 += grad_1[h]; }
     }
-    dA_log[h] = ga;
-    dD[h] = gd;
-    ddt_bias[h] = gb;
+    grad_0[h] = g0;
+    if (NPARAM == 2u) { grad_1[h] = g1; }
 }
 
 // One recurrent decoding step per (batch row, head, p), walking the N states of its row of S (len = 1):

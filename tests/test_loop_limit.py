@@ -194,7 +194,7 @@ def test_cross_entropy_neox_vocab(gpu):
 # --- Mamba-2 SSD ---------------------------------------------------------------------------------------------------
 # Per-invocation counts (mambactl/ops/ssd.py's kernel_loops: upper bounds, no loop unrolled). Inside a chunk every
 # loop is bounded by the chunk Q (≤ 1024), P and N: at Q 256, P = N = 128 ssd_chunk_scan ≤ 1.7k, ssd_decay_grad
-# ≤ 2.6k, ssd_chunk_state 438, ssd_dt_backward 513, ssd_prep 50; at Q 1024 ≤ 6.7k, 11.2k, 1.6k, 1.8k, 56;
+# ≤ 2.6k, ssd_chunk_state 438, ssd_rows_backward 497, ssd_prep 50; at Q 1024 ≤ 6.7k, 11.2k, 1.6k, 1.8k, 56;
 # ssd_sum_heads H / G, ssd_step N. Only the walks over chunks grow with L: ssd_state_passing 1 per chunk,
 # ssd_state_passing_backward 1 + 8 per chunk (a workgroup sum of W_c each: past the budget from 7,282 chunks),
 # ssd_param_grads 1 per (batch, chunk) partial. Those go in dispatch segments on llvmpipe.
@@ -227,19 +227,16 @@ def test_ssd_largest_chunk(gpu):
 
 
 def _passing_inputs(gpu, batch, nchunks, heads, headdim, nstate, seed=0):
-    """chunk 1, so Δ·A of each step is the chunk's decay sum; small Δ (≈ 0.02) keeps the carry alive for
+    """chunk 1, so each step's adt is the chunk's decay sum; small decays (≈ −0.02) keep the carry alive for
     thousands of chunks. -> (dims, dec, float64 cs_end [B, H, nchunks])."""
     from mambactl.ops import ssd
-    from mambactl.reference.activations import softplus
 
     rng = np.random.default_rng(seed)
-    dt_raw = (rng.standard_normal((batch, nchunks, heads)) * 0.5 - 4.0).astype(np.float32)
-    dt_bias = (rng.standard_normal(heads) * 0.1).astype(np.float32)
-    A_log = np.log(rng.uniform(0.5, 2.0, heads)).astype(np.float32)
-    dims = ssd._dims(batch, nchunks, heads, headdim, 1, nstate, 1, (0.0, ssd.NO_LIMIT))
-    dec = ssd._prep(gpu, dims, *(gpu.from_numpy(v) for v in (dt_raw, dt_bias, A_log)))
-    cs_end = softplus(dt_raw.astype(np.float64) + dt_bias) * -np.exp(A_log.astype(np.float64))
-    return dims, dec, cs_end.transpose(0, 2, 1)
+    adt = (-0.02 * rng.uniform(0.5, 1.5, (batch, nchunks, heads))).astype(np.float32)
+    scale = rng.standard_normal((batch, nchunks, heads)).astype(np.float32)
+    dims = ssd._dims(batch, nchunks, heads, headdim, 1, nstate, 1)
+    dec = ssd._prep(gpu, dims, gpu.from_numpy(adt), gpu.from_numpy(scale))
+    return dims, dec, adt.astype(np.float64).transpose(0, 2, 1)
 
 
 @pytest.mark.parametrize("segment", [None, 1000])
@@ -276,19 +273,19 @@ def test_ssd_state_passing_long(gpu, segment):
     assert rel_err(w_part.numpy(), want_w) < 1e-5
 
 
-@pytest.mark.parametrize("accumulate", [False, True])
-def test_ssd_param_grads_long(gpu, accumulate):
+@pytest.mark.parametrize("accumulate,nparam", [(False, 2), (True, 2), (True, 1)])
+def test_ssd_param_grads_long(gpu, accumulate, nparam):
     """70,000 (batch, chunk) partials per head (e.g. B 4 × L 17.5k at chunk 1): a thread adds 70,000 of them.
     Float32 sums in order, so the result equals numpy's sequential float32 sum exactly."""
     from mambactl.ops import ssd
 
     B, nc, H = 1, 70_000, 3
     assert B * nc > BUDGET
-    dims = ssd._dims(B, nc, H, 1, 1, 1, 1, (0.0, ssd.NO_LIMIT))
-    parts = rng_normal(5, B * nc, H, 3)
-    start = rng_normal(6, 3, H)
-    outs = [gpu.from_numpy(v) for v in start] if accumulate else [gpu.empty((H,)) for _ in range(3)]
-    ssd.param_grads(gpu, dims, gpu.from_numpy(parts), *outs, accumulate, (B, nc, H, 1))
+    dims = ssd._dims(B, nc, H, 1, 1, 1, 1)
+    parts = rng_normal(5, B * nc, H, nparam)
+    start = rng_normal(6, nparam, H)
+    outs = [gpu.from_numpy(v) for v in start] if accumulate else [gpu.empty((H,)) for _ in range(nparam)]
+    ssd.param_grads(gpu, dims, gpu.from_numpy(parts), outs, accumulate, (B, nc, H, 1))
     for k, out in enumerate(outs):
         want = np.cumsum(parts[:, :, k], axis=0, dtype=np.float32)[-1]
         if accumulate:

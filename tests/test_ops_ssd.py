@@ -1,11 +1,12 @@
-"""GPU SSD scan (mambactl/ops/ssd.py) against the float64 reference (mambactl/reference/ssd.py), composed with
+"""GPU SSD scan (mambactl/ops/ssd.py) against the float64 reference (mambactl/reference/ssd.py): the core
+`ssd_chunked` (adt, scale given directly) and Mamba-2's `ssd_scan` around it, composed with
 Δ = clamp(softplus(dt_raw + dt_bias), dt_limit), A = −exp(A_log) and the D skip as mamba_ssm's Mamba2 does."""
 
 import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
-from mambactl.ops.ssd import ssd_scan, ssd_scan_backward, ssd_step
+from mambactl.ops.ssd import ssd_chunked, ssd_chunked_backward, ssd_scan, ssd_scan_backward, ssd_step
 from mambactl.reference import ssd as ref
 from mambactl.reference.activations import softplus, softplus_backward
 from mambactl.runtime.gpu import get_runtime
@@ -231,3 +232,78 @@ def test_shape_errors(rt):
         ssd_scan_backward(saved, rt.from_numpy(np.zeros((1, 4, 4, 3), np.float32)))
     with pytest.raises(ShapeError, match="grads lacks"):
         ssd_scan_backward(saved, rt.from_numpy(np.zeros((1, 4, 4, 2), np.float32)), {"D": x["D"]})
+
+
+# --- the core ------------------------------------------------------------------------------------------------------
+CORE = ("dx", "dadt", "dscale", "dB", "dC", "dD")
+
+
+def core_inputs(batch, length, heads, headdim, groups, nstate, seed=0, strong=False):
+    """Float32 core inputs: adt ≤ 0 (strong: every 7th step ≈ −40, so a chunk's decay sums reach thousands) and
+    a scale of either sign, unrelated to adt (as Mamba-3's)."""
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape, scale=1.0):
+        return (scale * rng.standard_normal(shape)).astype(np.float32)
+
+    adt = -np.abs(normal(batch, length, heads, scale=0.6))
+    if strong:
+        adt.flat[::7] = -40.0 * rng.random(adt.flat[::7].shape).astype(np.float32)
+    return dict(x=normal(batch, length, heads, headdim), adt=adt, scale=normal(batch, length, heads),
+                B=normal(batch, length, groups, nstate), C=normal(batch, length, groups, nstate), D=normal(heads))
+
+
+def check_core(rt, batch, length, heads, headdim, groups, nstate, chunk, seed=0, strong=False, with_d=True,
+               tol=1e-4):
+    x = core_inputs(batch, length, heads, headdim, groups, nstate, seed, strong)
+    dy = np.random.default_rng(seed + 1).standard_normal(x["x"].shape).astype(np.float32)
+    names = ("x", "adt", "scale", "B", "C")
+    D = rt.from_numpy(x["D"]) if with_d else None
+    y, saved = ssd_chunked(*(rt.from_numpy(x[k]) for k in names), D, chunk=chunk)
+    grads = ssd_chunked_backward(saved, rt.from_numpy(dy))
+    f = {k: v.astype(np.float64) for k, v in x.items()}
+    args = [f[k] for k in names]
+    Dref = f["D"] if with_d else None
+    y_ref = ref.ssd_chunked(*args, chunk, Dref)
+    grads_ref = ref.ssd_chunked_backward(*args, dy.astype(np.float64), Dref)
+    assert rel_err(y.numpy(), y_ref) < tol, rel_err(y.numpy(), y_ref)
+    assert saved.last_state.shape == (batch, heads, headdim, nstate)
+    for name, got, want in zip(CORE, grads, grads_ref):
+        if want is None:
+            assert got is None, name
+            continue
+        assert got.shape == want.shape, name
+        assert rel_err(got.numpy(), want) < tol, (name, rel_err(got.numpy(), want))
+
+
+@pytest.mark.parametrize("batch,length,heads,headdim,groups,nstate,chunk,strong", [
+    (2, 37, 4, 5, 1, 6, 8, False),     # G = 1: all heads share B and C; a partial last chunk
+    (2, 37, 4, 5, 4, 6, 8, True),      # G = H (Mamba-3: a k and q per head); strong decays
+    (1, 45, 6, 7, 2, 9, 16, True),     # 1 < G < H
+    (1, 150, 3, 64, 3, 128, 64, True),  # Mamba-3's P 64, N 128, chunk 64, G = H; L past two chunks
+    (2, 200, 4, 64, 1, 128, 128, False),  # mamba2's P, N at G = 1, two row tiles a chunk, a partial last one
+])
+def test_core_matches_reference(rt, batch, length, heads, headdim, groups, nstate, chunk, strong):
+    check_core(rt, batch, length, heads, headdim, groups, nstate, chunk, strong=strong)
+
+
+def test_core_without_d(rt):
+    check_core(rt, 2, 21, 4, 3, 2, 5, 8, seed=4, strong=True, with_d=False)
+
+
+def test_core_dd_accumulates_and_shape_errors(rt):
+    x = core_inputs(1, 9, 2, 3, 1, 4, seed=6)
+    names = ("x", "adt", "scale", "B", "C")
+    t = {k: rt.from_numpy(v) for k, v in x.items()}
+    dy = rt.from_numpy(np.random.default_rng(7).standard_normal(x["x"].shape).astype(np.float32))
+    _, saved = ssd_chunked(*(t[k] for k in names), t["D"], chunk=4)
+    fresh = ssd_chunked_backward(saved, dy)[5].numpy()
+    start = np.array([0.25, -1.5], np.float32)
+    acc = rt.from_numpy(start)
+    out = ssd_chunked_backward(saved, dy, {"D": acc})[5]
+    np.testing.assert_allclose(out.numpy(), start + fresh, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(acc.numpy(), out.numpy())
+    with pytest.raises(ShapeError, match="ssd_chunked: scale has shape"):
+        ssd_chunked(t["x"], t["adt"], rt.from_numpy(np.zeros((1, 9, 3), np.float32)), t["B"], t["C"])
+    with pytest.raises(ShapeError, match="ssd_chunked: D has shape"):
+        ssd_chunked(*(t[k] for k in names), rt.from_numpy(np.zeros(3, np.float32)))

@@ -16,7 +16,7 @@ from mambactl.reference.activations import silu
 from mambactl.reference.lm import lm_backward, lm_forward
 from mambactl.reference.rmsnorm import rmsnorm
 from mambactl.reference.rmsnorm_gated import rmsnorm_gated, rmsnorm_gated_backward
-from mambactl.reference.ssd import ssd, ssd_backward, ssd_sequential
+from mambactl.reference.ssd import ssd, ssd_backward, ssd_chunked, ssd_chunked_backward, ssd_sequential
 
 TOL = 1e-6
 
@@ -103,6 +103,41 @@ def test_ssd_backward(g, l, chunk):
     for name, t, grad in zip("x dt A B C".split(), (x, dt, A, B, C), grads):
         assert grad.shape == t.shape
         assert check_grad(f, t, grad) < TOL, name
+
+
+def core_inputs(rng, b=2, l=7, h=4, p=3, g=2, n=3, strong=False):
+    """The core's inputs: adt ≤ 0 (strong: down to ≈ −30 a step) and a scale unrelated to it (as Mamba-3's)."""
+    x, dt, A, B, C = ssd_inputs(rng, b, l, h, p, g, n)
+    adt = -np.abs(rng.normal(size=(b, l, h))) * (15.0 if strong else 0.7)
+    return x, adt, rng.normal(size=(b, l, h)), B, C, rng.normal(size=h)
+
+
+@pytest.mark.parametrize("g,l,chunk,strong", [(1, 5, 2, False), (2, 7, 3, True), (4, 6, 4, False), (4, 9, 4, True)])
+def test_ssd_chunked_core_backward(g, l, chunk, strong):
+    """The core with D against central differences on every element; G = 1, 1 < G < H and G = H."""
+    rng = np.random.default_rng(11)
+    x, adt, scale, B, C, D = core_inputs(rng, l=l, g=g, strong=strong)
+    dy = rng.normal(size=x.shape)
+    grads = ssd_chunked_backward(x, adt, scale, B, C, dy, D)
+    f = lambda: np.sum(ssd_chunked(x, adt, scale, B, C, chunk, D) * dy)
+    for name, t, grad in zip("x adt scale B C D".split(), (x, adt, scale, B, C, D), grads):
+        assert grad.shape == t.shape
+        assert check_grad(f, t, grad) < TOL, name
+    assert ssd_chunked_backward(x, adt, scale, B, C, dy)[5] is None
+
+
+def test_ssd_chunked_core_is_the_recurrence():
+    """scale and adt independent: the chunked core equals the step-by-step recurrence with D x added."""
+    rng = np.random.default_rng(12)
+    x, adt, scale, B, C, D = core_inputs(rng, l=11, g=2, strong=True)
+    Bh, Ch = np.repeat(B, 2, axis=2), np.repeat(C, 2, axis=2)
+    state = np.zeros((2, 4, 3, 3))
+    want = np.zeros_like(x)
+    for t in range(11):
+        state = np.exp(adt[:, t])[..., None, None] * state + (scale[:, t, :, None] * x[:, t])[..., None] * Bh[:, t, :, None]
+        want[:, t] = np.einsum("bhpn,bhn->bhp", state, Ch[:, t]) + D[:, None] * x[:, t]
+    for chunk in (1, 3, 4, 16):
+        assert np.allclose(ssd_chunked(x, adt, scale, B, C, chunk, D), want, rtol=1e-10, atol=1e-12), chunk
 
 
 # --- the gated norm -----------------------------------------------------------------------------------------------

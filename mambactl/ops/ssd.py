@@ -1,19 +1,26 @@
-"""Mamba-2 SSD scan with fused Δ = clamp(softplus(dt + dt_bias)), A = −exp(A_log) and D skip, forward and exact
-backward (kernels/ssd.wgsl; the math and the kernel plan are in that file's header).
+"""The SSD scan (state space duality): a general chunked core and Mamba-2's composition around it, forward and
+exact backward (kernels/ssd.wgsl; the math and the kernel plan are in that file's header).
 
-    S_t = exp(Δ_t A) S_{t−1} + Δ_t x_t B_tᵀ  (per batch and head, S is headdim × d_state),  y_t = S_t C_t + D x_t
+The core, `ssd_chunked` / `ssd_chunked_backward`, per batch and head (S is headdim × d_state):
 
-Shapes: x, y [B, L, H, P] (the [B·L, d_inner] rows split into heads); dt_raw [B, L, H]; B, C [B, L, G, N], head h
-reading group h // (H / G); A_log, D, dt_bias [H]. Memory: the forward saves the state entering every chunk
-([B, ceil(L / chunk), H, P, N]), the state after the last step ([B, H, P, N]: `ssd_step` continues the
-recurrence from it, one token at a time) and references to its inputs; the backward recomputes Δ and the
-in-chunk decays. The backward's transients: one more such state tensor, two tensors of x's size, the decay sums
+    S_t = exp(adt_t) S_{t−1} + scale_t x_t B_tᵀ,   y_t = S_t C_t (+ D x_t when D is given)
+
+with the per-step log-decay adt [B, L, H] (≤ 0) and input scale [B, L, H] given directly (Mamba-3 builds them
+its own way). Mamba-2's `ssd_scan` / `ssd_scan_backward` are an elementwise prep (scale = Δ =
+clamp(softplus(dt_raw + dt_bias)), adt = Δ A, A = −exp(A_log)), the core, and the chain rule back to dt_raw,
+A_log and dt_bias.
+
+Shapes: x, y [B, L, H, P] (the [B·L, d_inner] rows split into heads); B, C [B, L, G, N], head h reading group
+h // (H / G); D [H]. Memory: the forward saves the state entering every chunk ([B, ceil(L / chunk), H, P, N]),
+the state after the last step ([B, H, P, N]: decoding continues from it, Mamba-2's `ssd_step` one token at a
+time) and references to its inputs; the backward recomputes the in-chunk decays (and Mamba-2's Δ). The
+backward's transients: one more such state tensor, two tensors of x's size, the decay sums
 [B, H, n_chunks, 5, chunk], the crossing partials [B, H, n_chunks, ceil(chunk / 64), chunk], U's pieces
 [B, H, n_chunks, ceil(N / 64), chunk] and, when a group has several heads, dB's and dC's per-head terms
 [B, L, H, N] (summed over the group's heads in order).
 
 On Mesa llvmpipe (its loop budget of 65,535 iterations per shader invocation: mambactl/ops/checks.py) the walks
-over chunks (the state passing, forward and backward, and the sum of the per-chunk parameter partials) go in
+over chunks (the state passing, forward and backward, and the sums of the per-chunk parameter partials) go in
 dispatch segments carrying their running sums in a buffer; the in-chunk kernels' loops are bounded by the chunk
 (at most 1024), P and N (`kernel_loops`), and a shape past the budget there is refused before dispatch.
 """
@@ -28,7 +35,7 @@ from mambactl.ops.checks import expect, grid_1d, loop_budget, segment_length, se
 from mambactl.runtime.tensor import Tensor
 
 WORKGROUP = 256  # mirrors kernels/ssd.wgsl's WG
-MAX_CHUNK = 1024  # mirrors MAX_CHUNK there: ssd_prep / ssd_dt_backward hold a chunk in workgroup memory
+MAX_CHUNK = 1024  # mirrors MAX_CHUNK there: ssd_prep / ssd_rows_backward hold a chunk in workgroup memory
 TILE = 64
 DEFAULT_CHUNK = 256  # mamba_ssm's chunk_size
 NO_LIMIT = 3.0e38  # an upper clamp that never binds (a finite float32)
@@ -69,8 +76,9 @@ def kernel_loops(chunk: int, headdim: int, nstate: int, heads: int = 1, groups: 
         "ssd_decay_grad": 2 * _cdiv(q, SCAN_THREADS) + tiles * (
             _cdiv(q, SUB) + (_cdiv(nstate, KT) + _cdiv(headdim, KT)) * SLICE + BLOCK_OUT + 3 * TILE
             + _cdiv(q, SCAN_THREADS)),
-        "ssd_dt_backward": _cdiv(headdim * nstate, WORKGROUP) + _cdiv(q, 16) * (1 + _cdiv(headdim, 16) + 16)
-        + seg * (1 + _cdiv(nstate, TILE)) + 2 * REDUCE + seg + seg * (1 + tiles) + 3 * REDUCE,
+        "ssd_rows_backward": _cdiv(headdim * nstate, WORKGROUP) + _cdiv(q, 16) * (1 + _cdiv(headdim, 16) + 16)
+        + seg * (1 + _cdiv(nstate, TILE)) + 2 * REDUCE + seg + seg * (1 + tiles) + REDUCE,
+        "ssd_mamba2_backward": seg + 2 * REDUCE,
         "ssd_sum_heads": heads // groups,
         "ssd_step": nstate,
     }
@@ -84,7 +92,23 @@ def _check_loops(rt, op: str, shape, loops: dict[str, int], kernels) -> None:
 
 @dataclass
 class SSDSaved:
-    """What the backward needs: the forward's inputs (not copied) and the chunk entry states."""
+    """What the core's backward needs: the forward's inputs (not copied) and the chunk entry states."""
+
+    x: Tensor
+    adt: Tensor
+    scale: Tensor
+    B: Tensor
+    C: Tensor
+    D: Tensor | None
+    states: Tensor  # [B, n_chunks, H, P, N]: the state entering chunk c
+    chunk: int
+    last_state: Tensor  # [B, H, P, N]: the state after the last step (decoding continues from it)
+
+
+@dataclass
+class Mamba2SSDSaved:
+    """What `ssd_scan_backward` needs: Mamba-2's inputs (not copied) and the core's chunk entry states (its Δ and
+    Δ A are recomputed, so nothing of size B·L·H is kept)."""
 
     x: Tensor
     dt_raw: Tensor
@@ -99,27 +123,41 @@ class SSDSaved:
     last_state: Tensor  # [B, H, P, N]: the state after the last step (to continue recurrently, `ssd_step`)
 
 
-def _check_inputs(op: str, x, dt_raw, A_log, B, C, D, dt_bias) -> tuple[int, int, int, int, int, int]:
+def _check_core(op: str, x, adt, scale, B, C, D) -> tuple[int, int, int, int, int, int]:
     expect(op, "x", x, (None, None, None, None))
     batch, length, heads, headdim = x.shape
     if min(x.shape) < 1:
         raise ShapeError(f"{op}: x has shape {x.shape}; batch, length, heads and headdim must be at least 1")
-    expect(op, "dt_raw", dt_raw, (batch, length, heads))
+    expect(op, "adt", adt, (batch, length, heads))
+    expect(op, "scale", scale, (batch, length, heads))
     expect(op, "B", B, (batch, length, None, None))
     groups, nstate = B.shape[2], B.shape[3]
     if groups < 1 or nstate < 1 or heads % groups:
         raise ShapeError(f"{op}: B has shape {B.shape}; its groups must divide the {heads} heads and N be >= 1")
     expect(op, "C", C, B.shape)
-    for name, t in (("A_log", A_log), ("D", D), ("dt_bias", dt_bias)):
-        expect(op, name, t, (heads,))
+    if D is not None:
+        expect(op, "D", D, (heads,))
     return batch, length, heads, headdim, groups, nstate
 
 
-def _dims(batch, length, heads, headdim, groups, nstate, chunk, dt_limit) -> dict:
+def _check_inputs(op: str, x, dt_raw, A_log, B, C, D, dt_bias) -> tuple[int, int, int, int, int, int]:
+    dims = _check_core(op, x, dt_raw, dt_raw, B, C, D)
+    for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+        expect(op, name, t, (dims[2],))
+    return dims
+
+
+def _dims(batch, length, heads, headdim, groups, nstate, chunk, dt_limit=(0.0, NO_LIMIT)) -> dict:
     lo, hi = dt_limit
     nchunks = -(-length // chunk)
     return dict(batch=batch, len=length, heads=heads, ngroups=groups, headdim=headdim, nstate=nstate, chunk=chunk,
                 nchunks=nchunks, dt_min=float(lo), dt_max=float(min(hi, NO_LIMIT)), seg_lo=0, seg_hi=nchunks)
+
+
+def _check_chunk(op: str, chunk: int, length: int) -> int:
+    if not 1 <= chunk <= MAX_CHUNK:
+        raise ShapeError(f"{op}: chunk is {chunk}; it must be in [1, {MAX_CHUNK}]")
+    return min(chunk, length)  # one chunk holds the whole sequence either way; a longer one is only padding
 
 
 def state_passing(rt, dims: dict, dec: Tensor, states: Tensor, last_state: Tensor, shape=None,
@@ -127,7 +165,7 @@ def state_passing(rt, dims: dict, dec: Tensor, states: Tensor, last_state: Tenso
     """ssd_state_passing over the chunks, in dispatch segments of `segment` chunks (None: all of them, except on
     llvmpipe, whose loop budget sets it); E carried between segments in last_state."""
     nc = dims["nchunks"]
-    seg = segment_length(rt, "ssd_scan (ssd_state_passing)", shape, nc, PASSING_LOOPS, segment=segment)
+    seg = segment_length(rt, "ssd_chunked (ssd_state_passing)", shape, nc, PASSING_LOOPS, segment=segment)
     pn = dims["headdim"] * dims["nstate"]
     for lo, hi in segments(nc, seg):
         rt.run("ssd_state_passing", grid_1d(dims["batch"] * dims["heads"] * pn), dec=dec, states=states,
@@ -139,7 +177,7 @@ def state_passing_backward(rt, dims: dict, dec: Tensor, dstates: Tensor, saved_s
     """ssd_state_passing_backward, last chunk to first, in dispatch segments as `state_passing` (dE carried
     between segments in a [B, H, P·N] buffer)."""
     nc, pn = dims["nchunks"], dims["headdim"] * dims["nstate"]
-    seg = segment_length(rt, "ssd_scan_backward (ssd_state_passing_backward)", shape, nc,
+    seg = segment_length(rt, "ssd_chunked_backward (ssd_state_passing_backward)", shape, nc,
                          PASSING_BACKWARD_LOOPS, segment=segment)
     carry = rt.empty((dims["batch"], dims["heads"], pn) if seg < nc else (1,))
     for lo, hi in reversed(segments(nc, seg)):
@@ -148,26 +186,25 @@ def state_passing_backward(rt, dims: dict, dec: Tensor, dstates: Tensor, saved_s
                **{**dims, "seg_lo": lo, "seg_hi": hi})
 
 
-def param_grads(rt, dims: dict, param_part: Tensor, dA_log: Tensor, dD: Tensor, ddt_bias: Tensor, accumulate: bool,
-                shape=None, segment: int | None = None) -> None:
-    """ssd_param_grads: the B·nchunks partials added in order, in dispatch segments as `state_passing` (the
-    sums so far carried in an [H, 3] buffer)."""
-    total = dims["batch"] * dims["nchunks"]
-    seg = segment_length(rt, "ssd_scan_backward (ssd_param_grads)", shape, total, 1, segment=segment)
-    carry = rt.empty((dims["heads"], 3) if seg < total else (1,))
+def param_grads(rt, dims: dict, param_part: Tensor, outs: list[Tensor], accumulate: bool, shape=None,
+                segment: int | None = None, op: str = "ssd_chunked_backward") -> None:
+    """ssd_param_grads: the B·nchunks partials [B·nchunks, H, len(outs)] added in order into outs (1 or 2
+    tensors [H]), in dispatch segments as `state_passing` (the sums so far carried in an [H, len(outs)] buffer)."""
+    total, k = dims["batch"] * dims["nchunks"], len(outs)
+    seg = segment_length(rt, f"{op} (ssd_param_grads)", shape, total, 1, segment=segment)
+    carry = rt.empty((dims["heads"], k) if seg < total else (1,))
     for lo, hi in segments(total, seg):
-        rt.run("ssd_param_grads", grid_1d(dims["heads"], 64), {"ACCUMULATE": accumulate}, param_part=param_part,
-               dA_log=dA_log, dD=dD, ddt_bias=ddt_bias, carry=carry, **{**dims, "seg_lo": lo, "seg_hi": hi})
+        rt.run("ssd_param_grads", grid_1d(dims["heads"], 64), {"ACCUMULATE": accumulate, "NPARAM": k},
+               param_part=param_part, grad_0=outs[0], grad_1=outs[-1], carry=carry,
+               **{**dims, "seg_lo": lo, "seg_hi": hi})
 
 
-def _prep(rt, dims: dict, dt_raw, dt_bias, A_log) -> Tensor:
-    """Δ and the in-chunk decay sums of Δ·A: [B, H, n_chunks, 5, chunk] (kernels/ssd.wgsl's `dec`)."""
+def _prep(rt, dims: dict, adt, scale) -> Tensor:
+    """The scale and the in-chunk decay sums of adt: [B, H, n_chunks, 5, chunk] (kernels/ssd.wgsl's `dec`)."""
     dec = rt.empty((dims["batch"], dims["heads"], dims["nchunks"], 5, dims["chunk"]))
-    rt.run("ssd_prep", (dims["nchunks"], dims["heads"], dims["batch"]), dt_raw=dt_raw, dt_bias=dt_bias, A_log=A_log,
-           dec_out=dec, **dims)
+    rt.run("ssd_prep", (dims["nchunks"], dims["heads"], dims["batch"]), adt_in=adt, scale_in=scale, dec_out=dec,
+           **dims)
     return dec
-
-
 def _chunk_state(rt, dims: dict, dec, left, right, grad: bool) -> Tensor:
     b, h, p, n, nc = dims["batch"], dims["heads"], dims["headdim"], dims["nstate"], dims["nchunks"]
     states = rt.empty((b, nc, h, p, n))
@@ -177,7 +214,7 @@ def _chunk_state(rt, dims: dict, dec, left, right, grad: bool) -> Tensor:
     return states
 
 
-def _chunk_scan(rt, dims: dict, dec, q, k, v, st, out, *, reverse=False, q_dt=False, k_dt=False, skip=None,
+def _chunk_scan(rt, dims: dict, dec, q, k, v, st, out, *, reverse=False, q_scale=False, k_scale=False, skip=None,
                 per_group=False, out_state=None, row_dot=None) -> None:
     """One ssd_chunk_scan mode (see kernels/ssd.wgsl), one head per workgroup. `out` has v's layout, or
     per_group (dB, dC: v is B or C) a group's heads are summed into it by ssd_sum_heads, in order; out_state has
@@ -188,7 +225,7 @@ def _chunk_scan(rt, dims: dict, dec, q, k, v, st, out, *, reverse=False, q_dt=Fa
     else:  # q, k: C or B; v: x or dy; state P × N
         qk, vv, (s_j, s_k) = (G, N, H // G), (H, P, 1), (N, 1)
     v_dim = vv[1]
-    consts = {"REVERSE": reverse, "Q_DT": q_dt, "K_DT": k_dt, "ADD_SKIP": skip is not None,
+    consts = {"REVERSE": reverse, "Q_SCALE": q_scale, "K_SCALE": k_scale, "ADD_SKIP": skip is not None,
               "STATE_OUT": out_state is not None, "ROW_DOT": row_dot is not None}
     per_head = out if not per_group or H == G else rt.empty((dims["batch"], dims["len"], H, v_dim))
     grid = (-(-v_dim // TILE) * -(-dims["chunk"] // TILE), dims["nchunks"] * H, dims["batch"])
@@ -204,32 +241,116 @@ def _chunk_scan(rt, dims: dict, dec, q, k, v, st, out, *, reverse=False, q_dt=Fa
         rt.run("ssd_sum_heads", grid_1d(out.size), head_part=per_head, out=out, **dims)
 
 
+def ssd_chunked(x: Tensor, adt: Tensor, scale: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,
+                chunk: int = DEFAULT_CHUNK, segment: int | None = None) -> tuple[Tensor, SSDSaved]:
+    """The SSD core: x [B, L, H, P], adt, scale [B, L, H], B, C [B, L, G, N], D [H] or None ->
+    (y [B, L, H, P], saved) with S_t = exp(adt_t) S_{t−1} + scale_t x_t B_tᵀ, y_t = S_t C_t (+ D x_t).
+
+    adt must be ≤ 0 (a decay; the in-chunk decay sums rely on it). `chunk` (1..1024) is the chunk length; any L
+    works (the last chunk is masked). `segment`: chunks per dispatch of the state passing (None: all, except on
+    Mesa llvmpipe, whose loop budget sets it; mambactl/ops/checks.py). saved.last_state [B, H, P, N] is the
+    state after the last step."""
+    op = "ssd_chunked"
+    batch, length, heads, headdim, groups, nstate = _check_core(op, x, adt, scale, B, C, D)
+    chunk = _check_chunk(op, chunk, length)
+    dims = _dims(batch, length, heads, headdim, groups, nstate, chunk)
+    rt = x.runtime
+    shape = tuple(x.shape)
+    _check_loops(rt, op, shape, kernel_loops(chunk, headdim, nstate),
+                 ("ssd_prep", "ssd_chunk_state", "ssd_chunk_scan"))
+    dec = _prep(rt, dims, adt, scale)
+    states = _chunk_state(rt, dims, dec, x, B, grad=False)
+    last_state = rt.empty((batch, heads, headdim, nstate))
+    state_passing(rt, dims, dec, states, last_state, shape, segment)
+    y = rt.empty(x.shape)
+    _chunk_scan(rt, dims, dec, C, B, x, states, y, k_scale=True, skip=D)
+    return y, SSDSaved(x, adt, scale, B, C, D, states, chunk, last_state)
+
+
+def ssd_chunked_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor] | None = None,
+                         segment: int | None = None):
+    """dy [B, L, H, P] -> (dx, dadt, dscale, dB, dC, dD), shaped like the core's inputs (dD None without D).
+
+    `grads`, a mapping with key "D" (when the forward had D), makes dD add into that tensor (and returns it).
+    `segment`: chunks (and (batch, chunk) partials) per dispatch of the walks over chunks, as in `ssd_chunked`.
+    """
+    op = "ssd_chunked_backward"
+    s = saved
+    batch, length, heads, headdim, groups, nstate = _check_core(op, s.x, s.adt, s.scale, s.B, s.C, s.D)
+    expect(op, "dy", dy, s.x.shape)
+    dims = _dims(batch, length, heads, headdim, groups, nstate, s.chunk)
+    nc = dims["nchunks"]
+    expect(op, "saved states", s.states, (batch, nc, heads, headdim, nstate))
+    has_d = s.D is not None
+    accumulate = bool(grads) and has_d
+    if accumulate:
+        if "D" not in grads:
+            raise ShapeError(f"{op}: grads lacks ['D']; give the D gradient to accumulate into")
+        dD = expect(op, "grads['D']", grads["D"], (heads,))
+    rt = dy.runtime
+    shape = tuple(dy.shape)
+    _check_loops(rt, op, shape, kernel_loops(s.chunk, headdim, nstate, heads, groups),
+                 ("ssd_prep", "ssd_chunk_state", "ssd_chunk_scan", "ssd_sum_heads", "ssd_decay_grad",
+                  "ssd_rows_backward"))
+    dec = _prep(rt, dims, s.adt, s.scale)
+    # The in-chunk part of dE, turned in place into dS_c = dE_{c+1}, with the partials of W_c.
+    dstates = _chunk_state(rt, dims, dec, dy, s.C, grad=True)
+    state_tiles = -(-headdim * nstate // WORKGROUP)
+    w_part = rt.empty((batch, heads, nc, state_tiles))
+    state_passing_backward(rt, dims, dec, dstates, s.states, w_part, shape, segment)
+    dx, dxd_state = rt.empty(s.x.shape), rt.empty(s.x.shape)  # dx holds ∂loss/∂(scale x) until ssd_rows_backward
+    _chunk_scan(rt, dims, dec, s.B, s.C, dy, dstates, dx, reverse=True, out_state=dxd_state)
+    dB, dC = rt.empty(s.B.shape), rt.empty(s.C.shape)
+    _chunk_scan(rt, dims, dec, s.x, dy, s.C, dstates, dB, reverse=True, q_scale=True, per_group=True)
+    # dC's state term exp(cs_t) Eᵀ dy_t dotted with C_t is U_t = dy_t·y_off_t (y_off_t = exp(cs_t) E C_t).
+    u_part = rt.empty((batch, heads, nc, -(-nstate // TILE), s.chunk))
+    _chunk_scan(rt, dims, dec, dy, s.x, s.B, s.states, dC, k_scale=True, per_group=True, row_dot=(s.C, u_part))
+    row_tiles = -(-s.chunk // TILE)
+    x_part = rt.empty((batch, heads, nc, row_tiles, s.chunk))
+    rt.run("ssd_decay_grad", (row_tiles, nc * heads, batch), dec=dec, b_in=s.B, c_in=s.C, x=s.x, dy=dy,
+           x_part=x_part, **dims)
+    dadt, dscale = rt.empty(s.adt.shape), rt.empty(s.scale.shape)
+    param_part = rt.empty((batch, nc, heads) if has_d else (1,))
+    rt.run("ssd_rows_backward", (nc, heads, batch), {"HAS_D": has_d}, dec=dec, skip=s.D if has_d else dec,
+           x=s.x, dy=dy, u_part=u_part, dxd_state=dxd_state, dx=dx, w_part=w_part, x_part=x_part, dadt=dadt,
+           dscale=dscale, param_part=param_part, **dims)
+    if not has_d:
+        return dx, dadt, dscale, dB, dC, None
+    if not accumulate:
+        dD = rt.empty((heads,))
+    param_grads(rt, dims, param_part, [dD], accumulate, shape, segment)
+    return dx, dadt, dscale, dB, dC, dD
+
+
+def _mamba2_prep(rt, dims: dict, dt_raw, dt_bias, A_log) -> tuple[Tensor, Tensor]:
+    """(adt = Δ A, scale = Δ) [B, L, H] by ssd_mamba2_prep."""
+    adt, scale = rt.empty(dt_raw.shape), rt.empty(dt_raw.shape)
+    rt.run("ssd_mamba2_prep", grid_1d(dt_raw.size), dt_raw=dt_raw, dt_bias=dt_bias, A_log=A_log, adt_out=adt,
+           scale_out=scale, **dims)
+    return adt, scale
+
+
 def ssd_scan(x: Tensor, dt_raw: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, dt_bias: Tensor,
              chunk: int = DEFAULT_CHUNK, dt_limit: tuple[float, float] = (0.0, NO_LIMIT),
-             segment: int | None = None) -> tuple[Tensor, SSDSaved]:
-    """x [B, L, H, P], dt_raw [B, L, H], A_log, D, dt_bias [H], B, C [B, L, G, N] -> (y [B, L, H, P], saved).
+             segment: int | None = None) -> tuple[Tensor, Mamba2SSDSaved]:
+    """Mamba-2's scan: x [B, L, H, P], dt_raw [B, L, H], A_log, D, dt_bias [H], B, C [B, L, G, N] ->
+    (y [B, L, H, P], saved): the core with scale = Δ = clamp(softplus(dt_raw + dt_bias), dt_limit) and
+    adt = Δ A, A = −exp(A_log).
 
     `chunk` (1..1024) is the SSD chunk length; any L works (the last chunk is masked). `dt_limit` = (lo, hi)
     clamps Δ after the softplus (mamba_ssm's dt_limit; hi may be inf). `segment`: chunks per dispatch of the
     state passing (None: all, except on Mesa llvmpipe, whose loop budget sets it; mambactl/ops/checks.py)."""
     op = "ssd_scan"
     batch, length, heads, headdim, groups, nstate = _check_inputs(op, x, dt_raw, A_log, B, C, D, dt_bias)
-    if not 1 <= chunk <= MAX_CHUNK:
-        raise ShapeError(f"{op}: chunk is {chunk}; it must be in [1, {MAX_CHUNK}]")
-    chunk = min(chunk, length)  # one chunk holds the whole sequence either way; a longer one is only padding
+    chunk = _check_chunk(op, chunk, length)
     dims = _dims(batch, length, heads, headdim, groups, nstate, chunk, dt_limit)
-    rt = x.runtime
-    shape = tuple(x.shape)
-    _check_loops(rt, op, shape, kernel_loops(chunk, headdim, nstate),
+    # The core's in-chunk loops, refused under this op's name before anything is recorded.
+    _check_loops(x.runtime, op, tuple(x.shape), kernel_loops(chunk, headdim, nstate),
                  ("ssd_prep", "ssd_chunk_state", "ssd_chunk_scan"))
-    dec = _prep(rt, dims, dt_raw, dt_bias, A_log)
-    states = _chunk_state(rt, dims, dec, x, B, grad=False)
-    last_state = rt.empty((batch, heads, headdim, nstate))
-    state_passing(rt, dims, dec, states, last_state, shape, segment)
-    y = rt.empty(x.shape)
-    _chunk_scan(rt, dims, dec, C, B, x, states, y, k_dt=True, skip=D)
-    return y, SSDSaved(x, dt_raw, A_log, B, C, D, dt_bias, states, chunk, (dims["dt_min"], dims["dt_max"]),
-                       last_state)
+    adt, scale = _mamba2_prep(x.runtime, dims, dt_raw, dt_bias, A_log)
+    y, core = ssd_chunked(x, adt, scale, B, C, D, chunk=chunk, segment=segment)
+    return y, Mamba2SSDSaved(x, dt_raw, A_log, B, C, D, dt_bias, core.states, chunk,
+                             (dims["dt_min"], dims["dt_max"]), core.last_state)
 
 
 def ssd_step(state: Tensor, x: Tensor, dt_raw: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor,
@@ -261,7 +382,7 @@ def ssd_step(state: Tensor, x: Tensor, dt_raw: Tensor, A_log: Tensor, B: Tensor,
     return y
 
 
-def ssd_scan_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor] | None = None,
+def ssd_scan_backward(saved: Mamba2SSDSaved, dy: Tensor, grads: Mapping[str, Tensor] | None = None,
                       segment: int | None = None):
     """dy [B, L, H, P] -> (dx, ddt_raw, dA_log, dB, dC, dD, ddt_bias), shaped like the inputs.
 
@@ -273,9 +394,6 @@ def ssd_scan_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor] |
     s = saved
     batch, length, heads, headdim, groups, nstate = _check_inputs(op, s.x, s.dt_raw, s.A_log, s.B, s.C, s.D, s.dt_bias)
     expect(op, "dy", dy, s.x.shape)
-    dims = _dims(batch, length, heads, headdim, groups, nstate, s.chunk, s.dt_limit)
-    nc = dims["nchunks"]
-    expect(op, "saved states", s.states, (batch, nc, heads, headdim, nstate))
     accumulate = grads is not None
     if accumulate:
         missing = {"A_log", "D", "dt_bias"} - set(grads)
@@ -283,33 +401,16 @@ def ssd_scan_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor] |
             raise ShapeError(f"{op}: grads lacks {sorted(missing)}; give all of A_log, D and dt_bias")
         dA_log, dD, ddt_bias = (expect(op, f"grads[{k!r}]", grads[k], (heads,)) for k in ("A_log", "D", "dt_bias"))
     rt = dy.runtime
-    shape = tuple(dy.shape)
-    _check_loops(rt, op, shape, kernel_loops(s.chunk, headdim, nstate, heads, groups),
-                 ("ssd_prep", "ssd_chunk_state", "ssd_chunk_scan", "ssd_sum_heads", "ssd_decay_grad",
-                  "ssd_dt_backward"))
-    if not accumulate:
-        dA_log, dD, ddt_bias = rt.empty((heads,)), rt.empty((heads,)), rt.empty((heads,))
-    dec = _prep(rt, dims, s.dt_raw, s.dt_bias, s.A_log)
-    # The in-chunk part of dE, turned in place into dS_c = dE_{c+1}, with the partials of W_c.
-    dstates = _chunk_state(rt, dims, dec, dy, s.C, grad=True)
-    state_tiles = -(-headdim * nstate // WORKGROUP)
-    w_part = rt.empty((batch, heads, nc, state_tiles))
-    state_passing_backward(rt, dims, dec, dstates, s.states, w_part, shape, segment)
-    dx, dxd_state = rt.empty(s.x.shape), rt.empty(s.x.shape)  # dx holds ∂loss/∂(Δ x) until ssd_dt_backward
-    _chunk_scan(rt, dims, dec, s.B, s.C, dy, dstates, dx, reverse=True, out_state=dxd_state)
-    dB, dC = rt.empty(s.B.shape), rt.empty(s.C.shape)
-    _chunk_scan(rt, dims, dec, s.x, dy, s.C, dstates, dB, reverse=True, q_dt=True, per_group=True)
-    # dC's state term exp(cs_t) Eᵀ dy_t dotted with C_t is U_t = dy_t·y_off_t (y_off_t = exp(cs_t) E C_t).
-    u_part = rt.empty((batch, heads, nc, -(-nstate // TILE), s.chunk))
-    _chunk_scan(rt, dims, dec, dy, s.x, s.B, s.states, dC, k_dt=True, per_group=True, row_dot=(s.C, u_part))
-    row_tiles = -(-s.chunk // TILE)
-    x_part = rt.empty((batch, heads, nc, row_tiles, s.chunk))
-    rt.run("ssd_decay_grad", (row_tiles, nc * heads, batch), dec=dec, b_in=s.B, c_in=s.C, x=s.x, dy=dy,
-           x_part=x_part, **dims)
+    dims = _dims(batch, length, heads, headdim, groups, nstate, s.chunk, s.dt_limit)
+    _check_loops(rt, op, tuple(dy.shape), kernel_loops(s.chunk, headdim, nstate), ("ssd_mamba2_backward",))
+    adt, scale = _mamba2_prep(rt, dims, s.dt_raw, s.dt_bias, s.A_log)
+    core = SSDSaved(s.x, adt, scale, s.B, s.C, s.D, s.states, s.chunk, s.last_state)
+    dx, dadt, dscale, dB, dC, dD = ssd_chunked_backward(core, dy, {"D": dD} if accumulate else None, segment)
     ddt_raw = rt.empty(s.dt_raw.shape)
-    param_part = rt.empty((batch, nc, heads, 3))
-    rt.run("ssd_dt_backward", (nc, heads, batch), dec=dec, dt_raw=s.dt_raw, dt_bias=s.dt_bias, A_log=s.A_log,
-           skip=s.D, x=s.x, dy=dy, u_part=u_part, dxd_state=dxd_state, dx=dx, w_part=w_part, x_part=x_part,
-           ddt_raw=ddt_raw, param_part=param_part, **dims)
-    param_grads(rt, dims, param_part, dA_log, dD, ddt_bias, accumulate, shape, segment)
+    param_part = rt.empty((batch, dims["nchunks"], heads, 2))
+    rt.run("ssd_mamba2_backward", (dims["nchunks"], heads, batch), dt_raw=s.dt_raw, dt_bias=s.dt_bias, A_log=s.A_log,
+           dadt=dadt, dscale=dscale, ddt_raw=ddt_raw, param_part=param_part, **dims)
+    if not accumulate:
+        dA_log, ddt_bias = rt.empty((heads,)), rt.empty((heads,))
+    param_grads(rt, dims, param_part, [dA_log, ddt_bias], accumulate, tuple(dy.shape), segment, op)
     return dx, ddt_raw, dA_log, dB, dC, dD, ddt_bias

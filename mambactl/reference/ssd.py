@@ -1,16 +1,20 @@
-"""Mamba-2 state space duality (SSD) scan, as mamba_ssm's `ssd_minimal_discrete` (chunked) and as a plain loop.
+"""The SSD scan (state space duality), as mamba_ssm's `ssd_minimal_discrete` (chunked) and as a plain loop.
 
-Shapes: x [b, l, h, p]; dt [b, l, h] (already softplus(dt + dt_bias), clamped); A [h] (negative: -exp(A_log));
-B, C [b, l, g, n] with g groups, head h reading group h // (h_count / g) (mamba_ssm / HF `repeat_interleave`);
-state [b, h, p, n] per batch and head. Discretisation is mamba_ssm's (Euler B̄ = Δ B):
+The core (`ssd_chunked`, kernels/ssd.wgsl's `ssd_chunked` / ops/ssd.py): per batch and head, with a per-step
+log-decay adt [b, l, h] (≤ 0) and input scale [b, l, h] given directly,
 
-    state_t = exp(Δ_t A) state_{t-1} + Δ_t x_t ⊗ B_t,     y_t = state_t C_t        (no D term, no gate)
+    state_t = exp(adt_t) state_{t-1} + scale_t x_t ⊗ B_t,     y_t = state_t C_t (+ D x_t)
 
-`ssd` computes it in chunks of `chunk_size` steps, in the four steps of ssd_minimal (the paper's Listing 1):
-1. within each chunk, y_diag = (C Bᵀ ∘ L) X — a masked "attention" with decay L[i, j] = exp(Σ_{j<k<=i} Δ_k A);
+Mamba-2 (`ssd`, `ssd_backward`) is the core with scale = Δ (already softplus(dt + dt_bias), clamped) and
+adt = Δ A (A = -exp(A_log) < 0): mamba_ssm's Euler discretisation B̄ = Δ B, no D term, no gate.
+Shapes: x [b, l, h, p]; B, C [b, l, g, n] with g groups, head h reading group h // (h_count / g) (mamba_ssm /
+HF `repeat_interleave`); state [b, h, p, n] per batch and head.
+
+`ssd_chunked` computes it in chunks of `chunk_size` steps, in the four steps of ssd_minimal (Listing 1):
+1. within each chunk, y_diag = (C Bᵀ ∘ L) X — a masked "attention" with decay L[i, j] = exp(Σ_{j<k<=i} adt_k);
 2. the state each chunk adds by its end; 3. the chunk-to-chunk recurrence of those states, from a zero state;
 4. y_off = the state entering each chunk, read out by C and decayed to each position.
-The sequence is padded with zeros to a multiple of the chunk (Δ = 0 there: no decay, no input) and cropped.
+The sequence is padded with zeros to a multiple of the chunk (scale = adt = 0 there) and cropped.
 """
 
 import numpy as np
@@ -38,13 +42,15 @@ def segsum(a):
     return np.where(lower, np.cumsum(x, axis=-2), -np.inf)
 
 
-def ssd(x, dt, A, B, C, chunk_size):
-    """-> y [b, l, h, p], chunked (ssd_minimal_discrete with X = x·Δ, A = A·Δ, zero initial state)."""
+def ssd_chunked(x, adt, scale, B, C, chunk_size, D=None):
+    """The SSD core -> y [b, l, h, p], chunked: state_t = exp(adt_t) state_{t-1} + scale_t x_t ⊗ B_t,
+    y_t = state_t C_t (+ D x_t when D [h] is given), from a zero state. adt, scale [b, l, h] (adt ≤ 0, the
+    per-step log-decay). Mamba-2: scale = Δ, adt = Δ A (`ssd`); ssd_minimal_discrete with X = x·scale, A = adt."""
     b, l, h, p = x.shape
     Q = chunk_size
     pad = -l % Q
-    X = x * dt[..., None]
-    Adt = A * dt  # [b, l, h]
+    X = x * scale[..., None]
+    Adt = adt  # [b, l, h]
     Bh, Ch = _heads(B, h), _heads(C, h)
     if pad:
         X, Adt, Bh, Ch = (np.concatenate([t, np.zeros((b, pad) + t.shape[2:])], axis=1) for t in (X, Adt, Bh, Ch))
@@ -64,7 +70,7 @@ def ssd(x, dt, A, B, C, chunk_size):
 
     # 3. Chunk-to-chunk recurrence from a zero initial state: the state entering every chunk (A terms).
     states = np.concatenate([np.zeros_like(states[:, :1]), states], axis=1)  # [b, c + 1, h, p, n]
-    chunk_decay = np.concatenate([np.zeros((b, h, 1)), A_cumsum[..., -1]], axis=-1)  # Σ Δ A of each chunk
+    chunk_decay = np.concatenate([np.zeros((b, h, 1)), A_cumsum[..., -1]], axis=-1)  # Σ adt of each chunk
     decay_chunk = np.exp(segsum(chunk_decay))  # [b, h, c + 1, c + 1]
     new_states = np.einsum("bhzc,bchpn->bzhpn", decay_chunk, states)
     states = new_states[:, :-1]  # entering chunks 0..c-1; new_states[:, -1] is the final state
@@ -72,7 +78,49 @@ def ssd(x, dt, A, B, C, chunk_size):
     # 4. State -> output within each chunk (C terms).
     Y_off = np.einsum("bclhn,bchpn,bhcl->bclhp", Ch, states, np.exp(A_cumsum))
 
-    return (Y_diag + Y_off).reshape(b, c * Q, h, p)[:, :l]
+    y = (Y_diag + Y_off).reshape(b, c * Q, h, p)[:, :l]
+    return y if D is None else y + D[:, None] * x
+
+
+def ssd_chunked_backward(x, adt, scale, B, C, dy, D=None):
+    """dy [b, l, h, p] -> (dx, dadt, dscale, dB, dC, dD) of `ssd_chunked`, shaped as x, adt, scale, B, C, D
+    (dD None without D). Exact.
+
+    Recomputes every state, then runs the adjoint recurrence backwards in time:
+    g_t = ∂loss/∂state_t = dy_t ⊗ C_t + exp(adt_{t+1}) g_{t+1}. Then
+    dx_t = scale_t g_t B_t (+ D dy_t),  dscale_t = x_t·(g_t B_t),  dadt_t = exp(adt_t) ⟨g_t, state_{t-1}⟩,
+    dB_t = Σ_heads scale_t g_tᵀ x_t,  dC_t = Σ_heads state_tᵀ dy_t,  dD = Σ_{b,t,p} dy·x.
+    """
+    b, l, h, p = x.shape
+    G = B.shape[2]
+    Bh, Ch = _heads(B, h), _heads(C, h)
+    decay = np.exp(adt)  # [b, l, h]
+    states = [np.zeros((b, h, p, B.shape[-1]))]  # states[t + 1] = state_t
+    for t in range(l):
+        states.append(decay[:, t, :, None, None] * states[-1]
+                      + (scale[:, t, :, None] * x[:, t])[..., None] * Bh[:, t, :, None, :])
+    dx, dadt, dscale = np.zeros_like(x), np.zeros_like(adt), np.zeros_like(scale)
+    dBh, dCh = np.zeros_like(Bh), np.zeros_like(Ch)
+    g = np.zeros_like(states[0])
+    for t in reversed(range(l)):
+        dCh[:, t] = np.einsum("bhpn,bhp->bhn", states[t + 1], dy[:, t])
+        g = g + dy[:, t, :, :, None] * Ch[:, t, :, None, :]
+        gB = np.einsum("bhpn,bhn->bhp", g, Bh[:, t])  # ∂loss/∂(scale_t x_t)
+        dx[:, t] = gB * scale[:, t, :, None]
+        dBh[:, t] = np.einsum("bhpn,bhp->bhn", g, scale[:, t, :, None] * x[:, t])
+        dscale[:, t] = np.sum(gB * x[:, t], axis=-1)
+        dadt[:, t] = decay[:, t] * np.einsum("bhpn,bhpn->bh", g, states[t])
+        g = g * decay[:, t, :, None, None]
+    dD = None
+    if D is not None:
+        dx = dx + D[:, None] * dy
+        dD = np.sum(dy * x, axis=(0, 1, 3))
+    return dx, dadt, dscale, _groups(dBh, G), _groups(dCh, G), dD
+
+
+def ssd(x, dt, A, B, C, chunk_size):
+    """Mamba-2's scan -> y [b, l, h, p]: the core with scale = Δ = dt and adt = Δ A (no D term)."""
+    return ssd_chunked(x, dt * A, dt, B, C, chunk_size)
 
 
 def ssd_sequential(x, dt, A, B, C):
@@ -89,32 +137,7 @@ def ssd_sequential(x, dt, A, B, C):
 
 
 def ssd_backward(x, dt, A, B, C, dy):
-    """dy [b, l, h, p] -> (dx, ddt, dA, dB, dC), shaped as x, dt, A, B, C. Exact.
-
-    Recomputes every state, then runs the adjoint recurrence backwards in time:
-    g_t = ∂loss/∂state_t = dy_t ⊗ C_t + exp(Δ_{t+1} A) g_{t+1}. With ā_t = exp(Δ_t A):
-    dx_t = Δ_t g_t B_t,  dB_t = Σ_heads Δ_t g_tᵀ x_t,  dC_t = Σ_heads state_tᵀ dy_t,
-    ∂/∂Δ_t = ⟨g_t, x_t ⊗ B_t⟩ + A ā_t ⟨g_t, state_{t-1}⟩,  ∂/∂A = Σ_t Δ_t ā_t ⟨g_t, state_{t-1}⟩.
-    """
-    b, l, h, p = x.shape
-    G = B.shape[2]
-    Bh, Ch = _heads(B, h), _heads(C, h)
-    decay = np.exp(dt * A)  # ā [b, l, h]
-    states = [np.zeros((b, h, p, B.shape[-1]))]  # states[t + 1] = state_t
-    for t in range(l):
-        states.append(decay[:, t, :, None, None] * states[-1]
-                      + (dt[:, t, :, None] * x[:, t])[..., None] * Bh[:, t, :, None, :])
-    dx, ddt, dA = np.zeros_like(x), np.zeros_like(dt), np.zeros_like(A)
-    dBh, dCh = np.zeros_like(Bh), np.zeros_like(Ch)
-    g = np.zeros_like(states[0])
-    for t in reversed(range(l)):
-        dCh[:, t] = np.einsum("bhpn,bhp->bhn", states[t + 1], dy[:, t])
-        g = g + dy[:, t, :, :, None] * Ch[:, t, :, None, :]
-        gB = np.einsum("bhpn,bhn->bhp", g, Bh[:, t])  # ∂loss/∂(Δ_t x_t)
-        g_prev = decay[:, t] * np.einsum("bhpn,bhpn->bh", g, states[t])  # ∂loss/∂(Δ_t A) via ā_t
-        dx[:, t] = gB * dt[:, t, :, None]
-        dBh[:, t] = np.einsum("bhpn,bhp->bhn", g, dt[:, t, :, None] * x[:, t])
-        ddt[:, t] = np.sum(gB * x[:, t], axis=-1) + A * g_prev
-        dA += np.sum(dt[:, t] * g_prev, axis=0)
-        g = g * decay[:, t, :, None, None]
-    return dx, ddt, dA, _groups(dBh, G), _groups(dCh, G)
+    """dy [b, l, h, p] -> (dx, ddt, dA, dB, dC) of `ssd`, shaped as x, dt, A, B, C: the core's gradients
+    through scale = Δ and adt = Δ A, so ∂/∂Δ = dscale + A dadt and ∂/∂A = Σ_{b,t} Δ dadt."""
+    dx, dadt, dscale, dB, dC, _ = ssd_chunked_backward(x, dt * A, dt, B, C, dy)
+    return dx, dscale + A * dadt, np.sum(dt * dadt, axis=(0, 1)), dB, dC
