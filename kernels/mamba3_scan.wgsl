@@ -1,5 +1,7 @@
-// Mamba-3 scan (exponential-trapezoidal recurrence, SISO and MIMO rank R) and its exact backward, as
-// mambactl/reference/mamba3.py's mamba3_scan / mamba3_scan_backward. Layouts (row-major):
+// Mamba-3 scan (exponential-trapezoidal recurrence, MIMO rank R) and its exact backward, as
+// mambactl/reference/mamba3.py's mamba3_scan / mamba3_scan_backward, plus the decoding step (any R). Training and
+// prefill of SISO layers (R = 1) do not come here: they run the chunked SSD core (kernels/ssd.wgsl) with the fold of
+// kernels/mamba3_fold.wgsl (mambactl/ops/mamba3_scan.py); these kernels still take R = 1. Layouts (row-major):
 //   q, k [B, L, H, R, N];  v, y [B, L, H, R, P];  adt = A·Δ, dt = Δ, lam = λ [B, L, H].
 //   h_t = α_t h_{t−1} + β_t Σ_r v_{t−1,r} k_{t−1,r}ᵀ + γ_t Σ_r v_{t,r} k_{t,r}ᵀ,  y_{t,R} = h_t q_{t,R},
 //   α = exp(A·Δ), β = (1 − λ) Δ α, γ = λ Δ.

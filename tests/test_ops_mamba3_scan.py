@@ -15,8 +15,9 @@ NAMES = ("q", "k", "v", "adt", "dt", "lam")
 GRADS = ("dq", "dk", "dv", "dadt", "ddt", "dlam")
 
 
-def make_inputs(batch, length, heads, rank, nstate, headdim, seed=0):
-    """Float32 inputs in the block's ranges: Δ > 0, A·Δ < 0, λ in (0, 1)."""
+def make_inputs(batch, length, heads, rank, nstate, headdim, seed=0, lam_mode="random", decay=1.0):
+    """Float32 inputs in the block's ranges: Δ > 0, A·Δ < 0 (times `decay`), λ in (0, 1) ("near0" / "near1":
+    within 1e-6 of 0 or 1)."""
     rng = np.random.default_rng(seed)
 
     def normal(*shape, scale=1.0):
@@ -24,10 +25,12 @@ def make_inputs(batch, length, heads, rank, nstate, headdim, seed=0):
 
     dt = (0.1 + rng.random((batch, length, heads))).astype(np.float32)
     A = -(0.2 + rng.random((batch, length, heads))).astype(np.float32)
+    lam = rng.random((batch, length, heads))
+    lam = {"random": lam, "near0": 1e-6 * lam, "near1": 1 - 1e-6 * lam}[lam_mode]
     return dict(q=normal(batch, length, heads, rank, nstate, scale=0.5),
                 k=normal(batch, length, heads, rank, nstate, scale=0.5),
-                v=normal(batch, length, heads, rank, headdim), adt=(A * dt).astype(np.float32), dt=dt,
-                lam=rng.random((batch, length, heads)).astype(np.float32))
+                v=normal(batch, length, heads, rank, headdim), adt=(decay * A * dt).astype(np.float32), dt=dt,
+                lam=lam.astype(np.float32))
 
 
 def rel_err(got, want):
@@ -82,15 +85,21 @@ def test_deterministic_and_chunk_independent(gpu):
         assert rel_err(a, b) < 1e-5, name
 
 
-def test_saved_states_are_chunk_boundaries_only(gpu):
-    batch, length, heads, rank, nstate, headdim, chunk = 1, 50, 2, 1, 4, 3, 16
+@pytest.mark.parametrize("rank", [1, 2])
+def test_saved_states_are_chunk_boundaries_only(gpu, rank):
+    """What the forward keeps besides references to its inputs: the state entering each chunk and the last one
+    (and for SISO the SSD core's input scale, one number per step and head)."""
+    batch, length, heads, nstate, headdim, chunk = 1, 50, 2, 4, 3, 16
     x = make_inputs(batch, length, heads, rank, nstate, headdim)
     _, saved = mamba3_scan(*(gpu.from_numpy(x[k]) for k in NAMES), chunk=chunk)
     n_chunks = -(-length // chunk)
     assert saved.states.shape == (batch, n_chunks, heads, headdim, nstate)
+    assert (saved.core is not None) == (rank == 1)
     inputs = {id(getattr(saved, k).buffer) for k in NAMES}
-    extra = sum(t.size for t in vars(saved).values() if hasattr(t, "buffer") and id(t.buffer) not in inputs)
-    assert extra == batch * heads * headdim * nstate * (n_chunks + 1)
+    kept = {id(t.buffer): t.size for obj in (saved, saved.core) if obj is not None for t in vars(obj).values()
+            if hasattr(t, "buffer") and id(t.buffer) not in inputs}
+    scale = batch * length * heads if rank == 1 else 0
+    assert sum(kept.values()) == batch * heads * headdim * nstate * (n_chunks + 1) + scale
 
 
 def test_shape_errors(gpu):
@@ -234,3 +243,31 @@ def test_backward_blocks_match_reference(gpu, batch, length, heads, rank, nstate
         assert got.shape == want.shape, name
         assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
         assert np.array_equal(got, second), name
+
+
+@pytest.mark.parametrize("batch,length,heads,nstate,headdim,chunk,lam_mode,decay", [
+    (2, 37, 3, 8, 5, 16, "random", 1.0),   # L not a multiple of the chunk
+    (1, 70, 2, 16, 4, 64, "random", 30.0), # strong decays: α down to e^-60 a step
+    (2, 40, 2, 8, 4, 8, "near0", 1.0),     # λ ≈ 0: β carries everything, the fold's correction is largest
+    (2, 40, 2, 8, 4, 8, "near1", 1.0),     # λ ≈ 1: Mamba-2 (δ ≈ 0)
+    (1, 5, 1, 4, 3, 64, "random", 1.0),    # one chunk longer than L
+    (1, 130, 2, 128, 64, 64, "random", 1.0),  # the 130m head, L past two chunks
+])
+def test_siso_through_the_ssd_core(gpu, batch, length, heads, nstate, headdim, chunk, lam_mode, decay):
+    """SISO runs the fold (kernels/mamba3_fold.wgsl) around the chunked SSD core: against the recurrent float64
+    reference, forward, backward and the last state (h after the last step), outputs poisoned by the fixture."""
+    x = make_inputs(batch, length, heads, 1, nstate, headdim, seed=12, lam_mode=lam_mode, decay=decay)
+    dy = np.random.default_rng(13).standard_normal((batch, length, heads, 1, headdim)).astype(np.float32)
+    y, grads, saved = run_gpu(gpu, x, dy, chunk)
+    assert saved.core is not None and saved.chunk == min(chunk, length)
+    x64 = [x[k].astype(np.float64) for k in NAMES]
+    assert rel_err(y, ref.mamba3_scan_sequential(*x64)) < 1e-4, rel_err(y, ref.mamba3_scan_sequential(*x64))
+    for name, got, want in zip(GRADS, grads, ref.mamba3_scan_backward(*x64, dy.astype(np.float64))):
+        assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
+    q, k, v, adt, dt, lam = x64
+    h = np.zeros((batch, heads, headdim, nstate))
+    for t in range(length):  # the recurrence's own h (zero state before the first token)
+        prev = np.einsum("bhp,bhn->bhpn", v[:, t - 1, :, 0], k[:, t - 1, :, 0]) if t else 0.0
+        h = (np.exp(adt[:, t])[..., None, None] * h + ((1 - lam[:, t]) * dt[:, t] * np.exp(adt[:, t]))[..., None, None]
+             * prev + (lam[:, t] * dt[:, t])[..., None, None] * np.einsum("bhp,bhn->bhpn", v[:, t, :, 0], k[:, t, :, 0]))
+    assert rel_err(saved.last_state.numpy(), h) < 1e-4

@@ -17,7 +17,7 @@ from mambactl.reference.mamba3 import (heavy_tail, heavy_tail_backward, mamba3_b
                                        mamba3_fold_output, mamba3_fold_scale, mamba3_init_cache, mamba3_scan,
                                        mamba3_scan_backward, mamba3_scan_sequential, mamba3_step, rope_pairs, rotate,
                                        rotate_backward)
-from mambactl.reference.ssd import ssd_sequential
+from mambactl.reference.ssd import ssd_chunked, ssd_chunked_backward, ssd_sequential
 
 TOL = 1e-6
 
@@ -161,9 +161,11 @@ def test_fold_backward(l):
 
 
 @pytest.mark.parametrize("lam_mode", ["random", "near0", "near1"])
-def test_fold_composes_to_the_scan(lam_mode):
-    """mamba3_scan (SISO) == fold_output(SSD with x = v, B = k, C = q, decay adt, scale fold_scale), and its
-    backward == fold_backward around the SSD's backward: written out here as the plain SSD recurrence."""
+@pytest.mark.parametrize("chunk", [4, 9])
+def test_fold_composes_to_the_scan(lam_mode, chunk):
+    """mamba3_scan (SISO) == fold_output(SSD core with x = v, B = k (one group per head), C = q, decay adt,
+    scale fold_scale), and its backward == fold_backward around the core's backward (mambactl/reference/ssd.py's
+    ssd_chunked / ssd_chunked_backward); ∂adt is the core's."""
     rng = np.random.default_rng(22)
     q, k, v, adt, dt, lam = scan_inputs(rng, b=2, l=9, r=1)
     if lam_mode != "random":
@@ -172,32 +174,15 @@ def test_fold_composes_to_the_scan(lam_mode):
     dy = rng.normal(size=v.shape)
     q1, k1, v1 = _siso(q, k, v)
     s = mamba3_fold_scale(dt, lam)
-    alpha = np.exp(adt)
-    b, l, h, P = v1.shape
-    g = np.zeros((b, l, h, P, q1.shape[-1]))
-    for t in range(l):
-        g[:, t] = (alpha[:, t, :, None, None] * g[:, t - 1] if t else 0) + s[:, t, :, None, None] * np.einsum(
-            "bhp,bhn->bhpn", v1[:, t], k1[:, t])
-    y_core = np.einsum("blhpn,blhn->blhp", g, q1)
-    y = mamba3_fold_output(y_core, q1, k1, v1, dt, lam)
+    y = mamba3_fold_output(ssd_chunked(v1, adt, s, k1, q1, chunk), q1, k1, v1, dt, lam)
     np.testing.assert_allclose(y, mamba3_scan_sequential(q, k, v, adt, dt, lam)[:, :, :, 0], rtol=1e-10,
                                atol=1e-12)
-    # the plain SSD's adjoint: G_t = dy_t q_tᵀ + α_{t+1} G_{t+1}
-    G = np.zeros_like(g)
-    for t in reversed(range(l)):
-        G[:, t] = np.einsum("bhp,bhn->bhpn", dy[:, t, :, 0], q1[:, t]) + (
-            alpha[:, t + 1, :, None, None] * G[:, t + 1] if t + 1 < l else 0)
-    u = np.einsum("blhp,blhn->blhpn", v1, k1)
-    dq_c = np.einsum("blhpn,blhp->blhn", g, dy[:, :, :, 0])
-    dk_c = np.einsum("blhpn,blhp->blhn", s[..., None, None] * G, v1)
-    dv_c = np.einsum("blhpn,blhn->blhp", s[..., None, None] * G, k1)
-    dscale = np.sum(G * u, axis=(3, 4))
+    dv_c, dadt, dscale, dk_c, dq_c, _ = ssd_chunked_backward(v1, adt, s, k1, q1, dy[:, :, :, 0])
     dq, dk, dv, ddt, dlam = mamba3_fold_backward(q1, k1, v1, dt, lam, dy[:, :, :, 0], dq_c, dk_c, dv_c, dscale)
     want = mamba3_scan_backward(q, k, v, adt, dt, lam, dy)
-    g_prev = np.concatenate([np.zeros_like(g[:, :1]), g[:, :-1]], axis=1)
-    np.testing.assert_allclose(alpha * np.sum(G * g_prev, axis=(3, 4)), want[3], rtol=1e-9, atol=1e-11)  # the core's
-    for name, got, ref in zip("dq dk dv ddt dlam".split(), (dq, dk, dv, ddt, dlam),
-                              (want[0][:, :, :, 0], want[1][:, :, :, 0], want[2][:, :, :, 0], want[4], want[5])):
+    for name, got, ref in zip("dq dk dv dadt ddt dlam".split(), (dq, dk, dv, dadt, ddt, dlam),
+                              (want[0][:, :, :, 0], want[1][:, :, :, 0], want[2][:, :, :, 0], want[3], want[4],
+                               want[5])):
         np.testing.assert_allclose(got, ref, rtol=1e-9, atol=1e-11, err_msg=name)
 
 

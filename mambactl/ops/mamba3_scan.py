@@ -7,10 +7,20 @@ The same computation as mambactl/reference/mamba3.py's `mamba3_scan` / `mamba3_s
 
 with q, k [B, L, H, R, N], v and y [B, L, H, R, P], adt = A·Δ, dt = Δ, lam = λ [B, L, H] (SISO is R = 1).
 
-The forward (on every adapter, unless one step's k and q overflow 16 KiB of workgroup memory) splits each value
-channel's state row over FWD_TILES threads and stages time tiles of k, q, v in workgroup memory (the kernel's header).
+SISO (R = 1) runs as a Mamba-2 SSD: with δ_t = (1 − λ_t) Δ_t (0 after the last step) and s_t = λ_t Δ_t + δ_{t+1}
+the recurrence is g_t = α_t g_{t−1} + s_t v_t k_tᵀ, h_t = g_t − δ_{t+1} v_t k_tᵀ, so `mamba3_fold_scale` gives s,
+the chunked SSD core (mambactl/ops/ssd.py `ssd_chunked`, x = v, B = k with one group per head, C = q, log-decay
+adt) gives g_t q_t, and `mamba3_fold_output` subtracts δ_{t+1} v_t (k_t · q_t) (kernels/mamba3_fold.wgsl); the
+backward is the core's and `mamba3_fold_backward`. Its memory is the core's (the state entering each chunk,
+[B, ceil(L / chunk), H, P, N], and the state after the last step, which is h there since δ after it is 0) plus
+the scale [B, L, H]; `chunk` is the core's chunk (1..1024).
 
-Memory: the forward keeps the (SSD-form) state entering each chunk of `chunk` steps, [B, ceil(L / chunk), H, P, N],
+MIMO (R > 1: Σ_r v_r k_rᵀ is R outer products per step, which the core's one-key-per-step form does not take)
+runs the recurrent kernels below. Their forward (on every adapter, unless one step's k and q overflow 16 KiB of
+workgroup memory) splits each value channel's state row over FWD_TILES threads and stages time tiles of k, q, v
+in workgroup memory (the kernel's header).
+
+Memory of the recurrent (MIMO) path: the forward keeps the (SSD-form) state entering each chunk of `chunk` steps, [B, ceil(L / chunk), H, P, N],
 and the state after the last step [B, H, P, N]; the backward recomputes the states in between. One workgroup of
 BACKWARD_THREADS threads per (batch, head, block of TILE_N state columns) walks the value channels in blocks of
 BWD_CHANNELS, each thread holding 4 channels × 4 columns of the state and adjoint in registers; per step the sums
@@ -29,6 +39,8 @@ from dataclasses import dataclass
 
 from mambactl.errors import ShapeError
 from mambactl.ops.checks import expect, grid_1d, segment_length, segments
+from mambactl.ops.mamba3_fold import mamba3_fold_backward, mamba3_fold_output, mamba3_fold_scale
+from mambactl.ops.ssd import SSDSaved, ssd_chunked, ssd_chunked_backward
 from mambactl.runtime.tensor import Tensor
 
 MAX_STATE = 128  # mirrors MAX_N in kernels/mamba3_scan.wgsl (a private array per thread)
@@ -58,7 +70,8 @@ class Mamba3ScanSaved:
     lam: Tensor
     states: Tensor  # [B, n_chunks, H, P, N]: the SSD state g before step c·chunk
     chunk: int
-    last_state: Tensor  # [B, H, P, N]: g after the last step
+    last_state: Tensor  # [B, H, P, N]: g after the last step (= h there)
+    core: SSDSaved | None = None  # SISO: the SSD core's (x = v, B = k, C = q, scale from mamba3_fold_scale)
 
 
 def _check_inputs(op: str, q, k, v, adt, dt, lam) -> tuple[int, int, int, int, int, int]:
@@ -123,15 +136,19 @@ _FIXED = 4 * MAX_STATE + 64  # per dispatch: the state's init and store, the p-b
 
 def mamba3_scan(q: Tensor, k: Tensor, v: Tensor, adt: Tensor, dt: Tensor, lam: Tensor,
                 chunk: int = DEFAULT_CHUNK, segment: int | None = None) -> tuple[Tensor, Mamba3ScanSaved]:
-    """-> (y [B, L, H, R, P], saved). `chunk` (positive) is the number of steps between saved states.
+    """-> (y [B, L, H, R, P], saved). `chunk` (positive; at most 1024 for SISO, the SSD core's chunk) is the number
+    of steps between saved states. adt ≤ 0 (a decay).
 
-    `segment`: steps per dispatch (the state carried between dispatches in `last_state`). None: all steps in one
-    dispatch, except on Mesa llvmpipe, whose per-invocation loop budget sets it (mambactl/ops/checks.py)."""
+    `segment`: steps per dispatch of the walks over time (SISO: the core's walk over chunks goes in dispatches of
+    ceil(segment / chunk) chunks). None: all in one dispatch, except on Mesa llvmpipe, whose per-invocation loop
+    budget sets it (mambactl/ops/checks.py)."""
     op = "mamba3_scan"
     dims = _check_inputs(op, q, k, v, adt, dt, lam)
     if int(chunk) < 1:
         raise ShapeError(f"{op}: chunk is {chunk}; it must be a positive number of steps")
     batch, length, heads, rank, nstate, headdim = dims
+    if rank == 1:
+        return _siso_scan(q, k, v, adt, dt, lam, int(chunk), segment)
     params = _params(*dims, int(chunk))
     rt = q.runtime
     y = rt.empty(v.shape)
@@ -153,10 +170,40 @@ def mamba3_scan(q: Tensor, k: Tensor, v: Tensor, adt: Tensor, dt: Tensor, lam: T
     return y, Mamba3ScanSaved(q, k, v, adt, dt, lam, states, int(chunk), last_state)
 
 
+def _siso_views(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k [B, L, H, 1, N], v [B, L, H, 1, P] -> the core's C, B [B, L, H, N] (one group per head) and x
+    [B, L, H, P]: views, nothing copied."""
+    b, l, h, _, n = q.shape
+    return q.reshape(b, l, h, n), k.reshape(b, l, h, n), v.reshape(b, l, h, v.shape[4])
+
+
+def _core_segment(segment: int | None, chunk: int) -> int | None:
+    """Steps per dispatch -> the core's chunks per dispatch."""
+    return None if segment is None else max(1, -(-int(segment) // chunk))
+
+
+def _siso_scan(q, k, v, adt, dt, lam, chunk: int, segment: int | None) -> tuple[Tensor, Mamba3ScanSaved]:
+    q4, k4, v4 = _siso_views(q, k, v)
+    scale = mamba3_fold_scale(dt, lam)
+    y_core, core = ssd_chunked(v4, adt, scale, k4, q4, chunk=chunk, segment=_core_segment(segment, chunk))
+    y = mamba3_fold_output(y_core, q4, k4, v4, dt, lam)
+    return y.reshape(v.shape), Mamba3ScanSaved(q, k, v, adt, dt, lam, core.states, core.chunk, core.last_state,
+                                               core)
+
+
+def _siso_scan_backward(s: Mamba3ScanSaved, dy: Tensor, segment: int | None):
+    q4, k4, v4 = _siso_views(s.q, s.k, s.v)
+    dy4 = dy.reshape(v4.shape)
+    dv, dadt, dscale, dk, dq, _ = ssd_chunked_backward(s.core, dy4, segment=_core_segment(segment, s.chunk))
+    dq, dk, dv, ddt, dlam = mamba3_fold_backward(q4, k4, v4, s.dt, s.lam, dy4, dq, dk, dv, dscale)
+    return dq.reshape(s.q.shape), dk.reshape(s.k.shape), dv.reshape(s.v.shape), dadt, ddt, dlam
+
+
 def backward_buffers(batch: int, length: int, heads: int, rank: int, nstate: int, headdim: int,
                      chunk: int) -> dict[str, tuple[int, ...]]:
-    """The backward's transient tensors (name -> shape) besides its outputs: what `mamba3_scan_backward`
-    allocates, for planning memory without a device."""
+    """The recurrent backward's transient tensors (name -> shape) besides its outputs: what
+    `mamba3_scan_backward` allocates for MIMO (R > 1), for planning memory without a device (at R = 1 the
+    figures are those of the recurrent kernels; SISO runs the SSD core, see mambactl/ops/ssd.py)."""
     tiles = -(-nstate // TILE_N)
     shapes = {"g_scratch": (batch, heads, tiles, min(chunk, length), 16, BACKWARD_THREADS),
               "part_s": (batch, length, heads, tiles * 8, 3)}
@@ -196,12 +243,15 @@ def mamba3_scan_backward(saved: Mamba3ScanSaved, dy: Tensor, segment: int | None
     """dy [B, L, H, R, P] -> (dq, dk, dv, dadt, ddt, dlam), shaped as the inputs. Exact.
 
     `segment`: steps per dispatch of the recompute and of the adjoint (G carried between dispatches in a
-    [B, H, P, N] buffer). None: one dispatch, except on Mesa llvmpipe (see `mamba3_scan`)."""
+    [B, H, P, N] buffer; SISO: the core's walks over chunks, as in `mamba3_scan`). None: one dispatch, except on
+    Mesa llvmpipe (see `mamba3_scan`)."""
     op = "mamba3_scan_backward"
     s = saved
     dims = _check_inputs(op, s.q, s.k, s.v, s.adt, s.dt, s.lam)
     batch, length, heads, rank, nstate, headdim = dims
     expect(op, "dy", dy, s.v.shape)
+    if s.core is not None:
+        return _siso_scan_backward(s, dy, segment)
     params = _params(*dims, s.chunk)
     expect(op, "saved states", s.states, (batch, params["nchunks"], heads, headdim, nstate))
     rt = dy.runtime
