@@ -9,13 +9,16 @@
 // q, k, dq, dk [B, L, H, N]; v, y_core, y, dy, dv [B, L, H, P]. Row i is step t = (i / H) % L, and row i + H is
 // step t + 1 of the same sequence when t + 1 < L (the shift never crosses a batch row).
 // mamba3_fold_scale, mamba3_fold_scale_backward: one thread per row. mamba3_fold_output,
-// mamba3_fold_output_backward: one workgroup of FW threads per row (the dot products k·q, v·dy over strided
-// lanes, then a fixed-order tree in workgroup memory: deterministic), P and N any size.
+// mamba3_fold_output_backward: FL lanes per row, FW / FL rows per workgroup of FW (the dot products k·q, v·dy over
+// strided lanes, then a fixed-order tree in workgroup memory: deterministic), P and N any size. FL = 64 on GPUs;
+// FL = 1 on CPU adapters (one invocation per row, no barrier: cheaper there). Rows past the end (the last
+// workgroup) run with empty loops so that every lane reaches every barrier.
 // Backward: mamba3_fold_output_backward corrects the core's dq, dk, dv in place and leaves ∂loss/∂δ_{t+1} =
 // dscale_t − (k_t·q_t)(v_t·dy_t) in ddelta; mamba3_fold_scale_backward then gives, with D_t = ddelta_{t−1}
 // (0 at t = 0), ddt_t = λ_t dscale_t + (1 − λ_t) D_t and dlam_t = Δ_t (dscale_t − D_t). ∂loss/∂adt is the core's.
 
-const FW: u32 = 64u;  // threads per row of the output kernels (mirrored by mambactl/ops/mamba3_fold.py)
+const FW: u32 = 64u;  // workgroup size of the output kernels
+override FL: u32 = 64u;  // lanes per row, dividing FW (mambactl/ops/mamba3_fold.py picks it)
 
 struct FoldParams { rows: u32, len: u32, heads: u32, nstate: u32, headdim: u32 }
 
@@ -52,19 +55,25 @@ fn delta_next(row: u32) -> f32 {
 
 fn thread_row(gid: vec3<u32>, nwg: vec3<u32>) -> u32 { return gid.y * nwg.x * 256u + gid.x; }
 
-fn group_row(wid: vec3<u32>, nwg: vec3<u32>) -> u32 { return wid.y * nwg.x + wid.x; }
+struct RowLane { row: u32, lane: u32, live: bool }
 
-// Both sums of red over the workgroup, in a fixed order; every lane gets the result. Called in uniform control flow.
-fn workgroup_sum2(lane: u32, part: vec2<f32>) -> vec2<f32> {
-    red[lane] = part;
+fn row_lane(local: u32, wid: vec3<u32>, nwg: vec3<u32>) -> RowLane {
+    let row = (wid.y * nwg.x + wid.x) * (FW / FL) + local / FL;
+    return RowLane(row, local % FL, row < p.rows);
+}
+
+// Both sums over the FL lanes of a row, in a fixed order; each of them gets them. Uniform control flow only.
+fn lanes_sum2(local: u32, lane: u32, part: vec2<f32>) -> vec2<f32> {
+    if (FL == 1u) { return part; }
+    red[local] = part;
     workgroupBarrier();
-    for (var s = FW / 2u; s > 0u; s = s / 2u) {
+    for (var s = FL / 2u; s > 0u; s = s / 2u) {
         if (lane < s) {
-            red[lane] = red[lane] + red[lane + s];
+            red[local] = red[local] + red[local + s];
         }
         workgroupBarrier();
     }
-    let total = red[0];
+    let total = red[local - lane];
     workgroupBarrier();  // red is free again
     return total;
 }
@@ -79,52 +88,59 @@ fn mamba3_fold_scale(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
 }
 
 @compute @workgroup_size(64)
-fn mamba3_fold_output(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>,
+fn mamba3_fold_output(@builtin(local_invocation_index) local: u32, @builtin(workgroup_id) wid: vec3<u32>,
                       @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = group_row(wid, nwg);
-    if (row >= p.rows) {
-        return;  // uniform: the whole workgroup
-    }
+    let it = row_lane(local, wid, nwg);
+    let row = it.row;
+    let N = select(0u, p.nstate, it.live);  // what this lane walks: nothing past the end
+    let P = select(0u, p.headdim, it.live);
     let qk0 = row * p.nstate;
     var kq = 0.0;
-    for (var n = lane; n < p.nstate; n += FW) {
+    for (var n = it.lane; n < N; n += FL) {
         kq += k[qk0 + n] * q[qk0 + n];
     }
-    let c = delta_next(row) * workgroup_sum2(lane, vec2<f32>(kq, 0.0)).x;
+    kq = lanes_sum2(local, it.lane, vec2<f32>(kq, 0.0)).x;
+    if (!it.live) {
+        return;  // after the last barrier
+    }
+    let c = delta_next(row) * kq;
     let v0 = row * p.headdim;
-    for (var j = lane; j < p.headdim; j += FW) {
+    for (var j = it.lane; j < P; j += FL) {
         y[v0 + j] = y_core[v0 + j] - c * v[v0 + j];
     }
 }
 
 @compute @workgroup_size(64)
-fn mamba3_fold_output_backward(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>,
+fn mamba3_fold_output_backward(@builtin(local_invocation_index) local: u32, @builtin(workgroup_id) wid: vec3<u32>,
                                @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = group_row(wid, nwg);
-    if (row >= p.rows) {
-        return;
-    }
+    let it = row_lane(local, wid, nwg);
+    let row = it.row;
+    let N = select(0u, p.nstate, it.live);
+    let P = select(0u, p.headdim, it.live);
     let qk0 = row * p.nstate;
     let v0 = row * p.headdim;
     var part = vec2<f32>(0.0, 0.0);
-    for (var n = lane; n < p.nstate; n += FW) {
+    for (var n = it.lane; n < N; n += FL) {
         part.x += k[qk0 + n] * q[qk0 + n];
     }
-    for (var j = lane; j < p.headdim; j += FW) {
+    for (var j = it.lane; j < P; j += FL) {
         part.y += v[v0 + j] * dy[v0 + j];
     }
-    let dots = workgroup_sum2(lane, part);  // (k·q, v·dy)
+    let dots = lanes_sum2(local, it.lane, part);  // (k·q, v·dy)
+    if (!it.live) {
+        return;
+    }
     let c = delta_next(row);
     let cv = c * dots.y;
-    for (var n = lane; n < p.nstate; n += FW) {
+    for (var n = it.lane; n < N; n += FL) {
         dq[qk0 + n] = dq[qk0 + n] - cv * k[qk0 + n];
         dk[qk0 + n] = dk[qk0 + n] - cv * q[qk0 + n];
     }
     let ck = c * dots.x;
-    for (var j = lane; j < p.headdim; j += FW) {
+    for (var j = it.lane; j < P; j += FL) {
         dv[v0 + j] = dv[v0 + j] - ck * dy[v0 + j];
     }
-    if (lane == 0u) {
+    if (it.lane == 0u) {
         ddelta[row] = dscale[row] - dots.x * dots.y;
     }
 }

@@ -419,46 +419,56 @@ fn mamba3_prep_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(nu
     }
 }
 
-// finish: one workgroup of FL lanes per (row, head, rank) item, the lanes over its P channels (consecutive lanes on
-// consecutive addresses), the sums over P (the norm's Σ y², the backward's Σ dyn·w·ŷ and Σ dys·v) by a fixed-order
-// tree in workgroup memory (deterministic). Items are workgroup x + y·groups_x (grid grid_1d(M·H·R, 1)).
-const FL: u32 = 64u;  // mirrored by FINISH_LANES in mambactl/ops/mamba3_prep.py
-var<workgroup> finish_red: array<f32, FL>;
+// finish: FL lanes per (row, head, rank) item (FW / FL items per workgroup of FW), the lanes over its P channels
+// (consecutive lanes on consecutive addresses), the sums over P (the norm's Σ y², the backward's Σ dyn·w·ŷ and
+// Σ dys·v) by a fixed-order tree in workgroup memory (deterministic). FL = 64 on GPUs; FL = 1 on CPU adapters,
+// where a barrier and a workgroup cost more than a strided walk: one invocation per item, no barrier. Items past
+// the end (the last workgroup) run with empty channel loops so that every lane reaches every barrier.
+const FW: u32 = 64u;  // workgroup size of the finish kernels
+override FL: u32 = 64u;  // lanes per item, dividing FW (mambactl/ops/mamba3_prep.py picks it)
+var<workgroup> finish_red: array<f32, FW>;
 
-fn finish_item(wid: vec3<u32>, nwg: vec3<u32>) -> u32 { return wid.y * nwg.x + wid.x; }
+struct FinishLane { item: u32, lane: u32, live: bool }
 
-// Σ over the workgroup's lanes of `part`, in a fixed order; every lane gets it. Uniform control flow only.
-fn finish_sum(lane: u32, part: f32) -> f32 {
-    finish_red[lane] = part;
+fn finish_lane(local: u32, wid: vec3<u32>, nwg: vec3<u32>) -> FinishLane {
+    let item = (wid.y * nwg.x + wid.x) * (FW / FL) + local / FL;
+    return FinishLane(item, local % FL, item < fp.frows * fp.fheads * fp.frank);
+}
+
+// Σ over the FL lanes of an item of `part`, in a fixed order; each of them gets it. Uniform control flow only.
+fn finish_sum(local: u32, lane: u32, part: f32) -> f32 {
+    if (FL == 1u) { return part; }
+    finish_red[local] = part;
     workgroupBarrier();
     for (var s = FL / 2u; s > 0u; s = s / 2u) {
-        if (lane < s) { finish_red[lane] += finish_red[lane + s]; }
+        if (lane < s) { finish_red[local] += finish_red[local + s]; }
         workgroupBarrier();
     }
-    let total = finish_red[0];
+    let total = finish_red[local - lane];
     workgroupBarrier();
     return total;
 }
 
 // y = ys + D v, yn = RMSNorm(y) ⊙ w (NORM) or y, o = yn ⊙ silu(zr). With SISO o is already out (R = 1, mimo_o = 1).
 @compute @workgroup_size(64)
-fn mamba3_finish_forward(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>,
+fn mamba3_finish_forward(@builtin(local_invocation_index) local: u32, @builtin(workgroup_id) wid: vec3<u32>,
                          @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = finish_item(wid, nwg);
-    if (i >= fp.frows * fp.fheads * fp.frank) { return; }  // uniform: the whole workgroup
+    let it = finish_lane(local, wid, nwg);
+    let i = it.item;
     let P = fp.fheaddim;
+    let walk = select(0u, P, it.live);  // channels this lane walks: none past the end
     let h = (i / fp.frank) % fp.fheads;
     let base = i * P;
     var ss = 0.0;
-    for (var c = lane; c < P; c += FL) {
+    for (var c = it.lane; c < walk; c += FL) {
         let yv = ys[base + c] + D[h] * v_in[base + c];
         y[base + c] = yv;
         ss += yv * yv;
     }
     var rs = 1.0;
-    if (NORM) { rs = inverseSqrt(finish_sum(lane, ss) / f32(P) + fp.eps); }
-    if (lane == 0u) { rstd[i] = rs; }
-    for (var c = lane; c < P; c += FL) {
+    if (NORM) { rs = inverseSqrt(finish_sum(local, it.lane, ss) / f32(P) + fp.eps); }
+    if (it.live && it.lane == 0u) { rstd[i] = rs; }
+    for (var c = it.lane; c < walk; c += FL) {
         var yn = y[base + c];
         if (NORM) { yn = yn * rs * norm_w[h * P + c]; }
         let zv = zr_in[base + c];
@@ -485,18 +495,20 @@ fn mamba3_finish_sum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
 // dys (gradient reaching the scan output and, times D, v), dzr and the per-item parameter partials; MIMO also
 // dout ⊙ o (-> ∂mimo_o) and reads mimo_o (SISO: 1). Workgroups as mamba3_finish_forward.
 @compute @workgroup_size(64)
-fn mamba3_finish_backward(@builtin(local_invocation_index) lane: u32, @builtin(workgroup_id) wid: vec3<u32>,
+fn mamba3_finish_backward(@builtin(local_invocation_index) local: u32, @builtin(workgroup_id) wid: vec3<u32>,
                           @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = finish_item(wid, nwg);
-    if (i >= fp.frows * fp.fheads * fp.frank) { return; }
+    let it = finish_lane(local, wid, nwg);
+    let i = it.item;
     let P = fp.fheaddim;
+    let walk = select(0u, P, it.live);
     let r = i % fp.frank;
     let h = (i / fp.frank) % fp.fheads;
     let row = i / (fp.frank * fp.fheads);
     let base = i * P;
-    let rs = rstd_in[i];
+    var rs = 1.0;
+    if (it.live) { rs = rstd_in[i]; }
     var dot = 0.0;  // Σ_c dyn·w·ŷ (RMSNorm backward)
-    for (var c = lane; c < P; c += FL) {
+    for (var c = it.lane; c < walk; c += FL) {
         let dout_v = dout[row * fp.fheads * P + h * P + c];
         var do_ = dout_v;
         if (MIMO) {
@@ -515,14 +527,14 @@ fn mamba3_finish_backward(@builtin(local_invocation_index) lane: u32, @builtin(w
             dnw_part[(row * fp.frank + r) * fp.fheads * P + h * P + c] = dyn * y_in[base + c] * rs;
         }
     }
-    if (NORM) { dot = finish_sum(lane, dot); }
+    if (NORM) { dot = finish_sum(local, it.lane, dot); }
     var dd = 0.0;
-    for (var c = lane; c < P; c += FL) {
+    for (var c = it.lane; c < walk; c += FL) {
         var g = dys[base + c];
         if (NORM) { g = rs * (g * norm_w[h * P + c] - y_in[base + c] * rs * dot / f32(P)); }
         dys[base + c] = g;
         dd += g * v_in[base + c];
     }
-    dd = finish_sum(lane, dd);
-    if (lane == 0u) { dD_part[(row * fp.frank + r) * fp.fheads + h] = dd; }
+    dd = finish_sum(local, it.lane, dd);
+    if (it.live && it.lane == 0u) { dD_part[(row * fp.frank + r) * fp.fheads + h] = dd; }
 }

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
-from mambactl.ops.mamba3_fold import FOLD_THREADS, mamba3_fold_backward, mamba3_fold_output, mamba3_fold_scale
+from mambactl.ops.mamba3_fold import FOLD_LANES, mamba3_fold_backward, mamba3_fold_output, mamba3_fold_scale
 from mambactl.reference import mamba3 as ref
 
 
@@ -31,6 +31,7 @@ def rel_err(got, want):
     return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
 
 
+@pytest.mark.parametrize("lanes", [1, 8, 64])  # CPU adapters, several rows per workgroup with a sum, GPUs
 @pytest.mark.parametrize("batch,length,heads,nstate,headdim,lam_mode", [
     (1, 1, 1, 4, 3, "random"),     # one step: δ_{t+1} = 0 everywhere
     (3, 5, 2, 8, 4, "random"),     # several batch rows: the t+1 shift must not cross them
@@ -39,17 +40,18 @@ def rel_err(got, want):
     (2, 6, 2, 16, 8, "near1"),     # λ ≈ 1: δ ≈ 0 (Mamba-2)
     (1, 9, 24, 128, 64, "random"), # the 130m head
 ])
-def test_matches_reference(gpu, batch, length, heads, nstate, headdim, lam_mode):
+def test_matches_reference(gpu, batch, length, heads, nstate, headdim, lam_mode, lanes):
+    """Each lane count on any adapter (rows B·L·H = 1, 30, 42, ...: the last workgroup partly past the end)."""
     x = make_inputs(batch, length, heads, nstate, headdim, lam_mode)
     x64 = {name: a.astype(np.float64) for name, a in x.items()}
     t = {name: gpu.from_numpy(a) for name, a in x.items()}
     scale = mamba3_fold_scale(t["dt"], t["lam"]).numpy()
     assert rel_err(scale, ref.mamba3_fold_scale(x64["dt"], x64["lam"])) < 1e-6
-    y = mamba3_fold_output(t["y_core"], t["q"], t["k"], t["v"], t["dt"], t["lam"]).numpy()
+    y = mamba3_fold_output(t["y_core"], t["q"], t["k"], t["v"], t["dt"], t["lam"], lanes=lanes).numpy()
     want = ref.mamba3_fold_output(x64["y_core"], x64["q"], x64["k"], x64["v"], x64["dt"], x64["lam"])
     assert rel_err(y, want) < 1e-5, rel_err(y, want)
     names = ("q", "k", "v", "dt", "lam", "dy", "dq", "dk", "dv", "dscale")
-    grads = mamba3_fold_backward(*(t[n] for n in names))
+    grads = mamba3_fold_backward(*(t[n] for n in names), lanes=lanes)
     grads_ref = ref.mamba3_fold_backward(*(x64[n] for n in names))
     for name, got, want in zip(("dq", "dk", "dv", "ddt", "dlam"), grads, grads_ref):
         got = got.numpy()
@@ -81,4 +83,6 @@ def test_shape_errors(gpu):
         mamba3_fold_output(x["q"], x["q"], x["k"], x["v"], x["dt"], x["lam"])
     with pytest.raises(ShapeError, match="mamba3_fold_backward: dscale has shape"):
         mamba3_fold_backward(x["q"], x["k"], x["v"], x["dt"], x["lam"], x["dy"], x["dq"], x["dk"], x["dv"], x["v"])
-    assert FOLD_THREADS == 64
+    with pytest.raises(ShapeError, match="lanes per row must divide"):
+        mamba3_fold_output(x["y_core"], x["q"], x["k"], x["v"], x["dt"], x["lam"], lanes=3)
+    assert FOLD_LANES == 64

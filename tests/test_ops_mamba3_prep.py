@@ -193,8 +193,11 @@ FINISH_SHAPES = [(5, 3, 4, 1, False, False), (5, 3, 4, 1, False, True), (3, 2, 1
                  (4, 2, 70, 3, True, True), (4, 3, 5, 2, True, False), (2, 24, 64, 1, False, False)]
 
 
+@pytest.mark.parametrize("lanes", [1, 16, 64])  # CPU adapters, a sum over few lanes, GPUs
 @pytest.mark.parametrize("rows,heads,headdim,rank,mimo,norm", FINISH_SHAPES)
-def test_finish_matches_reference(gpu, rows, heads, headdim, rank, mimo, norm):
+def test_finish_matches_reference(gpu, rows, heads, headdim, rank, mimo, norm, lanes):
+    """Each lane count on any adapter; several items share a workgroup below 64 lanes, the last one partly past
+    the end (M·H·R = 45, 15, ... items)."""
     d = Mamba3Dims(1, rows, heads, headdim, rank, 1, 8, 2, mimo)
     rng = np.random.default_rng(7)
     M, H, R, P = d.rows, heads, rank, headdim
@@ -204,8 +207,9 @@ def test_finish_matches_reference(gpu, rows, heads, headdim, rank, mimo, norm):
     t = {k: gpu.from_numpy(v) for k, v in f.items()}
     mimo_o = t["mimo_o"] if mimo else None
     norm_w = t["norm_w"] if norm else None
-    out, saved = mamba3_finish(t["ys"], t["v"], t["zr"], t["D"], norm_w, mimo_o, d, ref.NORM_EPS)
-    back = mamba3_finish_backward(saved, t["v"], t["zr"], t["D"], norm_w, mimo_o, t["dout"], d, ref.NORM_EPS)
+    out, saved = mamba3_finish(t["ys"], t["v"], t["zr"], t["D"], norm_w, mimo_o, d, ref.NORM_EPS, lanes=lanes)
+    back = mamba3_finish_backward(saved, t["v"], t["zr"], t["D"], norm_w, mimo_o, t["dout"], d, ref.NORM_EPS,
+                                  lanes=lanes)
     out_ref, back_ref = finish_reference(d, f, norm)
     assert rel(out.numpy(), out_ref) < 1e-5
     for name, want in back_ref.items():

@@ -179,29 +179,41 @@ def _finish_params(d: Mamba3Dims, eps: float) -> dict:
     return dict(frows=d.rows, fheads=d.heads, frank=d.rank, fheaddim=d.headdim, eps=float(eps))
 
 
-FINISH_LANES = 64  # mirrors FL in kernels/mamba3_prep.wgsl: lanes per (row, head, rank) item of the finish
+FINISH_GROUP = 64  # mirrors FW in kernels/mamba3_prep.wgsl: the finish kernels' workgroup
+FINISH_LANES = 64  # lanes per (row, head, rank) item on GPUs (the kernel's FL); CPU adapters take 1
 
 
-def finish_loops(headdim: int) -> int:
+def finish_lanes(rt, lanes: int | None = None) -> int:
+    """Lanes per finish item: `lanes` if given (tests run both), else FINISH_LANES on GPUs and 1 on CPU adapters
+    (`rt.info.type == "CPU"`: there a barrier and a workgroup cost more than one invocation walking P)."""
+    if lanes is not None:
+        if lanes < 1 or FINISH_GROUP % lanes:
+            raise ShapeError(f"mamba3_finish: {lanes} lanes per item must divide {FINISH_GROUP}")
+        return int(lanes)
+    return 1 if getattr(getattr(rt, "info", None), "type", None) == "CPU" else FINISH_LANES
+
+
+def finish_loops(headdim: int, lanes: int) -> int:
     """Loop iterations per invocation of mamba3_finish_forward / _backward (for Mesa llvmpipe's budget): two
-    strided walks over P and up to two log2(FINISH_LANES)-round sums."""
-    return 2 * -(-headdim // FINISH_LANES) + 12
+    strided walks over P and up to two log2(lanes)-round sums."""
+    return 2 * -(-headdim // lanes) + 2 * (lanes.bit_length() - 1)
 
 
 def mamba3_finish(ys: Tensor, v: Tensor, zr: Tensor, D: Tensor, norm_w: Tensor | None, mimo_o: Tensor | None,
-                  d: Mamba3Dims, eps: float) -> tuple[Tensor, dict]:
+                  d: Mamba3Dims, eps: float, lanes: int | None = None) -> tuple[Tensor, dict]:
     """ys, v, zr [M, H, R, P] -> (out [M, H·P], saved: y, rstd, o). mimo_o [H, R, P] for MIMO, None for SISO
-    (out is o itself there: R = 1 and mimo_o = 1)."""
+    (out is o itself there: R = 1 and mimo_o = 1). `lanes`: see `finish_lanes`."""
     op = "mamba3_finish"
     M, H, R, P = d.rows, d.heads, d.rank, d.headdim
     rt = ys.runtime
     (mimo_o,) = _mimo_or_stand_in(op, d, D, mimo_o=mimo_o)
-    loop_budget(rt, op, (M, H, R, P), finish_loops(P))
+    lanes = finish_lanes(rt, lanes)
+    loop_budget(rt, op, (M, H, R, P), finish_loops(P, lanes))
     norm = norm_w is not None
     y, rstd, o = rt.empty((M, H, R, P)), rt.empty((M, H, R)), rt.empty((M, H, R, P))
     nw = norm_w if norm else D  # an unused binding when there is no norm
-    rt.run("mamba3_finish_forward", grid_1d(M * H * R, 1), {"NORM": norm}, ys=ys, v_in=v, zr_in=zr, D=D,
-           norm_w=nw, y=y, rstd=rstd, o=o, **_finish_params(d, eps))
+    rt.run("mamba3_finish_forward", grid_1d(M * H * R * lanes, FINISH_GROUP), {"NORM": norm, "FL": lanes}, ys=ys,
+           v_in=v, zr_in=zr, D=D, norm_w=nw, y=y, rstd=rstd, o=o, **_finish_params(d, eps))
     if not d.mimo:
         return o.reshape(M, H * P), dict(y=y, rstd=rstd, o=o)
     out = rt.empty((M, H * P))
@@ -210,19 +222,23 @@ def mamba3_finish(ys: Tensor, v: Tensor, zr: Tensor, D: Tensor, norm_w: Tensor |
 
 
 def mamba3_finish_backward(saved: dict, v: Tensor, zr: Tensor, D: Tensor, norm_w: Tensor | None,
-                           mimo_o: Tensor | None, dout: Tensor, d: Mamba3Dims, eps: float) -> dict:
+                           mimo_o: Tensor | None, dout: Tensor, d: Mamba3Dims, eps: float,
+                           lanes: int | None = None) -> dict:
     """dout [M, H·P] -> dict: dys, dzr [M, H, R, P]; per-row partials dnw [M·R, H·P] (with the norm),
-    dmo [M, H·R·P] (MIMO; None for SISO, whose mimo_o is None) and dD [M·R, H], to be summed over rows."""
+    dmo [M, H·R·P] (MIMO; None for SISO, whose mimo_o is None) and dD [M·R, H], to be summed over rows.
+    `lanes`: see `finish_lanes`."""
     op = "mamba3_finish_backward"
     M, H, R, P = d.rows, d.heads, d.rank, d.headdim
     rt = dout.runtime
     (mimo_o,) = _mimo_or_stand_in(op, d, D, mimo_o=mimo_o)
-    loop_budget(rt, op, (M, H, R, P), finish_loops(P))
+    lanes = finish_lanes(rt, lanes)
+    loop_budget(rt, op, (M, H, R, P), finish_loops(P, lanes))
     norm = norm_w is not None
     res = dict(dys=rt.empty((M, H, R, P)), dzr=rt.empty((M, H, R, P)),
                dmo=rt.empty((M, H * R * P)) if d.mimo else None,
                dD=rt.empty((M * R, H)), dnw=rt.empty((M * R, H * P)) if norm else rt.empty((1,)))
-    rt.run("mamba3_finish_backward", grid_1d(M * H * R, 1), {"NORM": norm, "MIMO": d.mimo}, y_in=saved["y"],
+    rt.run("mamba3_finish_backward", grid_1d(M * H * R * lanes, FINISH_GROUP),
+           {"NORM": norm, "MIMO": d.mimo, "FL": lanes}, y_in=saved["y"],
            rstd_in=saved["rstd"], o_in=saved["o"], v_in=v, zr_in=zr, norm_w=norm_w if norm else D, mimo_o=mimo_o,
            dout=dout, dys=res["dys"], dzr_out=res["dzr"], dnw_part=res["dnw"],
            dmo_part=res["dmo"] if d.mimo else rt.empty((1,)), dD_part=res["dD"], **_finish_params(d, eps))
