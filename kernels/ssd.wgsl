@@ -9,29 +9,29 @@
 // dt_raw [B, L, H].
 //
 // Chunks of Q steps; cs_r = Σ_{s ≤ r} a_s within a chunk (cs_end = cs_{Q−1}), E_c the state entering chunk c:
-//   y_r = Σ_{o ≤ r} exp(cs_r − cs_o) (C_r·B_o) s_o x_o + exp(cs_r) E_c C_r + D x_r   (ssd_chunk_scan)
-//   E_{c+1} = exp(cs_end) E_c + Σ_o exp(cs_end − cs_o) s_o x_o B_oᵀ                  (chunk_state + passing)
-// Every chunk-level product is a 64 × 64 output tile per 128-thread workgroup (a 4 × 8 register block per
-// thread, mac_wide) fed through workgroup memory in slices of 16 (at most 31 KB of workgroup memory, in
-// ssd_decay_grad: under lavapipe's 32 KiB; the runtime requests the adapter's limit). Chunk states go in order
-// in their own dispatch (one thread per state element walks the chunks; on Mesa llvmpipe, whose loop budget
-// cuts long walks, in several: seg_lo / seg_hi), so no workgroup waits on another.
+//   y_r = Σ_{o ≤ r} exp(cs_r − cs_o) (C_r·B_o) s_o x_o + exp(cs_r) E_c C_r + D x_r   (ssd_tile M_CB, M_Y)
+//   E_{c+1} = exp(cs_end) E_c + Σ_o exp(cs_end − cs_o) s_o x_o B_oᵀ                  (M_STATE + passing)
+// Every chunk-level product is ssd_tile (the tile engine at the end of this file: batched 64 × 64 GEMM tiles
+// with the mask and scales applied while staging; C Bᵀ formed once per group). Chunk states go in order in
+// their own dispatch (one thread per state element walks the chunks; on Mesa llvmpipe, whose loop budget cuts
+// long walks, in several: seg_lo / seg_hi), so no workgroup waits on another.
 //
 // Backward, with dE_c = ∂loss/∂E_c and dS_c = dE_{c+1} (zero for the last chunk):
-//   dE_c = Σ_r exp(cs_r) dy_r C_rᵀ + exp(cs_end) dE_{c+1}                    (chunk_state + reverse passing)
-//   dxd_o = ∂/∂(s_o x_o) = Σ_{t ≥ o} exp(cs_t − cs_o)(B_o·C_t) dy_t + exp(cs_end − cs_o) dS_c B_o
-//   dC_t = Σ_heads [Σ_{o ≤ t} exp(cs_t − cs_o)(dy_t·s_o x_o) B_o + exp(cs_t) E_cᵀ dy_t]
-//   dB_o = Σ_heads [Σ_{t ≥ o} exp(cs_t − cs_o)(s_o x_o·dy_t) C_t + exp(cs_end − cs_o) dS_cᵀ s_o x_o]
-// all four by one tile kernel (ssd_chunk_scan with REVERSE / Q_SCALE / K_SCALE / transposed state strides; dB
-// and dC per head, then summed over a group's heads in order). Then dx = s dxd + D dy, ∂loss/∂s_o = x_o·dxd_o,
-// and a_σ is inside the decay of every term that passes step σ:
+//   dE_c = Σ_r exp(cs_r) dy_r C_rᵀ + exp(cs_end) dE_{c+1}                    (M_STATE GRAD + reverse passing)
+//   dxd_o = ∂/∂(s_o x_o) = Σ_{t ≥ o} exp(cs_t − cs_o)(B_o·C_t) dy_t + exp(cs_end − cs_o) dS_c B_o   (M_DXD)
+//   dC_t = Σ_{o ≤ t} dCB_to B_o + Σ_heads exp(cs_t) E_cᵀ dy_t                                      (M_DC)
+//   dB_o = Σ_{t ≥ o} dCB_to C_t + Σ_heads exp(cs_end − cs_o) dS_cᵀ s_o x_o                         (M_DB)
+//   dCB_to = Σ_heads exp(cs_t − cs_o) s_o dy_t·x_o  (o ≤ t; per group, M_DCB)
+// Then dx = s dxd + D dy, ∂loss/∂s_o = x_o·dxd_o, and a_σ is inside the decay of every term that passes
+// step σ:
 //   ∂loss/∂a_σ = Σ_{o < σ ≤ t} T_to + Σ_{t ≥ σ} dy_t·y_off_t + Σ_{o < σ} s_o x_o·dxd_state_o + W_c,
 //   T_to = exp(Σ_{o<k≤t} a_k)(C_t·B_o)(dy_t·s_o x_o),  y_off_t = exp(cs_t) E_c C_t,
 //   dxd_state_o = exp(cs_end − cs_o) dS_c B_o,  W_c = exp(cs_end)⟨E_c, dS_c⟩;
-// dy_t·y_off_t = C_t·(exp(cs_t) E_cᵀ dy_t) comes from dC's state term (ROW_DOT), so y_off is never formed.
-// These are direct sums, as mamba_ssm's "stable" ddA kernels: the shorter identity ∂loss/∂cs_r =
-// dy_r·(y_r − D x_r) − s_r x_r·dxd_r cancels large near-diagonal terms and loses ∂a to float32 rounding
-// when the decay is strong. The crossing sums Σ_{o<σ≤t} T_to come from ssd_decay_grad.
+// dy_t·y_off_t comes from M_Y without pairs (the state term dotted with dy), s_o x_o·dxd_state_o from M_DXD
+// between its two K phases, the crossing sums Σ_{o<σ≤t} T_to from M_DCB (per head, beside dCB), W_c from the
+// reverse passing; ssd_rows_backward adds them up. These are direct sums, as mamba_ssm's "stable" ddA
+// kernels: the shorter identity ∂loss/∂cs_r = dy_r·(y_r − D x_r) − s_r x_r·dxd_r cancels large near-diagonal
+// terms and loses ∂a to float32 rounding when the decay is strong.
 // Decays are never differences of chunk-long cumsums either (their rounding, |cs|·2⁻²⁴, would swamp a small
 // difference late in a strongly decaying chunk): ssd_prep writes direct sums (all a ≤ 0, so every partial sum
 // is accurate to its own size): the chunk prefix cs_r, the chunk suffix Σ_{s>r} a_s (= cs_end − cs_r), and
@@ -54,8 +54,8 @@ const SFX: u32 = 2u;
 const LO: u32 = 3u;
 const RLO: u32 = 4u;
 
-override PAIRS: bool = true;      // ssd_chunk_scan: false = the state term only
-override GRAD: bool = false;      // ssd_chunk_state: weights exp(cs_r) (backward) instead of exp(cs_end − cs_r) s_r
+override PAIRS: bool = true;      // ssd_tile M_Y: false = the state term alone, dotted with dy (U)
+override GRAD: bool = false;      // ssd_tile M_STATE: dy, C, exp(cs_r) (dE) instead of x, B, exp(cs_end − cs_r) s_r
 override ACCUMULATE: bool = false;
 override HAS_D: bool = true;      // ssd_rows_backward: the core has a D skip (dx += D dy, ∂D partials)
 override NPARAM: u32 = 1u;        // ssd_param_grads: parameters per partial (1 or 2)
@@ -70,8 +70,8 @@ struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nsta
 @group(0) @binding(2) var<storage, read> dt_raw: array<f32>;        // [B, L, H]
 @group(0) @binding(3) var<storage, read> dt_bias: array<f32>;       // [H]
 @group(0) @binding(4) var<storage, read> A_log: array<f32>;         // [H]
-// [B, H, nchunks, 5, Q] per position r of a chunk: the scale s_r; cs_r = Σ_{s≤r} a_s; Σ_{s>r} a_s; the sums over s ≤ r
-// and over s > r within r's sub-block of SUB steps (rows DT, CS, SFX, LO, RLO).
+// [B, H, nchunks, 5, Q] per position r of a chunk: the scale s_r; cs_r = Σ_{s≤r} a_s; Σ_{s>r} a_s; the sums over
+// s ≤ r and over s > r within r's sub-block of SUB steps (rows SCALE, CS, SFX, LO, RLO).
 @group(0) @binding(5) var<storage, read_write> dec_out: array<f32>;
 @group(0) @binding(6) var<storage, read> dec: array<f32>;
 @group(0) @binding(9) var<storage, read_write> states: array<f32>;  // [B, nchunks, H, P, N]
@@ -82,7 +82,7 @@ struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nsta
 @group(0) @binding(19) var<storage, read> b_in: array<f32>;
 @group(0) @binding(20) var<storage, read> c_in: array<f32>;
 @group(0) @binding(21) var<storage, read> x: array<f32>;
-@group(0) @binding(23) var<storage, read_write> x_part: array<f32>;  // [B, H, nchunks, ceil(Q / 64), Q]
+@group(0) @binding(23) var<storage, read_write> x_part: array<f32>;  // [B, H, nchunks, npairs, Q]: M_DCB's crossing sums
 @group(0) @binding(27) var<storage, read_write> ddt_raw: array<f32>;
 // Per (batch, chunk, head) partials of parameter gradients: [B, nchunks, H, NPARAM] (the core: ∂D; Mamba-2's
 // chain rule: ∂A_log, ∂dt_bias), added in order by ssd_param_grads into grad_0 (, grad_1) [H].
@@ -91,7 +91,7 @@ struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nsta
 @group(0) @binding(31) var<storage, read_write> grad_1: array<f32>;
 @group(0) @binding(32) var<storage, read_write> last_state: array<f32>;  // [B, H, P, N]: S after the last step
 @group(0) @binding(33) var<storage, read_write> ssm_state: array<f32>;   // ssd_step: [B, H, P, N], in place
-// [B, H, nchunks, ceil(N / 64), Q]: U_r = dy_r·y_off_r by 64-wide pieces of N (ssd_chunk_scan's ROW_DOT)
+// [B, H, nchunks, ceil(P / 64), Q]: U_r = dy_r·y_off_r by 64-column tiles of P (ssd_tile M_Y without pairs)
 @group(0) @binding(35) var<storage, read_write> u_part: array<f32>;
 // A segmented walk's running sums between its dispatches: ssd_state_passing_backward's dE [B, H, P·N],
 // ssd_param_grads' [H, 3].
@@ -104,8 +104,7 @@ struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nsta
 @group(0) @binding(42) var<storage, read_write> scale_out: array<f32>; // ssd_mamba2_prep: Δ
 
 var<workgroup> scan_buf: array<f32, WG>;
-var<workgroup> red_buf: array<f32, WG>;
-// Per chunk position: a (prep), the crossing sums (ssd_decay_grad), the per-position terms (ssd_rows_backward).
+// Per chunk position: a (prep), the per-position terms (ssd_rows_backward).
 var<workgroup> seg_a: array<f32, MAX_CHUNK>;
 var<workgroup> seg_b: array<f32, MAX_CHUNK>;
 var<workgroup> seg_c: array<f32, MAX_CHUNK>;

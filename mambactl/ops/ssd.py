@@ -13,11 +13,13 @@ A_log and dt_bias.
 Shapes: x, y [B, L, H, P] (the [B·L, d_inner] rows split into heads); B, C [B, L, G, N], head h reading group
 h // (H / G); D [H]. Memory: the forward saves the state entering every chunk ([B, ceil(L / chunk), H, P, N]),
 the state after the last step ([B, H, P, N]: decoding continues from it, Mamba-2's `ssd_step` one token at a
-time) and references to its inputs; the backward recomputes the in-chunk decays (and Mamba-2's Δ). The
-backward's transients: one more such state tensor, two tensors of x's size, the decay sums
-[B, H, n_chunks, 5, chunk], the crossing partials [B, H, n_chunks, ceil(chunk / 64), chunk], U's pieces
-[B, H, n_chunks, ceil(N / 64), chunk] and, when a group has several heads, dB's and dC's per-head terms
-[B, L, H, N] (summed over the group's heads in order).
+time) and references to its inputs; the backward recomputes the in-chunk decays, C Bᵀ (and Mamba-2's Δ). The
+transients: C Bᵀ [B, n_chunks, G, chunk, chunk], the decay sums [B, H, n_chunks, 5, chunk]; in the backward one
+more state tensor, dCB in up to MAX_HSPLIT planes like C Bᵀ, and per-row pieces of ∂adt and ∂scale
+([B, H, n_chunks, ·, chunk]).
+
+All chunk-level products are one WGSL tile engine (`ssd_tile`, its MODE picking the product; the plan, the
+FLOPs and the bytes of each are in kernels/ssd.wgsl and `kernel_costs`).
 
 On Mesa llvmpipe (its loop budget of 65,535 iterations per shader invocation: mambactl/ops/checks.py) the walks
 over chunks (the state passing, forward and backward, and the sums of the per-chunk parameter partials) go in
