@@ -495,9 +495,11 @@ override MODE: u32 = 0u;
 override VEC4: bool = false;  // P, N, the chunk and L multiples of 4: every operand load is one vec4
 
 // batch..nchunks as Dims; hsplit: M_DCB's workgroups per group (each takes heads_per_split of its heads,
-// writing its own dCB plane; dB and dC add the planes in order).
+// writing its own dCB plane; dB and dC add the planes in order); ksplit: M_DB's and M_DC's workgroups per
+// output tile, each taking k_per_split of the hpg·P state-term K (the first also the pair term) into its own
+// plane of [ksplit, B, L, G, N], added in order by ssd_sum_planes.
 struct TileDims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nstate: u32, chunk: u32,
-                  nchunks: u32, hsplit: u32, heads_per_split: u32 }
+                  nchunks: u32, hsplit: u32, heads_per_split: u32, ksplit: u32, k_per_split: u32 }
 @group(0) @binding(43) var<uniform> td: TileDims;
 @group(0) @binding(44) var<storage, read> xv: array<vec4<f32>>;      // x [B, L, H, P]
 @group(0) @binding(45) var<storage, read> dyv: array<vec4<f32>>;     // dy [B, L, H, P]
@@ -511,6 +513,7 @@ struct TileDims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, 
 @group(0) @binding(51) var<storage, read_write> row_part: array<f32>;
 @group(0) @binding(52) var<storage, read_write> row_part2: array<f32>;
 @group(0) @binding(53) var<storage, read_write> tile_part: array<f32>;  // M_DXD: Σ dy·x per workgroup (∂D)
+@group(0) @binding(54) var<storage, read> planes_in: array<f32>;        // ssd_sum_planes
 
 const SROW: u32 = 17u;              // vec4s per staged k row: 16 + 1 of padding (transposed stores 2-way at most)
 const B_OFF: u32 = 2u * 16u * SROW;  // B's two buffers follow A's
@@ -988,8 +991,10 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         e_m0 = (wid.x / tiles_n) * 64u;
         e_n0 = (wid.x % tiles_n) * 64u;
         if (MODE == M_DB || MODE == M_DC) {
-            e_c = wid.y / td.ngroups;
-            e_g = wid.y % td.ngroups;
+            split = wid.y % td.ksplit;
+            let cg = wid.y / td.ksplit;
+            e_c = cg / td.ngroups;
+            e_g = cg % td.ngroups;
             e_h = e_g * hpg;
         } else {
             e_c = wid.y / td.heads;
@@ -1018,8 +1023,13 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     if (MODE == M_STATE) { e_ke1 = e_steps; }
     if (MODE == M_DXD) { e_ke1 = td.nstate; e_kb2 = e_m0; e_ke2 = e_steps; }
     if (MODE == M_DCB) { e_ke1 = td.headdim; }
-    if (MODE == M_DB) { e_kb1 = e_m0; e_ke1 = e_steps; e_ke2 = hpg * td.headdim; }
-    if (MODE == M_DC) { e_ke1 = causal_end; e_ke2 = hpg * td.headdim; }
+    if (MODE == M_DB || MODE == M_DC) {
+        if (split == 0u) {  // the pair term
+            if (MODE == M_DB) { e_kb1 = e_m0; e_ke1 = e_steps; } else { e_ke1 = causal_end; }
+        }
+        e_kb2 = split * td.k_per_split;
+        e_ke2 = min(e_kb2 + td.k_per_split, hpg * td.headdim);
+    }
     e_steps1 = (e_ke1 - e_kb1 + 15u) / 16u;
     let total = e_steps1 + (e_ke2 - e_kb2 + 15u) / 16u;
 
@@ -1119,7 +1129,8 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         } else if (MODE == M_STATE) {
             if (r < td.headdim) { store_row(e_sti(e_h, r, n), e_acc[i], count4(n, td.nstate)); }
         } else if (MODE == M_DB || MODE == M_DC) {
-            if (r < e_steps) { store_row(e_bci(r, n), e_acc[i], count4(n, td.nstate)); }
+            let plane = split * td.batch * td.len * td.ngroups * td.nstate;
+            if (r < e_steps) { store_row(plane + e_bci(r, n), e_acc[i], count4(n, td.nstate)); }
         }
     }
     if (MODE == M_Y && !PAIRS) {  // U_t = dy_t·(state term)_t
@@ -1152,4 +1163,16 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             tile_part[(e_b * td.nchunks + e_c) * td.heads * tiles_q * tiles_n + e_h * tiles_q * tiles_n + wid.x] = total_d;
         }
     }
+}
+
+// dB or dC from M_DB's / M_DC's ksplit planes [ksplit, B, L, G, N], added in plane order into out.
+// Grid grid_1d(B·L·G·N).
+@compute @workgroup_size(256)
+fn ssd_sum_planes(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * WG + gid.x;
+    let n = td.batch * td.len * td.ngroups * td.nstate;
+    if (i >= n) { return; }
+    var sum = 0.0;
+    for (var k = 0u; k < td.ksplit; k++) { sum += planes_in[k * n + i]; }
+    out[i] = sum;
 }
