@@ -9,29 +9,29 @@
 // dt_raw [B, L, H].
 //
 // Chunks of Q steps; cs_r = Σ_{s ≤ r} a_s within a chunk (cs_end = cs_{Q−1}), E_c the state entering chunk c:
-//   y_r = Σ_{o ≤ r} exp(cs_r − cs_o) (C_r·B_o) s_o x_o + exp(cs_r) E_c C_r + D x_r   (ssd_chunk_scan)
-//   E_{c+1} = exp(cs_end) E_c + Σ_o exp(cs_end − cs_o) s_o x_o B_oᵀ                  (chunk_state + passing)
-// Every chunk-level product is a 64 × 64 output tile per 128-thread workgroup (a 4 × 8 register block per
-// thread, mac_wide) fed through workgroup memory in slices of 16 (at most 31 KB of workgroup memory, in
-// ssd_decay_grad: under lavapipe's 32 KiB; the runtime requests the adapter's limit). Chunk states go in order
-// in their own dispatch (one thread per state element walks the chunks; on Mesa llvmpipe, whose loop budget
-// cuts long walks, in several: seg_lo / seg_hi), so no workgroup waits on another.
+//   y_r = Σ_{o ≤ r} exp(cs_r − cs_o) (C_r·B_o) s_o x_o + exp(cs_r) E_c C_r + D x_r   (ssd_tile M_CB, M_Y)
+//   E_{c+1} = exp(cs_end) E_c + Σ_o exp(cs_end − cs_o) s_o x_o B_oᵀ                  (M_STATE + passing)
+// Every chunk-level product is ssd_tile (the tile engine at the end of this file: batched 64 × 64 GEMM tiles
+// with the mask and scales applied while staging; C Bᵀ formed once per group). Chunk states go in order in
+// their own dispatch (one thread per state element walks the chunks; on Mesa llvmpipe, whose loop budget cuts
+// long walks, in several: seg_lo / seg_hi), so no workgroup waits on another.
 //
 // Backward, with dE_c = ∂loss/∂E_c and dS_c = dE_{c+1} (zero for the last chunk):
-//   dE_c = Σ_r exp(cs_r) dy_r C_rᵀ + exp(cs_end) dE_{c+1}                    (chunk_state + reverse passing)
-//   dxd_o = ∂/∂(s_o x_o) = Σ_{t ≥ o} exp(cs_t − cs_o)(B_o·C_t) dy_t + exp(cs_end − cs_o) dS_c B_o
-//   dC_t = Σ_heads [Σ_{o ≤ t} exp(cs_t − cs_o)(dy_t·s_o x_o) B_o + exp(cs_t) E_cᵀ dy_t]
-//   dB_o = Σ_heads [Σ_{t ≥ o} exp(cs_t − cs_o)(s_o x_o·dy_t) C_t + exp(cs_end − cs_o) dS_cᵀ s_o x_o]
-// all four by one tile kernel (ssd_chunk_scan with REVERSE / Q_SCALE / K_SCALE / transposed state strides; dB
-// and dC per head, then summed over a group's heads in order). Then dx = s dxd + D dy, ∂loss/∂s_o = x_o·dxd_o,
-// and a_σ is inside the decay of every term that passes step σ:
+//   dE_c = Σ_r exp(cs_r) dy_r C_rᵀ + exp(cs_end) dE_{c+1}                    (M_STATE GRAD + reverse passing)
+//   dxd_o = ∂/∂(s_o x_o) = Σ_{t ≥ o} exp(cs_t − cs_o)(B_o·C_t) dy_t + exp(cs_end − cs_o) dS_c B_o   (M_DXD)
+//   dC_t = Σ_{o ≤ t} dCB_to B_o + Σ_heads exp(cs_t) E_cᵀ dy_t                                      (M_DC)
+//   dB_o = Σ_{t ≥ o} dCB_to C_t + Σ_heads exp(cs_end − cs_o) dS_cᵀ s_o x_o                         (M_DB)
+//   dCB_to = Σ_heads exp(cs_t − cs_o) s_o dy_t·x_o  (o ≤ t; per group, M_DCB)
+// Then dx = s dxd + D dy, ∂loss/∂s_o = x_o·dxd_o, and a_σ is inside the decay of every term that passes
+// step σ:
 //   ∂loss/∂a_σ = Σ_{o < σ ≤ t} T_to + Σ_{t ≥ σ} dy_t·y_off_t + Σ_{o < σ} s_o x_o·dxd_state_o + W_c,
 //   T_to = exp(Σ_{o<k≤t} a_k)(C_t·B_o)(dy_t·s_o x_o),  y_off_t = exp(cs_t) E_c C_t,
 //   dxd_state_o = exp(cs_end − cs_o) dS_c B_o,  W_c = exp(cs_end)⟨E_c, dS_c⟩;
-// dy_t·y_off_t = C_t·(exp(cs_t) E_cᵀ dy_t) comes from dC's state term (ROW_DOT), so y_off is never formed.
-// These are direct sums, as mamba_ssm's "stable" ddA kernels: the shorter identity ∂loss/∂cs_r =
-// dy_r·(y_r − D x_r) − s_r x_r·dxd_r cancels large near-diagonal terms and loses ∂a to float32 rounding
-// when the decay is strong. The crossing sums Σ_{o<σ≤t} T_to come from ssd_decay_grad.
+// dy_t·y_off_t comes from M_Y without pairs (the state term dotted with dy), s_o x_o·dxd_state_o from M_DXD
+// between its two K phases, the crossing sums Σ_{o<σ≤t} T_to from M_DCB (per head, beside dCB), W_c from the
+// reverse passing; ssd_rows_backward adds them up. These are direct sums, as mamba_ssm's "stable" ddA
+// kernels: the shorter identity ∂loss/∂cs_r = dy_r·(y_r − D x_r) − s_r x_r·dxd_r cancels large near-diagonal
+// terms and loses ∂a to float32 rounding when the decay is strong.
 // Decays are never differences of chunk-long cumsums either (their rounding, |cs|·2⁻²⁴, would swamp a small
 // difference late in a strongly decaying chunk): ssd_prep writes direct sums (all a ≤ 0, so every partial sum
 // is accurate to its own size): the chunk prefix cs_r, the chunk suffix Σ_{s>r} a_s (= cs_end − cs_r), and
@@ -46,7 +46,6 @@
 const WG: u32 = 256u;          // threads of the 1-D kernels; ssd_prep / ssd_rows_backward give each a segment
 const MAX_CHUNK: u32 = 1024u;  // = WG · 4: the longest chunk those two kernels hold in workgroup memory
 const TILE: u32 = 64u;
-const KT: u32 = 16u;           // depth of a slice through workgroup memory
 const SUB: u32 = 16u;          // sub-block of the pair decays; TILE / SUB = 4 per tile
 // Rows of `dec`.
 const SCALE: u32 = 0u;
@@ -55,14 +54,8 @@ const SFX: u32 = 2u;
 const LO: u32 = 3u;
 const RLO: u32 = 4u;
 
-override REVERSE: bool = false;   // ssd_chunk_scan: pairs o ≥ r with decay Σ a over (r, o] (the adjoint)
-override Q_SCALE: bool = false;  // ssd_chunk_scan: row operand scaled by the row's scale s
-override K_SCALE: bool = false;  // ssd_chunk_scan: column operand scaled by the column's scale s
-override ADD_SKIP: bool = false;  // ssd_chunk_scan: output += D · (value operand at the row)
-override PAIRS: bool = true;      // ssd_chunk_scan: false = the state term only
-override STATE_OUT: bool = false; // ssd_chunk_scan: also write the state term alone to out_state
-override GRAD: bool = false;      // ssd_chunk_state: weights exp(cs_r) (backward) instead of exp(cs_end − cs_r) s_r
-override ROW_DOT: bool = false;   // ssd_chunk_scan: also U_r = c_r·(state term) per column tile to u_part
+override PAIRS: bool = true;      // ssd_tile M_Y: false = the state term alone, dotted with dy (U)
+override GRAD: bool = false;      // ssd_tile M_STATE: dy, C, exp(cs_r) (dE) instead of x, B, exp(cs_end − cs_r) s_r
 override ACCUMULATE: bool = false;
 override HAS_D: bool = true;      // ssd_rows_backward: the core has a D skip (dx += D dy, ∂D partials)
 override NPARAM: u32 = 1u;        // ssd_param_grads: parameters per partial (1 or 2)
@@ -72,40 +65,24 @@ override NPARAM: u32 = 1u;        // ssd_param_grads: parameters per partial (1 
 // invocation, mambactl/ops/checks.py) splits long walks into dispatch segments that carry their sums in a buffer.
 struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nstate: u32, chunk: u32, nchunks: u32,
               dt_min: f32, dt_max: f32, seg_lo: u32, seg_hi: u32 }
-// ssd_chunk_scan: output tiles [rows of a chunk × v_dim] per (chunk, head, batch), out [B, L, H, v_dim]. q/k rows
-// hold qk_width blocks of qk_dim (block of head h: h / qk_div); v rows hold v_width blocks of v_dim (block:
-// h / v_div). State element (j, k) of head h, chunk c is st_in[((b·nchunks + c)·heads + h)·pn + j·s_j + k·s_k].
-struct ScanDims { len: u32, heads: u32, chunk: u32, nchunks: u32, qk_width: u32, qk_dim: u32, qk_div: u32,
-                  v_width: u32, v_dim: u32, v_div: u32, s_j: u32, s_k: u32, pn: u32 }
 
 @group(0) @binding(0) var<uniform> d: Dims;
-@group(0) @binding(1) var<uniform> s: ScanDims;
 @group(0) @binding(2) var<storage, read> dt_raw: array<f32>;        // [B, L, H]
 @group(0) @binding(3) var<storage, read> dt_bias: array<f32>;       // [H]
 @group(0) @binding(4) var<storage, read> A_log: array<f32>;         // [H]
-// [B, H, nchunks, 5, Q] per position r of a chunk: the scale s_r; cs_r = Σ_{s≤r} a_s; Σ_{s>r} a_s; the sums over s ≤ r
-// and over s > r within r's sub-block of SUB steps (rows DT, CS, SFX, LO, RLO).
+// [B, H, nchunks, 5, Q] per position r of a chunk: the scale s_r; cs_r = Σ_{s≤r} a_s; Σ_{s>r} a_s; the sums over
+// s ≤ r and over s > r within r's sub-block of SUB steps (rows SCALE, CS, SFX, LO, RLO).
 @group(0) @binding(5) var<storage, read_write> dec_out: array<f32>;
 @group(0) @binding(6) var<storage, read> dec: array<f32>;
-@group(0) @binding(7) var<storage, read> left: array<f32>;          // ssd_chunk_state: x or dy
-@group(0) @binding(8) var<storage, read> right: array<f32>;         // ssd_chunk_state: B or C
 @group(0) @binding(9) var<storage, read_write> states: array<f32>;  // [B, nchunks, H, P, N]
-@group(0) @binding(10) var<storage, read> q_in: array<f32>;
-@group(0) @binding(11) var<storage, read> k_in: array<f32>;
-@group(0) @binding(12) var<storage, read> v_in: array<f32>;
-@group(0) @binding(13) var<storage, read> st_in: array<f32>;
 @group(0) @binding(14) var<storage, read> skip: array<f32>;         // D [H]
 @group(0) @binding(15) var<storage, read_write> out: array<f32>;
-@group(0) @binding(16) var<storage, read_write> out_state: array<f32>;
 @group(0) @binding(17) var<storage, read> saved_states: array<f32>; // E [B, nchunks, H, P, N]
 @group(0) @binding(18) var<storage, read_write> w_part: array<f32>;  // [B, H, nchunks, ceil(P·N / WG)]: W_c
 @group(0) @binding(19) var<storage, read> b_in: array<f32>;
 @group(0) @binding(20) var<storage, read> c_in: array<f32>;
 @group(0) @binding(21) var<storage, read> x: array<f32>;
-@group(0) @binding(22) var<storage, read> dy: array<f32>;
-@group(0) @binding(23) var<storage, read_write> x_part: array<f32>;  // [B, H, nchunks, ceil(Q / 64), Q]
-@group(0) @binding(25) var<storage, read> dxd_state: array<f32>;
-@group(0) @binding(26) var<storage, read_write> dx: array<f32>;     // holds dxd on entry to ssd_rows_backward
+@group(0) @binding(23) var<storage, read_write> x_part: array<f32>;  // [B, H, nchunks, npairs, Q]: M_DCB's crossing sums
 @group(0) @binding(27) var<storage, read_write> ddt_raw: array<f32>;
 // Per (batch, chunk, head) partials of parameter gradients: [B, nchunks, H, NPARAM] (the core: ∂D; Mamba-2's
 // chain rule: ∂A_log, ∂dt_bias), added in order by ssd_param_grads into grad_0 (, grad_1) [H].
@@ -114,8 +91,7 @@ struct ScanDims { len: u32, heads: u32, chunk: u32, nchunks: u32, qk_width: u32,
 @group(0) @binding(31) var<storage, read_write> grad_1: array<f32>;
 @group(0) @binding(32) var<storage, read_write> last_state: array<f32>;  // [B, H, P, N]: S after the last step
 @group(0) @binding(33) var<storage, read_write> ssm_state: array<f32>;   // ssd_step: [B, H, P, N], in place
-@group(0) @binding(34) var<storage, read> head_part: array<f32>;        // ssd_sum_heads: [B, L, H, N]
-// [B, H, nchunks, ceil(N / 64), Q]: U_r = dy_r·y_off_r by 64-wide pieces of N (ssd_chunk_scan's ROW_DOT)
+// [B, H, nchunks, ceil(P / 64), Q]: U_r = dy_r·y_off_r by 64-column tiles of P (ssd_tile M_Y without pairs)
 @group(0) @binding(35) var<storage, read_write> u_part: array<f32>;
 // A segmented walk's running sums between its dispatches: ssd_state_passing_backward's dE [B, H, P·N],
 // ssd_param_grads' [H, 3].
@@ -127,27 +103,8 @@ struct ScanDims { len: u32, heads: u32, chunk: u32, nchunks: u32, qk_width: u32,
 @group(0) @binding(41) var<storage, read_write> adt_out: array<f32>;   // ssd_mamba2_prep: Δ A
 @group(0) @binding(42) var<storage, read_write> scale_out: array<f32>; // ssd_mamba2_prep: Δ
 
-// GEMM slices: [KT][TS], depth-major and held as vec4s, so a thread reads its 4 rows (or columns) with one
-// vector load. Rows are padded to TS = TILE + 4 floats: the loads that transpose an operand (16 consecutive
-// depths of a row per 16 lanes) then spread over the banks instead of all hitting one (a 16-way conflict on
-// every store with rows of 64).
-const TS: u32 = TILE + 4u;
-var<workgroup> q_tile: array<vec4<f32>, KT * TS / 4>;
-var<workgroup> kv_tile: array<vec4<f32>, KT * TS / 4>;
-// 64 × 64 products of a row and a column block: ssd_chunk_scan keeps [o][r] (r as vec4s); ssd_decay_grad keeps
-// [t][o] scalars with row t rotated by t (get_f / set_f), so walking a row or a column is conflict-free.
-var<workgroup> pair_tile: array<vec4<f32>, TILE * TILE / 4>;
-var<workgroup> row_sc: array<f32, TILE>;
-var<workgroup> row_scale: array<f32, TILE>;
-var<workgroup> row_lo: array<f32, TILE>;
-var<workgroup> row_rlo: array<f32, TILE>;
-var<workgroup> col_sc: array<f32, TILE>;
-var<workgroup> col_lo: array<f32, TILE>;
-var<workgroup> col_rlo: array<f32, TILE>;
-var<workgroup> mid: array<f32, 16>;  // [row sub-block][column sub-block]: Σ a over the whole sub-blocks between
 var<workgroup> scan_buf: array<f32, WG>;
-var<workgroup> red_buf: array<f32, WG>;
-// Per chunk position: a (prep), the crossing sums (ssd_decay_grad), the per-position terms (ssd_rows_backward).
+// Per chunk position: a (prep), the per-position terms (ssd_rows_backward).
 var<workgroup> seg_a: array<f32, MAX_CHUNK>;
 var<workgroup> seg_b: array<f32, MAX_CHUNK>;
 var<workgroup> seg_c: array<f32, MAX_CHUNK>;
@@ -199,9 +156,7 @@ fn workgroup_sum(v: f32, t: u32) -> f32 {
 
 fn dec_base(b: u32, h: u32, c: u32) -> u32 { return ((b * d.heads + h) * d.nchunks + c) * 5u * d.chunk; }
 
-fn head_at(b: u32, pos: u32, h: u32, p: u32) -> u32 { return ((b * d.len + pos) * d.heads + h) * d.headdim + p; }
 
-fn group_at(b: u32, pos: u32, g: u32, n: u32) -> u32 { return ((b * d.len + pos) * d.ngroups + g) * d.nstate + n; }
 
 // The decay sums of `dec` for every position of a chunk from the per-step log-decays adt (padding: scale = 0
 // and adt = 0 there). Thread t owns the consecutive positions [t·seg, (t + 1)·seg). Grid (nchunks, H, B).
@@ -261,84 +216,6 @@ fn ssd_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id)
 }
 
 
-fn set_q(kk: u32, col: u32, v: f32) { q_tile[kk * (TS / 4u) + col / 4u][col % 4u] = v; }
-fn set_kv(kk: u32, col: u32, v: f32) { kv_tile[kk * (TS / 4u) + col / 4u][col % 4u] = v; }
-fn set_pair(i: u32, v: f32) { pair_tile[i / 4u][i % 4u] = v; }
-fn get_pair(i: u32) -> f32 { return pair_tile[i / 4u][i % 4u]; }
-fn f_at(t: u32, o: u32) -> u32 { return t * TILE + (o + t) % TILE; }
-fn set_f(t: u32, o: u32, v: f32) { set_pair(f_at(t, o), v); }
-fn get_f(t: u32, o: u32) -> f32 { return get_pair(f_at(t, o)); }
-
-fn pick(i: u32, a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>) -> vec4<f32> {
-    if (i == 0u) { return a0; }
-    if (i == 1u) { return a1; }
-    if (i == 2u) { return a2; }
-    return a3;
-}
-
-// Per chunk, head: states[j, k] = Σ_r w_r left_r[j] right_r[k] over the chunk's valid steps, j < P, k < N, with
-// w_r = exp(cs_end − cs_r) s_r (forward: the state the chunk adds) or exp(cs_r) (GRAD: dE's in-chunk part),
-// computed once per step into seg_a. 128 threads, 4 × 8 blocks (mac_wide). At mamba2-130m's shape 2·Q·P·N =
-// 4.2 MFLOP per (b, chunk, head), 3.2 GFLOP a call. Grid (ceil(P / 64) · ceil(N / 64), nchunks · H, B).
-@compute @workgroup_size(8, 16)
-fn ssd_chunk_state(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let tiles_j = (d.headdim + TILE - 1u) / TILE;
-    let j0 = (wid.x % tiles_j) * TILE;
-    let k0 = (wid.x / tiles_j) * TILE;
-    let c = wid.y % d.nchunks;
-    let h = wid.y / d.nchunks;
-    let b = wid.z;
-    let g = h / (d.heads / d.ngroups);
-    let tid = lid.y * 8u + lid.x;
-    let q = d.chunk;
-    let base = dec_base(b, h, c);
-    let t0 = c * q;
-    let steps = min(q, d.len - t0);
-    for (var r = tid; r < steps; r += 128u) {
-        var w = exp(dec[base + CS * q + r]);
-        if (!GRAD) { w = exp(dec[base + SFX * q + r]) * dec[base + SCALE * q + r]; }
-        seg_a[r] = w;
-    }
-    workgroupBarrier();
-    var acc0 = vec4<f32>(0.0);
-    var acc1 = vec4<f32>(0.0);
-    var acc2 = vec4<f32>(0.0);
-    var acc3 = vec4<f32>(0.0);
-    var acc4 = vec4<f32>(0.0);
-    var acc5 = vec4<f32>(0.0);
-    var acc6 = vec4<f32>(0.0);
-    var acc7 = vec4<f32>(0.0);
-    for (var r0 = 0u; r0 < steps; r0 += KT) {
-        for (var l = 0u; l < 8u; l++) {
-            let i = tid + l * 128u;
-            let rr = i / TILE;  // both operands are contiguous along their column index
-            let cc = i % TILE;
-            let r = r0 + rr;
-            var lv = 0.0;
-            var rv = 0.0;
-            if (r < steps) {
-                if (j0 + cc < d.headdim) { lv = left[head_at(b, t0 + r, h, j0 + cc)] * seg_a[r]; }
-                if (k0 + cc < d.nstate) { rv = right[group_at(b, t0 + r, g, k0 + cc)]; }
-            }
-            set_q(rr, cc, lv);
-            set_kv(rr, cc, rv);
-        }
-        workgroupBarrier();
-        mac_wide(&acc0, &acc1, &acc2, &acc3, &acc4, &acc5, &acc6, &acc7, lid, false, 0u);
-        workgroupBarrier();
-    }
-    let obase = ((b * d.nchunks + c) * d.heads + h) * d.headdim * d.nstate;
-    for (var i = 0u; i < 4u; i++) {
-        let j = j0 + lid.y * 4u + i;
-        let v = pick(i, acc0, acc1, acc2, acc3);
-        let w = pick(i, acc4, acc5, acc6, acc7);
-        for (var jq = 0u; jq < 8u; jq++) {
-            let k = k0 + wide_col(lid.x, jq);
-            if (j < d.headdim && k < d.nstate) { states[obase + j * d.nstate + k] = select(v[jq % 4u], w[jq % 4u], jq >= 4u); }
-        }
-    }
-}
-
 fn cs_end_of(b: u32, h: u32, c: u32) -> f32 { return dec[dec_base(b, h, c) + CS * d.chunk + d.chunk - 1u]; }
 
 // In place: the states each chunk adds become the states entering each chunk, E_0 = 0,
@@ -396,448 +273,13 @@ fn ssd_state_passing_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(nu
     if (d.seg_lo > 0u && e < pn) { carry[ci] = run; }
 }
 
-// Stage the scale, the sub-block sums and the state-term scale of rows [rb, rb + 64) of a chunk (zero past `steps`).
-fn stage_rows(base: u32, q: u32, rb: u32, steps: u32, tid: u32) {
-    if (tid < TILE) {
-        let r = rb + tid;
-        var dt = 0.0;
-        var lo = 0.0;
-        var rlo = 0.0;
-        var scale = 0.0;
-        if (r < steps) {
-            dt = dec[base + SCALE * q + r];
-            lo = dec[base + LO * q + r];
-            rlo = dec[base + RLO * q + r];
-            scale = exp(dec[base + select(CS, SFX, REVERSE) * q + r]);
-            if (Q_SCALE) { scale *= dt; }
-        }
-        row_sc[tid] = dt;
-        row_lo[tid] = lo;
-        row_rlo[tid] = rlo;
-        row_scale[tid] = scale;
-    }
-}
-
-// Stage columns [ob, ob + 64) likewise, and the sums over the whole sub-blocks between each row sub-block and
-// each column sub-block.
-fn stage_cols(base: u32, q: u32, rb: u32, ob: u32, steps: u32, tid: u32) {
-    if (tid < TILE) {
-        let o = ob + tid;
-        var dt = 0.0;
-        var lo = 0.0;
-        var rlo = 0.0;
-        if (o < steps) {
-            dt = dec[base + SCALE * q + o];
-            lo = dec[base + LO * q + o];
-            rlo = dec[base + RLO * q + o];
-        }
-        col_sc[tid] = dt;
-        col_lo[tid] = lo;
-        col_rlo[tid] = rlo;
-    }
-    if (tid < 16u) {
-        let kr = rb / SUB + tid / 4u;
-        let ko = ob / SUB + tid % 4u;
-        var between = 0.0;
-        for (var k = min(kr, ko) + 1u; k < max(kr, ko); k++) {
-            if (k * SUB + SUB <= q) { between += dec[base + LO * q + k * SUB + SUB - 1u]; }
-        }
-        mid[tid] = between;
-    }
-}
-
-// Σ a over (o, r] for o ≤ r (forward) or over (r, o] for o ≥ r (reverse); r, o local to blocks rb, ob.
-fn decay_sum(r: u32, o: u32, rb: u32, ob: u32, reverse: bool) -> f32 {
-    let same = (rb + r) / SUB == (ob + o) / SUB;
-    let between = mid[(r / SUB) * 4u + o / SUB];
-    if (reverse) { return select(col_lo[o] + row_rlo[r] + between, col_lo[o] - row_lo[r], same); }
-    return select(row_lo[r] + col_rlo[o] + between, row_lo[r] - col_lo[o], same);
-}
-
-fn qk_at(b: u32, pos: u32, h: u32, k: u32) -> u32 {
-    return ((b * s.len + pos) * s.qk_width + h / s.qk_div) * s.qk_dim + k;
-}
-
-fn v_at(b: u32, pos: u32, h: u32, j: u32) -> u32 { return ((b * s.len + pos) * s.v_width + h / s.v_div) * s.v_dim + j; }
-
-fn out_at(b: u32, pos: u32, h: u32, j: u32) -> u32 { return ((b * s.len + pos) * s.heads + h) * s.v_dim + j; }
-
-fn scan_dec_base(b: u32, h: u32, c: u32) -> u32 { return ((b * s.heads + h) * s.nchunks + c) * 5u * s.chunk; }
-
-// One slice of a 64 × 64 tile product on 128 threads (8 × 16), a 4 × 8 block per thread: rows 4·lid.y + i
-// from q_tile (or pair_tile from depth `offset`), columns 4·lid.x + {0..3} (a0..a3) and 32 + 4·lid.x + {0..3}
-// (b0..b3) from kv_tile. Per depth a thread reads three vec4s for 32 FMAs (the 4 × 4 block: two for 16), and
-// each of those reads is 8 consecutive vec4s or a broadcast across the lanes: no bank conflicts.
-fn mac_wide(a0: ptr<function, vec4<f32>>, a1: ptr<function, vec4<f32>>, a2: ptr<function, vec4<f32>>,
-            a3: ptr<function, vec4<f32>>, b0: ptr<function, vec4<f32>>, b1: ptr<function, vec4<f32>>,
-            b2: ptr<function, vec4<f32>>, b3: ptr<function, vec4<f32>>, lid: vec3<u32>, from_pairs: bool,
-            offset: u32) {
-    for (var kk = 0u; kk < KT; kk++) {
-        var av = q_tile[kk * (TS / 4u) + lid.y];
-        if (from_pairs) { av = pair_tile[(offset + kk) * (TILE / 4u) + lid.y]; }
-        let lo = kv_tile[kk * (TS / 4u) + lid.x];
-        let hi = kv_tile[kk * (TS / 4u) + 8u + lid.x];
-        *a0 += av.x * lo;
-        *a1 += av.y * lo;
-        *a2 += av.z * lo;
-        *a3 += av.w * lo;
-        *b0 += av.x * hi;
-        *b1 += av.y * hi;
-        *b2 += av.z * hi;
-        *b3 += av.w * hi;
-    }
-}
-
-// Column jq (0..7) of a thread's 4 × 8 block, local to the 64-wide tile.
-fn wide_col(lx: u32, jq: u32) -> u32 { return select(4u * lx + jq, 32u + 4u * lx + jq - 4u, jq >= 4u); }
-
-// Per head h: out[r, j] = Σ_k rowscale_r q_r[k] S[j, k] + Σ_{o ~ r} w_ro (q_r·k_o) v_o[j] (+ D v_r[j]) over rows
-// r of a chunk (tile of 64) and j < v_dim (tile of 64); out is [B, L, H, v_dim]. Forward pairs o ≤ r with
-// w = exp(Σ a over (o, r]) and rowscale exp(cs_r); REVERSE pairs o ≥ r with w = exp(Σ a over (r, o]) and rowscale
-// exp(cs_end − cs_r). Q_SCALE / K_SCALE scale q_r / k_o by s_r / s_o. Modes (q, k, v, S):
-//   y   (C, B·s, x, E)        forward, ADD_SKIP       dxd (B, C, dy, dS)       REVERSE, STATE_OUT
-//   dC  (dy, x·s, B, Eᵀ)      forward, ROW_DOT        dB  (x·s, dy, C, dSᵀ)    REVERSE
-// dB and dC come out per head (a group's heads are summed by ssd_sum_heads, in order). ROW_DOT: also
-// U_r = Σ_j c_r[j]·(state term)[r, j] (= dy_r·y_off_r, y_off_r = exp(cs_r) E C_r), per 64-column tile, to u_part.
-// Grid (ceil(v_dim / 64) · ceil(Q / 64), nchunks · H, B): one workgroup per head, so every (b, chunk, head)
-// spreads over its own workgroups (summing a group's heads inside one left 256 workgroups for the whole
-// dB / dC at mamba2-130m's shape, too few to fill the device).
-//
-// Per workgroup (64 rows × 64 columns, K = qk_dim, rb the row block): the state term, 2·64·64·K FLOPs, then per
-// column block ob on the causal side (rb / 64 + 1 of them, or Q/64 − rb/64 for REVERSE) the pair tile
-// (k_o·q_r) over K, 2·64·64·K, its weights (64·64 exp, once per block pair: never per slice) into pair_tile,
-// and pair_tile × v, 2·64·64·64. At mamba2-130m's shape (B 8, L 1024, H 24, P 64, N 128, Q 256: 768
-// (b, chunk, head)) y and dxd are 19.9 MFLOP per (b, chunk, head), 15.3 GFLOP a call; dB and dC 25.2 MFLOP
-// (the pair tile again for each of the N / 64 column tiles), 19.3 GFLOP a call. Their operands are ~25 MB
-// each (x, dy, E, dS, y), B and C 4 MB: compute-bound.
-@compute @workgroup_size(8, 16)
-fn ssd_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let tiles_j = (s.v_dim + TILE - 1u) / TILE;
-    let jt = wid.x % tiles_j;
-    let j0 = jt * TILE;
-    let rb = (wid.x / tiles_j) * TILE;
-    let c = wid.y % s.nchunks;
-    let h = wid.y / s.nchunks;
-    let b = wid.z;
-    let q = s.chunk;
-    let t0 = c * q;
-    let steps = min(q, s.len - t0);
-    if (rb >= steps) { return; }  // a tile wholly in the padding (uniform over the workgroup)
-    let tid = lid.y * 8u + lid.x;
-    // Transposing loads: thread tid reads depth kk of rows lo + 8 l (16 lanes read 16 consecutive floats).
-    let kk = tid % KT;
-    let lo = tid / KT;
-    let qk_row = s.qk_width * s.qk_dim;  // stride between consecutive positions
-    let q0 = qk_at(b, t0, h, 0u);
-    let v_row = s.v_width * s.v_dim;
-    let v0 = v_at(b, t0, h, 0u);
-    var acc0 = vec4<f32>(0.0);
-    var acc1 = vec4<f32>(0.0);
-    var acc2 = vec4<f32>(0.0);
-    var acc3 = vec4<f32>(0.0);
-    var acc4 = vec4<f32>(0.0);
-    var acc5 = vec4<f32>(0.0);
-    var acc6 = vec4<f32>(0.0);
-    var acc7 = vec4<f32>(0.0);
-    let base = scan_dec_base(b, h, c);
-    stage_rows(base, q, rb, steps, tid);
-    workgroupBarrier();
-
-    // The state term: rowscale_r Σ_k q_r[k] S[j, k].
-    let sbase = ((b * s.nchunks + c) * s.heads + h) * s.pn;
-    for (var k0 = 0u; k0 < s.qk_dim; k0 += KT) {
-        for (var l = 0u; l < 8u; l++) {
-            let rr = lo + l * 8u;
-            var qv = 0.0;
-            if (rb + rr < steps && k0 + kk < s.qk_dim) { qv = q_in[q0 + (rb + rr) * qk_row + k0 + kk] * row_scale[rr]; }
-            set_q(kk, rr, qv);
-            // Walk whichever state index is contiguous, so loads coalesce.
-            var jj = rr;
-            var ks = kk;
-            if (s.s_k != 1u) {
-                let i = tid + l * 128u;
-                jj = i % TILE;
-                ks = i / TILE;
-            }
-            var sv = 0.0;
-            if (j0 + jj < s.v_dim && k0 + ks < s.qk_dim) { sv = st_in[sbase + (j0 + jj) * s.s_j + (k0 + ks) * s.s_k]; }
-            set_kv(ks, jj, sv);
-        }
-        workgroupBarrier();
-        mac_wide(&acc0, &acc1, &acc2, &acc3, &acc4, &acc5, &acc6, &acc7, lid, false, 0u);
-        workgroupBarrier();
-    }
-    if (STATE_OUT) {
-        for (var i = 0u; i < 4u; i++) {
-            let r = rb + lid.y * 4u + i;
-            let v = pick(i, acc0, acc1, acc2, acc3);
-            let w = pick(i, acc4, acc5, acc6, acc7);
-            for (var jq = 0u; jq < 8u; jq++) {
-                let j = j0 + wide_col(lid.x, jq);
-                if (r < steps && j < s.v_dim) { out_state[out_at(b, t0 + r, h, j)] = select(v[jq % 4u], w[jq % 4u], jq >= 4u); }
-            }
-        }
-    }
-    if (ROW_DOT) {  // the 8 threads of a row leave partial dots in pair_tile (free until the pairs), summed in order
-        for (var i = 0u; i < 4u; i++) {
-            let r = lid.y * 4u + i;
-            let v = pick(i, acc0, acc1, acc2, acc3);
-            let w = pick(i, acc4, acc5, acc6, acc7);
-            var part = 0.0;
-            for (var jq = 0u; jq < 8u; jq++) {
-                let j = j0 + wide_col(lid.x, jq);
-                if (rb + r < steps && j < s.v_dim) {
-                    part += select(v[jq % 4u], w[jq % 4u], jq >= 4u) * c_in[v0 + (rb + r) * v_row + j];
-                }
-            }
-            set_pair(r * 8u + lid.x, part);
-        }
-        workgroupBarrier();
-        if (tid < TILE && rb + tid < steps) {
-            var sum = 0.0;
-            for (var k = 0u; k < 8u; k++) { sum += get_pair(tid * 8u + k); }
-            u_part[(((b * s.heads + h) * s.nchunks + c) * tiles_j + jt) * q + rb + tid] = sum;
-        }
-        workgroupBarrier();
-    }
-
-    if (PAIRS) {
-        // The pair term, one block of 64 columns o at a time: only blocks on the causal side of the rows.
-        var ob_start = 0u;
-        var ob_end = min(rb + TILE, steps);
-        if (REVERSE) { ob_start = rb; ob_end = steps; }
-        for (var ob = ob_start; ob < ob_end; ob += TILE) {
-            stage_cols(base, q, rb, ob, steps, tid);
-            workgroupBarrier();
-            // The transposed pair tile: p_i[jq] = k_o·q_r for o = ob + 4 lid.y + i, r = rb + wide_col(lid.x, jq),
-            // so each thread stores whole vec4s of [o][r] (conflict-free) for the product with v below.
-            var p0 = vec4<f32>(0.0);
-            var p1 = vec4<f32>(0.0);
-            var p2 = vec4<f32>(0.0);
-            var p3 = vec4<f32>(0.0);
-            var p4 = vec4<f32>(0.0);
-            var p5 = vec4<f32>(0.0);
-            var p6 = vec4<f32>(0.0);
-            var p7 = vec4<f32>(0.0);
-            for (var k0 = 0u; k0 < s.qk_dim; k0 += KT) {
-                for (var l = 0u; l < 8u; l++) {
-                    let rr = lo + l * 8u;
-                    var qv = 0.0;
-                    var kv = 0.0;
-                    if (k0 + kk < s.qk_dim) {
-                        if (rb + rr < steps) {
-                            qv = q_in[q0 + (rb + rr) * qk_row + k0 + kk];
-                            if (Q_SCALE) { qv *= row_sc[rr]; }
-                        }
-                        if (ob + rr < steps) {
-                            kv = k_in[q0 + (ob + rr) * qk_row + k0 + kk];
-                            if (K_SCALE) { kv *= col_sc[rr]; }
-                        }
-                    }
-                    set_q(kk, rr, kv);
-                    set_kv(kk, rr, qv);
-                }
-                workgroupBarrier();
-                mac_wide(&p0, &p1, &p2, &p3, &p4, &p5, &p6, &p7, lid, false, 0u);
-                workgroupBarrier();
-            }
-            for (var i = 0u; i < 4u; i++) {
-                let o = lid.y * 4u + i;
-                let pv = pick(i, p0, p1, p2, p3);
-                let pw = pick(i, p4, p5, p6, p7);
-                var wv = vec4<f32>(0.0);
-                var ww = vec4<f32>(0.0);
-                for (var jq = 0u; jq < 8u; jq++) {
-                    let r = wide_col(lid.x, jq);
-                    var ok = ob + o <= rb + r;
-                    if (REVERSE) { ok = ob + o >= rb + r; }
-                    ok = ok && ob + o < steps && rb + r < steps;
-                    // The sum is ≤ 0 on the causal side; min() keeps exp finite where the select drops it.
-                    let w = exp(min(decay_sum(r, o, rb, ob, REVERSE), 0.0));
-                    if (jq < 4u) { wv[jq] = select(0.0, pv[jq] * w, ok); } else { ww[jq - 4u] = select(0.0, pw[jq - 4u] * w, ok); }
-                }
-                pair_tile[o * (TILE / 4u) + lid.x] = wv;
-                pair_tile[o * (TILE / 4u) + 8u + lid.x] = ww;
-            }
-            workgroupBarrier();
-            let o_end = min(TILE, steps - ob);  // slices wholly in the padding add nothing
-            for (var o0 = 0u; o0 < o_end; o0 += KT) {
-                for (var l = 0u; l < 8u; l++) {
-                    let i = tid + l * 128u;
-                    let oo = i / TILE;
-                    let jj = i % TILE;
-                    var vv = 0.0;
-                    if (ob + o0 + oo < steps && j0 + jj < s.v_dim) { vv = v_in[v0 + (ob + o0 + oo) * v_row + j0 + jj]; }
-                    set_kv(oo, jj, vv);
-                }
-                workgroupBarrier();
-                mac_wide(&acc0, &acc1, &acc2, &acc3, &acc4, &acc5, &acc6, &acc7, lid, true, o0);
-                workgroupBarrier();
-            }
-        }
-    }
-    for (var i = 0u; i < 4u; i++) {
-        let r = rb + lid.y * 4u + i;
-        let v = pick(i, acc0, acc1, acc2, acc3);
-        let w = pick(i, acc4, acc5, acc6, acc7);
-        for (var jq = 0u; jq < 8u; jq++) {
-            let j = j0 + wide_col(lid.x, jq);
-            if (r < steps && j < s.v_dim) {
-                var val = select(v[jq % 4u], w[jq % 4u], jq >= 4u);
-                if (ADD_SKIP) { val += skip[h] * v_in[v0 + r * v_row + j]; }
-                out[out_at(b, t0 + r, h, j)] = val;
-            }
-        }
-    }
-}
-
-// A group's heads of ssd_chunk_scan's per-head dB / dC, in head order: out [B, L, G, N] from head_part
-// [B, L, H, N]. Grid grid_1d(B·L·G·N).
-@compute @workgroup_size(256)
-fn ssd_sum_heads(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = gid.y * nwg.x * WG + gid.x;
-    if (i >= d.batch * d.len * d.ngroups * d.nstate) { return; }
-    let n = i % d.nstate;
-    let g = (i / d.nstate) % d.ngroups;
-    let bl = i / (d.nstate * d.ngroups);
-    let nh = d.heads / d.ngroups;
-    var acc = 0.0;
-    for (var hi = 0u; hi < nh; hi++) { acc += head_part[(bl * d.heads + g * nh + hi) * d.nstate + n]; }
-    out[i] = acc;
-}
-
-// The crossing sums X_σ = Σ_{o < σ ≤ t} T_to, T_to = exp(Σ a over (o, t])(C_t·B_o)(dy_t·s_o x_o), of one
-// (chunk, head): the pair terms of y whose decay passes step σ. A workgroup takes the rows t of one 64-block
-// rb and walks the column blocks ob ≤ rb; it builds T there with row prefix sums F[t][o] = Σ_{o' ≤ o} T_to'
-// in workgroup memory, and adds (every term once, no differences):
-//   σ in (ob, ob + 64): Σ_{t ≥ σ} F[t][σ − 1 − ob];   σ in [ob + 64, rb): Σ_t F[t][63];
-//   σ in [rb, rb + 64) when ob < rb: Σ_{t ≥ σ} F[t][63].
-// Partials per row block go to x_part [B, H, nchunks, ceil(Q / 64), Q]. Grid (ceil(Q / 64), nchunks · H, B).
-// 128 threads, 4 × 8 blocks (mac_wide); F is rotated per row (get_f / set_f) so the row prefix sums (a thread
-// per row) and the column sums (a thread per column) read conflict-free. At mamba2-130m's shape: 10 block pairs
-// per (b, chunk, head), each 2·64·64·(N + P) FLOPs, 12.1 GFLOP a call.
-@compute @workgroup_size(8, 16)
-fn ssd_decay_grad(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let rb = wid.x * TILE;
-    let c = wid.y % d.nchunks;
-    let h = wid.y / d.nchunks;
-    let b = wid.z;
-    let g = h / (d.heads / d.ngroups);
-    let q = d.chunk;
-    let t0 = c * q;
-    let steps = min(q, d.len - t0);
-    let base = dec_base(b, h, c);
-    let tid = lid.y * 8u + lid.x;
-    let kk = tid % KT;
-    let lo = tid / KT;
-    for (var i = tid; i < q; i += 128u) { seg_a[i] = 0.0; }
-    if (rb < steps) {
-        stage_rows(base, q, rb, steps, tid);
-        for (var ob = 0u; ob <= rb; ob += TILE) {
-            stage_cols(base, q, rb, ob, steps, tid);
-            workgroupBarrier();
-            var cb0 = vec4<f32>(0.0);  // C_t·B_o
-            var cb1 = vec4<f32>(0.0);
-            var cb2 = vec4<f32>(0.0);
-            var cb3 = vec4<f32>(0.0);
-            var cb4 = vec4<f32>(0.0);
-            var cb5 = vec4<f32>(0.0);
-            var cb6 = vec4<f32>(0.0);
-            var cb7 = vec4<f32>(0.0);
-            for (var k0 = 0u; k0 < d.nstate; k0 += KT) {
-                for (var l = 0u; l < 8u; l++) {
-                    let rr = lo + l * 8u;
-                    var cv = 0.0;
-                    var bv = 0.0;
-                    if (k0 + kk < d.nstate) {
-                        if (rb + rr < steps) { cv = c_in[group_at(b, t0 + rb + rr, g, k0 + kk)]; }
-                        if (ob + rr < steps) { bv = b_in[group_at(b, t0 + ob + rr, g, k0 + kk)]; }
-                    }
-                    set_q(kk, rr, cv);
-                    set_kv(kk, rr, bv);
-                }
-                workgroupBarrier();
-                mac_wide(&cb0, &cb1, &cb2, &cb3, &cb4, &cb5, &cb6, &cb7, lid, false, 0u);
-                workgroupBarrier();
-            }
-            var gx0 = vec4<f32>(0.0);  // dy_t·s_o x_o
-            var gx1 = vec4<f32>(0.0);
-            var gx2 = vec4<f32>(0.0);
-            var gx3 = vec4<f32>(0.0);
-            var gx4 = vec4<f32>(0.0);
-            var gx5 = vec4<f32>(0.0);
-            var gx6 = vec4<f32>(0.0);
-            var gx7 = vec4<f32>(0.0);
-            for (var k0 = 0u; k0 < d.headdim; k0 += KT) {
-                for (var l = 0u; l < 8u; l++) {
-                    let rr = lo + l * 8u;
-                    var gv = 0.0;
-                    var xv = 0.0;
-                    if (k0 + kk < d.headdim) {
-                        if (rb + rr < steps) { gv = dy[head_at(b, t0 + rb + rr, h, k0 + kk)]; }
-                        if (ob + rr < steps) { xv = x[head_at(b, t0 + ob + rr, h, k0 + kk)] * col_sc[rr]; }
-                    }
-                    set_q(kk, rr, gv);
-                    set_kv(kk, rr, xv);
-                }
-                workgroupBarrier();
-                mac_wide(&gx0, &gx1, &gx2, &gx3, &gx4, &gx5, &gx6, &gx7, lid, false, 0u);
-                workgroupBarrier();
-            }
-            for (var i = 0u; i < 4u; i++) {
-                let r = lid.y * 4u + i;
-                let tv = pick(i, cb0, cb1, cb2, cb3) * pick(i, gx0, gx1, gx2, gx3);
-                let tw = pick(i, cb4, cb5, cb6, cb7) * pick(i, gx4, gx5, gx6, gx7);
-                for (var jq = 0u; jq < 8u; jq++) {
-                    let o = wide_col(lid.x, jq);
-                    let ok = ob + o < rb + r && rb + r < steps;  // o = t never crosses a step
-                    let w = exp(min(decay_sum(r, o, rb, ob, false), 0.0));
-                    set_f(r, o, select(0.0, select(tv[jq % 4u], tw[jq % 4u], jq >= 4u) * w, ok));
-                }
-            }
-            workgroupBarrier();
-            if (tid < TILE) {
-                var run = 0.0;
-                for (var o = 0u; o < TILE; o++) {
-                    run += get_f(tid, o);
-                    set_f(tid, o, run);
-                }
-            }
-            workgroupBarrier();
-            // Threads 0..62: σ = ob + 1 + tid inside the column block; 64..127: σ = rb + tid − 64 in the row
-            // block; every thread: the σ strictly between the blocks. The three ranges are disjoint.
-            if (tid < TILE - 1u) {
-                let sigma = ob + tid + 1u;
-                var first = 0u;
-                if (ob == rb) { first = tid + 1u; }  // rows t ≥ σ
-                var sum = 0.0;
-                for (var r = first; r < TILE; r++) { sum += get_f(r, tid); }
-                if (sigma < q) { seg_a[sigma] += sum; }
-            } else if (ob < rb && tid >= TILE && tid < 2u * TILE) {
-                let j = tid - TILE;
-                var sum = 0.0;
-                for (var r = j; r < TILE; r++) { sum += get_f(r, TILE - 1u); }
-                if (rb + j < q) { seg_a[rb + j] += sum; }
-            }
-            if (ob + TILE < rb) {
-                var total = 0.0;
-                for (var r = 0u; r < TILE; r++) { total += get_f(r, TILE - 1u); }
-                for (var sigma = ob + TILE + tid; sigma < rb; sigma += 128u) { seg_a[sigma] += total; }
-            }
-            workgroupBarrier();
-        }
-    }
-    let out_base = (((b * d.heads + h) * d.nchunks + c) * ((q + TILE - 1u) / TILE) + wid.x) * q;
-    for (var i = tid; i < q; i += 128u) { x_part[out_base + i] = seg_a[i]; }
-}
-
-// Per (chunk, head, batch): dx = scale dxd (+ D dy) (in place over dxd), dscale = x·dxd and
-// dadt_σ = ∂loss/∂adt_σ = X_σ + Σ_{t ≥ σ} U_t + Σ_{o < σ} V_o + W_c with U_t = dy_t·y_off_t (ssd_chunk_scan's
-// ROW_DOT pieces in u_part) and V_o = scale_o x_o·dxd_state_o (the header has the derivation), and (HAS_D) this
-// chunk's partial sum of ∂D. The per-position dot products go 16 positions at a time, 16 threads along each
-// position's P floats (coalesced), their partials added in order; then thread t owns positions
-// [t·seg, (t + 1)·seg) for the scans. At mamba2-130m's shape it moves 5 × 25 MB (x, dy, dxd, dxd_state read,
-// dx written). Grid (nchunks, H, B).
+// Per (chunk, head, batch), from ssd_tile's per-row pieces: dscale_σ = x_σ·dxd_σ and
+// dadt_σ = ∂loss/∂a_σ = X_σ + Σ_{t ≥ σ} U_t + Σ_{o < σ} V_o + W_c (the header has the derivation): X from the
+// crossing rows of the tile pairs (x_part [B, H, nchunks, npairs, Q]; pairs whose row tile lies past the chunk's
+// end were never written), U_t = dy_t·y_off_t and x·dxd and V_o = s_o x_o·dxd_state_o by 64-column tiles of P
+// (u_part, row_part, row_part2 [B, H, nchunks, ceil(P / 64), Q]), W_c from w_part; with HAS_D this chunk's ∂D
+// partial (the tiles' Σ dy·x, tile_part) into param_part. Thread t owns positions [t·seg, (t + 1)·seg) for the
+// scans. Grid (nchunks, H, B).
 @compute @workgroup_size(256)
 fn ssd_rows_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let c = wid.x;
@@ -845,61 +287,35 @@ fn ssd_rows_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     let b = wid.z;
     let t = lid.x;
     let q = d.chunk;
-    var dskip = 0.0;
-    if (HAS_D) { dskip = skip[h]; }
     let seg = (q + WG - 1u) / WG;
-    let base = dec_base(b, h, c) + SCALE * q;
     let steps = min(q, d.len - c * q);
-    let row_tiles = (q + TILE - 1u) / TILE;
-    let n_tiles = (d.nstate + TILE - 1u) / TILE;
+    let tiles_p = (d.headdim + TILE - 1u) / TILE;
+    let tiles_q = (q + TILE - 1u) / TILE;
+    let npairs = tiles_q * (tiles_q + 1u) / 2u;
+    let live_rows = (steps + TILE - 1u) / TILE;  // row tiles with any valid position
     let state_tiles = (d.headdim * d.nstate + WG - 1u) / WG;
     let bhc = (b * d.heads + h) * d.nchunks + c;
     var w_term = 0.0;
     for (var k = 0u; k < state_tiles; k++) { w_term += w_part[bhc * state_tiles + k]; }
-    let lane = t % 16u;
-    var d_skip = 0.0;
-    for (var r0 = 0u; r0 < steps; r0 += 16u) {
-        let r = r0 + t / 16u;
-        var xq = 0.0;  // x·dxd
-        var vv = 0.0;  // x·dxd_state
-        if (r < steps) {
-            let sc = dec[base + r];
-            let row = head_at(b, c * q + r, h, 0u);
-            for (var p = lane; p < d.headdim; p += 16u) {
-                let xv = x[row + p];
-                let gv = dy[row + p];
-                let dxd = dx[row + p];
-                xq += xv * dxd;
-                vv += xv * dxd_state[row + p];
-                d_skip += gv * xv;
-                dx[row + p] = sc * dxd + dskip * gv;
-            }
-        }
-        scan_buf[t] = xq;
-        red_buf[t] = vv;
-        workgroupBarrier();
-        if (t < 16u && r0 + t < steps) {
-            var sx = 0.0;
-            var sv = 0.0;
-            for (var k = 0u; k < 16u; k++) {
-                sx += scan_buf[t * 16u + k];
-                sv += red_buf[t * 16u + k];
-            }
-            seg_c[r0 + t] = sx;
-            seg_b[r0 + t] = dec[base + r0 + t] * sv;
-        }
-        workgroupBarrier();
-    }
     var u_run = 0.0;  // Σ U over this thread's positions
     var v_run = 0.0;  // Σ V likewise
     for (var i = 0u; i < seg; i++) {
         let r = t * seg + i;
         if (r < steps) {
             var uu = 0.0;
-            for (var k = 0u; k < n_tiles; k++) { uu += u_part[(bhc * n_tiles + k) * q + r]; }
+            var vv = 0.0;
+            var xd = 0.0;
+            for (var k = 0u; k < tiles_p; k++) {
+                let j = (bhc * tiles_p + k) * q + r;
+                uu += u_part[j];
+                vv += row_part2[j];
+                xd += row_part[j];
+            }
             seg_a[r] = uu;
+            seg_b[r] = vv;
+            seg_c[r] = xd;
             u_run += uu;
-            v_run += seg_b[r];
+            v_run += vv;
         }
     }
     let u_after = exclusive_prefix(u_run, WG - 1u - t);  // Σ U over the later threads' positions
@@ -919,15 +335,19 @@ fn ssd_rows_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
         if (r < steps) {
             u_suffix += seg_a[r];
             var crossing = 0.0;
-            for (var k = 0u; k < row_tiles; k++) { crossing += x_part[(bhc * row_tiles + k) * q + r]; }
+            for (var k = 0u; k < live_rows * (live_rows + 1u) / 2u; k++) {
+                crossing += x_part[(bhc * npairs + k) * q + r];
+            }
             let k = (b * d.len + c * q + r) * d.heads + h;
             dadt[k] = crossing + u_suffix + seg_b[r] + w_term;
             dscale[k] = seg_c[r];
         }
     }
-    if (HAS_D) {
-        let total_skip = workgroup_sum(d_skip, t);
-        if (t == 0u) { param_part[(b * d.nchunks + c) * d.heads + h] = total_skip; }
+    if (HAS_D && t == 0u) {
+        let tiles = tiles_q * tiles_p;
+        var total = 0.0;
+        for (var k = 0u; k < live_rows * tiles_p; k++) { total += tile_part[((b * d.nchunks + c) * d.heads + h) * tiles + k]; }
+        param_part[(b * d.nchunks + c) * d.heads + h] = total;
     }
 }
 
@@ -1037,4 +457,722 @@ fn ssd_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
         acc += sv * c_in[bc + n];
     }
     out[i] = acc;
+}
+
+// ==== The tile engine: every chunk-level product of the SSD as one batched, masked GEMM ====================
+// ssd_tile computes one 64 × 64 output tile per 256-thread workgroup, each thread a 4 × 4 register block
+// (rows 4·ty + i, columns 4·tx + j; a warp covers 8 column blocks × 4 row blocks, as linear.wgsl's matmul, so
+// its shared reads are 8 consecutive vec4s or broadcasts), stepping K by 16 through double-buffered shared
+// tiles (k-major vec4 rows, one barrier a step; the next step's operands are loaded from memory into registers
+// while this one is multiplied), the 16 k steps written out so every shared index but the thread's is a
+// constant. Each product has one or two K phases whose operands are read by mode-specific loaders that apply
+// the decay mask and the scales while they stage (so no masked matrix is ever stored). MODE picks (per batch b,
+// chunk c, head h or group g; t, s positions in the chunk, p < P, n < N, hpg = H / G heads per group):
+//   M_CB     CB[t, s] = C_t·B_s                                 per group, tiles s ≤ t only
+//   M_Y      y[t, p] = exp(cs_t) C_t·E[p] + Σ_{s ≤ t} CB[t, s] w_ts sc_s x_s[p] (+ D x_t[p]),
+//            w_ts = exp(Σ a over (s, t]); !PAIRS: the state term alone, dotted with dy_t (U_t) instead
+//   M_STATE  S[p, n] = Σ_s v_s left_s[p] right_s[n]: x, B, v = exp(cs_end − cs_s) sc_s (the state a chunk
+//            adds) or (GRAD) dy, C, v = exp(cs_s) (dE's in-chunk part)
+//   M_DXD    dxd[s, p] = exp(cs_end − cs_s) B_s·dS[p] + Σ_{t ≥ s} CB[t, s] w_ts dy_t[p]; then
+//            dx = sc dxd (+ D dy), and the row dots x_s·dxd_s (dscale), sc_s x_s·(state term) (V_s), ∂D's part
+//   M_DCB    dCB[t, s] = Σ_{heads of g} w_ts sc_s dy_t·x_s (s ≤ t), and per head the crossing sums of
+//            T_ts = CB[t, s] w_ts sc_s dy_t·x_s (the pair terms of ∂loss/∂a; see ssd_dcb_crossing)
+//   M_DB     dB[s, n] = Σ_{t ≥ s} dCB[t, s] C_t[n] + Σ_{heads, p} exp(cs_end − cs_s) sc_s x_s[p] dS[p, n]
+//   M_DC     dC[t, n] = Σ_{s ≤ t} dCB[t, s] B_s[n] + Σ_{heads, p} exp(cs_t) dy_t[p] E[p, n]
+// CB and dCB are per (b, chunk, group): C Bᵀ is formed once for all heads of a group (at G = 1 that is 24×
+// fewer FLOPs than per head), and dB, dC take their sum over the group's heads as one K range of hpg·P (the
+// group's heads are contiguous in x, dy and the states). The pair decays w_ts come from `dec`'s direct sums
+// (the header: never differences of chunk-long cumsums), with the sums over whole sub-blocks between the
+// workgroup's row sub-blocks and every sub-block of the chunk in t_mid.
+const M_CB: u32 = 0u;
+const M_Y: u32 = 1u;
+const M_STATE: u32 = 2u;
+const M_DXD: u32 = 3u;
+const M_DCB: u32 = 4u;
+const M_DB: u32 = 5u;
+const M_DC: u32 = 6u;
+override MODE: u32 = 0u;
+override VEC4: bool = false;  // P, N, the chunk and L multiples of 4: every operand load is one vec4
+
+// batch..nchunks as Dims; hsplit: M_DCB's workgroups per group (each takes heads_per_split of its heads,
+// writing its own dCB plane; dB and dC add the planes in order); ksplit: M_DB's and M_DC's workgroups per
+// output tile, each taking k_per_split of the hpg·P state-term K (the first also the pair term) into its own
+// plane of [ksplit, B, L, G, N], added in order by ssd_sum_planes.
+struct TileDims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nstate: u32, chunk: u32,
+                  nchunks: u32, hsplit: u32, heads_per_split: u32, ksplit: u32, k_per_split: u32 }
+@group(0) @binding(43) var<uniform> td: TileDims;
+@group(0) @binding(44) var<storage, read> xv: array<vec4<f32>>;      // x [B, L, H, P]
+@group(0) @binding(45) var<storage, read> dyv: array<vec4<f32>>;     // dy [B, L, H, P]
+@group(0) @binding(46) var<storage, read> bv: array<vec4<f32>>;      // B [B, L, G, N]
+@group(0) @binding(47) var<storage, read> cv: array<vec4<f32>>;      // C [B, L, G, N]
+// CB [B, nchunks, G, Q, Q] (M_Y, M_DXD, M_DCB) or the dCB planes [hsplit, B, nchunks, G, Q, Q] (M_DB, M_DC)
+@group(0) @binding(48) var<storage, read> pairv: array<vec4<f32>>;
+@group(0) @binding(49) var<storage, read> stv: array<vec4<f32>>;     // E or dS [B, nchunks, H, P, N]
+@group(0) @binding(50) var<storage, read_write> tile_out: array<vec4<f32>>;
+// Row dots per 64-column tile of P: [B, H, nchunks, ceil(P / 64), Q] (M_Y: U; M_DXD: x·dxd, and V in row_part2)
+@group(0) @binding(51) var<storage, read_write> row_part: array<f32>;
+@group(0) @binding(52) var<storage, read_write> row_part2: array<f32>;
+@group(0) @binding(53) var<storage, read_write> tile_part: array<f32>;  // M_DXD: Σ dy·x per workgroup (∂D)
+@group(0) @binding(54) var<storage, read> planes_in: array<f32>;        // ssd_sum_planes
+
+const SROW: u32 = 17u;              // vec4s per staged k row: 16 + 1 of padding (transposed stores 2-way at most)
+const B_OFF: u32 = 2u * 16u * SROW;  // B's two buffers follow A's
+// A's and B's double-buffered tiles; M_DCB reuses the first 1024 vec4s as its 64 × 64 crossing tile F.
+var<workgroup> stage: array<vec4<f32>, 2u * B_OFF>;
+var<workgroup> t_red: array<f32, 1024>;    // row dots: [row][tx]; M_DCB: row and column partial sums
+var<workgroup> t_row_lo: array<f32, 64>;   // the tile rows' sub-block prefix sums (LO)
+var<workgroup> t_row_rlo: array<f32, 64>;  // and suffix sums (RLO)
+var<workgroup> t_row_w: array<f32, 64>;    // a per-row factor: exp(cs) (M_Y), exp(cs_end − cs) (M_DXD), sc (M_DXD)
+var<workgroup> t_row_sc: array<f32, 64>;
+var<workgroup> t_col_lo: array<f32, 64>;   // M_DCB: the tile columns' LO, RLO and scale
+var<workgroup> t_col_rlo: array<f32, 64>;
+var<workgroup> t_col_sc: array<f32, 64>;
+var<workgroup> t_mid: array<f32, 256>;     // [row sub-block (4)][chunk sub-block (≤ 64)]: Σ a strictly between
+
+var<private> e_tx: u32;
+var<private> e_ty: u32;
+var<private> e_b: u32;
+var<private> e_c: u32;
+var<private> e_h: u32;      // the head (M_Y, M_STATE, M_DXD, M_DCB's current one)
+var<private> e_g: u32;
+var<private> e_m0: u32;     // the tile's first row and column
+var<private> e_n0: u32;
+var<private> e_t0: u32;     // the chunk's first position
+var<private> e_steps: u32;  // valid positions in the chunk
+var<private> e_kb1: u32;    // phase 1's K range [kb1, ke1), phase 2's [kb2, ke2)
+var<private> e_ke1: u32;
+var<private> e_kb2: u32;
+var<private> e_ke2: u32;
+var<private> e_steps1: u32;  // k steps of phase 1
+var<private> e_acc: mat4x4<f32>;  // e_acc[i][j]: row 4·ty + i, column 4·tx + j
+var<private> e_la: vec4<f32>;
+var<private> e_lb: vec4<f32>;
+
+fn count4(start: u32, limit: u32) -> u32 { return min(4u, limit - min(start, limit)); }
+
+fn ld4_x(i: u32, valid: u32) -> vec4<f32> {
+    if (VEC4) { return select(vec4<f32>(0.0), xv[select(0u, i >> 2u, valid > 0u)], valid > 0u); }
+    var v = vec4<f32>(0.0);
+    for (var j = 0u; j < valid; j++) { v[j] = xv[(i + j) >> 2u][(i + j) & 3u]; }
+    return v;
+}
+fn ld4_dy(i: u32, valid: u32) -> vec4<f32> {
+    if (VEC4) { return select(vec4<f32>(0.0), dyv[select(0u, i >> 2u, valid > 0u)], valid > 0u); }
+    var v = vec4<f32>(0.0);
+    for (var j = 0u; j < valid; j++) { v[j] = dyv[(i + j) >> 2u][(i + j) & 3u]; }
+    return v;
+}
+fn ld4_b(i: u32, valid: u32) -> vec4<f32> {
+    if (VEC4) { return select(vec4<f32>(0.0), bv[select(0u, i >> 2u, valid > 0u)], valid > 0u); }
+    var v = vec4<f32>(0.0);
+    for (var j = 0u; j < valid; j++) { v[j] = bv[(i + j) >> 2u][(i + j) & 3u]; }
+    return v;
+}
+fn ld4_c(i: u32, valid: u32) -> vec4<f32> {
+    if (VEC4) { return select(vec4<f32>(0.0), cv[select(0u, i >> 2u, valid > 0u)], valid > 0u); }
+    var v = vec4<f32>(0.0);
+    for (var j = 0u; j < valid; j++) { v[j] = cv[(i + j) >> 2u][(i + j) & 3u]; }
+    return v;
+}
+fn ld4_st(i: u32, valid: u32) -> vec4<f32> {
+    if (VEC4) { return select(vec4<f32>(0.0), stv[select(0u, i >> 2u, valid > 0u)], valid > 0u); }
+    var v = vec4<f32>(0.0);
+    for (var j = 0u; j < valid; j++) { v[j] = stv[(i + j) >> 2u][(i + j) & 3u]; }
+    return v;
+}
+// CB (one plane) or the sum of the hsplit dCB planes, in plane order.
+fn ld4_pair(i: u32, valid: u32, planes: u32) -> vec4<f32> {
+    let plane = td.batch * td.nchunks * td.ngroups * td.chunk * td.chunk;
+    var v = vec4<f32>(0.0);
+    for (var sp = 0u; sp < planes; sp++) {
+        let k = i + sp * plane;
+        if (VEC4) {
+            v += select(vec4<f32>(0.0), pairv[select(0u, k >> 2u, valid > 0u)], valid > 0u);
+        } else {
+            for (var j = 0u; j < valid; j++) { v[j] += pairv[(k + j) >> 2u][(k + j) & 3u]; }
+        }
+    }
+    return v;
+}
+
+fn e_xi(pos: u32, h: u32, p: u32) -> u32 { return ((e_b * td.len + e_t0 + pos) * td.heads + h) * td.headdim + p; }
+fn e_bci(pos: u32, n: u32) -> u32 { return ((e_b * td.len + e_t0 + pos) * td.ngroups + e_g) * td.nstate + n; }
+fn e_pri(t: u32, s: u32) -> u32 { return (((e_b * td.nchunks + e_c) * td.ngroups + e_g) * td.chunk + t) * td.chunk + s; }
+fn e_sti(h: u32, p: u32, n: u32) -> u32 {
+    return (((e_b * td.nchunks + e_c) * td.heads + h) * td.headdim + p) * td.nstate + n;
+}
+fn e_dec(h: u32, row: u32, r: u32) -> f32 {
+    return dec[(((e_b * td.heads + h) * td.nchunks + e_c) * 5u + row) * td.chunk + r];
+}
+
+// Σ a over (s, t] for s ≤ t in the chunk, by direct sums: within one sub-block LO_t − LO_s, else
+// RLO_s + (whole sub-blocks between) + LO_t. FWD: t is a tile row (tables t_row_*), s a column of the chunk
+// (from `dec`, head e_h); otherwise s is the tile row and t the column.
+fn pair_decay(t: u32, s: u32, fwd: bool) -> f32 {
+    if (fwd) {
+        let r = t - e_m0;
+        if (t / SUB == s / SUB) { return t_row_lo[r] - e_dec(e_h, LO, s); }
+        return t_row_lo[r] + e_dec(e_h, RLO, s) + t_mid[(r / SUB) * 64u + s / SUB];
+    }
+    let r = s - e_m0;
+    if (t / SUB == s / SUB) { return e_dec(e_h, LO, t) - t_row_lo[r]; }
+    return e_dec(e_h, LO, t) + t_row_rlo[r] + t_mid[(r / SUB) * 64u + t / SUB];
+}
+
+// The sub-block sums of head h for the tile rows and t_mid for every chunk sub-block (tid < 256).
+fn stage_row_decays(h: u32, tid: u32) {
+    let q = td.chunk;
+    if (tid < 64u) {
+        let r = e_m0 + tid;
+        var lo = 0.0;
+        var rlo = 0.0;
+        if (r < q) {
+            lo = e_dec(h, LO, r);
+            rlo = e_dec(h, RLO, r);
+        }
+        t_row_lo[tid] = lo;
+        t_row_rlo[tid] = rlo;
+    }
+    let nsub = (q + SUB - 1u) / SUB;
+    let i = tid / 64u;  // row sub-block of the tile
+    let j = tid % 64u;  // chunk sub-block
+    let kr = e_m0 / SUB + i;
+    var between = 0.0;
+    if (j < nsub) {
+        for (var k = min(kr, j) + 1u; k < max(kr, j); k++) {
+            if (k * SUB + SUB <= q) { between += e_dec(h, LO, k * SUB + SUB - 1u); }
+        }
+    }
+    t_mid[i * 64u + j] = between;
+}
+
+// This thread's 4 elements of A for the k step at k0 (phase 1 or 2), as the loaders described above.
+// K-contiguous A: row (t >> 2), k0 + 4 (t & 3) .. + 3; M-contiguous: rows 4 (t & 15) .. + 3 at k0 + (t >> 4).
+fn fetch_a(t: u32, k0: u32, phase2: bool) -> vec4<f32> {
+    let r = t >> 2u;
+    let kk = k0 + (t & 3u) * 4u;
+    let km = k0 + (t >> 4u);
+    let m4 = (t & 15u) * 4u;
+    let hpg = td.heads / td.ngroups;
+    if (MODE == M_CB) {
+        return ld4_c(e_bci(e_m0 + r, kk), select(0u, count4(kk, e_ke1), e_m0 + r < e_steps));
+    }
+    if (MODE == M_Y && !phase2) {
+        return ld4_c(e_bci(e_m0 + r, kk), select(0u, count4(kk, e_ke1), e_m0 + r < e_steps)) * t_row_w[r];
+    }
+    if (MODE == M_Y) {  // CB[t, s] w_ts sc_s for s ≤ t
+        let tpos = e_m0 + r;
+        var v = ld4_pair(e_pri(tpos, kk), select(0u, count4(kk, e_ke2), tpos < e_steps), 1u);
+        for (var j = 0u; j < 4u; j++) {
+            let s = kk + j;
+            let ok = s <= tpos && tpos < e_steps;
+            let sc = e_dec(e_h, SCALE, min(s, td.chunk - 1u));
+            v[j] = select(0.0, v[j] * exp(min(pair_decay(tpos, min(s, tpos), true), 0.0)) * sc, ok);
+        }
+        return v;
+    }
+    if (MODE == M_STATE) {  // left_s[p .. p + 3] v_s
+        let s = km;
+        var w = 0.0;
+        if (s < e_ke1) {
+            if (GRAD) { w = exp(e_dec(e_h, CS, s)); } else { w = exp(e_dec(e_h, SFX, s)) * e_dec(e_h, SCALE, s); }
+        }
+        let valid = select(0u, count4(e_m0 + m4, td.headdim), s < e_ke1);
+        if (GRAD) { return ld4_dy(e_xi(min(s, e_steps - 1u), e_h, e_m0 + m4), valid) * w; }
+        return ld4_x(e_xi(min(s, e_steps - 1u), e_h, e_m0 + m4), valid) * w;
+    }
+    if (MODE == M_DXD && !phase2) {
+        return ld4_b(e_bci(e_m0 + r, kk), select(0u, count4(kk, e_ke1), e_m0 + r < e_steps)) * t_row_w[r];
+    }
+    if (MODE == M_DXD) {  // CB[t, s] w_ts for t ≥ s: rows s = m0 + m4 .., k = t
+        let tpos = km;
+        let s0 = e_m0 + m4;
+        var v = ld4_pair(e_pri(min(tpos, td.chunk - 1u), s0), select(0u, count4(s0, e_steps), tpos < e_ke2), 1u);
+        for (var j = 0u; j < 4u; j++) {
+            let s = s0 + j;
+            let ok = tpos >= s && tpos < e_ke2 && s < e_steps;
+            v[j] = select(0.0, v[j] * exp(min(pair_decay(max(tpos, s), min(s, td.chunk - 1u), false), 0.0)), ok);
+        }
+        return v;
+    }
+    if (MODE == M_DCB) {
+        return ld4_dy(e_xi(e_m0 + r, e_h, kk), select(0u, count4(kk, td.headdim), e_m0 + r < e_steps));
+    }
+    if (MODE == M_DB && !phase2) {  // dCB[t, s .. s + 3]: rows s, k = t ≥ m0
+        let tpos = km;
+        return ld4_pair(e_pri(min(tpos, td.chunk - 1u), e_m0 + m4), select(0u, count4(e_m0 + m4, e_steps),
+                        tpos < e_ke1), td.hsplit);
+    }
+    if (MODE == M_DC && !phase2) {  // dCB[t, s .. s + 3]: rows t, k = s
+        return ld4_pair(e_pri(e_m0 + r, kk), select(0u, count4(kk, e_ke1), e_m0 + r < e_steps), td.hsplit);
+    }
+    // M_DB / M_DC phase 2: K = (head of the group, p), contiguous in x / dy; a per-(row, head) weight.
+    let row = e_m0 + r;
+    let valid = select(0u, count4(kk, e_ke2), row < e_steps);
+    let rr = min(row, td.chunk - 1u);
+    var v = vec4<f32>(0.0);
+    if (MODE == M_DB) { v = ld4_x(e_xi(min(row, e_steps - 1u), e_g * hpg, kk), valid); }
+    else { v = ld4_dy(e_xi(min(row, e_steps - 1u), e_g * hpg, kk), valid); }
+    if (VEC4) {  // P is a multiple of 4: the 4 elements are of one head
+        let h = e_g * hpg + min(kk / td.headdim, hpg - 1u);
+        var w = 0.0;
+        if (MODE == M_DB) { w = exp(e_dec(h, SFX, rr)) * e_dec(h, SCALE, rr); } else { w = exp(e_dec(h, CS, rr)); }
+        return v * w;
+    }
+    for (var j = 0u; j < valid; j++) {
+        let h = e_g * hpg + (kk + j) / td.headdim;
+        var w = 0.0;
+        if (MODE == M_DB) { w = exp(e_dec(h, SFX, rr)) * e_dec(h, SCALE, rr); } else { w = exp(e_dec(h, CS, rr)); }
+        v[j] *= w;
+    }
+    return v;
+}
+
+// This thread's 4 elements of B: K-contiguous B (stored [n][k]): column (t >> 2), k0 + 4 (t & 3) .. + 3;
+// N-contiguous: columns 4 (t & 15) .. + 3 at k0 + (t >> 4).
+fn fetch_b(t: u32, k0: u32, phase2: bool) -> vec4<f32> {
+    let cn = t >> 2u;
+    let kk = k0 + (t & 3u) * 4u;
+    let km = k0 + (t >> 4u);
+    let n4 = e_n0 + (t & 15u) * 4u;
+    let hpg = td.heads / td.ngroups;
+    if (MODE == M_CB) {
+        return ld4_b(e_bci(e_n0 + cn, kk), select(0u, count4(kk, e_ke1), e_n0 + cn < e_steps));
+    }
+    if ((MODE == M_Y || MODE == M_DXD) && !phase2) {  // E[p] or dS[p]: column p, k = n
+        return ld4_st(e_sti(e_h, e_n0 + cn, kk), select(0u, count4(kk, td.nstate), e_n0 + cn < td.headdim));
+    }
+    let kmc = min(km, e_steps - 1u);
+    if (MODE == M_Y) { return ld4_x(e_xi(kmc, e_h, n4), select(0u, count4(n4, td.headdim), km < e_ke2)); }
+    if (MODE == M_STATE) {
+        let valid = select(0u, count4(n4, td.nstate), km < e_ke1);
+        if (GRAD) { return ld4_c(e_bci(kmc, n4), valid); }
+        return ld4_b(e_bci(kmc, n4), valid);
+    }
+    if (MODE == M_DXD) { return ld4_dy(e_xi(kmc, e_h, n4), select(0u, count4(n4, td.headdim), km < e_ke2)); }
+    if (MODE == M_DCB) {
+        return ld4_x(e_xi(e_n0 + cn, e_h, kk), select(0u, count4(kk, td.headdim), e_n0 + cn < e_steps));
+    }
+    if (MODE == M_DB && !phase2) { return ld4_c(e_bci(kmc, n4), select(0u, count4(n4, td.nstate), km < e_ke1)); }
+    if (MODE == M_DC && !phase2) { return ld4_b(e_bci(kmc, n4), select(0u, count4(n4, td.nstate), km < e_ke1)); }
+    // dS or E of the group's heads: row k = (head, p) of [H·P, N] from the group's first head.
+    let row = min(km, e_ke2 - 1u);
+    let i = (((e_b * td.nchunks + e_c) * td.heads + e_g * hpg) * td.headdim + row) * td.nstate + n4;
+    return ld4_st(i, select(0u, count4(n4, td.nstate), km < e_ke2));
+}
+
+fn a_kcontig(phase2: bool) -> bool {
+    if (MODE == M_STATE) { return false; }
+    if (MODE == M_DXD && phase2) { return false; }
+    if (MODE == M_DB && !phase2) { return false; }
+    return true;
+}
+
+fn b_kcontig(phase2: bool) -> bool {
+    if (MODE == M_CB || MODE == M_DCB) { return true; }
+    if ((MODE == M_Y || MODE == M_DXD) && !phase2) { return true; }
+    return false;
+}
+
+fn e_fetch(t: u32, step: u32) {
+    let phase2 = step >= e_steps1;
+    var k0 = e_kb1 + step * 16u;
+    if (phase2) { k0 = e_kb2 + (step - e_steps1) * 16u; }
+    e_la = fetch_a(t, k0, phase2);
+    e_lb = fetch_b(t, k0, phase2);
+}
+
+fn e_commit(t: u32, step: u32, buf: u32) {
+    let phase2 = step >= e_steps1;
+    if (a_kcontig(phase2)) {  // transpose: the four k values go to four k rows
+        let m = t >> 2u;
+        let k = (t & 3u) * 4u;
+        let base = buf * 16u * SROW + m / 4u;
+        stage[base + k * SROW][m % 4u] = e_la.x;
+        stage[base + (k + 1u) * SROW][m % 4u] = e_la.y;
+        stage[base + (k + 2u) * SROW][m % 4u] = e_la.z;
+        stage[base + (k + 3u) * SROW][m % 4u] = e_la.w;
+    } else {
+        stage[(buf * 16u + (t >> 4u)) * SROW + (t & 15u)] = e_la;
+    }
+    if (b_kcontig(phase2)) {
+        let n = t >> 2u;
+        let k = (t & 3u) * 4u;
+        let base = B_OFF + buf * 16u * SROW + n / 4u;
+        stage[base + k * SROW][n % 4u] = e_lb.x;
+        stage[base + (k + 1u) * SROW][n % 4u] = e_lb.y;
+        stage[base + (k + 2u) * SROW][n % 4u] = e_lb.z;
+        stage[base + (k + 3u) * SROW][n % 4u] = e_lb.w;
+    } else {
+        stage[B_OFF + (buf * 16u + (t >> 4u)) * SROW + (t & 15u)] = e_lb;
+    }
+}
+
+fn e_kstep(buf: u32, k: u32) {
+    let a = stage[(buf * 16u + k) * SROW + e_ty];
+    let b = stage[B_OFF + (buf * 16u + k) * SROW + e_tx];
+    e_acc = mat4x4<f32>(fma(vec4<f32>(a.x), b, e_acc[0]), fma(vec4<f32>(a.y), b, e_acc[1]),
+                      fma(vec4<f32>(a.z), b, e_acc[2]), fma(vec4<f32>(a.w), b, e_acc[3]));
+}
+
+fn e_multiply(buf: u32) {
+    e_kstep(buf, 0u); e_kstep(buf, 1u); e_kstep(buf, 2u); e_kstep(buf, 3u);
+    e_kstep(buf, 4u); e_kstep(buf, 5u); e_kstep(buf, 6u); e_kstep(buf, 7u);
+    e_kstep(buf, 8u); e_kstep(buf, 9u); e_kstep(buf, 10u); e_kstep(buf, 11u);
+    e_kstep(buf, 12u); e_kstep(buf, 13u); e_kstep(buf, 14u); e_kstep(buf, 15u);
+}
+
+// Σ over the tile's 16 column blocks of this thread's per-row values, in order, for the 64 rows:
+// returns the sum of row r = tid (valid for tid < 64). Ends with a barrier (t_red is reused).
+fn row_sum(part: vec4<f32>, tid: u32) -> f32 {
+    for (var i = 0u; i < 4u; i++) { t_red[(e_ty * 4u + i) * 16u + e_tx] = part[i]; }
+    workgroupBarrier();
+    var sum = 0.0;
+    if (tid < 64u) {
+        for (var k = 0u; k < 16u; k++) { sum += t_red[tid * 16u + k]; }
+    }
+    workgroupBarrier();
+    return sum;
+}
+
+// Row dots of the accumulator with x or dy over this thread's 4 columns.
+fn row_dots(with_dy: bool) -> vec4<f32> {
+    var part = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i++) {
+        let r = e_m0 + e_ty * 4u + i;
+        let n = e_n0 + e_tx * 4u;
+        let valid = select(0u, count4(n, td.headdim), r < e_steps);
+        var o = vec4<f32>(0.0);
+        if (with_dy) { o = ld4_dy(e_xi(min(r, e_steps - 1u), e_h, n), valid); }
+        else { o = ld4_x(e_xi(min(r, e_steps - 1u), e_h, n), valid); }
+        part[i] = dot(e_acc[i], o);
+    }
+    return part;
+}
+
+// The K loop over phase 1 then phase 2 (uniform trip counts: the barriers stay in uniform control flow). After
+// phase 1, M_DXD takes V_s = sc_s x_s·(state term)_s into row_part2 (its row s at v_base + s).
+fn e_run(tid: u32, total: u32, v_base: u32) {
+    e_acc = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    if (total == 0u) { return; }
+    e_fetch(tid, 0u);
+    e_commit(tid, 0u, 0u);
+    workgroupBarrier();
+    var buf = 0u;
+    for (var s = 1u; s < total; s++) {
+        e_fetch(tid, s);  // in flight while this step is multiplied
+        e_multiply(buf);
+        if (MODE == M_DXD && s == e_steps1) {
+            let v = row_sum(row_dots(false), tid);
+            if (tid < 64u && e_m0 + tid < e_steps) { row_part2[v_base + e_m0 + tid] = v * t_row_sc[tid]; }
+        }
+        e_commit(tid, s, buf ^ 1u);
+        workgroupBarrier();
+        buf ^= 1u;
+    }
+    e_multiply(buf);
+    if (MODE == M_DXD && total == e_steps1) {  // no pair steps (a row tile past every column): V now
+        let v = row_sum(row_dots(false), tid);
+        if (tid < 64u && e_m0 + tid < e_steps) { row_part2[v_base + e_m0 + tid] = v * t_row_sc[tid]; }
+    }
+}
+
+fn store_row(i: u32, v: vec4<f32>, valid: u32) {
+    if (VEC4) {
+        if (valid > 0u) { tile_out[i >> 2u] = v; }
+        return;
+    }
+    for (var j = 0u; j < valid; j++) { tile_out[(i + j) >> 2u][(i + j) & 3u] = v[j]; }
+}
+
+// Lower-triangular pair index x -> (row tile, column tile) with column ≤ row.
+fn pair_tiles(idx: u32) -> vec2<u32> {
+    var mt = u32((sqrt(8.0 * f32(idx) + 1.0) - 1.0) * 0.5);
+    while (mt * (mt + 1u) / 2u > idx) { mt -= 1u; }
+    while ((mt + 1u) * (mt + 2u) / 2u <= idx) { mt += 1u; }
+    return vec2<u32>(mt, idx - mt * (mt + 1u) / 2u);
+}
+
+// M_DCB's crossing sums for head e_h from T in F (= stage's first 1024 vec4s as [t][(o + t) % 64] scalars):
+// X_σ = Σ_{t ≥ σ, s < σ} T_ts over this tile pair, into x_part row (pair, h) [B, H, nchunks, npairs, Q]
+// (zero where the tile adds nothing). With row prefix sums F[t][o] = Σ_{s ≤ o} T_ts (direct sums):
+//   σ in (n0, n0 + 64): Σ_{t ≥ σ} F[t][σ − 1 − n0];  σ in [n0 + 64, m0): Σ_t F[t][63];
+//   σ in [m0, m0 + 64) when n0 < m0: Σ_{t ≥ σ} F[t][63].
+fn f_idx(t: u32, o: u32) -> u32 { return t * 64u + (o + t) % 64u; }
+
+fn ssd_dcb_crossing(tid: u32, pair: u32, npairs: u32) {
+    // Row prefix sums: 4 threads a row, 16 columns each, then the earlier quarters' totals added.
+    let row = tid >> 2u;
+    let quarter = tid & 3u;
+    var run = 0.0;
+    for (var o = quarter * 16u; o < quarter * 16u + 16u; o++) {
+        let i = f_idx(row, o);
+        run += stage[i >> 2u][i & 3u];
+        stage[i >> 2u][i & 3u] = run;
+    }
+    t_red[tid] = run;
+    workgroupBarrier();
+    var before = 0.0;
+    for (var k = 0u; k < quarter; k++) { before += t_red[row * 4u + k]; }
+    for (var o = quarter * 16u; o < quarter * 16u + 16u; o++) {
+        let i = f_idx(row, o);
+        stage[i >> 2u][i & 3u] += before;
+    }
+    workgroupBarrier();
+    // Column sums: 4 threads a column j (σ = n0 + 1 + j), 16 rows each; rows t ≥ σ on the diagonal tile.
+    let j = tid >> 2u;
+    let diag = e_m0 == e_n0;
+    var first = 0u;
+    if (diag) { first = j + 1u; }
+    var col = 0.0;
+    var last = 0.0;  // Σ over the quarter's rows t ≥ m0 + j of F[t][63] (the row-suffix range)
+    for (var r = quarter * 16u; r < quarter * 16u + 16u; r++) {
+        let i = f_idx(r, j);
+        if (r >= first) { col += stage[i >> 2u][i & 3u]; }
+        let i63 = f_idx(r, 63u);
+        if (r >= j) { last += stage[i63 >> 2u][i63 & 3u]; }
+    }
+    t_red[256u + tid] = col;
+    t_red[512u + tid] = last;
+    workgroupBarrier();
+    if (tid < 64u) {
+        var cs = 0.0;
+        var ls = 0.0;
+        for (var k = 0u; k < 4u; k++) {
+            cs += t_red[256u + tid * 4u + k];
+            ls += t_red[512u + tid * 4u + k];
+        }
+        t_red[768u + tid] = cs;  // column part of σ = n0 + 1 + tid
+        t_red[832u + tid] = ls;  // row-suffix part of σ = m0 + tid (ls of tid 0 is the tile total)
+    }
+    workgroupBarrier();
+    let q = td.chunk;
+    let out_base = (((e_b * td.heads + e_h) * td.nchunks + e_c) * npairs + pair) * q;
+    for (var sigma = tid; sigma < q; sigma += 256u) {
+        var v = 0.0;
+        if (sigma > e_n0 && sigma < e_n0 + 64u) { v = t_red[768u + sigma - e_n0 - 1u]; }
+        if (!diag) {
+            if (sigma >= e_n0 + 64u && sigma < e_m0) { v = t_red[832u]; }
+            if (sigma >= e_m0 && sigma < e_m0 + 64u) { v = t_red[832u + sigma - e_m0]; }
+        }
+        x_part[out_base + sigma] = v;
+    }
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(256)
+fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    let warp = tid >> 5u;
+    let lane = tid & 31u;
+    e_tx = (warp & 1u) * 8u + (lane & 7u);
+    e_ty = (warp >> 1u) * 4u + (lane >> 3u);
+    let q = td.chunk;
+    let hpg = td.heads / td.ngroups;
+    let tiles_q = (q + 63u) / 64u;
+    let npairs = tiles_q * (tiles_q + 1u) / 2u;
+    e_b = wid.z;
+    // Tile and (chunk, head / group) of this workgroup.
+    var tiles_n = (td.headdim + 63u) / 64u;  // M_Y, M_DXD: columns p
+    if (MODE == M_STATE || MODE == M_DB || MODE == M_DC) { tiles_n = (td.nstate + 63u) / 64u; }
+    var split = 0u;
+    if (MODE == M_CB || MODE == M_DCB) {
+        let pt = pair_tiles(wid.x);
+        e_m0 = pt.x * 64u;
+        e_n0 = pt.y * 64u;
+        var cg = wid.y;
+        if (MODE == M_DCB) {
+            split = wid.y % td.hsplit;
+            cg = wid.y / td.hsplit;
+        }
+        e_c = cg / td.ngroups;
+        e_g = cg % td.ngroups;
+        e_h = e_g * hpg;
+    } else {
+        e_m0 = (wid.x / tiles_n) * 64u;
+        e_n0 = (wid.x % tiles_n) * 64u;
+        if (MODE == M_DB || MODE == M_DC) {
+            split = wid.y % td.ksplit;
+            let cg = wid.y / td.ksplit;
+            e_c = cg / td.ngroups;
+            e_g = cg % td.ngroups;
+            e_h = e_g * hpg;
+        } else {
+            e_c = wid.y / td.heads;
+            e_h = wid.y % td.heads;
+            e_g = e_h / hpg;
+        }
+    }
+    e_t0 = e_c * q;
+    e_steps = min(q, td.len - e_t0);
+    let row_base = ((e_b * td.heads + e_h) * td.nchunks + e_c) * tiles_n;
+    if (MODE == M_STATE) {
+        if (e_m0 >= td.headdim) { return; }
+    } else if (e_m0 >= e_steps) {  // a row tile wholly in the padding (uniform over the workgroup)
+        if (MODE == M_DXD && tid == 0u) { tile_part[(e_b * td.nchunks + e_c) * td.heads * tiles_q * tiles_n + e_h * tiles_q * tiles_n + wid.x] = 0.0; }
+        return;
+    }
+
+    // K ranges: phase 1 [kb1, ke1), phase 2 [kb2, ke2).
+    e_kb1 = 0u;
+    e_ke1 = 0u;
+    e_kb2 = 0u;
+    e_ke2 = 0u;
+    let causal_end = min(e_m0 + 64u, e_steps);
+    if (MODE == M_CB) { e_ke1 = td.nstate; }
+    if (MODE == M_Y) { e_ke1 = td.nstate; if (PAIRS) { e_ke2 = causal_end; } }
+    if (MODE == M_STATE) { e_ke1 = e_steps; }
+    if (MODE == M_DXD) { e_ke1 = td.nstate; e_kb2 = e_m0; e_ke2 = e_steps; }
+    if (MODE == M_DCB) { e_ke1 = td.headdim; }
+    if (MODE == M_DB || MODE == M_DC) {
+        if (split == 0u) {  // the pair term
+            if (MODE == M_DB) { e_kb1 = e_m0; e_ke1 = e_steps; } else { e_ke1 = causal_end; }
+        }
+        e_kb2 = split * td.k_per_split;
+        e_ke2 = min(e_kb2 + td.k_per_split, hpg * td.headdim);
+    }
+    e_steps1 = (e_ke1 - e_kb1 + 15u) / 16u;
+    let total = e_steps1 + (e_ke2 - e_kb2 + 15u) / 16u;
+
+    // Per-row factors and the pair-decay tables of the tile's rows.
+    if (MODE == M_Y || MODE == M_DXD) {
+        stage_row_decays(e_h, tid);
+        if (tid < 64u) {
+            let r = e_m0 + tid;
+            var w = 0.0;
+            var sc = 0.0;
+            if (r < e_steps) {
+                sc = e_dec(e_h, SCALE, r);
+                if (MODE == M_Y) { w = exp(e_dec(e_h, CS, r)); } else { w = exp(e_dec(e_h, SFX, r)); }
+            }
+            t_row_w[tid] = w;
+            t_row_sc[tid] = sc;
+        }
+        workgroupBarrier();
+    }
+
+    if (MODE == M_DCB) {
+        var dcb = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+        let h_lo = split * td.heads_per_split;
+        let h_hi = min(h_lo + td.heads_per_split, hpg);
+        for (var hl = h_lo; hl < h_hi; hl++) {
+            e_h = e_g * hpg + hl;
+            if (tid < 64u) {
+                let r = e_m0 + tid;
+                let o = e_n0 + tid;
+                var lo = 0.0;
+                var clo = 0.0;
+                var crlo = 0.0;
+                var csc = 0.0;
+                if (r < q) { lo = e_dec(e_h, LO, r); }
+                if (o < q) {
+                    clo = e_dec(e_h, LO, o);
+                    crlo = e_dec(e_h, RLO, o);
+                    csc = e_dec(e_h, SCALE, o);
+                }
+                t_row_lo[tid] = lo;
+                t_col_lo[tid] = clo;
+                t_col_rlo[tid] = crlo;
+                t_col_sc[tid] = csc;
+            } else if (tid < 80u) {
+                let kr = e_m0 / SUB + (tid - 64u) / 4u;
+                let ko = e_n0 / SUB + (tid - 64u) % 4u;
+                var between = 0.0;
+                for (var k = min(kr, ko) + 1u; k < max(kr, ko); k++) {
+                    if (k * SUB + SUB <= q) { between += e_dec(e_h, LO, k * SUB + SUB - 1u); }
+                }
+                t_mid[tid - 64u] = between;
+            }
+            e_run(tid, total, 0u);  // e_acc = dy_t·x_s over the tile (its barriers publish the tables)
+            workgroupBarrier();  // every thread is past its last multiply: F may overwrite the staged tiles
+            for (var i = 0u; i < 4u; i++) {
+                let r = e_ty * 4u + i;
+                let t = e_m0 + r;
+                let cbv = ld4_pair(e_pri(min(t, q - 1u), e_n0 + e_tx * 4u),
+                                   select(0u, count4(e_n0 + e_tx * 4u, q), t < e_steps), 1u);
+                for (var j = 0u; j < 4u; j++) {
+                    let o = e_tx * 4u + j;
+                    let s = e_n0 + o;
+                    let ok = s <= t && t < e_steps;
+                    var dsum = t_row_lo[r] - t_col_lo[o];
+                    if (t / SUB != s / SUB) { dsum = t_row_lo[r] + t_col_rlo[o] + t_mid[(r / SUB) * 4u + o / SUB]; }
+                    let gv = select(0.0, e_acc[i][j] * exp(min(dsum, 0.0)) * t_col_sc[o], ok);
+                    dcb[i][j] += gv;
+                    let fi = f_idx(r, o);
+                    stage[fi >> 2u][fi & 3u] = gv * cbv[j];
+                }
+            }
+            workgroupBarrier();
+            ssd_dcb_crossing(tid, wid.x, npairs);
+        }
+        let plane = td.batch * td.nchunks * td.ngroups * q * q;
+        for (var i = 0u; i < 4u; i++) {
+            let t = e_m0 + e_ty * 4u + i;
+            let s = e_n0 + e_tx * 4u;
+            if (t < q) { store_row(split * plane + e_pri(t, s), dcb[i], count4(s, q)); }
+        }
+        return;
+    }
+
+    e_run(tid, total, (row_base + wid.x % tiles_n) * q);
+
+    for (var i = 0u; i < 4u; i++) {
+        let r = e_m0 + e_ty * 4u + i;
+        let n = e_n0 + e_tx * 4u;
+        if (MODE == M_CB) {
+            if (r < q) { store_row(e_pri(r, n), e_acc[i], count4(n, q)); }
+        } else if (MODE == M_Y && PAIRS) {
+            if (r < e_steps) {
+                var v = e_acc[i];
+                if (HAS_D) { v += skip[e_h] * ld4_x(e_xi(r, e_h, n), count4(n, td.headdim)); }
+                store_row(e_xi(r, e_h, n), v, count4(n, td.headdim));
+            }
+        } else if (MODE == M_STATE) {
+            if (r < td.headdim) { store_row(e_sti(e_h, r, n), e_acc[i], count4(n, td.nstate)); }
+        } else if (MODE == M_DB || MODE == M_DC) {
+            let plane = split * td.batch * td.len * td.ngroups * td.nstate;
+            if (r < e_steps) { store_row(plane + e_bci(r, n), e_acc[i], count4(n, td.nstate)); }
+        }
+    }
+    if (MODE == M_Y && !PAIRS) {  // U_t = dy_t·(state term)_t
+        let u = row_sum(row_dots(true), tid);
+        if (tid < 64u && e_m0 + tid < e_steps) { row_part[(row_base + wid.x % tiles_n) * q + e_m0 + tid] = u; }
+    }
+    if (MODE == M_DXD) {  // dx = sc dxd (+ D dy); x·dxd into row_part; Σ dy·x for ∂D
+        let xd = row_sum(row_dots(false), tid);
+        if (tid < 64u && e_m0 + tid < e_steps) { row_part[(row_base + wid.x % tiles_n) * q + e_m0 + tid] = xd; }
+        var dd = vec4<f32>(0.0);
+        for (var i = 0u; i < 4u; i++) {
+            let r = e_m0 + e_ty * 4u + i;
+            let n = e_n0 + e_tx * 4u;
+            if (r < e_steps) {
+                let valid = count4(n, td.headdim);
+                let xo = ld4_x(e_xi(r, e_h, n), valid);
+                let go = ld4_dy(e_xi(r, e_h, n), valid);
+                var v = e_acc[i] * t_row_sc[e_ty * 4u + i];
+                if (HAS_D) { v += skip[e_h] * go; }
+                dd[i] = dot(xo, go);
+                store_row(e_xi(r, e_h, n), v, valid);
+            }
+        }
+        let dsum = row_sum(dd, tid);  // per row, then the 64 rows in order
+        if (tid < 64u) { t_red[tid] = dsum; }
+        workgroupBarrier();
+        if (tid == 0u) {
+            var total_d = 0.0;
+            for (var r = 0u; r < 64u; r++) { total_d += t_red[r]; }
+            tile_part[(e_b * td.nchunks + e_c) * td.heads * tiles_q * tiles_n + e_h * tiles_q * tiles_n + wid.x] = total_d;
+        }
+    }
+}
+
+// dB or dC from M_DB's / M_DC's ksplit planes [ksplit, B, L, G, N], added in plane order into out.
+// Grid grid_1d(B·L·G·N).
+@compute @workgroup_size(256)
+fn ssd_sum_planes(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * WG + gid.x;
+    let n = td.batch * td.len * td.ngroups * td.nstate;
+    if (i >= n) { return; }
+    var sum = 0.0;
+    for (var k = 0u; k < td.ksplit; k++) { sum += planes_in[k * n + i]; }
+    out[i] = sum;
 }

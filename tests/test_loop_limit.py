@@ -197,9 +197,9 @@ def test_cross_entropy_neox_vocab(gpu):
 
 # --- Mamba-2 SSD ---------------------------------------------------------------------------------------------------
 # Per-invocation counts (mambactl/ops/ssd.py's kernel_loops: upper bounds, no loop unrolled). Inside a chunk every
-# loop is bounded by the chunk Q (≤ 1024), P and N: at Q 256, P = N = 128 ssd_chunk_scan ≤ 1.7k, ssd_decay_grad
-# ≤ 2.6k, ssd_chunk_state 438, ssd_rows_backward 497, ssd_prep 50; at Q 1024 ≤ 6.7k, 11.2k, 1.6k, 1.8k, 56;
-# ssd_sum_heads H / G, ssd_step N. Only the walks over chunks grow with L: ssd_state_passing 1 per chunk,
+# loop is bounded by the chunk Q (≤ 1024), P, N and the heads per M_DCB workgroup (≤ 16 where 8 planes allow): at
+# Q 256, P = N = 128 ssd_tile ≤ 764, ssd_rows_backward 101, ssd_prep 50; at Q 1024 and 64 heads per group ≤ 9.3k,
+# 668, 56; ssd_step N. Only the walks over chunks grow with L: ssd_state_passing 1 per chunk,
 # ssd_state_passing_backward 1 + 8 per chunk (a workgroup sum of W_c each: past the budget from 7,282 chunks),
 # ssd_param_grads 1 per (batch, chunk) partial. Those go in dispatch segments on llvmpipe.
 def test_ssd_in_chunk_loops_bounded():
@@ -209,12 +209,12 @@ def test_ssd_in_chunk_loops_bounded():
 
     loops = kernel_loops(MAX_CHUNK, 128, 128, 64, 1)
     assert max(loops.values()) < BUDGET / 4, loops
-    assert kernel_loops(256, 128, 128)["ssd_chunk_scan"] < 2000
+    assert kernel_loops(256, 128, 128)["ssd_tile"] < 2000
 
 
 def test_ssd_largest_chunk(gpu):
     """B 1, L 1030, H 1, P 64, N 128, chunk 1024 (a full chunk and a partial one): the in-chunk kernels at their
-    longest loops (ssd_decay_grad ≈ 9.6k iterations per invocation) against the float64 reference (which runs
+    longest loops (ssd_tile ≤ 2.7k iterations per invocation) against the float64 reference (which runs
     at chunk 64: the same function, and its chunk-1024 einsums take minutes)."""
     from mambactl.ops.ssd import kernel_loops
     from test_ops_ssd import GRADS, make_inputs, reference, run_gpu
@@ -320,11 +320,11 @@ def test_ssd_segmented(gpu, monkeypatch, segment):
 
 def test_ssd_over_budget_is_refused(gpu):
     """N so wide that one invocation's in-chunk loops pass the budget: a one-line ShapeError naming op, kernel and
-    shape on llvmpipe, before dispatch (ssd_step walks N; ssd_chunk_scan N / 16 slices per column block)."""
+    shape on llvmpipe, before dispatch (ssd_step walks N; ssd_tile N / 16 k steps of the state term)."""
     from mambactl.ops.ssd import kernel_loops, ssd_scan, ssd_step
 
-    N = 70_000
-    assert kernel_loops(1, 1, N)["ssd_step"] > BUDGET and kernel_loops(1, 1, N)["ssd_chunk_scan"] > BUDGET
+    N = 140_000
+    assert kernel_loops(1, 1, N)["ssd_step"] > BUDGET and kernel_loops(1, 1, N)["ssd_tile"] > BUDGET
     if not checks.is_llvmpipe(gpu):
         pytest.skip("the budget is llvmpipe's")
     one = gpu.from_numpy(np.zeros(1, np.float32))
@@ -335,5 +335,5 @@ def test_ssd_over_budget_is_refused(gpu):
         ssd_step(state, row, row, one, bc, bc, one, one)
     x = gpu.from_numpy(np.zeros((1, 1, 1, 1), np.float32))
     bc4 = gpu.from_numpy(np.zeros((1, 1, 1, N), np.float32))
-    with pytest.raises(ShapeError, match="ssd_scan.*ssd_chunk_scan.*65535"):
+    with pytest.raises(ShapeError, match="ssd_scan.*ssd_tile.*65535"):
         ssd_scan(x, gpu.from_numpy(np.zeros((1, 1, 1), np.float32)), one, bc4, bc4, one, one, chunk=1)

@@ -13,11 +13,13 @@ A_log and dt_bias.
 Shapes: x, y [B, L, H, P] (the [B·L, d_inner] rows split into heads); B, C [B, L, G, N], head h reading group
 h // (H / G); D [H]. Memory: the forward saves the state entering every chunk ([B, ceil(L / chunk), H, P, N]),
 the state after the last step ([B, H, P, N]: decoding continues from it, Mamba-2's `ssd_step` one token at a
-time) and references to its inputs; the backward recomputes the in-chunk decays (and Mamba-2's Δ). The
-backward's transients: one more such state tensor, two tensors of x's size, the decay sums
-[B, H, n_chunks, 5, chunk], the crossing partials [B, H, n_chunks, ceil(chunk / 64), chunk], U's pieces
-[B, H, n_chunks, ceil(N / 64), chunk] and, when a group has several heads, dB's and dC's per-head terms
-[B, L, H, N] (summed over the group's heads in order).
+time) and references to its inputs; the backward recomputes the in-chunk decays, C Bᵀ (and Mamba-2's Δ). The
+transients: C Bᵀ [B, n_chunks, G, chunk, chunk], the decay sums [B, H, n_chunks, 5, chunk]; in the backward one
+more state tensor, dCB in up to MAX_HSPLIT planes like C Bᵀ, and per-row pieces of ∂adt and ∂scale
+([B, H, n_chunks, ·, chunk]).
+
+All chunk-level products are one WGSL tile engine (`ssd_tile`, its MODE picking the product; the plan, the
+FLOPs and the bytes of each are in kernels/ssd.wgsl and `kernel_costs`).
 
 On Mesa llvmpipe (its loop budget of 65,535 iterations per shader invocation: mambactl/ops/checks.py) the walks
 over chunks (the state passing, forward and backward, and the sums of the per-chunk parameter partials) go in
@@ -36,17 +38,21 @@ from mambactl.runtime.tensor import Tensor
 
 WORKGROUP = 256  # mirrors kernels/ssd.wgsl's WG
 MAX_CHUNK = 1024  # mirrors MAX_CHUNK there: ssd_prep / ssd_rows_backward hold a chunk in workgroup memory
-TILE = 64
+TILE = 64  # ssd_tile's output tile (64 × 64)
 DEFAULT_CHUNK = 256  # mamba_ssm's chunk_size
 NO_LIMIT = 3.0e38  # an upper clamp that never binds (a finite float32)
-KT = 16  # mirrors KT there: depth of a slice through workgroup memory
+KSTEP = 16  # ssd_tile's K per staged step
 SUB = 16  # mirrors SUB there: sub-block of the pair decays
-SCAN_THREADS = 128  # the tile kernels' workgroup (8 × 16)
+MAX_HSPLIT = 8  # ssd_tile M_DCB: at most this many dCB planes per group (dB / dC add them per load)
+DCB_WORKGROUPS = 1024  # M_DCB splits a group's heads until it has about this many workgroups
+DCB_HEADS = 16  # and at least until each workgroup has at most this many (MAX_HSPLIT permitting)
+DBC_WORKGROUPS = 1024  # M_DB / M_DC split their state-term K until they have about this many workgroups
+MAX_KSPLIT = 8
+# ssd_tile's MODE values (kernels/ssd.wgsl)
+M_CB, M_Y, M_STATE, M_DXD, M_DCB, M_DB, M_DC = range(7)
 
 
 # --- loop iterations per shader invocation (upper bounds, no loop unrolled), for Mesa llvmpipe's budget ---------
-SLICE = 1 + 8 + KT  # one KT-deep slice through workgroup memory: 8 loads per thread, then mac_wide's KT steps
-BLOCK_OUT = 4 * (1 + 8)  # a thread's 4 × 8 register block written out
 REDUCE = 8  # log2(WORKGROUP) rounds of workgroup_sum / exclusive_prefix
 PASSING_LOOPS = 1  # ssd_state_passing per chunk
 PASSING_BACKWARD_LOOPS = 1 + REDUCE  # ssd_state_passing_backward per chunk (a workgroup sum of W_c each)
@@ -56,31 +62,93 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _min_split(hpg: int) -> int:
+    """At most DCB_HEADS heads per M_DCB workgroup where MAX_HSPLIT planes allow (its loops grow with them)."""
+    return min(hpg, MAX_HSPLIT, _cdiv(hpg, DCB_HEADS))
+
+
+def _hsplit(batch: int, nchunks: int, heads: int, groups: int, chunk: int) -> tuple[int, int]:
+    """M_DCB's (planes, heads per plane): split a group's heads until the grid has ~DCB_WORKGROUPS workgroups."""
+    tiles = _cdiv(chunk, TILE)
+    grid = tiles * (tiles + 1) // 2 * nchunks * groups * batch
+    hpg = heads // groups
+    split = max(_min_split(hpg), min(hpg, MAX_HSPLIT, _cdiv(DCB_WORKGROUPS, grid)))
+    per = _cdiv(hpg, split)
+    return _cdiv(hpg, per), per
+
+
+def _ksplit(batch: int, nchunks: int, heads: int, groups: int, headdim: int, nstate: int,
+            chunk: int) -> tuple[int, int]:
+    """M_DB's and M_DC's (planes, state-term K per plane): split the hpg·P state-term K (in multiples of 16) until
+    the grid has ~DBC_WORKGROUPS workgroups."""
+    grid = _cdiv(chunk, TILE) * _cdiv(nstate, TILE) * nchunks * groups * batch
+    k = heads // groups * headdim
+    per = KSTEP * _cdiv(_cdiv(k, max(1, min(MAX_KSPLIT, _cdiv(DBC_WORKGROUPS, grid)))), KSTEP)
+    return _cdiv(k, per), per
+
+
 def kernel_loops(chunk: int, headdim: int, nstate: int, heads: int = 1, groups: int = 1) -> dict[str, int]:
-    """Loop iterations per invocation of the kernels whose loops are bounded by the chunk, P and N (the walks
-    over chunks are per chunk: PASSING_LOOPS, PASSING_BACKWARD_LOOPS, and one per (batch, chunk) partial in
-    ssd_param_grads). `chunk` is the effective one (min(chunk, L)). ssd_chunk_scan: the largest over its modes
-    (the q·k depth is N for y and dxd, P for dB and dC); every mode's extras counted."""
-    q, tiles = chunk, _cdiv(chunk, TILE)
+    """Loop iterations per invocation of the kernels whose loops are bounded by the chunk, P, N and the heads per
+    group (the walks over chunks are per chunk: PASSING_LOOPS, PASSING_BACKWARD_LOOPS, and one per (batch, chunk)
+    partial in ssd_param_grads). `chunk` is the effective one (min(chunk, L)). ssd_tile: the largest over its
+    modes, each k step with its loaders' per-element loops (scalar path: 4 per operand, 4 for weights, 4 per
+    dCB plane)."""
+    q, hpg = chunk, heads // groups
     seg = _cdiv(q, WORKGROUP)
-
-    def scan(depth):
-        state_term = _cdiv(depth, KT) * SLICE
-        per_block = _cdiv(q, SUB) + _cdiv(depth, KT) * SLICE + BLOCK_OUT + _cdiv(TILE, KT) * SLICE
-        return state_term + BLOCK_OUT + (BLOCK_OUT + 8) + tiles * per_block + BLOCK_OUT
-
+    tiles_q, tiles_p = _cdiv(q, TILE), _cdiv(headdim, TILE)
+    npairs = tiles_q * (tiles_q + 1) // 2
+    mids = _cdiv(q, SUB)  # the t_mid sums
+    rows = 16 + 4 * (1 + 4)  # a row_sum (16) and the row dots' loads (4 rows of 4)
+    plain = 1 + 4 + 4 + 4  # a k step: the loop, A's 4 loads, its 4 weights, B's 4 loads
+    pairs = 1 + 4 * MAX_HSPLIT + 4 + 4  # a k step reading the dCB planes
+    by_mode = {
+        "cb": _cdiv(nstate, KSTEP) * plain + 4,
+        "y": mids + (_cdiv(nstate, KSTEP) + _cdiv(q, KSTEP)) * plain + 2 * rows + 4 * 4,
+        "state": _cdiv(q, KSTEP) * plain + 4,
+        "dxd": mids + (_cdiv(nstate, KSTEP) + _cdiv(q, KSTEP)) * plain + 3 * rows + 64 + 4 * 8,
+        "dcb": _cdiv(hpg, _min_split(hpg)) * (mids + _cdiv(headdim, KSTEP) * plain + 16 * 4 + 2 * 16 + 2 * 16 + 4 + _cdiv(q, WORKGROUP))
+        + 4,
+        "dbc": _cdiv(q, KSTEP) * pairs + _cdiv(hpg * headdim, KSTEP) * plain + 4,
+    }
     return {
         "ssd_prep": 2 * seg + 2 * REDUCE + 2 * SUB,
-        "ssd_chunk_state": _cdiv(q, SCAN_THREADS) + _cdiv(q, KT) * SLICE + BLOCK_OUT,
-        "ssd_chunk_scan": max(scan(nstate), scan(headdim)),
-        "ssd_decay_grad": 2 * _cdiv(q, SCAN_THREADS) + tiles * (
-            _cdiv(q, SUB) + (_cdiv(nstate, KT) + _cdiv(headdim, KT)) * SLICE + BLOCK_OUT + 3 * TILE
-            + _cdiv(q, SCAN_THREADS)),
-        "ssd_rows_backward": _cdiv(headdim * nstate, WORKGROUP) + _cdiv(q, 16) * (1 + _cdiv(headdim, 16) + 16)
-        + seg * (1 + _cdiv(nstate, TILE)) + 2 * REDUCE + seg + seg * (1 + tiles) + REDUCE,
+        "ssd_tile": max(by_mode.values()),
+        "ssd_rows_backward": _cdiv(headdim * nstate, WORKGROUP) + seg * tiles_p + 2 * REDUCE + seg
+        + seg * npairs + tiles_q * tiles_p,
         "ssd_mamba2_backward": seg + 2 * REDUCE,
-        "ssd_sum_heads": heads // groups,
         "ssd_step": nstate,
+    }
+
+
+def kernel_costs(batch: int, length: int, heads: int, headdim: int, groups: int, nstate: int,
+                 chunk: int) -> dict[str, tuple[float, float]]:
+    """The predicted work of one forward + backward: {"ssd_tile[MODE=k,...]" or entry: (FLOPs, bytes)} as
+    bench/ssd.py keys its dispatches. FLOPs count the multiply-adds the tiles do (2 each, padding and the
+    masked-out half of diagonal tiles included); bytes what a kernel must read and write at least (each operand
+    once per workgroup column of tiles that needs it is not counted: L2 serves the re-reads)."""
+    B, L, H, P, G, N, Q = batch, length, heads, headdim, groups, nstate, chunk
+    nc = _cdiv(L, Q)
+    tq, tp, tn = _cdiv(Q, TILE), _cdiv(P, TILE), _cdiv(N, TILE)
+    npairs = tq * (tq + 1) // 2
+    T2 = TILE * TILE * 2  # FLOPs per unit of K in one tile
+    f4, bch, bcg = 4, B * nc * H, B * nc * G
+    causal_blocks = npairs * TILE  # Σ over row tiles of the K of their pair phases (in positions)
+    states = B * nc * H * P * N * f4
+    xs, bc, cb = B * L * H * P * f4, B * L * G * N * f4, bcg * Q * Q * f4
+    planes, _ = _hsplit(B, nc, H, G, Q)
+    return {
+        f"ssd_tile[MODE={M_CB}]": (bcg * npairs * T2 * N, 2 * bc + cb),
+        f"ssd_tile[MODE={M_STATE}]": (bch * tp * tn * T2 * Q, xs + bc + states),
+        f"ssd_tile[GRAD,MODE={M_STATE}]": (bch * tp * tn * T2 * Q, xs + bc + states),
+        f"ssd_tile[HAS_D,MODE={M_Y},PAIRS]": (bch * tp * (tq * T2 * N + causal_blocks * T2), 2 * xs + bc + states + cb),
+        f"ssd_tile[MODE={M_Y}]": (bch * tp * tq * T2 * N, xs + bc + states),
+        f"ssd_tile[HAS_D,MODE={M_DXD}]": (bch * tp * (tq * T2 * N + causal_blocks * T2), 3 * xs + bc + states + cb),
+        f"ssd_tile[MODE={M_DXD}]": (bch * tp * (tq * T2 * N + causal_blocks * T2), 3 * xs + bc + states + cb),
+        f"ssd_tile[MODE={M_DCB}]": (bch * npairs * T2 * P, 2 * xs + cb * (1 + planes)),
+        f"ssd_tile[MODE={M_DB}]": (bcg * tn * (causal_blocks * T2 + tq * T2 * (H // G) * P), xs + bc + states + cb * planes),
+        f"ssd_tile[MODE={M_DC}]": (bcg * tn * (causal_blocks * T2 + tq * T2 * (H // G) * P), xs + bc + states + cb * planes),
+        "ssd_state_passing": (0, 2 * states),
+        "ssd_state_passing_backward": (0, 3 * states),
     }
 
 
@@ -205,40 +273,52 @@ def _prep(rt, dims: dict, adt, scale) -> Tensor:
     rt.run("ssd_prep", (dims["nchunks"], dims["heads"], dims["batch"]), adt_in=adt, scale_in=scale, dec_out=dec,
            **dims)
     return dec
-def _chunk_state(rt, dims: dict, dec, left, right, grad: bool) -> Tensor:
-    b, h, p, n, nc = dims["batch"], dims["heads"], dims["headdim"], dims["nstate"], dims["nchunks"]
-    states = rt.empty((b, nc, h, p, n))
-    groups = (-(-p // TILE) * -(-n // TILE), nc * h, b)
-    rt.run("ssd_chunk_state", groups, {"GRAD": grad}, dec=dec, left=left, right=right, states=states,
-           **dims)
-    return states
+def _tile(rt, dims: dict, mode: int, grid, dec: Tensor, consts: dict | None = None, **bufs) -> None:
+    """One ssd_tile dispatch (kernels/ssd.wgsl). Bindings the mode does not use get one-element scratches
+    (read-only ones may share `dec`; writable ones get their own)."""
+    P, N, Q, L = dims["headdim"], dims["nstate"], dims["chunk"], dims["len"]
+    vec4 = P % 4 == 0 and N % 4 == 0 and Q % 4 == 0 and L % 4 == 0
+    args = {name: bufs.get(name, dec) for name in ("xv", "dyv", "bv", "cv", "pairv", "stv", "skip")}
+    for name in ("tile_out", "row_part", "row_part2", "tile_part", "x_part"):
+        args[name] = bufs[name] if name in bufs else rt.empty((1,))
+    planes, per = bufs.get("split", (1, 1))
+    kplanes, kper = bufs.get("ksplit", (1, 1))
+    rt.run("ssd_tile", grid, {"MODE": mode, "VEC4": vec4, **(consts or {})}, dec=dec, **args,
+           **{k: dims[k] for k in _TILE_DIMS}, hsplit=planes, heads_per_split=per, ksplit=kplanes,
+           k_per_split=kper)
 
 
-def _chunk_scan(rt, dims: dict, dec, q, k, v, st, out, *, reverse=False, q_scale=False, k_scale=False, skip=None,
-                per_group=False, out_state=None, row_dot=None) -> None:
-    """One ssd_chunk_scan mode (see kernels/ssd.wgsl), one head per workgroup. `out` has v's layout, or
-    per_group (dB, dC: v is B or C) a group's heads are summed into it by ssd_sum_heads, in order; out_state has
-    x's layout. row_dot = (C, u_part): also U_r = C_r·(state term)_r per 64-wide piece of N into u_part."""
-    H, G, P, N = dims["heads"], dims["ngroups"], dims["headdim"], dims["nstate"]
-    if per_group:  # q, k: x or dy (a block per head); v: B or C (a block per group); state Pᵀ × N
-        qk, vv, (s_j, s_k) = (H, P, 1), (G, N, H // G), (1, N)
-    else:  # q, k: C or B; v: x or dy; state P × N
-        qk, vv, (s_j, s_k) = (G, N, H // G), (H, P, 1), (N, 1)
-    v_dim = vv[1]
-    consts = {"REVERSE": reverse, "Q_SCALE": q_scale, "K_SCALE": k_scale, "ADD_SKIP": skip is not None,
-              "STATE_OUT": out_state is not None, "ROW_DOT": row_dot is not None}
-    per_head = out if not per_group or H == G else rt.empty((dims["batch"], dims["len"], H, v_dim))
-    grid = (-(-v_dim // TILE) * -(-dims["chunk"] // TILE), dims["nchunks"] * H, dims["batch"])
-    # Modes without a D skip, a separate state term or a row dot still bind something there: `dec` (read-only,
-    # as it is bound anyway) and a one-element scratch (never written).
-    c_in, u_part = row_dot if row_dot is not None else (dec, rt.empty((1,)))
-    rt.run("ssd_chunk_scan", grid, consts, dec=dec, q_in=q, k_in=k, v_in=v, st_in=st, out=per_head,
-           out_state=rt.empty((1,)) if out_state is None else out_state, skip=dec if skip is None else skip,
-           c_in=c_in, u_part=u_part, len=dims["len"], heads=H, chunk=dims["chunk"], nchunks=dims["nchunks"],
-           qk_width=qk[0], qk_dim=qk[1], qk_div=qk[2], v_width=vv[0], v_dim=v_dim, v_div=vv[2], s_j=s_j, s_k=s_k,
-           pn=P * N)
-    if per_head is not out:
-        rt.run("ssd_sum_heads", grid_1d(out.size), head_part=per_head, out=out, **dims)
+_TILE_DIMS = ("batch", "len", "heads", "ngroups", "headdim", "nstate", "chunk", "nchunks")
+
+
+def _group_grad(rt, dims: dict, mode: int, dec: Tensor, ksplit: tuple[int, int], shape, **bufs) -> Tensor:
+    """dB (M_DB) or dC (M_DC) [B, L, G, N]: in ksplit planes added in order, or directly with one."""
+    g = _grids(dims)["rows_n"]
+    grid = (g[0], g[1] * ksplit[0], g[2])
+    out = rt.empty(shape)
+    if ksplit[0] == 1:
+        _tile(rt, dims, mode, grid, dec, tile_out=out, ksplit=ksplit, **bufs)
+        return out
+    planes = rt.empty((ksplit[0],) + tuple(shape))
+    _tile(rt, dims, mode, grid, dec, tile_out=planes, ksplit=ksplit, **bufs)
+    rt.run("ssd_sum_planes", grid_1d(out.size), planes_in=planes, out=out, **{k: dims[k] for k in _TILE_DIMS},
+           hsplit=1, heads_per_split=1, ksplit=ksplit[0], k_per_split=ksplit[1])
+    return out
+
+
+def _grids(dims: dict) -> dict:
+    b, h, g, nc = dims["batch"], dims["heads"], dims["ngroups"], dims["nchunks"]
+    tq, tp, tn = _cdiv(dims["chunk"], TILE), _cdiv(dims["headdim"], TILE), _cdiv(dims["nstate"], TILE)
+    npairs = tq * (tq + 1) // 2
+    return {"pairs": (npairs, nc * g, b), "rows_p": (tq * tp, nc * h, b), "state": (tp * tn, nc * h, b),
+            "rows_n": (tq * tn, nc * g, b), "npairs": npairs, "tq": tq, "tp": tp}
+
+
+def _chunk_products(rt, dims: dict, dec, B, C) -> Tensor:
+    """CB = C Bᵀ per (batch, chunk, group): [B, nchunks, G, Q, Q] (tiles above the diagonal unwritten)."""
+    cb = rt.empty((dims["batch"], dims["nchunks"], dims["ngroups"], dims["chunk"], dims["chunk"]))
+    _tile(rt, dims, M_CB, _grids(dims)["pairs"], dec, bv=B, cv=C, tile_out=cb)
+    return cb
 
 
 def ssd_chunked(x: Tensor, adt: Tensor, scale: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,
@@ -256,14 +336,17 @@ def ssd_chunked(x: Tensor, adt: Tensor, scale: Tensor, B: Tensor, C: Tensor, D: 
     dims = _dims(batch, length, heads, headdim, groups, nstate, chunk)
     rt = x.runtime
     shape = tuple(x.shape)
-    _check_loops(rt, op, shape, kernel_loops(chunk, headdim, nstate),
-                 ("ssd_prep", "ssd_chunk_state", "ssd_chunk_scan"))
+    _check_loops(rt, op, shape, kernel_loops(chunk, headdim, nstate, heads, groups), ("ssd_prep", "ssd_tile"))
+    grids = _grids(dims)
     dec = _prep(rt, dims, adt, scale)
-    states = _chunk_state(rt, dims, dec, x, B, grad=False)
+    cb = _chunk_products(rt, dims, dec, B, C)
+    states = rt.empty((batch, dims["nchunks"], heads, headdim, nstate))
+    _tile(rt, dims, M_STATE, grids["state"], dec, xv=x, bv=B, tile_out=states)
     last_state = rt.empty((batch, heads, headdim, nstate))
     state_passing(rt, dims, dec, states, last_state, shape, segment)
     y = rt.empty(x.shape)
-    _chunk_scan(rt, dims, dec, C, B, x, states, y, k_scale=True, skip=D)
+    _tile(rt, dims, M_Y, grids["rows_p"], dec, {"PAIRS": True, "HAS_D": D is not None}, xv=x, cv=C, pairv=cb,
+          stv=states, skip=dec if D is None else D, tile_out=y)
     return y, SSDSaved(x, adt, scale, B, C, D, states, chunk, last_state)
 
 
@@ -290,30 +373,37 @@ def ssd_chunked_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor
     rt = dy.runtime
     shape = tuple(dy.shape)
     _check_loops(rt, op, shape, kernel_loops(s.chunk, headdim, nstate, heads, groups),
-                 ("ssd_prep", "ssd_chunk_state", "ssd_chunk_scan", "ssd_sum_heads", "ssd_decay_grad",
-                  "ssd_rows_backward"))
+                 ("ssd_prep", "ssd_tile", "ssd_rows_backward"))
+    grids = _grids(dims)
+    tq, tp, npairs = grids["tq"], grids["tp"], grids["npairs"]
     dec = _prep(rt, dims, s.adt, s.scale)
+    cb = _chunk_products(rt, dims, dec, s.B, s.C)
     # The in-chunk part of dE, turned in place into dS_c = dE_{c+1}, with the partials of W_c.
-    dstates = _chunk_state(rt, dims, dec, dy, s.C, grad=True)
+    dstates = rt.empty(s.states.shape)
+    _tile(rt, dims, M_STATE, grids["state"], dec, {"GRAD": True}, dyv=dy, cv=s.C, tile_out=dstates)
     state_tiles = -(-headdim * nstate // WORKGROUP)
     w_part = rt.empty((batch, heads, nc, state_tiles))
     state_passing_backward(rt, dims, dec, dstates, s.states, w_part, shape, segment)
-    dx, dxd_state = rt.empty(s.x.shape), rt.empty(s.x.shape)  # dx holds ∂loss/∂(scale x) until ssd_rows_backward
-    _chunk_scan(rt, dims, dec, s.B, s.C, dy, dstates, dx, reverse=True, out_state=dxd_state)
-    dB, dC = rt.empty(s.B.shape), rt.empty(s.C.shape)
-    _chunk_scan(rt, dims, dec, s.x, dy, s.C, dstates, dB, reverse=True, q_scale=True, per_group=True)
-    # dC's state term exp(cs_t) Eᵀ dy_t dotted with C_t is U_t = dy_t·y_off_t (y_off_t = exp(cs_t) E C_t).
-    u_part = rt.empty((batch, heads, nc, -(-nstate // TILE), s.chunk))
-    _chunk_scan(rt, dims, dec, dy, s.x, s.B, s.states, dC, k_scale=True, per_group=True, row_dot=(s.C, u_part))
-    row_tiles = -(-s.chunk // TILE)
-    x_part = rt.empty((batch, heads, nc, row_tiles, s.chunk))
-    rt.run("ssd_decay_grad", (row_tiles, nc * heads, batch), dec=dec, b_in=s.B, c_in=s.C, x=s.x, dy=dy,
-           x_part=x_part, **dims)
+    rows = (batch, heads, nc, tp, s.chunk)
+    u_part = rt.empty(rows)  # U_t = dy_t·y_off_t, y_off_t = exp(cs_t) E C_t, by column tiles of P
+    _tile(rt, dims, M_Y, grids["rows_p"], dec, {"PAIRS": False}, dyv=dy, cv=s.C, stv=s.states, row_part=u_part)
+    dx, xd_part, v_part = rt.empty(s.x.shape), rt.empty(rows), rt.empty(rows)
+    d_part = rt.empty((batch, nc, heads, tq * tp))
+    _tile(rt, dims, M_DXD, grids["rows_p"], dec, {"HAS_D": has_d}, xv=s.x, dyv=dy, bv=s.B, pairv=cb, stv=dstates,
+          skip=s.D if has_d else dec, tile_out=dx, row_part=xd_part, row_part2=v_part, tile_part=d_part)
+    split = _hsplit(batch, nc, heads, groups, s.chunk)
+    dcb = rt.empty((split[0], batch, nc, groups, s.chunk, s.chunk))
+    x_part = rt.empty((batch, heads, nc, npairs, s.chunk))
+    _tile(rt, dims, M_DCB, (npairs, nc * groups * split[0], batch), dec, xv=s.x, dyv=dy, pairv=cb, tile_out=dcb,
+          x_part=x_part, split=split)
+    ksplit = _ksplit(batch, nc, heads, groups, headdim, nstate, s.chunk)
+    dB = _group_grad(rt, dims, M_DB, dec, ksplit, s.B.shape, xv=s.x, cv=s.C, pairv=dcb, stv=dstates, split=split)
+    dC = _group_grad(rt, dims, M_DC, dec, ksplit, s.C.shape, dyv=dy, bv=s.B, pairv=dcb, stv=s.states, split=split)
     dadt, dscale = rt.empty(s.adt.shape), rt.empty(s.scale.shape)
     param_part = rt.empty((batch, nc, heads) if has_d else (1,))
-    rt.run("ssd_rows_backward", (nc, heads, batch), {"HAS_D": has_d}, dec=dec, skip=s.D if has_d else dec,
-           x=s.x, dy=dy, u_part=u_part, dxd_state=dxd_state, dx=dx, w_part=w_part, x_part=x_part, dadt=dadt,
-           dscale=dscale, param_part=param_part, **dims)
+    rt.run("ssd_rows_backward", (nc, heads, batch), {"HAS_D": has_d}, u_part=u_part, row_part=xd_part,
+           row_part2=v_part, w_part=w_part, x_part=x_part, tile_part=d_part, dadt=dadt, dscale=dscale,
+           param_part=param_part, **dims)
     if not has_d:
         return dx, dadt, dscale, dB, dC, None
     if not accumulate:
@@ -345,8 +435,8 @@ def ssd_scan(x: Tensor, dt_raw: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: 
     chunk = _check_chunk(op, chunk, length)
     dims = _dims(batch, length, heads, headdim, groups, nstate, chunk, dt_limit)
     # The core's in-chunk loops, refused under this op's name before anything is recorded.
-    _check_loops(x.runtime, op, tuple(x.shape), kernel_loops(chunk, headdim, nstate),
-                 ("ssd_prep", "ssd_chunk_state", "ssd_chunk_scan"))
+    _check_loops(x.runtime, op, tuple(x.shape), kernel_loops(chunk, headdim, nstate, heads, groups),
+                 ("ssd_prep", "ssd_tile"))
     adt, scale = _mamba2_prep(x.runtime, dims, dt_raw, dt_bias, A_log)
     y, core = ssd_chunked(x, adt, scale, B, C, D, chunk=chunk, segment=segment)
     return y, Mamba2SSDSaved(x, dt_raw, A_log, B, C, D, dt_bias, core.states, chunk,
