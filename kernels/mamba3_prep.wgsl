@@ -181,10 +181,23 @@ fn mamba3_prep_theta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     }
 }
 
-// Everything but θ, given θ. Grid (ceil((E + P) / 64), H, rows) with E = N − S: thread (x, h, z) does head h of
-// rows z, z + rows, ..., and x < E rotation element e = x (q, k over the ranks; x = 0 also dt, adt, lam), else
-// channel c = x − E (v, zr over the ranks).
-@compute @workgroup_size(64)
+// The elementwise kernels' items: (row, head h, x) with x < E + P (E = N − S), flat index i = (row·H + h)·(E + P)
+// + x, so consecutive threads write consecutive addresses across heads and rows. Each thread takes items
+// i, i + stride, ... (stride: the threads launched): one on GPUs, up to 64 rows' worth on Mesa llvmpipe, where
+// each workgroup costs microseconds. Grid grid_1d(ceil(M·H·(E + P) / per-thread), 256).
+struct Item { row: u32, h: u32, x: u32 }
+
+fn item_of(i: u32) -> Item {
+    let w = p.nstate - p.angles + p.headdim;
+    let rh = i / w;
+    return Item(rh / p.heads, rh % p.heads, i % w);
+}
+
+fn item_count() -> u32 { return p.batch * p.len * p.heads * (p.nstate - p.angles + p.headdim); }
+
+// Everything but θ, given θ: item x < E is rotation element e = x (q, k over the ranks; x = 0 also dt, adt, lam),
+// else channel c = x − E (v, zr over the ranks).
+@compute @workgroup_size(256)
 fn mamba3_prep_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let H = p.heads;
     let R = p.rank;
@@ -193,16 +206,18 @@ fn mamba3_prep_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
     let S = p.angles;
     let G = p.ngroups;
     let E = N - S;
-    let x = gid.x;
-    let h = gid.y;
-    if (x >= E + P) { return; }
-    let M = p.batch * p.len;
     let di = H * P;
     let off = 2u * di + 2u * R * G * N;  // dd_dt
-    let g = h / (H / G);
-    let nn = pair_dims(x);
-    let c = x - E;  // the channel when x >= E
-    for (var row = gid.z; row < M; row += nwg.z) {
+    let stride = nwg.x * nwg.y * 256u;
+    let total = item_count();
+    for (var i = flat_id(gid, nwg, 256u); i < total; i += stride) {
+        let it = item_of(i);
+        let row = it.row;
+        let h = it.h;
+        let x = it.x;
+        let g = h / (H / G);
+        let nn = pair_dims(x);
+        let c = x - E;  // the channel when x >= E
         let rh = row * H + h;
         let pr = row * p.cols;
         if (x >= E) {
@@ -254,10 +269,10 @@ fn mamba3_prep_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
     }
 }
 
-// The elementwise backward. Grid as mamba3_prep_forward: x < E rotation element e = x over the ranks (dqb, dkb,
+// The elementwise backward, items as mamba3_prep_forward: x < E rotation element e = x over the ranks (dqb, dkb,
 // and for a pair, ∂loss/∂θ_t into dth; x = 0 also dproj's dd_A and trap columns), else channel c = x − E over
 // the ranks (dproj's z and x columns, dvx, dzz).
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let H = p.heads;
     let R = p.rank;
@@ -265,15 +280,17 @@ fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
     let P = p.headdim;
     let S = p.angles;
     let E = N - S;
-    let x = gid.x;
-    let h = gid.y;
-    if (x >= E + P) { return; }
-    let M = p.batch * p.len;
     let di = H * P;
     let off = 2u * di + 2u * R * p.ngroups * N;  // dd_dt
-    let nn = pair_dims(x);
-    let c = x - E;
-    for (var row = gid.z; row < M; row += nwg.z) {
+    let stride = nwg.x * nwg.y * 256u;
+    let total = item_count();
+    for (var i = flat_id(gid, nwg, 256u); i < total; i += stride) {
+        let it = item_of(i);
+        let row = it.row;
+        let h = it.h;
+        let x = it.x;
+        let nn = pair_dims(x);
+        let c = x - E;
         let rh = row * H + h;
         let pr = row * p.cols;
         if (x >= E) {

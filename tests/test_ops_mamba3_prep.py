@@ -149,7 +149,8 @@ def test_prep_walk_past_loop_budget(gpu):
 
 @pytest.mark.parametrize("rows_per_thread", ["gpu", "llvmpipe"])
 def test_prep_row_blocks(gpu, monkeypatch, rows_per_thread):
-    """The elementwise kernels' grid both ways: a row per thread (GPUs) and up to 64 (llvmpipe), on any adapter."""
+    """The elementwise kernels' grids both ways on any adapter: an item (prep) or row (reduce) per thread (GPUs),
+    up to 64 (llvmpipe)."""
     from mambactl.ops import mamba3_prep as op
 
     monkeypatch.setattr(op, "is_llvmpipe", lambda rt: rows_per_thread == "llvmpipe")

@@ -106,6 +106,19 @@ def _mimo_or_stand_in(op: str, d: Mamba3Dims, stand_in: Tensor, **mimo):
     return out
 
 
+def _item_grid(rt, d: Mamba3Dims, loops_per_item: int):
+    """The elementwise kernels' grid over M·H·(N − S + P) items (kernels/mamba3_prep.wgsl `item_of`), 256-thread
+    workgroups: one item per thread on GPUs; on Mesa llvmpipe, where each workgroup costs microseconds of
+    overhead, up to 64 (kept within its loop budget at `loops_per_item` iterations per item)."""
+    items = d.rows * d.heads * (d.nstate - d.angles + d.headdim)
+    per_thread = 1
+    if is_llvmpipe(rt):
+        per_thread = max(1, min(64, SEGMENT_BUDGET // max(int(loops_per_item), 1)))
+        loop_budget(rt, "mamba3_prep", (d.batch, d.length, d.heads), per_thread * loops_per_item)
+    threads = -(-items // per_thread)
+    return grid_1d(threads, 256)
+
+
 def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: Tensor, C_bias: Tensor,
                 mimo_x: Tensor, mimo_z: Tensor, d: Mamba3Dims, a_floor: float, segment: int | None = None) -> dict:
     """-> dict of q, k [M, H, R, N], v, zr [M, H, R, P], adt, dt, lam [M, H], theta [M, H, S]. mimo_x, mimo_z
@@ -132,7 +145,7 @@ def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: T
             params.update(seg_begin=t0, seg_end=t1)
             rt.run("mamba3_prep_theta", _walk_grid(d), proj=proj, dt_bias=dt_bias, theta=out["theta"], **params)
     params.update(seg_begin=0, seg_end=d.length)
-    rt.run("mamba3_prep_forward", _row_grid(rt, d, N - d.angles + P, H, 1 + R), proj=proj, Bn=Bn, Cn=Cn,
+    rt.run("mamba3_prep_forward", _item_grid(rt, d, 1 + R), proj=proj, Bn=Bn, Cn=Cn,
            dt_bias=dt_bias, B_bias=B_bias, C_bias=C_bias, mimo_x=mimo_x, mimo_z=mimo_z, **out, **params)
     return out
 
@@ -159,7 +172,7 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: 
                dzz=rt.empty(mimo_shape))
     dth = rt.empty((M, H, max(S, 1)))  # ∂loss/∂θ per step, then its reverse running sum
     params = _prep_params(d, a_floor)
-    rt.run("mamba3_prep_backward", _row_grid(rt, d, N - S + P, H, 1 + R), proj=proj, dt_bias=dt_bias,
+    rt.run("mamba3_prep_backward", _item_grid(rt, d, 1 + R), proj=proj, dt_bias=dt_bias,
            mimo_x=mimo_x, mimo_z=mimo_z, D=D, lam=prep["lam"], q_in=prep["q"], k_in=prep["k"],
            theta_in=prep["theta"], dq=dq, dk=dk, dv=dv, dzr=dzr, dadt=dadt, dlam=dlam, dys_in=dys, dth=dth, **res,
            **params)
