@@ -9,6 +9,7 @@ from mambactl.ops import checks
 from mambactl.ops.mamba3_scan import (BACKWARD_THREADS, BWD_CHANNELS, FWD_CHANNELS, FWD_TILES, TILE_N,
                                       backward_adjoint_loops_per_step, backward_buffers, forward_loops_per_step,
                                       forward_tile, mamba3_scan, mamba3_scan_backward)
+from mambactl.ops.ssd import MAX_CHUNK
 from mambactl.reference import mamba3 as ref
 
 NAMES = ("q", "k", "v", "adt", "dt", "lam")
@@ -251,6 +252,7 @@ def test_backward_blocks_match_reference(gpu, batch, length, heads, rank, nstate
     (2, 40, 2, 8, 4, 8, "near0", 1.0),     # λ ≈ 0: β carries everything, the fold's correction is largest
     (2, 40, 2, 8, 4, 8, "near1", 1.0),     # λ ≈ 1: Mamba-2 (δ ≈ 0)
     (1, 5, 1, 4, 3, 64, "random", 1.0),    # one chunk longer than L
+    (1, 1030, 1, 4, 3, 2000, "random", 1.0),  # a chunk past the core's MAX_CHUNK: it runs min(chunk, MAX_CHUNK)
     (1, 130, 2, 128, 64, 64, "random", 1.0),  # the 130m head, L past two chunks
 ])
 def test_siso_through_the_ssd_core(gpu, batch, length, heads, nstate, headdim, chunk, lam_mode, decay):
@@ -259,7 +261,7 @@ def test_siso_through_the_ssd_core(gpu, batch, length, heads, nstate, headdim, c
     x = make_inputs(batch, length, heads, 1, nstate, headdim, seed=12, lam_mode=lam_mode, decay=decay)
     dy = np.random.default_rng(13).standard_normal((batch, length, heads, 1, headdim)).astype(np.float32)
     y, grads, saved = run_gpu(gpu, x, dy, chunk)
-    assert saved.core is not None and saved.chunk == min(chunk, length)
+    assert saved.core is not None and saved.chunk == min(chunk, length, MAX_CHUNK)
     x64 = [x[k].astype(np.float64) for k in NAMES]
     assert rel_err(y, ref.mamba3_scan_sequential(*x64)) < 1e-4, rel_err(y, ref.mamba3_scan_sequential(*x64))
     for name, got, want in zip(GRADS, grads, ref.mamba3_scan_backward(*x64, dy.astype(np.float64))):

@@ -13,7 +13,7 @@ the chunked SSD core (mambactl/ops/ssd.py `ssd_chunked`, x = v, B = k with one g
 adt) gives g_t q_t, and `mamba3_fold_output` subtracts δ_{t+1} v_t (k_t · q_t) (kernels/mamba3_fold.wgsl); the
 backward is the core's and `mamba3_fold_backward`. Its memory is the core's (the state entering each chunk,
 [B, ceil(L / chunk), H, P, N], and the state after the last step, which is h there since δ after it is 0) plus
-the scale [B, L, H]; `chunk` is the core's chunk (1..1024).
+the scale [B, L, H]; `chunk` is the core's chunk (at most MAX_CHUNK = 1024).
 
 MIMO (R > 1: Σ_r v_r k_rᵀ is R outer products per step, which the core's one-key-per-step form does not take)
 runs the recurrent kernels below. Their forward (on every adapter, unless one step's k and q overflow 16 KiB of
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from mambactl.errors import ShapeError
 from mambactl.ops.checks import expect, grid_1d, segment_length, segments
 from mambactl.ops.mamba3_fold import mamba3_fold_backward, mamba3_fold_output, mamba3_fold_scale
-from mambactl.ops.ssd import SSDSaved, ssd_chunked, ssd_chunked_backward
+from mambactl.ops.ssd import MAX_CHUNK, SSDSaved, ssd_chunked, ssd_chunked_backward
 from mambactl.runtime.tensor import Tensor
 
 MAX_STATE = 128  # mirrors MAX_N in kernels/mamba3_scan.wgsl (a private array per thread)
@@ -136,8 +136,8 @@ _FIXED = 4 * MAX_STATE + 64  # per dispatch: the state's init and store, the p-b
 
 def mamba3_scan(q: Tensor, k: Tensor, v: Tensor, adt: Tensor, dt: Tensor, lam: Tensor,
                 chunk: int = DEFAULT_CHUNK, segment: int | None = None) -> tuple[Tensor, Mamba3ScanSaved]:
-    """-> (y [B, L, H, R, P], saved). `chunk` (positive; at most 1024 for SISO, the SSD core's chunk) is the number
-    of steps between saved states. adt ≤ 0 (a decay).
+    """-> (y [B, L, H, R, P], saved). `chunk` (positive) is the number of steps between saved states (SISO: the
+    SSD core's chunk, min(chunk, MAX_CHUNK, L); the result does not depend on it). adt ≤ 0 (a decay).
 
     `segment`: steps per dispatch of the walks over time (SISO: the core's walk over chunks goes in dispatches of
     ceil(segment / chunk) chunks). None: all in one dispatch, except on Mesa llvmpipe, whose per-invocation loop
@@ -185,6 +185,7 @@ def _core_segment(segment: int | None, chunk: int) -> int | None:
 def _siso_scan(q, k, v, adt, dt, lam, chunk: int, segment: int | None) -> tuple[Tensor, Mamba3ScanSaved]:
     q4, k4, v4 = _siso_views(q, k, v)
     scale = mamba3_fold_scale(dt, lam)
+    chunk = min(chunk, MAX_CHUNK)
     y_core, core = ssd_chunked(v4, adt, scale, k4, q4, chunk=chunk, segment=_core_segment(segment, chunk))
     y = mamba3_fold_output(y_core, q4, k4, v4, dt, lam)
     return y.reshape(v.shape), Mamba3ScanSaved(q, k, v, adt, dt, lam, core.states, core.chunk, core.last_state,
