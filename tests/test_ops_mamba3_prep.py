@@ -33,11 +33,13 @@ def make_inputs(d, seed=0, dt_shift=0.0):
     def f(*shape, scale=1.0):
         return (scale * rng.standard_normal(shape)).astype(np.float32)
 
-    mimo_x, mimo_z = 1 + f(H, R, P, scale=0.3), 1 + f(H, R, P, scale=0.3)
-    if not d.mimo:  # SISO has no mimo_* parameters: the reference multiplies by 1, the GPU ops get None
-        mimo_x, mimo_z = np.ones_like(mimo_x), np.ones_like(mimo_z)
     x = dict(proj=f(M, d.cols), Bn=f(M, d.rgn), Cn=f(M, d.rgn), dt_bias=f(H) + np.float32(dt_shift),
-             B_bias=f(H, R, N, scale=0.3), C_bias=f(H, R, N, scale=0.3), mimo_x=mimo_x, mimo_z=mimo_z, D=f(H))
+             B_bias=f(H, R, N, scale=0.3), C_bias=f(H, R, N, scale=0.3), mimo_x=1 + f(H, R, P, scale=0.3),
+             mimo_z=1 + f(H, R, P, scale=0.3), D=f(H))
+    # SISO has no mimo_* parameters: the reference multiplies by 1, the GPU ops get None. (They are drawn either
+    # way, so every other input is the data these tests had before SISO stopped taking them.)
+    if not d.mimo:
+        x["mimo_x"], x["mimo_z"] = np.ones_like(x["mimo_x"]), np.ones_like(x["mimo_z"])
     g = dict(dq=f(M, H * R * N), dk=f(M, H * R * N), dv=f(M, H * R * P), dzr=f(M, H, R, P), dadt=f(M, H),
              ddt=f(M, H), dlam=f(M, H), dys=f(M, H, R, P))
     return x, g
