@@ -514,6 +514,7 @@ struct TileDims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, 
 @group(0) @binding(52) var<storage, read_write> row_part2: array<f32>;
 @group(0) @binding(53) var<storage, read_write> tile_part: array<f32>;  // M_DXD: Σ dy·x per workgroup (∂D)
 @group(0) @binding(54) var<storage, read> planes_in: array<f32>;        // ssd_sum_planes
+@group(0) @binding(55) var<storage, read> decv: array<vec4<f32>>;       // `dec` again, for vec4 loads
 
 const SROW: u32 = 17u;              // vec4s per staged k row: 16 + 1 of padding (transposed stores 2-way at most)
 const B_OFF: u32 = 2u * 16u * SROW;  // B's two buffers follow A's
@@ -605,18 +606,14 @@ fn e_dec(h: u32, row: u32, r: u32) -> f32 {
     return dec[(((e_b * td.heads + h) * td.nchunks + e_c) * 5u + row) * td.chunk + r];
 }
 
-// Σ a over (s, t] for s ≤ t in the chunk, by direct sums: within one sub-block LO_t − LO_s, else
-// RLO_s + (whole sub-blocks between) + LO_t. FWD: t is a tile row (tables t_row_*), s a column of the chunk
-// (from `dec`, head e_h); otherwise s is the tile row and t the column.
-fn pair_decay(t: u32, s: u32, fwd: bool) -> f32 {
-    if (fwd) {
-        let r = t - e_m0;
-        if (t / SUB == s / SUB) { return t_row_lo[r] - e_dec(e_h, LO, s); }
-        return t_row_lo[r] + e_dec(e_h, RLO, s) + t_mid[(r / SUB) * 64u + s / SUB];
-    }
-    let r = s - e_m0;
-    if (t / SUB == s / SUB) { return e_dec(e_h, LO, t) - t_row_lo[r]; }
-    return e_dec(e_h, LO, t) + t_row_rlo[r] + t_mid[(r / SUB) * 64u + t / SUB];
+// Four consecutive positions s0 .. s0 + 3 (s0 a multiple of 4) of row `row` of `dec` for head e_h: one vec4
+// load where the chunk is a multiple of 4 (the row then starts on a vec4); past the chunk's end read as 0.
+fn dec4(row: u32, s0: u32) -> vec4<f32> {
+    let base = (((e_b * td.heads + e_h) * td.nchunks + e_c) * 5u + row) * td.chunk;
+    if (VEC4) { return select(vec4<f32>(0.0), decv[(base + min(s0, td.chunk - 4u)) >> 2u], s0 < td.chunk); }
+    var v = vec4<f32>(0.0);
+    for (var j = 0u; j < count4(s0, td.chunk); j++) { v[j] = dec[base + s0 + j]; }
+    return v;
 }
 
 // The sub-block sums of head h for the tile rows and t_mid for every chunk sub-block (tid < 256).
@@ -661,13 +658,16 @@ fn fetch_a(t: u32, k0: u32, phase2: bool) -> vec4<f32> {
         return ld4_c(e_bci(e_m0 + r, kk), select(0u, count4(kk, e_ke1), e_m0 + r < e_steps)) * t_row_w[r];
     }
     if (MODE == M_Y) {  // CB[t, s] w_ts sc_s for s ≤ t
+        // w_ts = exp(Σ a over (s, t]) by direct sums: within one sub-block LO_t − LO_s, else
+        // RLO_s + (the whole sub-blocks between: t_mid) + LO_t. kk .. kk + 3 lie in one sub-block.
         let tpos = e_m0 + r;
         var v = ld4_pair(e_pri(tpos, kk), select(0u, count4(kk, e_ke2), tpos < e_steps), 1u);
+        let sc = dec4(SCALE, kk);
+        var decay = t_row_lo[r] + dec4(RLO, kk) + t_mid[(r / SUB) * 64u + kk / SUB];
+        if (tpos / SUB == kk / SUB) { decay = t_row_lo[r] - dec4(LO, kk); }
         for (var j = 0u; j < 4u; j++) {
-            let s = kk + j;
-            let ok = s <= tpos && tpos < e_steps;
-            let sc = e_dec(e_h, SCALE, min(s, td.chunk - 1u));
-            v[j] = select(0.0, v[j] * exp(min(pair_decay(tpos, min(s, tpos), true), 0.0)) * sc, ok);
+            let ok = kk + j <= tpos && tpos < e_steps;
+            v[j] = select(0.0, v[j] * exp(min(decay[j], 0.0)) * sc[j], ok);
         }
         return v;
     }
@@ -684,14 +684,18 @@ fn fetch_a(t: u32, k0: u32, phase2: bool) -> vec4<f32> {
     if (MODE == M_DXD && !phase2) {
         return ld4_b(e_bci(e_m0 + r, kk), select(0u, count4(kk, e_ke1), e_m0 + r < e_steps)) * t_row_w[r];
     }
-    if (MODE == M_DXD) {  // CB[t, s] w_ts for t ≥ s: rows s = m0 + m4 .., k = t
+    if (MODE == M_DXD) {  // CB[t, s] w_ts for t ≥ s: rows s = m0 + m4 .. + 3 (one sub-block), k = t
         let tpos = km;
         let s0 = e_m0 + m4;
         var v = ld4_pair(e_pri(min(tpos, td.chunk - 1u), s0), select(0u, count4(s0, e_steps), tpos < e_ke2), 1u);
+        let lo_t = e_dec(e_h, LO, min(tpos, td.chunk - 1u));
+        let rows = vec4<f32>(t_row_lo[m4], t_row_lo[m4 + 1u], t_row_lo[m4 + 2u], t_row_lo[m4 + 3u]);
+        let rrows = vec4<f32>(t_row_rlo[m4], t_row_rlo[m4 + 1u], t_row_rlo[m4 + 2u], t_row_rlo[m4 + 3u]);
+        var decay = vec4<f32>(lo_t) + rrows + t_mid[(m4 / SUB) * 64u + min(tpos, td.chunk - 1u) / SUB];
+        if (tpos / SUB == s0 / SUB) { decay = vec4<f32>(lo_t) - rows; }
         for (var j = 0u; j < 4u; j++) {
-            let s = s0 + j;
-            let ok = tpos >= s && tpos < e_ke2 && s < e_steps;
-            v[j] = select(0.0, v[j] * exp(min(pair_decay(max(tpos, s), min(s, td.chunk - 1u), false), 0.0)), ok);
+            let ok = tpos >= s0 + j && tpos < e_ke2 && s0 + j < e_steps;
+            v[j] = select(0.0, v[j] * exp(min(decay[j], 0.0)), ok);
         }
         return v;
     }

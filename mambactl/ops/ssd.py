@@ -283,7 +283,7 @@ def _tile(rt, dims: dict, mode: int, grid, dec: Tensor, consts: dict | None = No
         args[name] = bufs[name] if name in bufs else rt.empty((1,))
     planes, per = bufs.get("split", (1, 1))
     kplanes, kper = bufs.get("ksplit", (1, 1))
-    rt.run("ssd_tile", grid, {"MODE": mode, "VEC4": vec4, **(consts or {})}, dec=dec, **args,
+    rt.run("ssd_tile", grid, {"MODE": mode, "VEC4": vec4, **(consts or {})}, dec=dec, decv=dec, **args,
            **{k: dims[k] for k in _TILE_DIMS}, hsplit=planes, heads_per_split=per, ksplit=kplanes,
            k_per_split=kper)
 
