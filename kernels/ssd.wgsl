@@ -523,8 +523,8 @@ var<workgroup> stage: array<vec4<f32>, 2u * B_OFF>;
 var<workgroup> t_red: array<f32, 1024>;    // row dots: [row][tx]; M_DCB: row and column partial sums
 var<workgroup> t_row_lo: array<f32, 64>;   // the tile rows' sub-block prefix sums (LO)
 var<workgroup> t_row_rlo: array<f32, 64>;  // and suffix sums (RLO)
-var<workgroup> t_row_w: array<f32, 64>;    // a per-row factor: exp(cs) (M_Y), exp(cs_end − cs) (M_DXD), sc (M_DXD)
-var<workgroup> t_row_sc: array<f32, 64>;
+var<workgroup> t_row_w: array<f32, 64>;    // the state term's row factor: exp(cs) (M_Y), exp(cs_end − cs) (M_DXD)
+var<workgroup> t_row_sc: array<f32, 64>;   // the rows' scale s (M_DXD: dx = s dxd, V = s x·(state term))
 var<workgroup> t_col_lo: array<f32, 64>;   // M_DCB: the tile columns' LO, RLO and scale
 var<workgroup> t_col_rlo: array<f32, 64>;
 var<workgroup> t_col_sc: array<f32, 64>;
