@@ -1,14 +1,15 @@
 """One SSD layer's forward and backward alone: per-dispatch GPU time, FLOPs and bytes per kernel, one JSON line.
 
     python bench/ssd.py [--batch 8 --seq 1024 --heads 24 --headdim 64 --groups 1 --d-state 128 --chunk 256]
-        [--op mamba2|core] [--repeats 5] [--device D] [--out FILE]
+        [--op mamba2|core] [--repeats 5] [--set NAME=VALUE ...] [--device D] [--out FILE]
 
 `--op mamba2` times `ssd_scan` + `ssd_scan_backward` (Mamba-2: Δ from dt_raw inside), `--op core` the core
 `ssd_chunked` + `ssd_chunked_backward` (adt, scale given; D on). The defaults are the mamba2-130m layer; the
 Mamba-3 SISO shape goes through the core: `--op core --groups 24 --chunk 64`. Wall time: median of `--repeats`
 synced calls (forward alone, forward + backward). Then one call with GPU timestamps per dispatch (the adapter's
 `timestamp-query`; each dispatch then runs in its own pass) gives the per-entry table with the FLOPs and bytes
-`mambactl.ops.ssd.kernel_costs` predicts for it and the rates they imply.
+`mambactl.ops.ssd.kernel_costs` predicts for it and the rates they imply. `--set` overrides one of
+mambactl.ops.ssd's integer tuning constants for this run (e.g. DCB_WORKGROUPS=2048), to compare settings.
 """
 
 from __future__ import annotations
@@ -40,9 +41,17 @@ def main() -> None:
                           ("d-state", 128), ("chunk", 256), ("repeats", 5)):
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--op", default="mamba2", choices=["mamba2", "core"])
+    p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--device", default=None)
     p.add_argument("--out", default=None)
     a = p.parse_args()
+    tuned = {}
+    for item in a.set:
+        name, value = item.split("=")
+        if not isinstance(getattr(ssd, name, None), int):
+            p.error(f"--set {item}: mambactl.ops.ssd has no integer constant {name}")
+        setattr(ssd, name, int(value))
+        tuned[name] = int(value)
     rt = get_runtime(a.device)
     B, L, H, P, G, N = a.batch, a.seq, a.heads, a.headdim, a.groups, a.d_state
     rng = np.random.default_rng(0)
@@ -101,7 +110,7 @@ def main() -> None:
     chunk = min(a.chunk, L)
     costs = ssd.kernel_costs(B, L, H, P, G, N, chunk)
     rows = [("device", f"{rt.info.name} ({rt.info.backend})"),
-            ("shape", f"B {B}, L {L}, H {H}, P {P}, G {G}, N {N}, chunk {chunk}, op {a.op}"),
+            ("shape", f"B {B}, L {L}, H {H}, P {P}, G {G}, N {N}, chunk {chunk}, op {a.op} {tuned or ''}"),
             ("forward", f"{fwd * 1e3:.3f} ms (median of {a.repeats}, synced)"),
             ("forward + backward", f"{total * 1e3:.3f} ms")]
     entries = {}
@@ -116,7 +125,7 @@ def main() -> None:
             entries[key] = {"ms": round(sec * 1e3, 4), "calls": counts[key], "flops": flops, "bytes": nbytes}
     result = header("ssd", rt.info) | {
         "config": {"op": a.op, "batch": B, "seq": L, "heads": H, "headdim": P, "groups": G, "d_state": N,
-                   "chunk": chunk},
+                   "chunk": chunk, "set": tuned},
         "forward_ms": round(fwd * 1e3, 4), "forward_backward_ms": round(total * 1e3, 4),
         "clock": "GPU timestamps" if gpu_clock else None, "entries": entries}
     report(rows, result, a.out)

@@ -495,11 +495,9 @@ override MODE: u32 = 0u;
 override VEC4: bool = false;  // P, N, the chunk and L multiples of 4: every operand load is one vec4
 
 // batch..nchunks as Dims; hsplit: M_DCB's workgroups per group (each takes heads_per_split of its heads,
-// writing its own dCB plane; dB and dC add the planes in order); ksplit: M_DB's and M_DC's workgroups per
-// output tile, each taking k_per_split of the hpg·P state-term K (the first also the pair term) into its own
-// plane of [ksplit, B, L, G, N], added in order by ssd_sum_planes.
+// writing its own dCB plane; dB and dC add the planes in order).
 struct TileDims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nstate: u32, chunk: u32,
-                  nchunks: u32, hsplit: u32, heads_per_split: u32, ksplit: u32, k_per_split: u32 }
+                  nchunks: u32, hsplit: u32, heads_per_split: u32 }
 @group(0) @binding(43) var<uniform> td: TileDims;
 @group(0) @binding(44) var<storage, read> xv: array<vec4<f32>>;      // x [B, L, H, P]
 @group(0) @binding(45) var<storage, read> dyv: array<vec4<f32>>;     // dy [B, L, H, P]
@@ -513,7 +511,7 @@ struct TileDims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, 
 @group(0) @binding(51) var<storage, read_write> row_part: array<f32>;
 @group(0) @binding(52) var<storage, read_write> row_part2: array<f32>;
 @group(0) @binding(53) var<storage, read_write> tile_part: array<f32>;  // M_DXD: Σ dy·x per workgroup (∂D)
-@group(0) @binding(54) var<storage, read> planes_in: array<f32>;        // ssd_sum_planes
+@group(0) @binding(55) var<storage, read> decv: array<vec4<f32>>;       // `dec` again, for vec4 loads
 
 const SROW: u32 = 17u;              // vec4s per staged k row: 16 + 1 of padding (transposed stores 2-way at most)
 const B_OFF: u32 = 2u * 16u * SROW;  // B's two buffers follow A's
@@ -522,8 +520,8 @@ var<workgroup> stage: array<vec4<f32>, 2u * B_OFF>;
 var<workgroup> t_red: array<f32, 1024>;    // row dots: [row][tx]; M_DCB: row and column partial sums
 var<workgroup> t_row_lo: array<f32, 64>;   // the tile rows' sub-block prefix sums (LO)
 var<workgroup> t_row_rlo: array<f32, 64>;  // and suffix sums (RLO)
-var<workgroup> t_row_w: array<f32, 64>;    // a per-row factor: exp(cs) (M_Y), exp(cs_end − cs) (M_DXD), sc (M_DXD)
-var<workgroup> t_row_sc: array<f32, 64>;
+var<workgroup> t_row_w: array<f32, 64>;    // the state term's row factor: exp(cs) (M_Y), exp(cs_end − cs) (M_DXD)
+var<workgroup> t_row_sc: array<f32, 64>;   // the rows' scale s (M_DXD: dx = s dxd, V = s x·(state term))
 var<workgroup> t_col_lo: array<f32, 64>;   // M_DCB: the tile columns' LO, RLO and scale
 var<workgroup> t_col_rlo: array<f32, 64>;
 var<workgroup> t_col_sc: array<f32, 64>;
@@ -605,18 +603,14 @@ fn e_dec(h: u32, row: u32, r: u32) -> f32 {
     return dec[(((e_b * td.heads + h) * td.nchunks + e_c) * 5u + row) * td.chunk + r];
 }
 
-// Σ a over (s, t] for s ≤ t in the chunk, by direct sums: within one sub-block LO_t − LO_s, else
-// RLO_s + (whole sub-blocks between) + LO_t. FWD: t is a tile row (tables t_row_*), s a column of the chunk
-// (from `dec`, head e_h); otherwise s is the tile row and t the column.
-fn pair_decay(t: u32, s: u32, fwd: bool) -> f32 {
-    if (fwd) {
-        let r = t - e_m0;
-        if (t / SUB == s / SUB) { return t_row_lo[r] - e_dec(e_h, LO, s); }
-        return t_row_lo[r] + e_dec(e_h, RLO, s) + t_mid[(r / SUB) * 64u + s / SUB];
-    }
-    let r = s - e_m0;
-    if (t / SUB == s / SUB) { return e_dec(e_h, LO, t) - t_row_lo[r]; }
-    return e_dec(e_h, LO, t) + t_row_rlo[r] + t_mid[(r / SUB) * 64u + t / SUB];
+// Four consecutive positions s0 .. s0 + 3 (s0 a multiple of 4) of row `row` of `dec` for head e_h: one vec4
+// load where the chunk is a multiple of 4 (the row then starts on a vec4); past the chunk's end read as 0.
+fn dec4(row: u32, s0: u32) -> vec4<f32> {
+    let base = (((e_b * td.heads + e_h) * td.nchunks + e_c) * 5u + row) * td.chunk;
+    if (VEC4) { return select(vec4<f32>(0.0), decv[(base + min(s0, td.chunk - 4u)) >> 2u], s0 < td.chunk); }
+    var v = vec4<f32>(0.0);
+    for (var j = 0u; j < count4(s0, td.chunk); j++) { v[j] = dec[base + s0 + j]; }
+    return v;
 }
 
 // The sub-block sums of head h for the tile rows and t_mid for every chunk sub-block (tid < 256).
@@ -661,13 +655,16 @@ fn fetch_a(t: u32, k0: u32, phase2: bool) -> vec4<f32> {
         return ld4_c(e_bci(e_m0 + r, kk), select(0u, count4(kk, e_ke1), e_m0 + r < e_steps)) * t_row_w[r];
     }
     if (MODE == M_Y) {  // CB[t, s] w_ts sc_s for s ≤ t
+        // w_ts = exp(Σ a over (s, t]) by direct sums: within one sub-block LO_t − LO_s, else
+        // RLO_s + (the whole sub-blocks between: t_mid) + LO_t. kk .. kk + 3 lie in one sub-block.
         let tpos = e_m0 + r;
         var v = ld4_pair(e_pri(tpos, kk), select(0u, count4(kk, e_ke2), tpos < e_steps), 1u);
+        let sc = dec4(SCALE, kk);
+        var decay = t_row_lo[r] + dec4(RLO, kk) + t_mid[(r / SUB) * 64u + kk / SUB];
+        if (tpos / SUB == kk / SUB) { decay = t_row_lo[r] - dec4(LO, kk); }
         for (var j = 0u; j < 4u; j++) {
-            let s = kk + j;
-            let ok = s <= tpos && tpos < e_steps;
-            let sc = e_dec(e_h, SCALE, min(s, td.chunk - 1u));
-            v[j] = select(0.0, v[j] * exp(min(pair_decay(tpos, min(s, tpos), true), 0.0)) * sc, ok);
+            let ok = kk + j <= tpos && tpos < e_steps;
+            v[j] = select(0.0, v[j] * exp(min(decay[j], 0.0)) * sc[j], ok);
         }
         return v;
     }
@@ -684,14 +681,18 @@ fn fetch_a(t: u32, k0: u32, phase2: bool) -> vec4<f32> {
     if (MODE == M_DXD && !phase2) {
         return ld4_b(e_bci(e_m0 + r, kk), select(0u, count4(kk, e_ke1), e_m0 + r < e_steps)) * t_row_w[r];
     }
-    if (MODE == M_DXD) {  // CB[t, s] w_ts for t ≥ s: rows s = m0 + m4 .., k = t
+    if (MODE == M_DXD) {  // CB[t, s] w_ts for t ≥ s: rows s = m0 + m4 .. + 3 (one sub-block), k = t
         let tpos = km;
         let s0 = e_m0 + m4;
         var v = ld4_pair(e_pri(min(tpos, td.chunk - 1u), s0), select(0u, count4(s0, e_steps), tpos < e_ke2), 1u);
+        let lo_t = e_dec(e_h, LO, min(tpos, td.chunk - 1u));
+        let rows = vec4<f32>(t_row_lo[m4], t_row_lo[m4 + 1u], t_row_lo[m4 + 2u], t_row_lo[m4 + 3u]);
+        let rrows = vec4<f32>(t_row_rlo[m4], t_row_rlo[m4 + 1u], t_row_rlo[m4 + 2u], t_row_rlo[m4 + 3u]);
+        var decay = vec4<f32>(lo_t) + rrows + t_mid[(m4 / SUB) * 64u + min(tpos, td.chunk - 1u) / SUB];
+        if (tpos / SUB == s0 / SUB) { decay = vec4<f32>(lo_t) - rows; }
         for (var j = 0u; j < 4u; j++) {
-            let s = s0 + j;
-            let ok = tpos >= s && tpos < e_ke2 && s < e_steps;
-            v[j] = select(0.0, v[j] * exp(min(pair_decay(max(tpos, s), min(s, td.chunk - 1u), false), 0.0)), ok);
+            let ok = tpos >= s0 + j && tpos < e_ke2 && s0 + j < e_steps;
+            v[j] = select(0.0, v[j] * exp(min(decay[j], 0.0)), ok);
         }
         return v;
     }
@@ -850,32 +851,26 @@ fn row_dots(with_dy: bool) -> vec4<f32> {
     return part;
 }
 
-// The K loop over phase 1 then phase 2 (uniform trip counts: the barriers stay in uniform control flow). After
-// phase 1, M_DXD takes V_s = sc_s x_s·(state term)_s into row_part2 (its row s at v_base + s).
-fn e_run(tid: u32, total: u32, v_base: u32) {
-    e_acc = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
-    if (total == 0u) { return; }
-    e_fetch(tid, 0u);
-    e_commit(tid, 0u, 0u);
+// K steps [first, last) of phase 1 then phase 2, added into e_acc (uniform trip counts: the barriers stay in
+// uniform control flow). Its last multiply is not followed by a barrier: whoever reuses `stage` next must
+// first pass one.
+fn e_run(tid: u32, first: u32, last: u32) {
+    if (first >= last) { return; }
+    e_fetch(tid, first);
+    e_commit(tid, first, 0u);
     workgroupBarrier();
     var buf = 0u;
-    for (var s = 1u; s < total; s++) {
+    for (var s = first + 1u; s < last; s++) {
         e_fetch(tid, s);  // in flight while this step is multiplied
         e_multiply(buf);
-        if (MODE == M_DXD && s == e_steps1) {
-            let v = row_sum(row_dots(false), tid);
-            if (tid < 64u && e_m0 + tid < e_steps) { row_part2[v_base + e_m0 + tid] = v * t_row_sc[tid]; }
-        }
         e_commit(tid, s, buf ^ 1u);
         workgroupBarrier();
         buf ^= 1u;
     }
     e_multiply(buf);
-    if (MODE == M_DXD && total == e_steps1) {  // no pair steps (a row tile past every column): V now
-        let v = row_sum(row_dots(false), tid);
-        if (tid < 64u && e_m0 + tid < e_steps) { row_part2[v_base + e_m0 + tid] = v * t_row_sc[tid]; }
-    }
 }
+
+fn zero_acc() { e_acc = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0)); }
 
 fn store_row(i: u32, v: vec4<f32>, valid: u32) {
     if (VEC4) {
@@ -991,10 +986,8 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         e_m0 = (wid.x / tiles_n) * 64u;
         e_n0 = (wid.x % tiles_n) * 64u;
         if (MODE == M_DB || MODE == M_DC) {
-            split = wid.y % td.ksplit;
-            let cg = wid.y / td.ksplit;
-            e_c = cg / td.ngroups;
-            e_g = cg % td.ngroups;
+            e_c = wid.y / td.ngroups;
+            e_g = wid.y % td.ngroups;
             e_h = e_g * hpg;
         } else {
             e_c = wid.y / td.heads;
@@ -1023,13 +1016,8 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     if (MODE == M_STATE) { e_ke1 = e_steps; }
     if (MODE == M_DXD) { e_ke1 = td.nstate; e_kb2 = e_m0; e_ke2 = e_steps; }
     if (MODE == M_DCB) { e_ke1 = td.headdim; }
-    if (MODE == M_DB || MODE == M_DC) {
-        if (split == 0u) {  // the pair term
-            if (MODE == M_DB) { e_kb1 = e_m0; e_ke1 = e_steps; } else { e_ke1 = causal_end; }
-        }
-        e_kb2 = split * td.k_per_split;
-        e_ke2 = min(e_kb2 + td.k_per_split, hpg * td.headdim);
-    }
+    if (MODE == M_DB) { e_kb1 = e_m0; e_ke1 = e_steps; e_ke2 = hpg * td.headdim; }
+    if (MODE == M_DC) { e_ke1 = causal_end; e_ke2 = hpg * td.headdim; }
     e_steps1 = (e_ke1 - e_kb1 + 15u) / 16u;
     let total = e_steps1 + (e_ke2 - e_kb2 + 15u) / 16u;
 
@@ -1082,7 +1070,8 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
                 }
                 t_mid[tid - 64u] = between;
             }
-            e_run(tid, total, 0u);  // e_acc = dy_t·x_s over the tile (its barriers publish the tables)
+            zero_acc();
+            e_run(tid, 0u, total);  // e_acc = dy_t·x_s over the tile (its barriers publish the tables)
             workgroupBarrier();  // every thread is past its last multiply: F may overwrite the staged tiles
             for (var i = 0u; i < 4u; i++) {
                 let r = e_ty * 4u + i;
@@ -1113,7 +1102,15 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         return;
     }
 
-    e_run(tid, total, (row_base + wid.x % tiles_n) * q);
+    zero_acc();
+    if (MODE == M_DXD) {  // the state term, its row dots V_s = sc_s x_s·(state term)_s, then the pairs on top
+        e_run(tid, 0u, e_steps1);
+        let v = row_sum(row_dots(false), tid);  // its first barrier: every thread is past its last multiply
+        if (tid < 64u && e_m0 + tid < e_steps) { row_part2[(row_base + wid.x % tiles_n) * q + e_m0 + tid] = v * t_row_sc[tid]; }
+        e_run(tid, e_steps1, total);
+    } else {
+        e_run(tid, 0u, total);
+    }
 
     for (var i = 0u; i < 4u; i++) {
         let r = e_m0 + e_ty * 4u + i;
@@ -1129,8 +1126,7 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         } else if (MODE == M_STATE) {
             if (r < td.headdim) { store_row(e_sti(e_h, r, n), e_acc[i], count4(n, td.nstate)); }
         } else if (MODE == M_DB || MODE == M_DC) {
-            let plane = split * td.batch * td.len * td.ngroups * td.nstate;
-            if (r < e_steps) { store_row(plane + e_bci(r, n), e_acc[i], count4(n, td.nstate)); }
+            if (r < e_steps) { store_row(e_bci(r, n), e_acc[i], count4(n, td.nstate)); }
         }
     }
     if (MODE == M_Y && !PAIRS) {  // U_t = dy_t·(state term)_t
@@ -1165,14 +1161,3 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     }
 }
 
-// dB or dC from M_DB's / M_DC's ksplit planes [ksplit, B, L, G, N], added in plane order into out.
-// Grid grid_1d(B·L·G·N).
-@compute @workgroup_size(256)
-fn ssd_sum_planes(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = gid.y * nwg.x * WG + gid.x;
-    let n = td.batch * td.len * td.ngroups * td.nstate;
-    if (i >= n) { return; }
-    var sum = 0.0;
-    for (var k = 0u; k < td.ksplit; k++) { sum += planes_in[k * n + i]; }
-    out[i] = sum;
-}

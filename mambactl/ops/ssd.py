@@ -46,8 +46,6 @@ SUB = 16  # mirrors SUB there: sub-block of the pair decays
 MAX_HSPLIT = 8  # ssd_tile M_DCB: at most this many dCB planes per group (dB / dC add them per load)
 DCB_WORKGROUPS = 1024  # M_DCB splits a group's heads until it has about this many workgroups
 DCB_HEADS = 16  # and at least until each workgroup has at most this many (MAX_HSPLIT permitting)
-DBC_WORKGROUPS = 1024  # M_DB / M_DC split their state-term K until they have about this many workgroups
-MAX_KSPLIT = 8
 # ssd_tile's MODE values (kernels/ssd.wgsl)
 M_CB, M_Y, M_STATE, M_DXD, M_DCB, M_DB, M_DC = range(7)
 
@@ -75,16 +73,6 @@ def _hsplit(batch: int, nchunks: int, heads: int, groups: int, chunk: int) -> tu
     split = max(_min_split(hpg), min(hpg, MAX_HSPLIT, _cdiv(DCB_WORKGROUPS, grid)))
     per = _cdiv(hpg, split)
     return _cdiv(hpg, per), per
-
-
-def _ksplit(batch: int, nchunks: int, heads: int, groups: int, headdim: int, nstate: int,
-            chunk: int) -> tuple[int, int]:
-    """M_DB's and M_DC's (planes, state-term K per plane): split the hpg·P state-term K (in multiples of 16) until
-    the grid has ~DBC_WORKGROUPS workgroups."""
-    grid = _cdiv(chunk, TILE) * _cdiv(nstate, TILE) * nchunks * groups * batch
-    k = heads // groups * headdim
-    per = KSTEP * _cdiv(_cdiv(k, max(1, min(MAX_KSPLIT, _cdiv(DBC_WORKGROUPS, grid)))), KSTEP)
-    return _cdiv(k, per), per
 
 
 def kernel_loops(chunk: int, headdim: int, nstate: int, heads: int = 1, groups: int = 1) -> dict[str, int]:
@@ -273,6 +261,8 @@ def _prep(rt, dims: dict, adt, scale) -> Tensor:
     rt.run("ssd_prep", (dims["nchunks"], dims["heads"], dims["batch"]), adt_in=adt, scale_in=scale, dec_out=dec,
            **dims)
     return dec
+
+
 def _tile(rt, dims: dict, mode: int, grid, dec: Tensor, consts: dict | None = None, **bufs) -> None:
     """One ssd_tile dispatch (kernels/ssd.wgsl). Bindings the mode does not use get one-element scratches
     (read-only ones may share `dec`; writable ones get their own)."""
@@ -282,28 +272,9 @@ def _tile(rt, dims: dict, mode: int, grid, dec: Tensor, consts: dict | None = No
     for name in ("tile_out", "row_part", "row_part2", "tile_part", "x_part"):
         args[name] = bufs[name] if name in bufs else rt.empty((1,))
     planes, per = bufs.get("split", (1, 1))
-    kplanes, kper = bufs.get("ksplit", (1, 1))
-    rt.run("ssd_tile", grid, {"MODE": mode, "VEC4": vec4, **(consts or {})}, dec=dec, **args,
-           **{k: dims[k] for k in _TILE_DIMS}, hsplit=planes, heads_per_split=per, ksplit=kplanes,
-           k_per_split=kper)
-
-
-_TILE_DIMS = ("batch", "len", "heads", "ngroups", "headdim", "nstate", "chunk", "nchunks")
-
-
-def _group_grad(rt, dims: dict, mode: int, dec: Tensor, ksplit: tuple[int, int], shape, **bufs) -> Tensor:
-    """dB (M_DB) or dC (M_DC) [B, L, G, N]: in ksplit planes added in order, or directly with one."""
-    g = _grids(dims)["rows_n"]
-    grid = (g[0], g[1] * ksplit[0], g[2])
-    out = rt.empty(shape)
-    if ksplit[0] == 1:
-        _tile(rt, dims, mode, grid, dec, tile_out=out, ksplit=ksplit, **bufs)
-        return out
-    planes = rt.empty((ksplit[0],) + tuple(shape))
-    _tile(rt, dims, mode, grid, dec, tile_out=planes, ksplit=ksplit, **bufs)
-    rt.run("ssd_sum_planes", grid_1d(out.size), planes_in=planes, out=out, **{k: dims[k] for k in _TILE_DIMS},
-           hsplit=1, heads_per_split=1, ksplit=ksplit[0], k_per_split=ksplit[1])
-    return out
+    rt.run("ssd_tile", grid, {"MODE": mode, "VEC4": vec4, **(consts or {})}, dec=dec, decv=dec, **args,
+           **{k: dims[k] for k in ("batch", "len", "heads", "ngroups", "headdim", "nstate", "chunk", "nchunks")},
+           hsplit=planes, heads_per_split=per)
 
 
 def _grids(dims: dict) -> dict:
@@ -396,9 +367,9 @@ def ssd_chunked_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor
     x_part = rt.empty((batch, heads, nc, npairs, s.chunk))
     _tile(rt, dims, M_DCB, (npairs, nc * groups * split[0], batch), dec, xv=s.x, dyv=dy, pairv=cb, tile_out=dcb,
           x_part=x_part, split=split)
-    ksplit = _ksplit(batch, nc, heads, groups, headdim, nstate, s.chunk)
-    dB = _group_grad(rt, dims, M_DB, dec, ksplit, s.B.shape, xv=s.x, cv=s.C, pairv=dcb, stv=dstates, split=split)
-    dC = _group_grad(rt, dims, M_DC, dec, ksplit, s.C.shape, dyv=dy, bv=s.B, pairv=dcb, stv=s.states, split=split)
+    dB, dC = rt.empty(s.B.shape), rt.empty(s.C.shape)
+    _tile(rt, dims, M_DB, grids["rows_n"], dec, xv=s.x, cv=s.C, pairv=dcb, stv=dstates, tile_out=dB, split=split)
+    _tile(rt, dims, M_DC, grids["rows_n"], dec, dyv=dy, bv=s.B, pairv=dcb, stv=s.states, tile_out=dC, split=split)
     dadt, dscale = rt.empty(s.adt.shape), rt.empty(s.scale.shape)
     param_part = rt.empty((batch, nc, heads) if has_d else (1,))
     rt.run("ssd_rows_backward", (nc, heads, batch), {"HAS_D": has_d}, u_part=u_part, row_part=xd_part,
