@@ -35,7 +35,7 @@ def rel_err(got, want):
 @pytest.mark.parametrize("batch,length,heads,nstate,headdim,lam_mode", [
     (1, 1, 1, 4, 3, "random"),     # one step: δ_{t+1} = 0 everywhere
     (3, 5, 2, 8, 4, "random"),     # several batch rows: the t+1 shift must not cross them
-    (2, 7, 3, 70, 130, "random"),  # N, P past one workgroup of FOLD_THREADS and not multiples of it
+    (2, 7, 3, 70, 130, "random"),  # N, P past FOLD_LANES and not multiples of it
     (2, 6, 2, 16, 8, "near0"),     # λ ≈ 0: δ ≈ Δ, the correction is as large as the core's own term
     (2, 6, 2, 16, 8, "near1"),     # λ ≈ 1: δ ≈ 0 (Mamba-2)
     (1, 9, 24, 128, 64, "random"), # the 130m head
