@@ -156,8 +156,6 @@ fn workgroup_sum(v: f32, t: u32) -> f32 {
 
 fn dec_base(b: u32, h: u32, c: u32) -> u32 { return ((b * d.heads + h) * d.nchunks + c) * 5u * d.chunk; }
 
-
-
 // The decay sums of `dec` for every position of a chunk from the per-step log-decays adt (padding: scale = 0
 // and adt = 0 there). Thread t owns the consecutive positions [t·seg, (t + 1)·seg). Grid (nchunks, H, B).
 @compute @workgroup_size(256)
