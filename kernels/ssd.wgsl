@@ -82,7 +82,8 @@ struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nsta
 @group(0) @binding(19) var<storage, read> b_in: array<f32>;
 @group(0) @binding(20) var<storage, read> c_in: array<f32>;
 @group(0) @binding(21) var<storage, read> x: array<f32>;
-@group(0) @binding(23) var<storage, read_write> x_part: array<f32>;  // [B, H, nchunks, npairs, Q]: M_DCB's crossing sums
+// [B, H, nchunks, npairs, Q]: M_DCB's crossing sums per tile pair
+@group(0) @binding(23) var<storage, read_write> x_part: array<f32>;
 @group(0) @binding(27) var<storage, read_write> ddt_raw: array<f32>;
 // Per (batch, chunk, head) partials of parameter gradients: [B, nchunks, H, NPARAM] (the core: ∂D; Mamba-2's
 // chain rule: ∂A_log, ∂dt_bias), added in order by ssd_param_grads into grad_0 (, grad_1) [H].
@@ -272,8 +273,8 @@ fn ssd_state_passing_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(nu
 }
 
 // Per (chunk, head, batch), from ssd_tile's per-row pieces: dscale_σ = x_σ·dxd_σ and
-// dadt_σ = ∂loss/∂a_σ = X_σ + Σ_{t ≥ σ} U_t + Σ_{o < σ} V_o + W_c (the header has the derivation): X from the
-// crossing rows of the tile pairs (x_part [B, H, nchunks, npairs, Q]; pairs whose row tile lies past the chunk's
+// dadt_σ = ∂loss/∂a_σ = X_σ + Σ_{t ≥ σ} U_t + Σ_{o < σ} V_o + W_c (the header has the derivation): X from
+// the crossing rows of the tile pairs (x_part [B, H, nchunks, npairs, Q]; pairs whose row tile lies past the chunk's
 // end were never written), U_t = dy_t·y_off_t and x·dxd and V_o = s_o x_o·dxd_state_o by 64-column tiles of P
 // (u_part, row_part, row_part2 [B, H, nchunks, ceil(P / 64), Q]), W_c from w_part; with HAS_D this chunk's ∂D
 // partial (the tiles' Σ dy·x, tile_part) into param_part. Thread t owns positions [t·seg, (t + 1)·seg) for the
@@ -344,7 +345,8 @@ fn ssd_rows_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     if (HAS_D && t == 0u) {
         let tiles = tiles_q * tiles_p;
         var total = 0.0;
-        for (var k = 0u; k < live_rows * tiles_p; k++) { total += tile_part[((b * d.nchunks + c) * d.heads + h) * tiles + k]; }
+        let first = ((b * d.nchunks + c) * d.heads + h) * tiles;
+        for (var k = 0u; k < live_rows * tiles_p; k++) { total += tile_part[first + k]; }
         param_part[(b * d.nchunks + c) * d.heads + h] = total;
     }
 }
@@ -593,7 +595,9 @@ fn ld4_pair(i: u32, valid: u32, planes: u32) -> vec4<f32> {
 
 fn e_xi(pos: u32, h: u32, p: u32) -> u32 { return ((e_b * td.len + e_t0 + pos) * td.heads + h) * td.headdim + p; }
 fn e_bci(pos: u32, n: u32) -> u32 { return ((e_b * td.len + e_t0 + pos) * td.ngroups + e_g) * td.nstate + n; }
-fn e_pri(t: u32, s: u32) -> u32 { return (((e_b * td.nchunks + e_c) * td.ngroups + e_g) * td.chunk + t) * td.chunk + s; }
+fn e_pri(t: u32, s: u32) -> u32 {
+    return (((e_b * td.nchunks + e_c) * td.ngroups + e_g) * td.chunk + t) * td.chunk + s;
+}
 fn e_sti(h: u32, p: u32, n: u32) -> u32 {
     return (((e_b * td.nchunks + e_c) * td.heads + h) * td.headdim + p) * td.nstate + n;
 }
@@ -1042,10 +1046,12 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     e_t0 = e_c * q;
     e_steps = min(q, td.len - e_t0);
     let row_base = ((e_b * td.heads + e_h) * td.nchunks + e_c) * tiles_n;
+    let row_at = (row_base + wid.x % tiles_n) * q;  // this tile's rows in the per-row pieces [.., tiles_n, Q]
+    let d_slot = ((e_b * td.nchunks + e_c) * td.heads + e_h) * tiles_q * tiles_n + wid.x;  // M_DXD's Σ dy·x
     if (MODE == M_STATE) {
         if (e_m0 >= td.headdim) { return; }
     } else if (e_m0 >= e_steps) {  // a row tile wholly in the padding (uniform over the workgroup)
-        if (MODE == M_DXD && tid == 0u) { tile_part[(e_b * td.nchunks + e_c) * td.heads * tiles_q * tiles_n + e_h * tiles_q * tiles_n + wid.x] = 0.0; }
+        if (MODE == M_DXD && tid == 0u) { tile_part[d_slot] = 0.0; }
         return;
     }
 
@@ -1160,7 +1166,7 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     if (MODE == M_DXD) {  // the state term, its row dots V_s = sc_s x_s·(state term)_s, then the pairs on top
         e_run(tid, 0u, e_steps1);
         let v = row_sum(row_dots(false), tid);  // its first barrier: every thread is past its last multiply
-        if (tid < 64u && e_m0 + tid < e_steps) { row_part2[(row_base + wid.x % tiles_n) * q + e_m0 + tid] = v * t_row_sc[tid]; }
+        if (tid < 64u && e_m0 + tid < e_steps) { row_part2[row_at + e_m0 + tid] = v * t_row_sc[tid]; }
         e_run(tid, e_steps1, total);
     } else {
         e_run(tid, 0u, total);
@@ -1185,11 +1191,11 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     }
     if (MODE == M_Y && !PAIRS) {  // U_t = dy_t·(state term)_t
         let u = row_sum(row_dots(true), tid);
-        if (tid < 64u && e_m0 + tid < e_steps) { row_part[(row_base + wid.x % tiles_n) * q + e_m0 + tid] = u; }
+        if (tid < 64u && e_m0 + tid < e_steps) { row_part[row_at + e_m0 + tid] = u; }
     }
     if (MODE == M_DXD) {  // dx = sc dxd (+ D dy); x·dxd into row_part; Σ dy·x for ∂D
         let xd = row_sum(row_dots(false), tid);
-        if (tid < 64u && e_m0 + tid < e_steps) { row_part[(row_base + wid.x % tiles_n) * q + e_m0 + tid] = xd; }
+        if (tid < 64u && e_m0 + tid < e_steps) { row_part[row_at + e_m0 + tid] = xd; }
         var dd = vec4<f32>(0.0);
         for (var i = 0u; i < 4u; i++) {
             let r = e_m0 + e_ty * 4u + i;
@@ -1210,7 +1216,7 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         if (tid == 0u) {
             var total_d = 0.0;
             for (var r = 0u; r < 64u; r++) { total_d += t_red[r]; }
-            tile_part[(e_b * td.nchunks + e_c) * td.heads * tiles_q * tiles_n + e_h * tiles_q * tiles_n + wid.x] = total_d;
+            tile_part[d_slot] = total_d;
         }
     }
 }
