@@ -82,7 +82,8 @@ struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nsta
 @group(0) @binding(19) var<storage, read> b_in: array<f32>;
 @group(0) @binding(20) var<storage, read> c_in: array<f32>;
 @group(0) @binding(21) var<storage, read> x: array<f32>;
-@group(0) @binding(23) var<storage, read_write> x_part: array<f32>;  // [B, H, nchunks, npairs, Q]: M_DCB's crossing sums
+// [B, H, nchunks, npairs, Q]: M_DCB's crossing sums per tile pair
+@group(0) @binding(23) var<storage, read_write> x_part: array<f32>;
 @group(0) @binding(27) var<storage, read_write> ddt_raw: array<f32>;
 // Per (batch, chunk, head) partials of parameter gradients: [B, nchunks, H, NPARAM] (the core: ∂D; Mamba-2's
 // chain rule: ∂A_log, ∂dt_bias), added in order by ssd_param_grads into grad_0 (, grad_1) [H].
@@ -155,8 +156,6 @@ fn workgroup_sum(v: f32, t: u32) -> f32 {
 }
 
 fn dec_base(b: u32, h: u32, c: u32) -> u32 { return ((b * d.heads + h) * d.nchunks + c) * 5u * d.chunk; }
-
-
 
 // The decay sums of `dec` for every position of a chunk from the per-step log-decays adt (padding: scale = 0
 // and adt = 0 there). Thread t owns the consecutive positions [t·seg, (t + 1)·seg). Grid (nchunks, H, B).
@@ -274,8 +273,8 @@ fn ssd_state_passing_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(nu
 }
 
 // Per (chunk, head, batch), from ssd_tile's per-row pieces: dscale_σ = x_σ·dxd_σ and
-// dadt_σ = ∂loss/∂a_σ = X_σ + Σ_{t ≥ σ} U_t + Σ_{o < σ} V_o + W_c (the header has the derivation): X from the
-// crossing rows of the tile pairs (x_part [B, H, nchunks, npairs, Q]; pairs whose row tile lies past the chunk's
+// dadt_σ = ∂loss/∂a_σ = X_σ + Σ_{t ≥ σ} U_t + Σ_{o < σ} V_o + W_c (the header has the derivation): X from
+// the crossing rows of the tile pairs (x_part [B, H, nchunks, npairs, Q]; pairs whose row tile lies past the chunk's
 // end were never written), U_t = dy_t·y_off_t and x·dxd and V_o = s_o x_o·dxd_state_o by 64-column tiles of P
 // (u_part, row_part, row_part2 [B, H, nchunks, ceil(P / 64), Q]), W_c from w_part; with HAS_D this chunk's ∂D
 // partial (the tiles' Σ dy·x, tile_part) into param_part. Thread t owns positions [t·seg, (t + 1)·seg) for the
@@ -346,7 +345,8 @@ fn ssd_rows_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     if (HAS_D && t == 0u) {
         let tiles = tiles_q * tiles_p;
         var total = 0.0;
-        for (var k = 0u; k < live_rows * tiles_p; k++) { total += tile_part[((b * d.nchunks + c) * d.heads + h) * tiles + k]; }
+        let first = ((b * d.nchunks + c) * d.heads + h) * tiles;
+        for (var k = 0u; k < live_rows * tiles_p; k++) { total += tile_part[first + k]; }
         param_part[(b * d.nchunks + c) * d.heads + h] = total;
     }
 }
@@ -595,7 +595,9 @@ fn ld4_pair(i: u32, valid: u32, planes: u32) -> vec4<f32> {
 
 fn e_xi(pos: u32, h: u32, p: u32) -> u32 { return ((e_b * td.len + e_t0 + pos) * td.heads + h) * td.headdim + p; }
 fn e_bci(pos: u32, n: u32) -> u32 { return ((e_b * td.len + e_t0 + pos) * td.ngroups + e_g) * td.nstate + n; }
-fn e_pri(t: u32, s: u32) -> u32 { return (((e_b * td.nchunks + e_c) * td.ngroups + e_g) * td.chunk + t) * td.chunk + s; }
+fn e_pri(t: u32, s: u32) -> u32 {
+    return (((e_b * td.nchunks + e_c) * td.ngroups + e_g) * td.chunk + t) * td.chunk + s;
+}
 fn e_sti(h: u32, p: u32, n: u32) -> u32 {
     return (((e_b * td.nchunks + e_c) * td.heads + h) * td.headdim + p) * td.nstate + n;
 }
@@ -888,7 +890,8 @@ fn pair_tiles(idx: u32) -> vec2<u32> {
     return vec2<u32>(mt, idx - mt * (mt + 1u) / 2u);
 }
 
-// M_DCB's crossing sums for head e_h from T in F (= stage's first 1024 vec4s as [t][(o + t) % 64] scalars):
+// M_DCB's crossing sums for head e_h from T in F (= stage's first 1024 vec4s as [t][(o + t) % 64] scalars),
+// on diagonal tiles (ssd_dcb_offdiag takes the others):
 // X_σ = Σ_{t ≥ σ, s < σ} T_ts over this tile pair, into x_part row (pair, h) [B, H, nchunks, npairs, Q]
 // (zero where the tile adds nothing). With row prefix sums F[t][o] = Σ_{s ≤ o} T_ts (direct sums):
 //   σ in (n0, n0 + 64): Σ_{t ≥ σ} F[t][σ − 1 − n0];  σ in [n0 + 64, m0): Σ_t F[t][63];
@@ -955,6 +958,51 @@ fn ssd_dcb_crossing(tid: u32, pair: u32, npairs: u32) {
     workgroupBarrier();
 }
 
+// The same sums off the diagonal (n0 + 64 ≤ m0, so every row t of the tile is past every column s): X_σ needs
+// only T's column sums (σ in the column block: Σ_{s < σ}) and row sums (σ in the row block: Σ_{t ≥ σ}; between
+// the blocks: the total), so no F tile. tv: this thread's 4 × 4 block of T. Partials by thread go through
+// `stage` ([column][ty], then [row][tx]), the 64 column and row sums and their prefix / suffix through t_red.
+fn stage_f(i: u32) -> f32 { return stage[i >> 2u][i & 3u]; }
+
+fn ssd_dcb_offdiag(tid: u32, tv: mat4x4<f32>, pair: u32, npairs: u32) {
+    for (var j = 0u; j < 4u; j++) {
+        let c = (e_tx * 4u + j) * 16u + e_ty;
+        stage[c >> 2u][c & 3u] = tv[0][j] + tv[1][j] + tv[2][j] + tv[3][j];
+    }
+    for (var i = 0u; i < 4u; i++) {
+        let r = 1024u + (e_ty * 4u + i) * 16u + e_tx;
+        stage[r >> 2u][r & 3u] = tv[i].x + tv[i].y + tv[i].z + tv[i].w;
+    }
+    workgroupBarrier();
+    if (tid < 128u) {  // column sums (tid < 64), row sums (64 ≤ tid < 128), 16 partials each in order
+        var sum = 0.0;
+        for (var l = 0u; l < 16u; l++) { sum += stage_f(tid * 16u + l); }
+        t_red[768u + tid] = sum;
+    }
+    workgroupBarrier();
+    if (tid < 64u) {  // σ = n0 + 1 + tid: the columns s ≤ n0 + tid
+        var run = 0.0;
+        for (var c = 0u; c <= tid; c++) { run += t_red[768u + c]; }
+        t_red[tid] = run;
+    } else if (tid < 128u) {  // σ = m0 + j: the rows t ≥ m0 + j (j = 0: the tile total)
+        let j = tid - 64u;
+        var run = 0.0;
+        for (var r = j; r < 64u; r++) { run += t_red[832u + r]; }
+        t_red[64u + j] = run;
+    }
+    workgroupBarrier();
+    let q = td.chunk;
+    let out_base = (((e_b * td.heads + e_h) * td.nchunks + e_c) * npairs + pair) * q;
+    for (var sigma = tid; sigma < q; sigma += 256u) {
+        var v = 0.0;
+        if (sigma > e_n0 && sigma < e_n0 + 64u) { v = t_red[sigma - e_n0 - 1u]; }
+        if (sigma >= e_n0 + 64u && sigma < e_m0) { v = t_red[64u]; }
+        if (sigma >= e_m0 && sigma < e_m0 + 64u) { v = t_red[64u + sigma - e_m0]; }
+        x_part[out_base + sigma] = v;
+    }
+    workgroupBarrier();
+}
+
 @compute @workgroup_size(256)
 fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let warp = tid >> 5u;
@@ -998,10 +1046,12 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     e_t0 = e_c * q;
     e_steps = min(q, td.len - e_t0);
     let row_base = ((e_b * td.heads + e_h) * td.nchunks + e_c) * tiles_n;
+    let row_at = (row_base + wid.x % tiles_n) * q;  // this tile's rows in the per-row pieces [.., tiles_n, Q]
+    let d_slot = ((e_b * td.nchunks + e_c) * td.heads + e_h) * tiles_q * tiles_n + wid.x;  // M_DXD's Σ dy·x
     if (MODE == M_STATE) {
         if (e_m0 >= td.headdim) { return; }
     } else if (e_m0 >= e_steps) {  // a row tile wholly in the padding (uniform over the workgroup)
-        if (MODE == M_DXD && tid == 0u) { tile_part[(e_b * td.nchunks + e_c) * td.heads * tiles_q * tiles_n + e_h * tiles_q * tiles_n + wid.x] = 0.0; }
+        if (MODE == M_DXD && tid == 0u) { tile_part[d_slot] = 0.0; }
         return;
     }
 
@@ -1073,6 +1123,7 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             zero_acc();
             e_run(tid, 0u, total);  // e_acc = dy_t·x_s over the tile (its barriers publish the tables)
             workgroupBarrier();  // every thread is past its last multiply: F may overwrite the staged tiles
+            var tv = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));  // T
             for (var i = 0u; i < 4u; i++) {
                 let r = e_ty * 4u + i;
                 let t = e_m0 + r;
@@ -1086,12 +1137,21 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
                     if (t / SUB != s / SUB) { dsum = t_row_lo[r] + t_col_rlo[o] + t_mid[(r / SUB) * 4u + o / SUB]; }
                     let gv = select(0.0, e_acc[i][j] * exp(min(dsum, 0.0)) * t_col_sc[o], ok);
                     dcb[i][j] += gv;
-                    let fi = f_idx(r, o);
-                    stage[fi >> 2u][fi & 3u] = gv * cbv[j];
+                    tv[i][j] = gv * cbv[j];
                 }
             }
-            workgroupBarrier();
-            ssd_dcb_crossing(tid, wid.x, npairs);
+            if (e_m0 == e_n0) {  // uniform: the diagonal tile needs the row prefix sums F
+                for (var i = 0u; i < 4u; i++) {
+                    for (var j = 0u; j < 4u; j++) {
+                        let fi = f_idx(e_ty * 4u + i, e_tx * 4u + j);
+                        stage[fi >> 2u][fi & 3u] = tv[i][j];
+                    }
+                }
+                workgroupBarrier();
+                ssd_dcb_crossing(tid, wid.x, npairs);
+            } else {
+                ssd_dcb_offdiag(tid, tv, wid.x, npairs);
+            }
         }
         let plane = td.batch * td.nchunks * td.ngroups * q * q;
         for (var i = 0u; i < 4u; i++) {
@@ -1106,7 +1166,7 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     if (MODE == M_DXD) {  // the state term, its row dots V_s = sc_s x_s·(state term)_s, then the pairs on top
         e_run(tid, 0u, e_steps1);
         let v = row_sum(row_dots(false), tid);  // its first barrier: every thread is past its last multiply
-        if (tid < 64u && e_m0 + tid < e_steps) { row_part2[(row_base + wid.x % tiles_n) * q + e_m0 + tid] = v * t_row_sc[tid]; }
+        if (tid < 64u && e_m0 + tid < e_steps) { row_part2[row_at + e_m0 + tid] = v * t_row_sc[tid]; }
         e_run(tid, e_steps1, total);
     } else {
         e_run(tid, 0u, total);
@@ -1131,11 +1191,11 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     }
     if (MODE == M_Y && !PAIRS) {  // U_t = dy_t·(state term)_t
         let u = row_sum(row_dots(true), tid);
-        if (tid < 64u && e_m0 + tid < e_steps) { row_part[(row_base + wid.x % tiles_n) * q + e_m0 + tid] = u; }
+        if (tid < 64u && e_m0 + tid < e_steps) { row_part[row_at + e_m0 + tid] = u; }
     }
     if (MODE == M_DXD) {  // dx = sc dxd (+ D dy); x·dxd into row_part; Σ dy·x for ∂D
         let xd = row_sum(row_dots(false), tid);
-        if (tid < 64u && e_m0 + tid < e_steps) { row_part[(row_base + wid.x % tiles_n) * q + e_m0 + tid] = xd; }
+        if (tid < 64u && e_m0 + tid < e_steps) { row_part[row_at + e_m0 + tid] = xd; }
         var dd = vec4<f32>(0.0);
         for (var i = 0u; i < 4u; i++) {
             let r = e_m0 + e_ty * 4u + i;
@@ -1156,7 +1216,7 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         if (tid == 0u) {
             var total_d = 0.0;
             for (var r = 0u; r < 64u; r++) { total_d += t_red[r]; }
-            tile_part[(e_b * td.nchunks + e_c) * td.heads * tiles_q * tiles_n + e_h * tiles_q * tiles_n + wid.x] = total_d;
+            tile_part[d_slot] = total_d;
         }
     }
 }

@@ -282,6 +282,7 @@ def check_core(rt, batch, length, heads, headdim, groups, nstate, chunk, seed=0,
     (1, 45, 6, 7, 2, 9, 16, True),     # 1 < G < H
     (1, 150, 3, 64, 3, 128, 64, True),  # Mamba-3's P 64, N 128, chunk 64, G = H; L past two chunks
     (2, 200, 4, 64, 1, 128, 128, False),  # mamba2's P, N at G = 1, two row tiles a chunk, a partial last one
+    (1, 40, 20, 4, 1, 4, 16, True),    # 20 heads a group: dCB in 7 planes of 3 heads, the last of 2
 ])
 def test_core_matches_reference(rt, batch, length, heads, headdim, groups, nstate, chunk, strong):
     check_core(rt, batch, length, heads, headdim, groups, nstate, chunk, strong=strong)

@@ -134,7 +134,8 @@ def test_ssd_chunked_core_is_the_recurrence():
     state = np.zeros((2, 4, 3, 3))
     want = np.zeros_like(x)
     for t in range(11):
-        state = np.exp(adt[:, t])[..., None, None] * state + (scale[:, t, :, None] * x[:, t])[..., None] * Bh[:, t, :, None]
+        added = (scale[:, t, :, None] * x[:, t])[..., None] * Bh[:, t, :, None]
+        state = np.exp(adt[:, t])[..., None, None] * state + added
         want[:, t] = np.einsum("bhpn,bhn->bhp", state, Ch[:, t]) + D[:, None] * x[:, t]
     for chunk in (1, 3, 4, 16):
         assert np.allclose(ssd_chunked(x, adt, scale, B, C, chunk, D), want, rtol=1e-10, atol=1e-12), chunk

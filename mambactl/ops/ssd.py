@@ -94,7 +94,8 @@ def kernel_loops(chunk: int, headdim: int, nstate: int, heads: int = 1, groups: 
         "y": mids + (_cdiv(nstate, KSTEP) + _cdiv(q, KSTEP)) * plain + 2 * rows + 4 * 4,
         "state": _cdiv(q, KSTEP) * plain + 4,
         "dxd": mids + (_cdiv(nstate, KSTEP) + _cdiv(q, KSTEP)) * plain + 3 * rows + 64 + 4 * 8,
-        "dcb": _cdiv(hpg, _min_split(hpg)) * (mids + _cdiv(headdim, KSTEP) * plain + 16 * 4 + 2 * 16 + 2 * 16 + 4 + _cdiv(q, WORKGROUP))
+        "dcb": _cdiv(hpg, _min_split(hpg)) * (mids + _cdiv(headdim, KSTEP) * plain + 16 * 4 + 2 * 16 + 2 * 16 + 4
+                                               + 64 + _cdiv(q, WORKGROUP))
         + 4,
         "dbc": _cdiv(q, KSTEP) * pairs + _cdiv(hpg * headdim, KSTEP) * plain + 4,
     }
@@ -112,8 +113,8 @@ def kernel_costs(batch: int, length: int, heads: int, headdim: int, groups: int,
                  chunk: int) -> dict[str, tuple[float, float]]:
     """The predicted work of one forward + backward: {"ssd_tile[MODE=k,...]" or entry: (FLOPs, bytes)} as
     bench/ssd.py keys its dispatches. FLOPs count the multiply-adds the tiles do (2 each, padding and the
-    masked-out half of diagonal tiles included); bytes what a kernel must read and write at least (each operand
-    once per workgroup column of tiles that needs it is not counted: L2 serves the re-reads)."""
+    masked-out half of diagonal tiles included); bytes each operand read and each output written once (the
+    re-reads of an operand by several workgroups, which L2 serves, are not counted)."""
     B, L, H, P, G, N, Q = batch, length, heads, headdim, groups, nstate, chunk
     nc = _cdiv(L, Q)
     tq, tp, tn = _cdiv(Q, TILE), _cdiv(P, TILE), _cdiv(N, TILE)
@@ -124,6 +125,7 @@ def kernel_costs(batch: int, length: int, heads: int, headdim: int, groups: int,
     states = B * nc * H * P * N * f4
     xs, bc, cb = B * L * H * P * f4, B * L * G * N * f4, bcg * Q * Q * f4
     planes, _ = _hsplit(B, nc, H, G, Q)
+    group_grad = bcg * tn * (causal_blocks * T2 + tq * T2 * (H // G) * P)  # dB or dC
     return {
         f"ssd_tile[MODE={M_CB}]": (bcg * npairs * T2 * N, 2 * bc + cb),
         f"ssd_tile[MODE={M_STATE}]": (bch * tp * tn * T2 * Q, xs + bc + states),
@@ -133,8 +135,8 @@ def kernel_costs(batch: int, length: int, heads: int, headdim: int, groups: int,
         f"ssd_tile[HAS_D,MODE={M_DXD}]": (bch * tp * (tq * T2 * N + causal_blocks * T2), 3 * xs + bc + states + cb),
         f"ssd_tile[MODE={M_DXD}]": (bch * tp * (tq * T2 * N + causal_blocks * T2), 3 * xs + bc + states + cb),
         f"ssd_tile[MODE={M_DCB}]": (bch * npairs * T2 * P, 2 * xs + cb * (1 + planes)),
-        f"ssd_tile[MODE={M_DB}]": (bcg * tn * (causal_blocks * T2 + tq * T2 * (H // G) * P), xs + bc + states + cb * planes),
-        f"ssd_tile[MODE={M_DC}]": (bcg * tn * (causal_blocks * T2 + tq * T2 * (H // G) * P), xs + bc + states + cb * planes),
+        f"ssd_tile[MODE={M_DB}]": (group_grad, xs + bc + states + cb * planes),
+        f"ssd_tile[MODE={M_DC}]": (group_grad, xs + bc + states + cb * planes),
         "ssd_state_passing": (0, 2 * states),
         "ssd_state_passing_backward": (0, 3 * states),
     }
