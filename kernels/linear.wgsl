@@ -10,6 +10,8 @@
 //                  block (T = 8: 128² tiles, the default; T = 4: 64² tiles for small outputs), stepping K by
 //                  BK = 16 (so every thread stages whole vec4s of both operands).
 //   matmul_direct  no workgroup memory or barriers, for CPU adapters.
+//   matmul_subgroup  matmul_direct sharing B loads through 8-lane subgroups (lavapipe); compiled only where the
+//                  device has the subgroup feature (runtime/kernels.py strips it elsewhere).
 //
 // How `matmul` is fast (on an H200 through Vulkan: 30-43 TFLOP/s at the model's shapes, was 10-17):
 // - VEC4 (chosen by ops/linear.py when the contiguous dimensions are multiples of 4): every global load
@@ -385,4 +387,96 @@ fn matmul_direct(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     store_block(wid.z, r0 + 20u, c0 + 0u, d5_0); store_block(wid.z, r0 + 20u, c0 + 4u, d5_1); store_block(wid.z, r0 + 20u, c0 + 8u, d5_2); store_block(wid.z, r0 + 20u, c0 + 12u, d5_3);
     store_block(wid.z, r0 + 24u, c0 + 0u, d6_0); store_block(wid.z, r0 + 24u, c0 + 4u, d6_1); store_block(wid.z, r0 + 24u, c0 + 8u, d6_2); store_block(wid.z, r0 + 24u, c0 + 12u, d6_3);
     store_block(wid.z, r0 + 28u, c0 + 0u, d7_0); store_block(wid.z, r0 + 28u, c0 + 4u, d7_1); store_block(wid.z, r0 + 28u, c0 + 8u, d7_2); store_block(wid.z, r0 + 28u, c0 + 12u, d7_3);
+}
+
+// ---- matmul_subgroup ----------------------------------------------------------------------------
+// matmul_direct with the B operand shared through the subgroup, for CPU adapters whose subgroups are 8 lanes
+// (Mesa lavapipe on AVX2; ops/linear.py checks Runtime.subgroup_size). One workgroup is one subgroup of 8
+// invocations and computes a 64 × 64 tile of C; lane l the 8 rows r0 + 8l .. + 7 and all 64 columns, in
+// 2 × 16 accumulators of 4 × 4. Every lane needs the same 64 values of B per k, so lane l loads columns
+// c0 + 8j + l (j < 8) and subgroupBroadcast hands each to all lanes: 8 + 8 loads per lane per k instead of
+// matmul_direct's 32 + 16, for the same 512 FMAs (on lavapipe a broadcast from a constant lane is a vector
+// shuffle, ~100× cheaper than a load; subgroupAdd and dynamic shuffles are not). Loads, clamping and stores
+// as in matmul_direct.
+
+// Lanes 0-3 (lo) or 4-7 (hi) of v as one vec4, in every lane.
+fn lanes_lo4(v: f32) -> vec4<f32> {
+    return vec4<f32>(subgroupBroadcast(v, 0u), subgroupBroadcast(v, 1u), subgroupBroadcast(v, 2u), subgroupBroadcast(v, 3u));
+}
+
+fn lanes_hi4(v: f32) -> vec4<f32> {
+    return vec4<f32>(subgroupBroadcast(v, 4u), subgroupBroadcast(v, 5u), subgroupBroadcast(v, 6u), subgroupBroadcast(v, 7u));
+}
+
+@compute @workgroup_size(8)
+fn matmul_subgroup(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+    let r0 = wid.y * 64u + lane * 8u;
+    let c0 = wid.x * 64u;
+    let kz = min(p.k, (wid.z + 1u) * p.k_split);
+    var s0_0 = mat4x4<f32>();
+    var s0_1 = mat4x4<f32>();
+    var s0_2 = mat4x4<f32>();
+    var s0_3 = mat4x4<f32>();
+    var s0_4 = mat4x4<f32>();
+    var s0_5 = mat4x4<f32>();
+    var s0_6 = mat4x4<f32>();
+    var s0_7 = mat4x4<f32>();
+    var s0_8 = mat4x4<f32>();
+    var s0_9 = mat4x4<f32>();
+    var s0_10 = mat4x4<f32>();
+    var s0_11 = mat4x4<f32>();
+    var s0_12 = mat4x4<f32>();
+    var s0_13 = mat4x4<f32>();
+    var s0_14 = mat4x4<f32>();
+    var s0_15 = mat4x4<f32>();
+    var s1_0 = mat4x4<f32>();
+    var s1_1 = mat4x4<f32>();
+    var s1_2 = mat4x4<f32>();
+    var s1_3 = mat4x4<f32>();
+    var s1_4 = mat4x4<f32>();
+    var s1_5 = mat4x4<f32>();
+    var s1_6 = mat4x4<f32>();
+    var s1_7 = mat4x4<f32>();
+    var s1_8 = mat4x4<f32>();
+    var s1_9 = mat4x4<f32>();
+    var s1_10 = mat4x4<f32>();
+    var s1_11 = mat4x4<f32>();
+    var s1_12 = mat4x4<f32>();
+    var s1_13 = mat4x4<f32>();
+    var s1_14 = mat4x4<f32>();
+    var s1_15 = mat4x4<f32>();
+    for (var kk = wid.z * p.k_split; kk < kz; kk++) {  // one loop iteration per k
+        let x0 = col4_a(r0, kk);
+        let x1 = col4_a(r0 + 4u, kk);
+        let b0 = elem_b(kk, c0 + 0u + lane);
+        let b1 = elem_b(kk, c0 + 8u + lane);
+        let b2 = elem_b(kk, c0 + 16u + lane);
+        let b3 = elem_b(kk, c0 + 24u + lane);
+        let b4 = elem_b(kk, c0 + 32u + lane);
+        let b5 = elem_b(kk, c0 + 40u + lane);
+        let b6 = elem_b(kk, c0 + 48u + lane);
+        let b7 = elem_b(kk, c0 + 56u + lane);
+        let y0 = lanes_lo4(b0); let y1 = lanes_hi4(b0);
+        let y2 = lanes_lo4(b1); let y3 = lanes_hi4(b1);
+        let y4 = lanes_lo4(b2); let y5 = lanes_hi4(b2);
+        let y6 = lanes_lo4(b3); let y7 = lanes_hi4(b3);
+        let y8 = lanes_lo4(b4); let y9 = lanes_hi4(b4);
+        let y10 = lanes_lo4(b5); let y11 = lanes_hi4(b5);
+        let y12 = lanes_lo4(b6); let y13 = lanes_hi4(b6);
+        let y14 = lanes_lo4(b7); let y15 = lanes_hi4(b7);
+        s0_0 = outer_mul(s0_0, x0, y0); s0_1 = outer_mul(s0_1, x0, y1); s0_2 = outer_mul(s0_2, x0, y2); s0_3 = outer_mul(s0_3, x0, y3); s0_4 = outer_mul(s0_4, x0, y4); s0_5 = outer_mul(s0_5, x0, y5); s0_6 = outer_mul(s0_6, x0, y6); s0_7 = outer_mul(s0_7, x0, y7);
+        s0_8 = outer_mul(s0_8, x0, y8); s0_9 = outer_mul(s0_9, x0, y9); s0_10 = outer_mul(s0_10, x0, y10); s0_11 = outer_mul(s0_11, x0, y11); s0_12 = outer_mul(s0_12, x0, y12); s0_13 = outer_mul(s0_13, x0, y13); s0_14 = outer_mul(s0_14, x0, y14); s0_15 = outer_mul(s0_15, x0, y15);
+        s1_0 = outer_mul(s1_0, x1, y0); s1_1 = outer_mul(s1_1, x1, y1); s1_2 = outer_mul(s1_2, x1, y2); s1_3 = outer_mul(s1_3, x1, y3); s1_4 = outer_mul(s1_4, x1, y4); s1_5 = outer_mul(s1_5, x1, y5); s1_6 = outer_mul(s1_6, x1, y6); s1_7 = outer_mul(s1_7, x1, y7);
+        s1_8 = outer_mul(s1_8, x1, y8); s1_9 = outer_mul(s1_9, x1, y9); s1_10 = outer_mul(s1_10, x1, y10); s1_11 = outer_mul(s1_11, x1, y11); s1_12 = outer_mul(s1_12, x1, y12); s1_13 = outer_mul(s1_13, x1, y13); s1_14 = outer_mul(s1_14, x1, y14); s1_15 = outer_mul(s1_15, x1, y15);
+    }
+    store_block(wid.z, r0 + 0u, c0 + 0u, s0_0); store_block(wid.z, r0 + 0u, c0 + 4u, s0_1); store_block(wid.z, r0 + 0u, c0 + 8u, s0_2); store_block(wid.z, r0 + 0u, c0 + 12u, s0_3); store_block(wid.z, r0 + 0u, c0 + 16u, s0_4); store_block(wid.z, r0 + 0u, c0 + 20u, s0_5); store_block(wid.z, r0 + 0u, c0 + 24u, s0_6); store_block(wid.z, r0 + 0u, c0 + 28u, s0_7);
+    store_block(wid.z, r0 + 0u, c0 + 32u, s0_8); store_block(wid.z, r0 + 0u, c0 + 36u, s0_9); store_block(wid.z, r0 + 0u, c0 + 40u, s0_10); store_block(wid.z, r0 + 0u, c0 + 44u, s0_11); store_block(wid.z, r0 + 0u, c0 + 48u, s0_12); store_block(wid.z, r0 + 0u, c0 + 52u, s0_13); store_block(wid.z, r0 + 0u, c0 + 56u, s0_14); store_block(wid.z, r0 + 0u, c0 + 60u, s0_15);
+    store_block(wid.z, r0 + 4u, c0 + 0u, s1_0); store_block(wid.z, r0 + 4u, c0 + 4u, s1_1); store_block(wid.z, r0 + 4u, c0 + 8u, s1_2); store_block(wid.z, r0 + 4u, c0 + 12u, s1_3); store_block(wid.z, r0 + 4u, c0 + 16u, s1_4); store_block(wid.z, r0 + 4u, c0 + 20u, s1_5); store_block(wid.z, r0 + 4u, c0 + 24u, s1_6); store_block(wid.z, r0 + 4u, c0 + 28u, s1_7);
+    store_block(wid.z, r0 + 4u, c0 + 32u, s1_8); store_block(wid.z, r0 + 4u, c0 + 36u, s1_9); store_block(wid.z, r0 + 4u, c0 + 40u, s1_10); store_block(wid.z, r0 + 4u, c0 + 44u, s1_11); store_block(wid.z, r0 + 4u, c0 + 48u, s1_12); store_block(wid.z, r0 + 4u, c0 + 52u, s1_13); store_block(wid.z, r0 + 4u, c0 + 56u, s1_14); store_block(wid.z, r0 + 4u, c0 + 60u, s1_15);
+}
+
+// The subgroup size the adapter runs compute shaders with (Runtime.subgroup_size dispatches one invocation).
+@compute @workgroup_size(1)
+fn subgroup_size_probe(@builtin(subgroup_size) size: u32) {
+    c[0] = vec4<f32>(f32(size));
 }

@@ -114,10 +114,10 @@ def test_linear_forward_backward(rt, rng, M, K, N):
     assert rel(db.numpy(), rdb) < REDUCTION_TOL
 
 
-# (kernel, tile, vec4): matmul_direct with its default stores (vec4 where N allows) and with scalar stores
-# forced, and every tile of the tiled kernel with the default load path (vec4 where the shape allows it, scalar
+# (kernel, tile, vec4): matmul_direct and matmul_subgroup with their default stores (vec4 where N allows) and with
+# scalar stores forced, and every tile of the tiled kernel with the default load path (vec4 where the shape allows it, scalar
 # at ragged shapes) and with the scalar loads forced.
-MATMUL_KERNELS = [("matmul_direct", None, None), ("matmul_direct", None, False)] + [("matmul", tile, None) for tile in sorted(linear.TILES)] + [
+MATMUL_KERNELS = [(k, None, v) for k in linear.CPU_KERNELS for v in (None, False)] + [("matmul", tile, None) for tile in sorted(linear.TILES)] + [
     ("matmul", tile, False) for tile in sorted(linear.TILES)]
 # Ragged shapes (scalar loads) and shapes whose dims are all multiples of 4 (vec4 loads at every transpose):
 # edge tiles in M and N, K not a multiple of the K tile, many K tiles (both shared buffers), exact tiles.
@@ -130,6 +130,7 @@ MATMUL_SHAPES = [(1, 5, 3, 1), (65, 17, 130, 1), (70, 129, 66, 1), (130, 300, 7,
 @pytest.mark.parametrize("M,K,N,split_k", MATMUL_SHAPES)
 def test_every_matmul_kernel_transpose_and_k_split(rt, rng, kernel, tile, vec4, ta, tb, M, K, N, split_k):
     """All kernels run on every adapter here, whichever one the adapter type selects by default."""
+    skip_without_subgroups(rt, kernel)
     (a32, a), (b32, b), (bias32, bias), (acc32, acc) = (
         f32(rng, *((K, M) if ta else (M, K))), f32(rng, *((N, K) if tb else (K, N))), f32(rng, N), f32(rng, M, N))
     ref = (a.T if ta else a) @ (b.T if tb else b)
@@ -172,13 +173,20 @@ def test_matmul_vec4_only_where_rows_align(rt, rng):
         linear.matmul(x, w, trans_b=True, kernel="matmul", vec4=True)
 
 
+def skip_without_subgroups(rt, kernel):
+    if kernel == "matmul_subgroup" and rt.subgroup_size != 8:
+        pytest.skip(f"matmul_subgroup needs 8-lane subgroups (this adapter: {rt.subgroup_size})")
+
+
+@pytest.mark.parametrize("kernel", linear.CPU_KERNELS)
 @pytest.mark.parametrize("trans_a", [False, True])
-def test_matmul_direct_k_past_the_software_adapters_loop_budget(rt, rng, trans_a):
-    """matmul_direct walks its K range in one loop; Mesa llvmpipe cuts loops past 65,535 iterations per
-    invocation (it was 18% off at K = 70,000), so there the K range is split across workgroups."""
+def test_matmul_direct_k_past_the_software_adapters_loop_budget(rt, rng, trans_a, kernel):
+    """matmul_direct and matmul_subgroup walk their K range in one loop; Mesa llvmpipe cuts loops past 65,535
+    iterations per invocation (it was 18% off at K = 70,000), so there the K range is split across workgroups."""
+    skip_without_subgroups(rt, kernel)
     K = 70_000
     (a32, a), (b32, b) = f32(rng, *((K, 3) if trans_a else (3, K))), f32(rng, K, 5)
-    got = linear.matmul(rt.from_numpy(a32), rt.from_numpy(b32), trans_a=trans_a, kernel="matmul_direct").numpy()
+    got = linear.matmul(rt.from_numpy(a32), rt.from_numpy(b32), trans_a=trans_a, kernel=kernel).numpy()
     assert rel(got, (a.T if trans_a else a) @ b) < REDUCTION_TOL
 
 
@@ -200,14 +208,17 @@ def test_matmul_direct_refuses_an_unsplittable_k_on_llvmpipe(rt, rng, monkeypatc
         linear.matmul(a, b, trans_b=True, bias=bias, kernel="matmul_direct")
 
 
+@pytest.mark.parametrize("kernel", linear.CPU_KERNELS)
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
-def test_matmul_direct_edge_blocks(rt, rng, ta, tb):
-    """matmul_direct's 32-row × 16-column blocks: outputs that end inside a block in both dimensions, in
-    several workgroups (their loads read clamped rows and columns, whose results must never be stored), a
-    single-row and a single-column output, and the poisoned output shows any element left unwritten."""
-    for M, K, N in [(97, 45, 83), (1, 33, 70), (70, 33, 1), (33, 7, 17)]:
+def test_matmul_direct_edge_blocks(rt, rng, ta, tb, kernel):
+    """matmul_direct's 32-row × 16-column blocks and matmul_subgroup's 8-row × 64-column ones: outputs that end
+    inside a block in both dimensions, in several workgroups (their loads read clamped rows and columns, whose
+    results must never be stored), a single-row and a single-column output, and the poisoned output shows any
+    element left unwritten."""
+    skip_without_subgroups(rt, kernel)
+    for M, K, N in [(97, 45, 83), (1, 33, 70), (70, 33, 1), (33, 7, 17), (9, 5, 129)]:
         (a32, a), (b32, b) = f32(rng, *((K, M) if ta else (M, K))), f32(rng, *((N, K) if tb else (K, N)))
-        got = linear.matmul(rt.from_numpy(a32), rt.from_numpy(b32), trans_a=ta, trans_b=tb, kernel="matmul_direct").numpy()
+        got = linear.matmul(rt.from_numpy(a32), rt.from_numpy(b32), trans_a=ta, trans_b=tb, kernel=kernel).numpy()
         assert got.shape == (M, N)
         assert rel(got, (a.T if ta else a) @ (b.T if tb else b)) < REDUCTION_TOL
 
