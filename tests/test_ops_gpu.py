@@ -233,13 +233,14 @@ def test_linear_backward_accumulates(rt, rng):
     assert rel(db.numpy(), bacc + rdb) < REDUCTION_TOL
 
 
+@pytest.mark.parametrize("rows_path", [False, True], ids=["workgroup_per_row", "invocation_per_row"])
 @pytest.mark.parametrize("M,D", [(1, 3), (3, 17), (65, 130), (4, 768)])
-def test_rmsnorm_forward_backward(rt, rng, M, D):
+def test_rmsnorm_forward_backward(rt, rng, M, D, rows_path):
     (x32, x), (w32, w), (dy32, dy) = f32(rng, M, D), f32(rng, D), f32(rng, M, D)
     gx, gw = rt.from_numpy(x32), rt.from_numpy(w32)
-    y, rstd = rmsnorm.rmsnorm(gx, gw, eps=1e-5)
+    y, rstd = rmsnorm.rmsnorm(gx, gw, eps=1e-5, rows_path=rows_path)
     assert rel(y.numpy(), ref_norm.rmsnorm(x, w, 1e-5)) < ELEMENTWISE_TOL
-    dx, dw = rmsnorm.rmsnorm_backward(gx, gw, rstd, rt.from_numpy(dy32))
+    dx, dw = rmsnorm.rmsnorm_backward(gx, gw, rstd, rt.from_numpy(dy32), rows_path=rows_path)
     rdx, rdw = ref_norm.rmsnorm_backward(x, w, dy, 1e-5)
     assert rel(dx.numpy(), rdx) < REDUCTION_TOL
     assert rel(dw.numpy(), rdw) < REDUCTION_TOL
@@ -308,15 +309,20 @@ def test_embedding_forward_backward(rt, rng, T, V, D):
     assert rel(d_table.numpy(), acc + ref_emb.embedding_backward(ids, dy, V)) < REDUCTION_TOL
 
 
+@pytest.mark.parametrize("rows_path", [False, True], ids=["workgroup_per_row", "invocation_per_row"])
 @pytest.mark.parametrize("M,V", [(1, 3), (17, 65), (65, 1000), (3, 5000)])
-def test_cross_entropy_forward_backward(rt, rng, M, V):
+def test_cross_entropy_forward_backward(rt, rng, M, V, rows_path):
     lg32, lg = f32(rng, M, V, scale=3.0)
+    if M > 2:
+        lg32[M // 2, ::7] = 60.0  # a row whose running max jumps (the online softmax rescales its sum)
+    lg = lg32.astype(np.float64)
     targets = rng.integers(0, V, M).astype(np.int32)
     targets[1::3] = cross_entropy.IGNORE_INDEX
     count = cross_entropy.count_targets(targets)
     gl, gt = rt.from_numpy(lg32), rt.from_numpy(targets)
-    loss, lse = cross_entropy.cross_entropy(gl, gt, count)
+    loss, lse = cross_entropy.cross_entropy(gl, gt, count, rows_path=rows_path)
     assert rel(loss.numpy(), [ref_ce.cross_entropy(lg, targets)]) < REDUCTION_TOL
+    assert rel(lse.numpy(), np.log(np.exp(lg - lg.max(1, keepdims=True)).sum(1)) + lg.max(1)) < REDUCTION_TOL
     d = cross_entropy.cross_entropy_backward(gl, gt, lse, count).numpy()
     assert rel(d, ref_ce.cross_entropy_backward(lg, targets)) < REDUCTION_TOL
     assert np.all(d[targets == cross_entropy.IGNORE_INDEX] == 0.0)

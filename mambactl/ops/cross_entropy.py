@@ -4,22 +4,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from mambactl.ops.checks import I32, expect, grid_1d
+from mambactl.ops.checks import I32, SEGMENT_BUDGET, expect, grid_1d
 from mambactl.ops.reduce import reduce_sum
 from mambactl.runtime.tensor import Tensor
 
 IGNORE_INDEX = -100
 
 
-def cross_entropy(logits: Tensor, targets: Tensor, count: int, ignore_index: int = IGNORE_INDEX):
+def cross_entropy(logits: Tensor, targets: Tensor, count: int, ignore_index: int = IGNORE_INDEX,
+                  rows_path: bool | None = None):
     """logits [M, V], targets [M] int32, count = number of rows whose target != ignore_index (known on
-    the host from the batch). -> (loss [1] = mean CE over counted rows, lse [M] saved for the backward)."""
+    the host from the batch). -> (loss [1] = mean CE over counted rows, lse [M] saved for the backward).
+    `rows_path` forces the one-invocation-per-row forward (True) or the workgroup-per-row one (False); None:
+    per row on CPU adapters."""
     expect("cross_entropy", "logits", logits, (None, None))
     M, V = logits.shape
     expect("cross_entropy", "targets", targets, (M,), I32)
     rt = logits.runtime
     lse, loss_rows = rt.empty((M,)), rt.empty((M,))
-    rt.run("cross_entropy_forward", grid_1d(M, 1), logits=logits, targets=targets, lse=lse, loss=loss_rows,
+    # CPU adapters: one invocation per row (its loop of V iterations within llvmpipe's budget), else a workgroup.
+    per_row = rt.info.type == "CPU" and V <= SEGMENT_BUDGET if rows_path is None else rows_path
+    entry, groups = ("cross_entropy_forward_rows", grid_1d(M, 64)) if per_row else ("cross_entropy_forward", grid_1d(M, 1))
+    rt.run(entry, groups, logits=logits, targets=targets, lse=lse, loss=loss_rows,
            rows=M, vocab=V, ignore_index=ignore_index, scale=0.0)
     loss = reduce_sum(loss_rows, scale=1.0 / max(count, 1))
     return loss, lse
