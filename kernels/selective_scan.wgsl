@@ -756,7 +756,77 @@ fn selective_scan_forward_subgroup(@builtin(global_invocation_id) gid: vec3<u32>
     }
 }
 
-// Grid grid_1d(B · padded Dc) in workgroups of 64, as the forward.
+// The backward's per-invocation values, private so that the step helpers below share them.
+var<private> sg_b: u32;          // batch row
+var<private> sg_d: u32;          // channel (clamped to the last one past Dc)
+var<private> sg_lane: u32;
+var<private> sg_valid: bool;     // the channel exists (lanes past Dc store nothing)
+var<private> sg_grp: u32;        // the subgroup's channel group: the partials' slice
+var<private> sg_a: State16;      // A[d, :]
+var<private> sg_bias: f32;
+var<private> sg_skip: f32;
+var<private> sg_g: State16;      // g_t = ∂loss/∂h_t, carried backwards over steps and chunks
+var<private> sg_da: State16;     // Σ_t g_t exp(Δ_t A) h_{t−1} Δ_t = ∂loss/∂A[d, :] for this batch row
+var<private> sg_d_skip: f32;     // ∂loss/∂D
+var<private> sg_d_bias: f32;     // ∂loss/∂delta_bias
+
+// One step's Δ_t, exp(Δ_t A) and B_t, kept from sg_advance for the adjoint of the same step.
+struct StepTerms { dt: f32, decay: State16, Bt: State16 }
+var<private> sg_terms: StepTerms;
+
+// h after step t from h before it (its terms left in sg_terms).
+fn sg_advance(h: State16, t: u32) -> State16 {
+    let row = direct_row(sg_b, t, sg_d);
+    let dt = softplus(delta[row] + sg_bias);
+    sg_terms = StepTerms(dt, s_exp(s_scale(sg_a, dt)), shared_B((sg_b * dp.len + t) * N, sg_lane));
+    return s_add(s_mul(sg_terms.decay, h), s_scale(sg_terms.Bt, dt * u[row]));
+}
+
+// The adjoint of step t: h is h_t, prev h_{t−1}; g_t becomes g_{t−1}, the sums grow, du, ddelta, dz and the
+// dB / dC partials of step t are written.
+fn sg_adjoint(t: u32, h: State16, prev: State16, terms: StepTerms) {
+    let row = direct_row(sg_b, t, sg_d);
+    let uv = u[row];
+    let zv = z[row];
+    let dyv = dy[row];
+    let gate = sigmoid(zv);
+    let dyg = dyv * zv * gate;                            // dy through the gate
+    let dzg = dyv * gate * (1.0 + zv * sigmoid(-zv));     // dz is this times the ungated y
+    let x = delta[row] + sg_bias;
+    let dt = terms.dt;
+    let dsp = select(sigmoid(x), 1.0, x > 20.0);          // ∂Δ/∂delta
+    let dtu = dt * uv;
+    let Bt = terms.Bt;
+    let Ct = shared_C((sg_b * dp.len + t) * N, sg_lane);
+    let yc = s_dot(Ct, h);                                // C_t·h_t
+    let gn = s_add(sg_g, s_scale(Ct, dyg));
+    let decay = terms.decay;
+    let gh = s_mul(s_mul(gn, decay), prev);               // ∂loss/∂(Δ_t A)
+    sg_da = s_add(sg_da, s_scale(gh, dt));
+    let gha = s_dot(gh, sg_a);
+    let gb = s_dot(gn, Bt);                               // ∂loss/∂(Δ_t u_t)
+    let zero = s_splat(0.0);
+    let db = lanes_sum(s_select(zero, s_scale(gn, dtu), sg_valid));
+    let dc = lanes_sum(s_select(zero, s_scale(h, dyg), sg_valid));
+    store_partials(((sg_grp * dp.batch + sg_b) * dp.len + t) * N, sg_lane, db, dc);
+    sg_g = s_mul(gn, decay);
+    let dx = (gha + uv * gb) * dsp;
+    if (sg_valid) {
+        dz[row] = (sg_skip * uv + yc) * dzg;
+        du[row] = sg_skip * dyg + dt * gb;
+        ddelta[row] = dx;
+    }
+    sg_d_skip += dyg * uv;
+    sg_d_bias += dx;
+}
+
+// Grid grid_1d(B · padded Dc) in workgroups of 64, as the forward. Per chunk: a walk over its steps stores
+// the state entering every SUBCHUNK-th step in the scratch; then each sub-chunk of SUBCHUNK steps, last to
+// first, recomputes its states into registers (h0 .. h4, the helpers written out SUBCHUNK times) and runs
+// their adjoint. That walks the recurrence twice, but moves 2 · 16 / SUBCHUNK scratch words per step
+// instead of 32 (the scratch was 2/3 of this kernel's time with one slot per step).
+const SUBCHUNK: u32 = 4u;
+
 @compute @workgroup_size(64)
 fn selective_scan_backward_subgroup(@builtin(global_invocation_id) gid: vec3<u32>,
                                     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -764,96 +834,75 @@ fn selective_scan_backward_subgroup(@builtin(global_invocation_id) gid: vec3<u32
     let i = gid.y * nwg.x * 64u + gid.x;
     let padded = 8u * dp.ngroups;
     if (i >= dp.batch * padded) { return; }
-    let b = i / padded;
-    let valid = i % padded < dp.channels;
-    let grp = (i % padded) / 8u;
-    let d = min(i % padded, dp.channels - 1u);
+    sg_b = i / padded;
+    sg_lane = lane;
+    sg_valid = i % padded < dp.channels;
+    sg_grp = (i % padded) / 8u;
+    sg_d = min(i % padded, dp.channels - 1u);
+    let d = sg_d;
     let slot0 = (i / 8u) * 128u + i % 8u;  // scratch word of state 0 at slot 0
     let slot_words = dp.batch * padded * SG_N;
-    let cb = (b * dp.channels + d) * (2u * N + 2u);
-    let resume = dp.kc_hi < dp.nchunks;
-    let a = neg_exp_A(d);
-    var g = s_splat(0.0);   // g_t = ∂loss/∂h_t, carried backwards over steps and chunks
-    var da = s_splat(0.0);  // Σ_t g_t exp(Δ_t A) h_{t−1} Δ_t = ∂loss/∂A[d, :] for this batch row
-    var d_skip = 0.0;       // ∂loss/∂D
-    var d_bias = 0.0;       // ∂loss/∂delta_bias
-    if (resume) {
+    let cb = (sg_b * dp.channels + d) * (2u * N + 2u);
+    sg_a = neg_exp_A(d);
+    sg_g = s_splat(0.0);
+    sg_da = s_splat(0.0);
+    sg_d_skip = 0.0;
+    sg_d_bias = 0.0;
+    if (dp.kc_hi < dp.nchunks) {  // resume from the carry of the dispatch before
         for (var n = 0u; n < SG_N; n++) { words[n] = select(0.0, carry[cb + min(n, N - 1u)], n < N); }
-        g = from_words();
+        sg_g = from_words();
         for (var n = 0u; n < SG_N; n++) { words[n] = select(0.0, carry[cb + N + min(n, N - 1u)], n < N); }
-        da = from_words();
-        d_skip = carry[cb + 2u * N];
-        d_bias = carry[cb + 2u * N + 1u];
+        sg_da = from_words();
+        sg_d_skip = carry[cb + 2u * N];
+        sg_d_bias = carry[cb + 2u * N + 1u];
     }
-    let bias = delta_bias[d];
-    let skip = D[d];
+    sg_bias = delta_bias[d];
+    sg_skip = D[d];
     for (var k = min(dp.kc_hi, dp.nchunks); k > dp.kc_lo; k--) {
         let t0 = (k - 1u) * dp.chunk;
         let steps = min(dp.chunk, dp.len - t0);
-        // The chunk's states, recomputed from its saved entry state into the scratch (slot s: h before step s).
-        let sb = ((b * dp.nchunks + k - 1u) * dp.channels + d) * N;
+        let sb = ((sg_b * dp.nchunks + k - 1u) * dp.channels + d) * N;
         for (var n = 0u; n < SG_N; n++) { words[n] = select(0.0, saved_states[sb + min(n, N - 1u)], n < N); }
         var h = from_words();
         for (var s = 0u; s < steps; s++) {
-            scratch_store(s * slot_words + slot0, h);
-            let row = direct_row(b, t0 + s, d);
-            let dt = softplus(delta[row] + bias);
-            h = s_add(s_mul(s_exp(s_scale(a, dt)), h), s_scale(shared_B((b * dp.len + t0 + s) * N, lane), dt * u[row]));
+            if (s % SUBCHUNK == 0u) { scratch_store((s / SUBCHUNK) * slot_words + slot0, h); }
+            h = sg_advance(h, t0 + s);
         }
-        // The adjoint, last step to first; h is h_t, the scratch gives h_{t−1}.
-        for (var s = steps; s > 0u; s--) {
-            let t = t0 + s - 1u;
-            let row = direct_row(b, t, d);
-            let uv = u[row];
-            let zv = z[row];
-            let dyv = dy[row];
-            let gate = sigmoid(zv);
-            let dyg = dyv * zv * gate;                            // dy through the gate
-            let dzg = dyv * gate * (1.0 + zv * sigmoid(-zv));     // dz is this times the ungated y
-            let x = delta[row] + bias;
-            let dt = softplus(x);
-            let dsp = select(sigmoid(x), 1.0, x > 20.0);          // ∂Δ/∂delta
-            let dtu = dt * uv;
-            let bc = (b * dp.len + t) * N;
-            let Bt = shared_B(bc, lane);
-            let Ct = shared_C(bc, lane);
-            let prev = scratch_load((s - 1u) * slot_words + slot0);
-            let yc = s_dot(Ct, h);                                // C_t·h_t
-            let gn = s_add(g, s_scale(Ct, dyg));
-            let decay = s_exp(s_scale(a, dt));
-            let gh = s_mul(s_mul(gn, decay), prev);               // ∂loss/∂(Δ_t A)
-            da = s_add(da, s_scale(gh, dt));
-            let gha = s_dot(gh, a);
-            let gb = s_dot(gn, Bt);                               // ∂loss/∂(Δ_t u_t)
-            let zero = s_splat(0.0);
-            let db = lanes_sum(s_select(zero, s_scale(gn, dtu), valid));
-            let dc = lanes_sum(s_select(zero, s_scale(h, dyg), valid));
-            store_partials(((grp * dp.batch + b) * dp.len + t) * N, lane, db, dc);
-            g = s_mul(gn, decay);
-            h = prev;
-            let dx = (gha + uv * gb) * dsp;
-            if (valid) {
-                dz[row] = (skip * uv + yc) * dzg;
-                du[row] = skip * dyg + dt * gb;
-                ddelta[row] = dx;
-            }
-            d_skip += dyg * uv;
-            d_bias += dx;
+        for (var j = (steps + SUBCHUNK - 1u) / SUBCHUNK; j > 0u; j--) {
+            let s0 = (j - 1u) * SUBCHUNK;
+            let n_in = min(SUBCHUNK, steps - s0);
+            let t = t0 + s0;
+            let h0 = scratch_load((j - 1u) * slot_words + slot0);
+            let h1 = sg_advance(h0, t);
+            let k0 = sg_terms;
+            var h2 = h1;
+            var h3 = h1;
+            var h4 = h1;
+            var k1 = k0;
+            var k2 = k0;
+            var k3 = k0;
+            if (n_in > 1u) { h2 = sg_advance(h1, t + 1u); k1 = sg_terms; }
+            if (n_in > 2u) { h3 = sg_advance(h2, t + 2u); k2 = sg_terms; }
+            if (n_in > 3u) { h4 = sg_advance(h3, t + 3u); k3 = sg_terms; }
+            if (n_in > 3u) { sg_adjoint(t + 3u, h4, h3, k3); }
+            if (n_in > 2u) { sg_adjoint(t + 2u, h3, h2, k2); }
+            if (n_in > 1u) { sg_adjoint(t + 1u, h2, h1, k1); }
+            sg_adjoint(t, h1, h0, k0);
         }
     }
-    if (!valid) { return; }
+    if (!sg_valid) { return; }
     if (dp.kc_lo > 0u) {  // more chunks follow in another dispatch
-        to_words(g);
+        to_words(sg_g);
         for (var n = 0u; n < N; n++) { carry[cb + n] = words[n]; }
-        to_words(da);
+        to_words(sg_da);
         for (var n = 0u; n < N; n++) { carry[cb + N + n] = words[n]; }
-        carry[cb + 2u * N] = d_skip;
-        carry[cb + 2u * N + 1u] = d_bias;
+        carry[cb + 2u * N] = sg_d_skip;
+        carry[cb + 2u * N + 1u] = sg_d_bias;
     } else {
-        let pp = (b * dp.channels + d) * (N + 2u);
-        to_words(s_mul(da, a));  // ∂/∂A_log = ∂/∂A · A
+        let pp = (sg_b * dp.channels + d) * (N + 2u);
+        to_words(s_mul(sg_da, sg_a));  // ∂/∂A_log = ∂/∂A · A
         for (var n = 0u; n < N; n++) { param_part[pp + n] = words[n]; }
-        param_part[pp + N] = d_skip;
-        param_part[pp + N + 1u] = d_bias;
+        param_part[pp + N] = sg_d_skip;
+        param_part[pp + N + 1u] = sg_d_bias;
     }
 }

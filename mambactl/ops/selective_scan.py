@@ -44,6 +44,7 @@ DEFAULT_CHUNK = 128
 PATHS = ("tiled", "direct", "subgroup")
 SUBGROUP_MAX_STATE = 16  # SG_N in the kernel: the subgroup kernels hold the state in four vec4 registers
 SUBGROUP_LANES = 8  # they broadcast from lanes 0-7 and pad Dc to whole subgroups
+SUBGROUP_SUBCHUNK = 4  # SUBCHUNK in the kernel: steps per scratch slot of the subgroup backward
 # Direct backward: invocations (B·G) to aim for when giving each several channels; enough SIMD batches for the
 # CPU's threads, and it bounds the dB / dC partials to about DIRECT_THREADS·L·N each.
 DIRECT_THREADS = 256
@@ -150,8 +151,9 @@ def subgroup_forward_loops_per_step(nstate: int) -> int:
 
 
 def subgroup_backward_loops_per_chunk(nstate: int, steps: int) -> int:
-    """The chunk loop, loading its entry state (16 words) and the recompute and adjoint walks (no inner loops)."""
-    return 1 + SUBGROUP_MAX_STATE + 2 * steps
+    """The chunk loop, loading its entry state (16 words), the walk storing every SUBCHUNK-th state and the
+    walk over sub-chunks (no inner loops)."""
+    return 1 + SUBGROUP_MAX_STATE + steps + -(-steps // SUBGROUP_SUBCHUNK)
 
 
 def subgroup_fixed(nstate: int) -> int:
@@ -318,7 +320,7 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
         groups, span = subgroup_groups(channels), min(s.chunk, length)
         dB_part = rt.empty((groups, batch, length, nstate))
         dC_part = rt.empty((groups, batch, length, nstate))
-        scratch = rt.empty((span, batch * groups, SUBGROUP_MAX_STATE, SUBGROUP_LANES))
+        scratch = rt.empty((-(-span // SUBGROUP_SUBCHUNK), batch * groups, SUBGROUP_MAX_STATE, SUBGROUP_LANES))
         carry = rt.empty((batch, channels, 2 * nstate + 2))
         seg = segment_length(rt, op, tuple(s.u.shape), nchunks, subgroup_backward_loops_per_chunk(nstate, span),
                              subgroup_fixed(nstate), segment=segment)
