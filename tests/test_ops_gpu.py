@@ -246,12 +246,15 @@ def test_rmsnorm_forward_backward(rt, rng, M, D, rows_path):
     assert rel(dw.numpy(), rdw) < REDUCTION_TOL
 
 
-@pytest.mark.parametrize("B,L,C,K", [(1, 1, 1, 4), (2, 3, 17, 4), (1, 65, 3, 2), (3, 17, 130, 4)])
-def test_conv1d_forward_backward(rt, rng, B, L, C, K):
+@pytest.mark.parametrize("walk", [False, True], ids=["per_output", "walk"])
+@pytest.mark.parametrize("B,L,C,K", [(1, 1, 1, 4), (2, 3, 17, 4), (1, 65, 3, 2), (3, 17, 130, 4), (2, 9, 5, 1),
+                                     (2, 2, 3, 3)])
+def test_conv1d_forward_backward(rt, rng, B, L, C, K, walk):
+    """Both the per-output kernels and the walks over time (CPU adapters, K ≤ 4: L shorter than the window too)."""
     (x32, x), (w32, w), (b32, b), (dy32, dy) = f32(rng, B, L, C), f32(rng, C, K), f32(rng, C), f32(rng, B, L, C)
     gx, gw = rt.from_numpy(x32), rt.from_numpy(w32)
-    assert rel(conv1d.conv1d(gx, gw, rt.from_numpy(b32)).numpy(), ref_conv.conv1d(x, w, b)) < ELEMENTWISE_TOL
-    dx, dw, db = conv1d.conv1d_backward(gx, gw, rt.from_numpy(dy32))
+    assert rel(conv1d.conv1d(gx, gw, rt.from_numpy(b32), walk=walk).numpy(), ref_conv.conv1d(x, w, b)) < ELEMENTWISE_TOL
+    dx, dw, db = conv1d.conv1d_backward(gx, gw, rt.from_numpy(dy32), walk=walk)
     rdx, rdw, rdb = ref_conv.conv1d_backward(x, w, dy)
     assert rel(dx.numpy(), rdx) < REDUCTION_TOL
     assert rel(dw.numpy(), rdw) < REDUCTION_TOL
