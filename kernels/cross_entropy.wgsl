@@ -2,7 +2,7 @@
 // Forward: one 256-thread workgroup per row writes lse[row] and loss[row] = lse − logit[target]
 // (cross_entropy_forward_rows, for CPU adapters: one invocation per row, no barriers).
 // Backward: dlogits = (softmax − onehot) · scale on counted rows, 0 on ignored rows, where scale is
-// 1 / (number of counted rows) for the mean.
+// 1 / (number of counted rows) for the mean (cross_entropy_backward_rows: one invocation per row, CPU adapters).
 
 struct Params { rows: u32, vocab: u32, ignore_index: i32, scale: f32 }
 
@@ -93,4 +93,21 @@ fn cross_entropy_forward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @bu
     lse[row] = l;
     let tgt = targets[row];
     if (tgt == p.ignore_index) { loss[row] = 0.0; } else { loss[row] = l - logits[base + u32(tgt)]; }
+}
+
+// The backward as a walk too (CPU adapters): one invocation per row reads its target and lse once, then
+// 1 load and 1 store per logit (the per-element kernel above reads 3 words per element). Grid grid_1d(rows, 64).
+@compute @workgroup_size(64)
+fn cross_entropy_backward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = gid.y * nwg.x * 64u + gid.x;
+    if (row >= p.rows) { return; }
+    let base = row * p.vocab;
+    let tgt = targets[row];
+    let counted = tgt != p.ignore_index;
+    let l = lse_in[row];
+    for (var i = 0u; i < p.vocab; i++) {
+        var g = exp(logits[base + i] - l);
+        if (i32(i) == tgt) { g -= 1.0; }
+        dlogits[base + i] = select(0.0, g * p.scale, counted);
+    }
 }

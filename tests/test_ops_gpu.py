@@ -326,7 +326,7 @@ def test_cross_entropy_forward_backward(rt, rng, M, V, rows_path):
     loss, lse = cross_entropy.cross_entropy(gl, gt, count, rows_path=rows_path)
     assert rel(loss.numpy(), [ref_ce.cross_entropy(lg, targets)]) < REDUCTION_TOL
     assert rel(lse.numpy(), np.log(np.exp(lg - lg.max(1, keepdims=True)).sum(1)) + lg.max(1)) < REDUCTION_TOL
-    d = cross_entropy.cross_entropy_backward(gl, gt, lse, count).numpy()
+    d = cross_entropy.cross_entropy_backward(gl, gt, lse, count, rows_path=rows_path).numpy()
     assert rel(d, ref_ce.cross_entropy_backward(lg, targets)) < REDUCTION_TOL
     assert np.all(d[targets == cross_entropy.IGNORE_INDEX] == 0.0)
 
