@@ -605,12 +605,12 @@ fn selective_scan_backward_direct(@builtin(global_invocation_id) gid: vec3<u32>,
 // array with a dynamic index goes through memory the same way, while arithmetic on registers and
 // subgroupBroadcast from a constant lane cost ~0.02 ns per lane. So B_t and C_t, the same for all channels,
 // are loaded once per subgroup (lane l holds states l and 8 + l) and broadcast; the sums of dB and dC over
-// the subgroup's channels are 8 broadcasts per vec4 (subgroupAdd costs ~2 ns there); and the per-state loops
-// of the direct kernels become straight-line vec4 code. Per lane and step, the backward then loads and stores
-// ~45 words (16 of them the state h_{t−1} from the scratch) where the direct backward moved ~10 per state.
+// the subgroup's channels are a butterfly of subgroupShuffleXor (subgroupAdd costs ~2 ns there); and the
+// per-state loops of the direct kernels become straight-line vec4 code. The backward keeps one scratch slot
+// (16 words) per SUBCHUNK = 4 steps and recomputes each sub-chunk's states into registers (below).
 // The wrapper (ops/selective_scan.py) takes these where Runtime.subgroup_size is 8. Same saved format
 // (states [B, n_chunks, Dc, N], last_state); dB_part, dC_part [Dc / 8 rounded up, B, L, N]; the scratch
-// tile_states [min(chunk, L), B · padded Dc / 8, 16, 8]; carry, param_part as in the direct backward.
+// tile_states [ceil(min(chunk, L) / 4), B · padded Dc / 8, 16, 8]; carry, param_part as in the direct backward.
 const SG_N: u32 = 16u;  // SUBGROUP_MAX_STATE in the wrapper
 
 struct State16 { g0: vec4<f32>, g1: vec4<f32>, g2: vec4<f32>, g3: vec4<f32> }
@@ -632,10 +632,13 @@ fn lanes_lo4(v: f32) -> vec4<f32> {
 fn lanes_hi4(v: f32) -> vec4<f32> {
     return vec4<f32>(subgroupBroadcast(v, 4u), subgroupBroadcast(v, 5u), subgroupBroadcast(v, 6u), subgroupBroadcast(v, 7u));
 }
-// Σ over the 8 lanes, in lane order (so every lane gets the same, deterministic sum).
+// Σ over the 8 lanes by a butterfly (lanes pair across 4, 2, 1): on lavapipe 5× cheaper than 8 broadcasts (and
+// subgroupAdd is ~6× dearer still). Each lane adds in its own fixed order; store_partials takes group j from
+// lane j only, so the stored sums are deterministic.
 fn lanes_sum4(v: vec4<f32>) -> vec4<f32> {
-    return ((subgroupBroadcast(v, 0u) + subgroupBroadcast(v, 1u)) + (subgroupBroadcast(v, 2u) + subgroupBroadcast(v, 3u)))
-         + ((subgroupBroadcast(v, 4u) + subgroupBroadcast(v, 5u)) + (subgroupBroadcast(v, 6u) + subgroupBroadcast(v, 7u)));
+    let a = v + subgroupShuffleXor(v, 4u);
+    let b = a + subgroupShuffleXor(a, 2u);
+    return b + subgroupShuffleXor(b, 1u);
 }
 fn lanes_sum(a: State16) -> State16 { return State16(lanes_sum4(a.g0), lanes_sum4(a.g1), lanes_sum4(a.g2), lanes_sum4(a.g3)); }
 
