@@ -21,6 +21,13 @@ partials of dB and dC (2 × [G, B, L, N]), where G = ceil(Dc / per_thread) chann
 per_thread channels, chosen so that B·G ≈ DIRECT_THREADS (memory O(DIRECT_THREADS·L·N), not O(B·Dc·L·N)),
 except that on llvmpipe one chunk of an invocation's channels must fit the segment budget (a cap of
 SEGMENT_BUDGET / (2·min(chunk, L)·(N + 1)) channels per invocation; 14 for N = 16 and chunk 64).
+
+CPU adapters whose subgroups have 8 lanes (Mesa lavapipe on AVX2; `Runtime.subgroup_size`) take the subgroup
+kernels instead when N ≤ 16 (`path="subgroup"`): the direct walks with the state in vec4 registers and the 8 lanes
+of a subgroup on 8 consecutive channels, sharing B_t and C_t by broadcasts and summing dB, dC across lanes
+(kernels/selective_scan.wgsl says why that is ~5× faster there). Same saved states; transient buffers: the
+partials of dB and dC (2 × [ceil(Dc / 8), B, L, N]) and a scratch of one state per 4 steps of a chunk
+([ceil(min(chunk, L) / 4), B·ceil(Dc / 8), 16, 8]).
 """
 
 from __future__ import annotations
