@@ -105,3 +105,68 @@ fn conv1d_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     }
     y[i] = s;
 }
+
+// --- CPU adapters: walks over time, K ≤ 4 ------------------------------------------------------------------------
+// On Mesa llvmpipe every storage load or store is a loop over the SIMD lanes (~1.5 ns per lane), so the kernels
+// above, one thread per output re-reading K inputs and K weights, move 2K + 1 words per output. These give one
+// invocation a (batch row, channel) that walks time with the last four inputs (or upcoming output gradients) in
+// a vec4 window and its taps in a vec4 register: 2 words per output forward, 3 per step backward, where the
+// backward also accumulates the weight and bias gradients of its column (dw_part [B, C·K], db_part [B, C],
+// summed over the batch by ops.reduce.column_sums). Taps are right-aligned in the vec4: tap k at component
+// k + 4 − K (the rest 0). Grid grid_1d(B·C, 64): invocation b·C + c.
+
+// Component j of the window holds the input at lag 3 − j; tap k multiplies lag K − 1 − k.
+fn taps4(c: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var k = 0u; k < p.taps; k++) { v[k + 4u - p.taps] = w[c * p.taps + k]; }
+    return v;
+}
+
+@compute @workgroup_size(64)
+fn conv1d_forward_walk(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * 64u + gid.x;
+    if (i >= p.batch * p.channels) { return; }
+    let c = i % p.channels;
+    let b = i / p.channels;
+    let tw = taps4(c);
+    let bc = bias[c];
+    var win = vec4<f32>(0.0);  // x[t − 3], x[t − 2], x[t − 1], x[t] (0 before t = 0)
+    for (var t = 0u; t < p.len; t++) {
+        let e = (b * p.len + t) * p.channels + c;
+        win = vec4<f32>(win.yzw, x[e]);
+        y[e] = dot(tw, win) + bc;
+    }
+}
+
+@compute @workgroup_size(64)
+fn conv1d_backward_walk(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * 64u + gid.x;
+    if (i >= p.batch * p.channels) { return; }
+    let c = i % p.channels;
+    let b = i / p.channels;
+    let tw = taps4(c);
+    let back = vec4<f32>(tw.w, tw.z, tw.y, tw.x);  // dx[t] = Σ_j tap(K − 1 − j) · dy[t + j]
+    let row0 = b * p.len;
+    var ahead = vec4<f32>(0.0);  // dy[t], dy[t + 1], dy[t + 2], dy[t + 3] (0 past the end)
+    var past = vec4<f32>(0.0);   // x[t − 3], x[t − 2], x[t − 1], x[t] (0 before t = 0)
+    for (var j = 0u; j < 3u; j++) {  // x[L − 3], x[L − 2], x[L − 1], _: one shift before the window at t = L − 1
+        let t = i32(p.len) - 3 + i32(j);
+        if (t >= 0) { past[j] = x[(row0 + u32(t)) * p.channels + c]; }
+    }
+    var dw4 = vec4<f32>(0.0);
+    var db = 0.0;
+    for (var s = p.len; s > 0u; s--) {
+        let t = s - 1u;
+        let e = (row0 + t) * p.channels + c;
+        let g = dy[e];
+        ahead = vec4<f32>(g, ahead.xyz);
+        var oldest = 0.0;
+        if (t >= 3u) { oldest = x[(row0 + t - 3u) * p.channels + c]; }
+        past = vec4<f32>(oldest, past.xyz);
+        dx[e] = dot(back, ahead);
+        dw4 += g * past;
+        db += g;
+    }
+    for (var k = 0u; k < p.taps; k++) { dw_part[b * p.channels * p.taps + c * p.taps + k] = dw4[k + 4u - p.taps]; }
+    db_part[b * p.channels + c] = db;
+}

@@ -1,7 +1,8 @@
 // Fused softmax cross-entropy over logits [M, V] with targets [M] (i32; ignore_index rows count 0).
-// Forward: one 256-thread workgroup per row writes lse[row] and loss[row] = lse − logit[target].
+// Forward: one 256-thread workgroup per row writes lse[row] and loss[row] = lse − logit[target]
+// (cross_entropy_forward_rows, for CPU adapters: one invocation per row, no barriers).
 // Backward: dlogits = (softmax − onehot) · scale on counted rows, 0 on ignored rows, where scale is
-// 1 / (number of counted rows) for the mean.
+// 1 / (number of counted rows) for the mean (cross_entropy_backward_rows: one invocation per row, CPU adapters).
 
 struct Params { rows: u32, vocab: u32, ignore_index: i32, scale: f32 }
 
@@ -70,4 +71,43 @@ fn cross_entropy_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builti
     var g = exp(logits[i] - lse_in[row]);
     if (i32(col) == tgt) { g -= 1.0; }
     dlogits[i] = g * p.scale;
+}
+
+// CPU adapters (Mesa llvmpipe runs a workgroup as SIMD loops on one thread and every barrier is a coroutine
+// switch: the two tree reductions above cost ~28 µs per row there): one invocation per row walks it once with
+// an online softmax (running max m and Σ exp(x − m), rescaled when m grows). Grid grid_1d(rows, 64).
+@compute @workgroup_size(64)
+fn cross_entropy_forward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = gid.y * nwg.x * 64u + gid.x;
+    if (row >= p.rows) { return; }
+    let base = row * p.vocab;
+    var m = -3.0e38;
+    var s = 0.0;
+    for (var i = 0u; i < p.vocab; i++) {
+        let v = logits[base + i];
+        let grown = max(m, v);
+        s = s * exp(m - grown) + exp(v - grown);
+        m = grown;
+    }
+    let l = m + log(s);
+    lse[row] = l;
+    let tgt = targets[row];
+    if (tgt == p.ignore_index) { loss[row] = 0.0; } else { loss[row] = l - logits[base + u32(tgt)]; }
+}
+
+// The backward as a walk too (CPU adapters): one invocation per row reads its target and lse once, then
+// 1 load and 1 store per logit (the per-element kernel above reads 3 words per element). Grid grid_1d(rows, 64).
+@compute @workgroup_size(64)
+fn cross_entropy_backward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let row = gid.y * nwg.x * 64u + gid.x;
+    if (row >= p.rows) { return; }
+    let base = row * p.vocab;
+    let tgt = targets[row];
+    let counted = tgt != p.ignore_index;
+    let l = lse_in[row];
+    for (var i = 0u; i < p.vocab; i++) {
+        var g = exp(logits[base + i] - l);
+        if (i32(i) == tgt) { g -= 1.0; }
+        dlogits[base + i] = select(0.0, g * p.scale, counted);
+    }
 }

@@ -10,6 +10,8 @@
 //                  block (T = 8: 128² tiles, the default; T = 4: 64² tiles for small outputs), stepping K by
 //                  BK = 16 (so every thread stages whole vec4s of both operands).
 //   matmul_direct  no workgroup memory or barriers, for CPU adapters.
+//   matmul_subgroup  matmul_direct sharing B loads through 8-lane subgroups (lavapipe); compiled only where the
+//                  device has the subgroup feature (runtime/kernels.py strips it elsewhere).
 //
 // How `matmul` is fast (on an H200 through Vulkan: 30-43 TFLOP/s at the model's shapes, was 10-17):
 // - VEC4 (chosen by ops/linear.py when the contiguous dimensions are multiples of 4): every global load
@@ -385,4 +387,118 @@ fn matmul_direct(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
     store_block(wid.z, r0 + 20u, c0 + 0u, d5_0); store_block(wid.z, r0 + 20u, c0 + 4u, d5_1); store_block(wid.z, r0 + 20u, c0 + 8u, d5_2); store_block(wid.z, r0 + 20u, c0 + 12u, d5_3);
     store_block(wid.z, r0 + 24u, c0 + 0u, d6_0); store_block(wid.z, r0 + 24u, c0 + 4u, d6_1); store_block(wid.z, r0 + 24u, c0 + 8u, d6_2); store_block(wid.z, r0 + 24u, c0 + 12u, d6_3);
     store_block(wid.z, r0 + 28u, c0 + 0u, d7_0); store_block(wid.z, r0 + 28u, c0 + 4u, d7_1); store_block(wid.z, r0 + 28u, c0 + 8u, d7_2); store_block(wid.z, r0 + 28u, c0 + 12u, d7_3);
+}
+
+// ---- matmul_subgroup ----------------------------------------------------------------------------
+// matmul_direct with the B operand shared through the subgroup, for CPU adapters whose subgroups are 8 lanes
+// (Mesa lavapipe on AVX2; ops/linear.py checks Runtime.subgroup_size). One workgroup is one subgroup of 8
+// invocations and computes a 64 × 64 tile of C; lane l the 8 rows r0 + 8l .. + 7 and all 64 columns, in
+// 2 × 16 accumulators of 4 × 4. Every lane needs the same 64 values of B per k, so lane l loads columns
+// c0 + 8j + l (j < 8) and subgroupBroadcast hands each to all lanes: 8 + 8 loads per lane per k instead of
+// matmul_direct's 32 + 16, for the same 512 FMAs (on lavapipe a broadcast from a constant lane is a vector
+// shuffle, ~100× cheaper than a load; subgroupAdd and dynamic shuffles are not). K goes in blocks of 8 whose
+// operands are all loaded first, then each 4 × 4 accumulator takes its 8 updates in a row (mul_k8): the 512
+// accumulators live in memory (16 vector registers), so this moves each one once per 8 k instead of once per
+// k (-30 to -40% CPU time at the tiny model's shapes on lavapipe). The block's tail past K multiplies zeros.
+// Loads, clamping and stores as in matmul_direct.
+
+// Lanes 0-3 (lo) or 4-7 (hi) of v as one vec4, in every lane.
+fn lanes_lo4(v: f32) -> vec4<f32> {
+    return vec4<f32>(subgroupBroadcast(v, 0u), subgroupBroadcast(v, 1u), subgroupBroadcast(v, 2u), subgroupBroadcast(v, 3u));
+}
+
+fn lanes_hi4(v: f32) -> vec4<f32> {
+    return vec4<f32>(subgroupBroadcast(v, 4u), subgroupBroadcast(v, 5u), subgroupBroadcast(v, 6u), subgroupBroadcast(v, 7u));
+}
+
+// Rows r .. r + 7 of A at k as two vec4 (0 where k is past the K range: the k-block's tail).
+fn rows8_a(r: u32, k: u32, inside: bool) -> array<vec4<f32>, 2> {
+    let zero = vec4<f32>(0.0);
+    return array<vec4<f32>, 2>(select(zero, col4_a(r, k), inside), select(zero, col4_a(r + 4u, k), inside));
+}
+
+// Columns c0 .. c0 + 63 of B at k as 16 vec4, in every lane: lane l loads columns c0 + 8j + l (j < 8).
+fn cols64_b(k: u32, c0: u32, lane: u32) -> array<vec4<f32>, 16> {
+    let b0 = elem_b(k, c0 + lane);
+    let b1 = elem_b(k, c0 + 8u + lane);
+    let b2 = elem_b(k, c0 + 16u + lane);
+    let b3 = elem_b(k, c0 + 24u + lane);
+    let b4 = elem_b(k, c0 + 32u + lane);
+    let b5 = elem_b(k, c0 + 40u + lane);
+    let b6 = elem_b(k, c0 + 48u + lane);
+    let b7 = elem_b(k, c0 + 56u + lane);
+    return array<vec4<f32>, 16>(lanes_lo4(b0), lanes_hi4(b0), lanes_lo4(b1), lanes_hi4(b1), lanes_lo4(b2), lanes_hi4(b2),
+                                lanes_lo4(b3), lanes_hi4(b3), lanes_lo4(b4), lanes_hi4(b4), lanes_lo4(b5), lanes_hi4(b5),
+                                lanes_lo4(b6), lanes_hi4(b6), lanes_lo4(b7), lanes_hi4(b7));
+}
+
+// acc + Σ_j x[j] ⊗ y[j] over a k-block of 8.
+fn mul_k8(acc: mat4x4<f32>, x: array<vec4<f32>, 8>, y: array<vec4<f32>, 8>) -> mat4x4<f32> {
+    return outer_mul(outer_mul(outer_mul(outer_mul(outer_mul(outer_mul(outer_mul(outer_mul(
+        acc, x[0], y[0]), x[1], y[1]), x[2], y[2]), x[3], y[3]), x[4], y[4]), x[5], y[5]), x[6], y[6]), x[7], y[7]);
+}
+
+@compute @workgroup_size(8)
+fn matmul_subgroup(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+    let r0 = wid.y * 64u + lane * 8u;
+    let c0 = wid.x * 64u;
+    let kz = min(p.k, (wid.z + 1u) * p.k_split);
+    var s0_0 = mat4x4<f32>(); var s0_1 = mat4x4<f32>(); var s0_2 = mat4x4<f32>(); var s0_3 = mat4x4<f32>(); var s0_4 = mat4x4<f32>(); var s0_5 = mat4x4<f32>(); var s0_6 = mat4x4<f32>(); var s0_7 = mat4x4<f32>();
+    var s0_8 = mat4x4<f32>(); var s0_9 = mat4x4<f32>(); var s0_10 = mat4x4<f32>(); var s0_11 = mat4x4<f32>(); var s0_12 = mat4x4<f32>(); var s0_13 = mat4x4<f32>(); var s0_14 = mat4x4<f32>(); var s0_15 = mat4x4<f32>();
+    var s1_0 = mat4x4<f32>(); var s1_1 = mat4x4<f32>(); var s1_2 = mat4x4<f32>(); var s1_3 = mat4x4<f32>(); var s1_4 = mat4x4<f32>(); var s1_5 = mat4x4<f32>(); var s1_6 = mat4x4<f32>(); var s1_7 = mat4x4<f32>();
+    var s1_8 = mat4x4<f32>(); var s1_9 = mat4x4<f32>(); var s1_10 = mat4x4<f32>(); var s1_11 = mat4x4<f32>(); var s1_12 = mat4x4<f32>(); var s1_13 = mat4x4<f32>(); var s1_14 = mat4x4<f32>(); var s1_15 = mat4x4<f32>();
+    for (var kk = wid.z * p.k_split; kk < kz; kk += 8u) {  // one loop iteration per k-block of 8
+        let x0 = rows8_a(r0, min(kk + 0u, kz - 1u), kk + 0u < kz);
+        let x1 = rows8_a(r0, min(kk + 1u, kz - 1u), kk + 1u < kz);
+        let x2 = rows8_a(r0, min(kk + 2u, kz - 1u), kk + 2u < kz);
+        let x3 = rows8_a(r0, min(kk + 3u, kz - 1u), kk + 3u < kz);
+        let x4 = rows8_a(r0, min(kk + 4u, kz - 1u), kk + 4u < kz);
+        let x5 = rows8_a(r0, min(kk + 5u, kz - 1u), kk + 5u < kz);
+        let x6 = rows8_a(r0, min(kk + 6u, kz - 1u), kk + 6u < kz);
+        let x7 = rows8_a(r0, min(kk + 7u, kz - 1u), kk + 7u < kz);
+        let y0 = cols64_b(min(kk + 0u, kz - 1u), c0, lane);
+        let y1 = cols64_b(min(kk + 1u, kz - 1u), c0, lane);
+        let y2 = cols64_b(min(kk + 2u, kz - 1u), c0, lane);
+        let y3 = cols64_b(min(kk + 3u, kz - 1u), c0, lane);
+        let y4 = cols64_b(min(kk + 4u, kz - 1u), c0, lane);
+        let y5 = cols64_b(min(kk + 5u, kz - 1u), c0, lane);
+        let y6 = cols64_b(min(kk + 6u, kz - 1u), c0, lane);
+        let y7 = cols64_b(min(kk + 7u, kz - 1u), c0, lane);
+        let xa0 = array<vec4<f32>, 8>(x0[0], x1[0], x2[0], x3[0], x4[0], x5[0], x6[0], x7[0]);
+        let xa1 = array<vec4<f32>, 8>(x0[1], x1[1], x2[1], x3[1], x4[1], x5[1], x6[1], x7[1]);
+        let ya0 = array<vec4<f32>, 8>(y0[0], y1[0], y2[0], y3[0], y4[0], y5[0], y6[0], y7[0]);
+        let ya1 = array<vec4<f32>, 8>(y0[1], y1[1], y2[1], y3[1], y4[1], y5[1], y6[1], y7[1]);
+        let ya2 = array<vec4<f32>, 8>(y0[2], y1[2], y2[2], y3[2], y4[2], y5[2], y6[2], y7[2]);
+        let ya3 = array<vec4<f32>, 8>(y0[3], y1[3], y2[3], y3[3], y4[3], y5[3], y6[3], y7[3]);
+        let ya4 = array<vec4<f32>, 8>(y0[4], y1[4], y2[4], y3[4], y4[4], y5[4], y6[4], y7[4]);
+        let ya5 = array<vec4<f32>, 8>(y0[5], y1[5], y2[5], y3[5], y4[5], y5[5], y6[5], y7[5]);
+        let ya6 = array<vec4<f32>, 8>(y0[6], y1[6], y2[6], y3[6], y4[6], y5[6], y6[6], y7[6]);
+        let ya7 = array<vec4<f32>, 8>(y0[7], y1[7], y2[7], y3[7], y4[7], y5[7], y6[7], y7[7]);
+        let ya8 = array<vec4<f32>, 8>(y0[8], y1[8], y2[8], y3[8], y4[8], y5[8], y6[8], y7[8]);
+        let ya9 = array<vec4<f32>, 8>(y0[9], y1[9], y2[9], y3[9], y4[9], y5[9], y6[9], y7[9]);
+        let ya10 = array<vec4<f32>, 8>(y0[10], y1[10], y2[10], y3[10], y4[10], y5[10], y6[10], y7[10]);
+        let ya11 = array<vec4<f32>, 8>(y0[11], y1[11], y2[11], y3[11], y4[11], y5[11], y6[11], y7[11]);
+        let ya12 = array<vec4<f32>, 8>(y0[12], y1[12], y2[12], y3[12], y4[12], y5[12], y6[12], y7[12]);
+        let ya13 = array<vec4<f32>, 8>(y0[13], y1[13], y2[13], y3[13], y4[13], y5[13], y6[13], y7[13]);
+        let ya14 = array<vec4<f32>, 8>(y0[14], y1[14], y2[14], y3[14], y4[14], y5[14], y6[14], y7[14]);
+        let ya15 = array<vec4<f32>, 8>(y0[15], y1[15], y2[15], y3[15], y4[15], y5[15], y6[15], y7[15]);
+        s0_0 = mul_k8(s0_0, xa0, ya0); s0_1 = mul_k8(s0_1, xa0, ya1); s0_2 = mul_k8(s0_2, xa0, ya2); s0_3 = mul_k8(s0_3, xa0, ya3);
+        s0_4 = mul_k8(s0_4, xa0, ya4); s0_5 = mul_k8(s0_5, xa0, ya5); s0_6 = mul_k8(s0_6, xa0, ya6); s0_7 = mul_k8(s0_7, xa0, ya7);
+        s0_8 = mul_k8(s0_8, xa0, ya8); s0_9 = mul_k8(s0_9, xa0, ya9); s0_10 = mul_k8(s0_10, xa0, ya10); s0_11 = mul_k8(s0_11, xa0, ya11);
+        s0_12 = mul_k8(s0_12, xa0, ya12); s0_13 = mul_k8(s0_13, xa0, ya13); s0_14 = mul_k8(s0_14, xa0, ya14); s0_15 = mul_k8(s0_15, xa0, ya15);
+        s1_0 = mul_k8(s1_0, xa1, ya0); s1_1 = mul_k8(s1_1, xa1, ya1); s1_2 = mul_k8(s1_2, xa1, ya2); s1_3 = mul_k8(s1_3, xa1, ya3);
+        s1_4 = mul_k8(s1_4, xa1, ya4); s1_5 = mul_k8(s1_5, xa1, ya5); s1_6 = mul_k8(s1_6, xa1, ya6); s1_7 = mul_k8(s1_7, xa1, ya7);
+        s1_8 = mul_k8(s1_8, xa1, ya8); s1_9 = mul_k8(s1_9, xa1, ya9); s1_10 = mul_k8(s1_10, xa1, ya10); s1_11 = mul_k8(s1_11, xa1, ya11);
+        s1_12 = mul_k8(s1_12, xa1, ya12); s1_13 = mul_k8(s1_13, xa1, ya13); s1_14 = mul_k8(s1_14, xa1, ya14); s1_15 = mul_k8(s1_15, xa1, ya15);
+    }
+    store_block(wid.z, r0 + 0u, c0 + 0u, s0_0); store_block(wid.z, r0 + 0u, c0 + 4u, s0_1); store_block(wid.z, r0 + 0u, c0 + 8u, s0_2); store_block(wid.z, r0 + 0u, c0 + 12u, s0_3); store_block(wid.z, r0 + 0u, c0 + 16u, s0_4); store_block(wid.z, r0 + 0u, c0 + 20u, s0_5); store_block(wid.z, r0 + 0u, c0 + 24u, s0_6); store_block(wid.z, r0 + 0u, c0 + 28u, s0_7);
+    store_block(wid.z, r0 + 0u, c0 + 32u, s0_8); store_block(wid.z, r0 + 0u, c0 + 36u, s0_9); store_block(wid.z, r0 + 0u, c0 + 40u, s0_10); store_block(wid.z, r0 + 0u, c0 + 44u, s0_11); store_block(wid.z, r0 + 0u, c0 + 48u, s0_12); store_block(wid.z, r0 + 0u, c0 + 52u, s0_13); store_block(wid.z, r0 + 0u, c0 + 56u, s0_14); store_block(wid.z, r0 + 0u, c0 + 60u, s0_15);
+    store_block(wid.z, r0 + 4u, c0 + 0u, s1_0); store_block(wid.z, r0 + 4u, c0 + 4u, s1_1); store_block(wid.z, r0 + 4u, c0 + 8u, s1_2); store_block(wid.z, r0 + 4u, c0 + 12u, s1_3); store_block(wid.z, r0 + 4u, c0 + 16u, s1_4); store_block(wid.z, r0 + 4u, c0 + 20u, s1_5); store_block(wid.z, r0 + 4u, c0 + 24u, s1_6); store_block(wid.z, r0 + 4u, c0 + 28u, s1_7);
+    store_block(wid.z, r0 + 4u, c0 + 32u, s1_8); store_block(wid.z, r0 + 4u, c0 + 36u, s1_9); store_block(wid.z, r0 + 4u, c0 + 40u, s1_10); store_block(wid.z, r0 + 4u, c0 + 44u, s1_11); store_block(wid.z, r0 + 4u, c0 + 48u, s1_12); store_block(wid.z, r0 + 4u, c0 + 52u, s1_13); store_block(wid.z, r0 + 4u, c0 + 56u, s1_14); store_block(wid.z, r0 + 4u, c0 + 60u, s1_15);
+}
+
+// The subgroup size the adapter runs compute shaders with (Runtime.subgroup_size dispatches one invocation).
+@compute @workgroup_size(1)
+fn subgroup_size_probe(@builtin(subgroup_size) size: u32) {
+    c[0] = vec4<f32>(f32(size));
 }

@@ -595,3 +595,317 @@ fn selective_scan_backward_direct(@builtin(global_invocation_id) gid: vec3<u32>,
         }
     }
 }
+
+// --- CPU adapters with 8-lane subgroups: the direct walks with loads shared across channels ------------------
+// As the direct kernels (one invocation per (batch row, channel) walking time, no barriers or workgroup memory),
+// but for N ≤ 16 with the state in four vec4 registers (a State16; states past N stay 0) and the 8 lanes of
+// a subgroup on 8 consecutive channels of one batch row (Dc is padded to whole subgroups; lanes past Dc
+// compute on the last channel and store nothing). Why (Mesa 22.3 lavapipe, measured with micro-kernels):
+// every storage load or store there is a loop over the SIMD lanes (~1.5 ns per lane), a loop over a private
+// array with a dynamic index goes through memory the same way, while arithmetic on registers and
+// subgroupBroadcast from a constant lane cost ~0.02 ns per lane. So B_t and C_t, the same for all channels,
+// are loaded once per subgroup (lane l holds states l and 8 + l) and broadcast; the sums of dB and dC over
+// the subgroup's channels are a butterfly of subgroupShuffleXor (subgroupAdd costs ~2 ns there); and the
+// per-state loops of the direct kernels become straight-line vec4 code. The backward keeps one scratch slot
+// (16 words) per SUBCHUNK = 4 steps and recomputes each sub-chunk's states into registers (below).
+// The wrapper (ops/selective_scan.py) takes these where Runtime.subgroup_size is 8. Same saved format
+// (states [B, n_chunks, Dc, N], last_state); dB_part, dC_part [Dc / 8 rounded up, B, L, N]; the scratch
+// tile_states [ceil(min(chunk, L) / 4), B · padded Dc / 8, 16, 8]; carry, param_part as in the direct backward.
+const SG_N: u32 = 16u;  // SUBGROUP_MAX_STATE in the wrapper
+
+struct State16 { g0: vec4<f32>, g1: vec4<f32>, g2: vec4<f32>, g3: vec4<f32> }
+
+fn s_splat(x: f32) -> State16 { return State16(vec4<f32>(x), vec4<f32>(x), vec4<f32>(x), vec4<f32>(x)); }
+fn s_add(a: State16, b: State16) -> State16 { return State16(a.g0 + b.g0, a.g1 + b.g1, a.g2 + b.g2, a.g3 + b.g3); }
+fn s_mul(a: State16, b: State16) -> State16 { return State16(a.g0 * b.g0, a.g1 * b.g1, a.g2 * b.g2, a.g3 * b.g3); }
+fn s_scale(a: State16, x: f32) -> State16 { return State16(a.g0 * x, a.g1 * x, a.g2 * x, a.g3 * x); }
+fn s_exp(a: State16) -> State16 { return State16(exp(a.g0), exp(a.g1), exp(a.g2), exp(a.g3)); }
+fn s_dot(a: State16, b: State16) -> f32 { return dot(a.g0, b.g0) + dot(a.g1, b.g1) + dot(a.g2, b.g2) + dot(a.g3, b.g3); }
+fn s_select(a: State16, b: State16, c: bool) -> State16 {
+    return State16(select(a.g0, b.g0, c), select(a.g1, b.g1, c), select(a.g2, b.g2, c), select(a.g3, b.g3, c));
+}
+
+// Lanes 0-3 (lo) or 4-7 (hi) of v as one vec4, in every lane.
+fn lanes_lo4(v: f32) -> vec4<f32> {
+    return vec4<f32>(subgroupBroadcast(v, 0u), subgroupBroadcast(v, 1u), subgroupBroadcast(v, 2u), subgroupBroadcast(v, 3u));
+}
+fn lanes_hi4(v: f32) -> vec4<f32> {
+    return vec4<f32>(subgroupBroadcast(v, 4u), subgroupBroadcast(v, 5u), subgroupBroadcast(v, 6u), subgroupBroadcast(v, 7u));
+}
+// Σ over the 8 lanes by a butterfly (lanes pair across 4, 2, 1): on lavapipe 5× cheaper than 8 broadcasts (and
+// subgroupAdd is ~6× dearer still). Each lane adds in its own fixed order; store_partials takes group j from
+// lane j only, so the stored sums are deterministic.
+fn lanes_sum4(v: vec4<f32>) -> vec4<f32> {
+    let a = v + subgroupShuffleXor(v, 4u);
+    let b = a + subgroupShuffleXor(a, 2u);
+    return b + subgroupShuffleXor(b, 1u);
+}
+fn lanes_sum(a: State16) -> State16 { return State16(lanes_sum4(a.g0), lanes_sum4(a.g1), lanes_sum4(a.g2), lanes_sum4(a.g3)); }
+
+// B_t or C_t (row bc of [B, L, N]) in every lane: lane l loads states l and 8 + l (0 past N).
+fn shared_B(bc: u32, lane: u32) -> State16 {
+    let v0 = select(0.0, B[bc + min(lane, N - 1u)], lane < N);
+    var v1 = 0.0;
+    if (N > 8u) { v1 = select(0.0, B[bc + min(8u + lane, N - 1u)], 8u + lane < N); }
+    return State16(lanes_lo4(v0), lanes_hi4(v0), lanes_lo4(v1), lanes_hi4(v1));
+}
+fn shared_C(bc: u32, lane: u32) -> State16 {
+    let v0 = select(0.0, C[bc + min(lane, N - 1u)], lane < N);
+    var v1 = 0.0;
+    if (N > 8u) { v1 = select(0.0, C[bc + min(8u + lane, N - 1u)], 8u + lane < N); }
+    return State16(lanes_lo4(v0), lanes_hi4(v0), lanes_lo4(v1), lanes_hi4(v1));
+}
+
+// A State16 <-> N words of a buffer goes through this private array (a dynamic index: used once per chunk).
+var<private> words: array<f32, SG_N>;
+fn from_words() -> State16 {
+    return State16(vec4<f32>(words[0], words[1], words[2], words[3]), vec4<f32>(words[4], words[5], words[6], words[7]),
+                   vec4<f32>(words[8], words[9], words[10], words[11]), vec4<f32>(words[12], words[13], words[14], words[15]));
+}
+fn to_words(a: State16) {
+    words[0] = a.g0.x; words[1] = a.g0.y; words[2] = a.g0.z; words[3] = a.g0.w;
+    words[4] = a.g1.x; words[5] = a.g1.y; words[6] = a.g1.z; words[7] = a.g1.w;
+    words[8] = a.g2.x; words[9] = a.g2.y; words[10] = a.g2.z; words[11] = a.g2.w;
+    words[12] = a.g3.x; words[13] = a.g3.y; words[14] = a.g3.z; words[15] = a.g3.w;
+}
+
+// A scratch slot: invocation i's 16 states at slot s are words (s · lanes / 8 + i / 8) · 128 + n · 8 + i % 8
+// (lanes = B · padded Dc): a subgroup's slot is 512 contiguous bytes and one load or store of its 8 lanes
+// touches 32 of them. (A layout [invocation][slot][n] put each lane 4 KiB from the next, so a load's 8 lines
+// shared one L1 set, and the scratch traffic cost ~2× the rest of the backward.) e is the word of state 0.
+fn scratch_store(e: u32, a: State16) {
+    tile_states[e] = a.g0.x; tile_states[e + 8u] = a.g0.y; tile_states[e + 16u] = a.g0.z;
+    tile_states[e + 24u] = a.g0.w;
+    tile_states[e + 32u] = a.g1.x; tile_states[e + 40u] = a.g1.y; tile_states[e + 48u] = a.g1.z;
+    tile_states[e + 56u] = a.g1.w;
+    if (N > 8u) {
+        tile_states[e + 64u] = a.g2.x; tile_states[e + 72u] = a.g2.y;
+        tile_states[e + 80u] = a.g2.z; tile_states[e + 88u] = a.g2.w;
+        tile_states[e + 96u] = a.g3.x; tile_states[e + 104u] = a.g3.y;
+        tile_states[e + 112u] = a.g3.z; tile_states[e + 120u] = a.g3.w;
+    }
+}
+fn scratch_load(e: u32) -> State16 {
+    var hi0 = vec4<f32>(0.0);
+    var hi1 = vec4<f32>(0.0);
+    if (N > 8u) {
+        hi0 = vec4<f32>(tile_states[e + 64u], tile_states[e + 72u], tile_states[e + 80u],
+                        tile_states[e + 88u]);
+        hi1 = vec4<f32>(tile_states[e + 96u], tile_states[e + 104u], tile_states[e + 112u],
+                        tile_states[e + 120u]);
+    }
+    return State16(vec4<f32>(tile_states[e], tile_states[e + 8u], tile_states[e + 16u], tile_states[e + 24u]),
+                   vec4<f32>(tile_states[e + 32u], tile_states[e + 40u], tile_states[e + 48u],
+                             tile_states[e + 56u]), hi0, hi1);
+}
+
+// Group j (lane j < 4) of the subgroup's dB and dC sums to the partials at e (states 4j .. 4j + 3 below N).
+fn store_partials(e: u32, lane: u32, db: State16, dc: State16) {
+    if (lane >= 4u || 4u * lane >= N) { return; }
+    let vb = select(select(select(db.g0, db.g1, lane == 1u), db.g2, lane == 2u), db.g3, lane == 3u);
+    let vc = select(select(select(dc.g0, dc.g1, lane == 1u), dc.g2, lane == 2u), dc.g3, lane == 3u);
+    let n = e + 4u * lane;
+    dB_part[n] = vb.x;
+    dC_part[n] = vc.x;
+    if (4u * lane + 1u < N) { dB_part[n + 1u] = vb.y; dC_part[n + 1u] = vc.y; }
+    if (4u * lane + 2u < N) { dB_part[n + 2u] = vb.z; dC_part[n + 2u] = vc.z; }
+    if (4u * lane + 3u < N) { dB_part[n + 3u] = vb.w; dC_part[n + 3u] = vc.w; }
+}
+
+// A = −exp(A_log[d, :]) (0 past N, so those states never move).
+fn neg_exp_A(d: u32) -> State16 {
+    for (var n = 0u; n < SG_N; n++) { words[n] = select(0.0, -exp(A_log[d * N + min(n, N - 1u)]), n < N); }
+    return from_words();
+}
+
+// Grid grid_1d(B · padded Dc) in workgroups of 64: invocation b · padded + d (padded = 8 · dp.ngroups).
+@compute @workgroup_size(64)
+fn selective_scan_forward_subgroup(@builtin(global_invocation_id) gid: vec3<u32>,
+                                   @builtin(num_workgroups) nwg: vec3<u32>,
+                                   @builtin(subgroup_invocation_id) lane: u32) {
+    let i = gid.y * nwg.x * 64u + gid.x;
+    let padded = 8u * dp.ngroups;
+    if (i >= dp.batch * padded) { return; }  // whole subgroups (batch · padded is a multiple of 8)
+    let b = i / padded;
+    let valid = i % padded < dp.channels;
+    let d = min(i % padded, dp.channels - 1u);
+    let base = (b * dp.channels + d) * N;  // [B, Dc, N] index of (b, d, 0)
+    let a = neg_exp_A(d);
+    var h = s_splat(0.0);
+    if (dp.seg_begin > 0u) {
+        for (var n = 0u; n < SG_N; n++) { words[n] = select(0.0, last_state[base + min(n, N - 1u)], n < N); }
+        h = from_words();
+    }
+    let bias = delta_bias[d];
+    let skip = D[d];
+    for (var t = dp.seg_begin; t < dp.seg_end; t++) {
+        let row = direct_row(b, t, d);
+        if (t % dp.chunk == 0u && valid) {
+            let sb = ((b * dp.nchunks + t / dp.chunk) * dp.channels + d) * N;
+            to_words(h);
+            for (var n = 0u; n < N; n++) { states[sb + n] = words[n]; }
+        }
+        let dt = softplus(delta[row] + bias);
+        let uv = u[row];
+        let bc = (b * dp.len + t) * N;
+        h = s_add(s_mul(s_exp(s_scale(a, dt)), h), s_scale(shared_B(bc, lane), dt * uv));
+        let acc = s_dot(shared_C(bc, lane), h);
+        let zv = z[row];
+        if (valid) { y[row] = (skip * uv + acc) * zv * sigmoid(zv); }
+    }
+    if (valid) {
+        to_words(h);
+        for (var n = 0u; n < N; n++) { last_state[base + n] = words[n]; }
+    }
+}
+
+// The backward's per-invocation values, private so that the step helpers below share them.
+var<private> sg_b: u32;          // batch row
+var<private> sg_d: u32;          // channel (clamped to the last one past Dc)
+var<private> sg_lane: u32;
+var<private> sg_valid: bool;     // the channel exists (lanes past Dc store nothing)
+var<private> sg_grp: u32;        // the subgroup's channel group: the partials' slice
+var<private> sg_a: State16;      // A[d, :]
+var<private> sg_bias: f32;
+var<private> sg_skip: f32;
+var<private> sg_g: State16;      // g_t = ∂loss/∂h_t, carried backwards over steps and chunks
+var<private> sg_da: State16;     // Σ_t g_t exp(Δ_t A) h_{t−1} Δ_t = ∂loss/∂A[d, :] for this batch row
+var<private> sg_d_skip: f32;     // ∂loss/∂D
+var<private> sg_d_bias: f32;     // ∂loss/∂delta_bias
+
+// One step's Δ_t, exp(Δ_t A) and B_t, kept from sg_advance for the adjoint of the same step.
+struct StepTerms { dt: f32, decay: State16, Bt: State16 }
+var<private> sg_terms: StepTerms;
+
+// h after step t from h before it (its terms left in sg_terms).
+fn sg_advance(h: State16, t: u32) -> State16 {
+    let row = direct_row(sg_b, t, sg_d);
+    let dt = softplus(delta[row] + sg_bias);
+    sg_terms = StepTerms(dt, s_exp(s_scale(sg_a, dt)), shared_B((sg_b * dp.len + t) * N, sg_lane));
+    return s_add(s_mul(sg_terms.decay, h), s_scale(sg_terms.Bt, dt * u[row]));
+}
+
+// The adjoint of step t: h is h_t, prev h_{t−1}; g_t becomes g_{t−1}, the sums grow, du, ddelta, dz and the
+// dB / dC partials of step t are written.
+fn sg_adjoint(t: u32, h: State16, prev: State16, terms: StepTerms) {
+    let row = direct_row(sg_b, t, sg_d);
+    let uv = u[row];
+    let zv = z[row];
+    let dyv = dy[row];
+    let gate = sigmoid(zv);
+    let dyg = dyv * zv * gate;                            // dy through the gate
+    let dzg = dyv * gate * (1.0 + zv * sigmoid(-zv));     // dz is this times the ungated y
+    let x = delta[row] + sg_bias;
+    let dt = terms.dt;
+    let dsp = select(sigmoid(x), 1.0, x > 20.0);          // ∂Δ/∂delta
+    let dtu = dt * uv;
+    let Bt = terms.Bt;
+    let Ct = shared_C((sg_b * dp.len + t) * N, sg_lane);
+    let yc = s_dot(Ct, h);                                // C_t·h_t
+    let gn = s_add(sg_g, s_scale(Ct, dyg));
+    let decay = terms.decay;
+    let gh = s_mul(s_mul(gn, decay), prev);               // ∂loss/∂(Δ_t A)
+    sg_da = s_add(sg_da, s_scale(gh, dt));
+    let gha = s_dot(gh, sg_a);
+    let gb = s_dot(gn, Bt);                               // ∂loss/∂(Δ_t u_t)
+    let zero = s_splat(0.0);
+    let db = lanes_sum(s_select(zero, s_scale(gn, dtu), sg_valid));
+    let dc = lanes_sum(s_select(zero, s_scale(h, dyg), sg_valid));
+    store_partials(((sg_grp * dp.batch + sg_b) * dp.len + t) * N, sg_lane, db, dc);
+    sg_g = s_mul(gn, decay);
+    let dx = (gha + uv * gb) * dsp;
+    if (sg_valid) {
+        dz[row] = (sg_skip * uv + yc) * dzg;
+        du[row] = sg_skip * dyg + dt * gb;
+        ddelta[row] = dx;
+    }
+    sg_d_skip += dyg * uv;
+    sg_d_bias += dx;
+}
+
+// Grid grid_1d(B · padded Dc) in workgroups of 64, as the forward. Per chunk: a walk over its steps stores
+// the state entering every SUBCHUNK-th step in the scratch; then each sub-chunk of SUBCHUNK steps, last to
+// first, recomputes its states into registers (h0 .. h4, the helpers written out SUBCHUNK times) and runs
+// their adjoint. That walks the recurrence twice, but moves 2 · 16 / SUBCHUNK scratch words per step
+// instead of 32 (the scratch was 2/3 of this kernel's time with one slot per step).
+const SUBCHUNK: u32 = 4u;
+
+@compute @workgroup_size(64)
+fn selective_scan_backward_subgroup(@builtin(global_invocation_id) gid: vec3<u32>,
+                                    @builtin(num_workgroups) nwg: vec3<u32>,
+                                    @builtin(subgroup_invocation_id) lane: u32) {
+    let i = gid.y * nwg.x * 64u + gid.x;
+    let padded = 8u * dp.ngroups;
+    if (i >= dp.batch * padded) { return; }
+    sg_b = i / padded;
+    sg_lane = lane;
+    sg_valid = i % padded < dp.channels;
+    sg_grp = (i % padded) / 8u;
+    sg_d = min(i % padded, dp.channels - 1u);
+    let d = sg_d;
+    let slot0 = (i / 8u) * 128u + i % 8u;  // scratch word of state 0 at slot 0
+    let slot_words = dp.batch * padded * SG_N;
+    let cb = (sg_b * dp.channels + d) * (2u * N + 2u);
+    sg_a = neg_exp_A(d);
+    sg_g = s_splat(0.0);
+    sg_da = s_splat(0.0);
+    sg_d_skip = 0.0;
+    sg_d_bias = 0.0;
+    if (dp.kc_hi < dp.nchunks) {  // resume from the carry of the dispatch before
+        for (var n = 0u; n < SG_N; n++) { words[n] = select(0.0, carry[cb + min(n, N - 1u)], n < N); }
+        sg_g = from_words();
+        for (var n = 0u; n < SG_N; n++) { words[n] = select(0.0, carry[cb + N + min(n, N - 1u)], n < N); }
+        sg_da = from_words();
+        sg_d_skip = carry[cb + 2u * N];
+        sg_d_bias = carry[cb + 2u * N + 1u];
+    }
+    sg_bias = delta_bias[d];
+    sg_skip = D[d];
+    for (var k = min(dp.kc_hi, dp.nchunks); k > dp.kc_lo; k--) {
+        let t0 = (k - 1u) * dp.chunk;
+        let steps = min(dp.chunk, dp.len - t0);
+        let sb = ((sg_b * dp.nchunks + k - 1u) * dp.channels + d) * N;
+        for (var n = 0u; n < SG_N; n++) { words[n] = select(0.0, saved_states[sb + min(n, N - 1u)], n < N); }
+        var h = from_words();
+        for (var s = 0u; s < steps; s++) {
+            if (s % SUBCHUNK == 0u) { scratch_store((s / SUBCHUNK) * slot_words + slot0, h); }
+            h = sg_advance(h, t0 + s);
+        }
+        for (var j = (steps + SUBCHUNK - 1u) / SUBCHUNK; j > 0u; j--) {
+            let s0 = (j - 1u) * SUBCHUNK;
+            let n_in = min(SUBCHUNK, steps - s0);
+            let t = t0 + s0;
+            let h0 = scratch_load((j - 1u) * slot_words + slot0);
+            let h1 = sg_advance(h0, t);
+            let k0 = sg_terms;
+            var h2 = h1;
+            var h3 = h1;
+            var h4 = h1;
+            var k1 = k0;
+            var k2 = k0;
+            var k3 = k0;
+            if (n_in > 1u) { h2 = sg_advance(h1, t + 1u); k1 = sg_terms; }
+            if (n_in > 2u) { h3 = sg_advance(h2, t + 2u); k2 = sg_terms; }
+            if (n_in > 3u) { h4 = sg_advance(h3, t + 3u); k3 = sg_terms; }
+            if (n_in > 3u) { sg_adjoint(t + 3u, h4, h3, k3); }
+            if (n_in > 2u) { sg_adjoint(t + 2u, h3, h2, k2); }
+            if (n_in > 1u) { sg_adjoint(t + 1u, h2, h1, k1); }
+            sg_adjoint(t, h1, h0, k0);
+        }
+    }
+    if (!sg_valid) { return; }
+    if (dp.kc_lo > 0u) {  // more chunks follow in another dispatch
+        to_words(sg_g);
+        for (var n = 0u; n < N; n++) { carry[cb + n] = words[n]; }
+        to_words(sg_da);
+        for (var n = 0u; n < N; n++) { carry[cb + N + n] = words[n]; }
+        carry[cb + 2u * N] = sg_d_skip;
+        carry[cb + 2u * N + 1u] = sg_d_bias;
+    } else {
+        let pp = (sg_b * dp.channels + d) * (N + 2u);
+        to_words(s_mul(sg_da, sg_a));  // ∂/∂A_log = ∂/∂A · A
+        for (var n = 0u; n < N; n++) { param_part[pp + n] = words[n]; }
+        param_part[pp + N] = sg_d_skip;
+        param_part[pp + N + 1u] = sg_d_bias;
+    }
+}

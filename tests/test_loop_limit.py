@@ -102,6 +102,30 @@ def test_mamba3_block_segmented(gpu, monkeypatch, segment):
 
 
 # --- Mamba-1 selective scan ----------------------------------------------------------------------------------------
+def test_selective_scan_subgroup_long(gpu):
+    """The subgroup kernels (CPU adapters with 8-lane subgroups, N ≤ 16): B 1, L 131,072, Dc 8, N 16 (one
+    subgroup): a forward invocation's time loop alone runs 131k iterations (the wrapper counts 3 per step),
+    a backward one's 164k (177 per chunk of 128 steps counted), so both walks are split into segments on
+    llvmpipe (in one dispatch each, y and du came out 70-80% off there)."""
+    from mambactl.ops.selective_scan import (SUBGROUP_LANES, selective_scan, selective_scan_backward,
+                                             subgroup_backward_loops_per_chunk, subgroup_forward_loops_per_step)
+    from test_ops_selective_scan import GRADS, NAMES, make_inputs, reference
+
+    if gpu.info.type != "CPU" or gpu.subgroup_size != SUBGROUP_LANES:
+        pytest.skip("the subgroup path runs on CPU adapters with 8-lane subgroups")
+    B, L, Dc, N = 1, 131_072, 8, 16
+    assert L * subgroup_forward_loops_per_step(N) > BUDGET
+    assert L // 128 * subgroup_backward_loops_per_chunk(N, 128) > BUDGET
+    x = make_inputs(B, L, Dc, N)
+    dy = rng_normal(1, B, L, Dc)
+    y, saved = selective_scan(*(gpu.from_numpy(x[k]) for k in NAMES), path="subgroup")
+    grads = selective_scan_backward(saved, gpu.from_numpy(dy), path="subgroup")
+    y_ref, grads_ref = reference(x, dy)
+    assert rel_err(y.numpy(), y_ref) < 1e-4
+    for name, got, want in zip(GRADS, grads, grads_ref):
+        assert rel_err(got.numpy(), want) < 1e-4, name
+
+
 @pytest.mark.parametrize("path", ["tiled", "direct"])
 def test_selective_scan_long(gpu, path):
     """B 1, L 2048, Dc 2, N 128 (one channel per workgroup, tiles of T = 4): a forward thread runs ~144 iterations

@@ -114,10 +114,10 @@ def test_linear_forward_backward(rt, rng, M, K, N):
     assert rel(db.numpy(), rdb) < REDUCTION_TOL
 
 
-# (kernel, tile, vec4): matmul_direct with its default stores (vec4 where N allows) and with scalar stores
-# forced, and every tile of the tiled kernel with the default load path (vec4 where the shape allows it, scalar
+# (kernel, tile, vec4): matmul_direct and matmul_subgroup with their default stores (vec4 where N allows) and with
+# scalar stores forced, and every tile of the tiled kernel with the default load path (vec4 where the shape allows it, scalar
 # at ragged shapes) and with the scalar loads forced.
-MATMUL_KERNELS = [("matmul_direct", None, None), ("matmul_direct", None, False)] + [("matmul", tile, None) for tile in sorted(linear.TILES)] + [
+MATMUL_KERNELS = [(k, None, v) for k in linear.CPU_KERNELS for v in (None, False)] + [("matmul", tile, None) for tile in sorted(linear.TILES)] + [
     ("matmul", tile, False) for tile in sorted(linear.TILES)]
 # Ragged shapes (scalar loads) and shapes whose dims are all multiples of 4 (vec4 loads at every transpose):
 # edge tiles in M and N, K not a multiple of the K tile, many K tiles (both shared buffers), exact tiles.
@@ -130,6 +130,7 @@ MATMUL_SHAPES = [(1, 5, 3, 1), (65, 17, 130, 1), (70, 129, 66, 1), (130, 300, 7,
 @pytest.mark.parametrize("M,K,N,split_k", MATMUL_SHAPES)
 def test_every_matmul_kernel_transpose_and_k_split(rt, rng, kernel, tile, vec4, ta, tb, M, K, N, split_k):
     """All kernels run on every adapter here, whichever one the adapter type selects by default."""
+    skip_without_subgroups(rt, kernel)
     (a32, a), (b32, b), (bias32, bias), (acc32, acc) = (
         f32(rng, *((K, M) if ta else (M, K))), f32(rng, *((N, K) if tb else (K, N))), f32(rng, N), f32(rng, M, N))
     ref = (a.T if ta else a) @ (b.T if tb else b)
@@ -172,13 +173,20 @@ def test_matmul_vec4_only_where_rows_align(rt, rng):
         linear.matmul(x, w, trans_b=True, kernel="matmul", vec4=True)
 
 
+def skip_without_subgroups(rt, kernel):
+    if kernel == "matmul_subgroup" and rt.subgroup_size != 8:
+        pytest.skip(f"matmul_subgroup needs 8-lane subgroups (this adapter: {rt.subgroup_size})")
+
+
+@pytest.mark.parametrize("kernel", linear.CPU_KERNELS)
 @pytest.mark.parametrize("trans_a", [False, True])
-def test_matmul_direct_k_past_the_software_adapters_loop_budget(rt, rng, trans_a):
-    """matmul_direct walks its K range in one loop; Mesa llvmpipe cuts loops past 65,535 iterations per
-    invocation (it was 18% off at K = 70,000), so there the K range is split across workgroups."""
+def test_matmul_direct_k_past_the_software_adapters_loop_budget(rt, rng, trans_a, kernel):
+    """matmul_direct and matmul_subgroup walk their K range in one loop; Mesa llvmpipe cuts loops past 65,535
+    iterations per invocation (it was 18% off at K = 70,000), so there the K range is split across workgroups."""
+    skip_without_subgroups(rt, kernel)
     K = 70_000
     (a32, a), (b32, b) = f32(rng, *((K, 3) if trans_a else (3, K))), f32(rng, K, 5)
-    got = linear.matmul(rt.from_numpy(a32), rt.from_numpy(b32), trans_a=trans_a, kernel="matmul_direct").numpy()
+    got = linear.matmul(rt.from_numpy(a32), rt.from_numpy(b32), trans_a=trans_a, kernel=kernel).numpy()
     assert rel(got, (a.T if trans_a else a) @ b) < REDUCTION_TOL
 
 
@@ -200,14 +208,17 @@ def test_matmul_direct_refuses_an_unsplittable_k_on_llvmpipe(rt, rng, monkeypatc
         linear.matmul(a, b, trans_b=True, bias=bias, kernel="matmul_direct")
 
 
+@pytest.mark.parametrize("kernel", linear.CPU_KERNELS)
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
-def test_matmul_direct_edge_blocks(rt, rng, ta, tb):
-    """matmul_direct's 32-row × 16-column blocks: outputs that end inside a block in both dimensions, in
-    several workgroups (their loads read clamped rows and columns, whose results must never be stored), a
-    single-row and a single-column output, and the poisoned output shows any element left unwritten."""
-    for M, K, N in [(97, 45, 83), (1, 33, 70), (70, 33, 1), (33, 7, 17)]:
+def test_matmul_direct_edge_blocks(rt, rng, ta, tb, kernel):
+    """matmul_direct's 32-row × 16-column blocks and matmul_subgroup's 8-row × 64-column ones: outputs that end
+    inside a block in both dimensions, in several workgroups (their loads read clamped rows and columns, whose
+    results must never be stored), a single-row and a single-column output, and the poisoned output shows any
+    element left unwritten."""
+    skip_without_subgroups(rt, kernel)
+    for M, K, N in [(97, 45, 83), (1, 33, 70), (70, 33, 1), (33, 7, 17), (9, 5, 129)]:
         (a32, a), (b32, b) = f32(rng, *((K, M) if ta else (M, K))), f32(rng, *((N, K) if tb else (K, N)))
-        got = linear.matmul(rt.from_numpy(a32), rt.from_numpy(b32), trans_a=ta, trans_b=tb, kernel="matmul_direct").numpy()
+        got = linear.matmul(rt.from_numpy(a32), rt.from_numpy(b32), trans_a=ta, trans_b=tb, kernel=kernel).numpy()
         assert got.shape == (M, N)
         assert rel(got, (a.T if ta else a) @ (b.T if tb else b)) < REDUCTION_TOL
 
@@ -222,24 +233,28 @@ def test_linear_backward_accumulates(rt, rng):
     assert rel(db.numpy(), bacc + rdb) < REDUCTION_TOL
 
 
+@pytest.mark.parametrize("rows_path", [False, True], ids=["workgroup_per_row", "invocation_per_row"])
 @pytest.mark.parametrize("M,D", [(1, 3), (3, 17), (65, 130), (4, 768)])
-def test_rmsnorm_forward_backward(rt, rng, M, D):
+def test_rmsnorm_forward_backward(rt, rng, M, D, rows_path):
     (x32, x), (w32, w), (dy32, dy) = f32(rng, M, D), f32(rng, D), f32(rng, M, D)
     gx, gw = rt.from_numpy(x32), rt.from_numpy(w32)
-    y, rstd = rmsnorm.rmsnorm(gx, gw, eps=1e-5)
+    y, rstd = rmsnorm.rmsnorm(gx, gw, eps=1e-5, rows_path=rows_path)
     assert rel(y.numpy(), ref_norm.rmsnorm(x, w, 1e-5)) < ELEMENTWISE_TOL
-    dx, dw = rmsnorm.rmsnorm_backward(gx, gw, rstd, rt.from_numpy(dy32))
+    dx, dw = rmsnorm.rmsnorm_backward(gx, gw, rstd, rt.from_numpy(dy32), rows_path=rows_path)
     rdx, rdw = ref_norm.rmsnorm_backward(x, w, dy, 1e-5)
     assert rel(dx.numpy(), rdx) < REDUCTION_TOL
     assert rel(dw.numpy(), rdw) < REDUCTION_TOL
 
 
-@pytest.mark.parametrize("B,L,C,K", [(1, 1, 1, 4), (2, 3, 17, 4), (1, 65, 3, 2), (3, 17, 130, 4)])
-def test_conv1d_forward_backward(rt, rng, B, L, C, K):
+@pytest.mark.parametrize("walk", [False, True], ids=["per_output", "walk"])
+@pytest.mark.parametrize("B,L,C,K", [(1, 1, 1, 4), (2, 3, 17, 4), (1, 65, 3, 2), (3, 17, 130, 4), (2, 9, 5, 1),
+                                     (2, 2, 3, 3)])
+def test_conv1d_forward_backward(rt, rng, B, L, C, K, walk):
+    """Both the per-output kernels and the walks over time (CPU adapters, K ≤ 4: L shorter than the window too)."""
     (x32, x), (w32, w), (b32, b), (dy32, dy) = f32(rng, B, L, C), f32(rng, C, K), f32(rng, C), f32(rng, B, L, C)
     gx, gw = rt.from_numpy(x32), rt.from_numpy(w32)
-    assert rel(conv1d.conv1d(gx, gw, rt.from_numpy(b32)).numpy(), ref_conv.conv1d(x, w, b)) < ELEMENTWISE_TOL
-    dx, dw, db = conv1d.conv1d_backward(gx, gw, rt.from_numpy(dy32))
+    assert rel(conv1d.conv1d(gx, gw, rt.from_numpy(b32), walk=walk).numpy(), ref_conv.conv1d(x, w, b)) < ELEMENTWISE_TOL
+    dx, dw, db = conv1d.conv1d_backward(gx, gw, rt.from_numpy(dy32), walk=walk)
     rdx, rdw, rdb = ref_conv.conv1d_backward(x, w, dy)
     assert rel(dx.numpy(), rdx) < REDUCTION_TOL
     assert rel(dw.numpy(), rdw) < REDUCTION_TOL
@@ -297,16 +312,21 @@ def test_embedding_forward_backward(rt, rng, T, V, D):
     assert rel(d_table.numpy(), acc + ref_emb.embedding_backward(ids, dy, V)) < REDUCTION_TOL
 
 
+@pytest.mark.parametrize("rows_path", [False, True], ids=["workgroup_per_row", "invocation_per_row"])
 @pytest.mark.parametrize("M,V", [(1, 3), (17, 65), (65, 1000), (3, 5000)])
-def test_cross_entropy_forward_backward(rt, rng, M, V):
+def test_cross_entropy_forward_backward(rt, rng, M, V, rows_path):
     lg32, lg = f32(rng, M, V, scale=3.0)
+    if M > 2:
+        lg32[M // 2, ::7] = 60.0  # a row whose running max jumps (the online softmax rescales its sum)
+    lg = lg32.astype(np.float64)
     targets = rng.integers(0, V, M).astype(np.int32)
     targets[1::3] = cross_entropy.IGNORE_INDEX
     count = cross_entropy.count_targets(targets)
     gl, gt = rt.from_numpy(lg32), rt.from_numpy(targets)
-    loss, lse = cross_entropy.cross_entropy(gl, gt, count)
+    loss, lse = cross_entropy.cross_entropy(gl, gt, count, rows_path=rows_path)
     assert rel(loss.numpy(), [ref_ce.cross_entropy(lg, targets)]) < REDUCTION_TOL
-    d = cross_entropy.cross_entropy_backward(gl, gt, lse, count).numpy()
+    assert rel(lse.numpy(), np.log(np.exp(lg - lg.max(1, keepdims=True)).sum(1)) + lg.max(1)) < REDUCTION_TOL
+    d = cross_entropy.cross_entropy_backward(gl, gt, lse, count, rows_path=rows_path).numpy()
     assert rel(d, ref_ce.cross_entropy_backward(lg, targets)) < REDUCTION_TOL
     assert np.all(d[targets == cross_entropy.IGNORE_INDEX] == 0.0)
 

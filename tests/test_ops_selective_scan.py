@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
-from mambactl.ops.selective_scan import (PATHS, channels_per_group, direct_per_thread, selective_scan,
-                                         selective_scan_backward, selective_scan_step, tile_steps)
+from mambactl.ops.selective_scan import (PATHS, SUBGROUP_LANES, SUBGROUP_MAX_STATE, channels_per_group,
+                                         direct_per_thread, selective_scan, selective_scan_backward,
+                                         selective_scan_step, subgroup_groups, tile_steps)
 from mambactl.reference import selective_scan as ref
 from mambactl.reference.activations import softplus, softplus_backward
 from mambactl.runtime.gpu import get_runtime
@@ -54,9 +55,17 @@ def rel_err(got, want):
     return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
 
 
+def skip_unsupported(rt, nstate, *paths):
+    """The subgroup kernels run only on 8-lane subgroups (lavapipe on AVX2) and for N ≤ 16."""
+    if "subgroup" in paths and rt.subgroup_size != SUBGROUP_LANES:
+        pytest.skip(f"the subgroup path needs {SUBGROUP_LANES}-lane subgroups (this adapter: {rt.subgroup_size})")
+    if "subgroup" in paths and nstate > SUBGROUP_MAX_STATE:
+        pytest.skip(f"the subgroup path holds at most {SUBGROUP_MAX_STATE} states")
+
+
 def run_gpu(rt, x, dy, chunk=128, grads=None, path=None, backward_path=None, per_thread=None):
-    """`path` forces the forward's kernels ("tiled": the GPU path, "direct": the CPU adapters' path) and,
-    unless `backward_path` differs, the backward's."""
+    """`path` forces the forward's kernels ("tiled": the GPU path; "direct", "subgroup": the CPU adapters'
+    paths) and, unless `backward_path` differs, the backward's."""
     y, saved = selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), chunk=chunk, path=path)
     out = selective_scan_backward(saved, rt.from_numpy(dy), grads, path=backward_path or path, per_thread=per_thread)
     return y.numpy(), [g.numpy() for g in out], saved
@@ -75,6 +84,7 @@ def run_gpu(rt, x, dy, chunk=128, grads=None, path=None, backward_path=None, per
     (1, 17, 3, 128, 8),    # the largest N, one channel per workgroup; tiles of 4 steps
 ])
 def test_matches_reference(rt, path, batch, length, channels, nstate, chunk):
+    skip_unsupported(rt, nstate, path)
     x = make_inputs(batch, length, channels, nstate)
     dy = np.random.default_rng(1).standard_normal((batch, length, channels)).astype(np.float32)
     y, grads, _ = run_gpu(rt, x, dy, chunk, path=path)
@@ -87,6 +97,7 @@ def test_matches_reference(rt, path, batch, length, channels, nstate, chunk):
 
 @pytest.mark.parametrize("path", PATHS)
 def test_parameter_grads_accumulate_deterministically(rt, path):
+    skip_unsupported(rt, 16, path)
     x = make_inputs(2, 40, 11, 16, seed=2)
     dy = np.random.default_rng(3).standard_normal((2, 40, 11)).astype(np.float32)
     _, fresh, _ = run_gpu(rt, x, dy, chunk=16, path=path)
@@ -107,6 +118,7 @@ def test_parameter_grads_accumulate_deterministically(rt, path):
 @pytest.mark.parametrize("path", PATHS)
 def test_saved_states_are_chunk_boundaries_only(rt, path):
     batch, length, channels, nstate, chunk = 2, 300, 5, 16, 64
+    skip_unsupported(rt, nstate, path)
     x = make_inputs(batch, length, channels, nstate)
     _, saved = selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), chunk=chunk, path=path)
     n_chunks = -(-length // chunk)
@@ -138,10 +150,13 @@ def test_direct_backward_channels_per_thread(rt, batch, length, channels, nstate
             assert np.array_equal(a, b), name
 
 
-@pytest.mark.parametrize("forward,backward", [("tiled", "direct"), ("direct", "tiled")])
-def test_paths_share_saved_states(rt, forward, backward):
-    """Both forwards save the same states (so either backward consumes either forward's)."""
-    batch, length, channels, nstate, chunk = 2, 70, 6, 20, 32
+@pytest.mark.parametrize("forward,backward,nstate", [("tiled", "direct", 20), ("direct", "tiled", 20),
+                                                     ("subgroup", "tiled", 16), ("tiled", "subgroup", 16),
+                                                     ("direct", "subgroup", 16), ("subgroup", "direct", 13)])
+def test_paths_share_saved_states(rt, forward, backward, nstate):
+    """All forwards save the same states (so any backward consumes any forward's)."""
+    skip_unsupported(rt, nstate, forward, backward)
+    batch, length, channels, chunk = 2, 70, 6, 32
     x = make_inputs(batch, length, channels, nstate, seed=10)
     dy = np.random.default_rng(11).standard_normal((batch, length, channels)).astype(np.float32)
     y, grads, saved = run_gpu(rt, x, dy, chunk, path=forward, backward_path=backward)
@@ -155,19 +170,23 @@ def test_paths_share_saved_states(rt, forward, backward):
 
 
 def test_direct_path_choice(rt, monkeypatch):
-    """CPU adapters take the direct kernels by default, other adapters the tiled ones; the direct backward's
-    invocations (and so its partials) stay bounded as the batch and channels grow."""
+    """CPU adapters take the subgroup kernels by default where subgroups have 8 lanes, else the direct ones,
+    other adapters the tiled ones; the direct backward's invocations (and so its partials) stay bounded as the
+    batch and channels grow."""
     x = make_inputs(1, 9, 4, 3)
     dy = np.ones((1, 9, 4), np.float32)
     entries = []
     run = rt.run
     monkeypatch.setattr(rt, "run", lambda entry, *a, **k: (entries.append(entry), run(entry, *a, **k)))
     run_gpu(rt, x, dy, chunk=8)
-    suffix = "_direct" if rt.info.type == "CPU" else ""
+    suffix = ""
+    if rt.info.type == "CPU":
+        suffix = "_subgroup" if rt.subgroup_size == SUBGROUP_LANES else "_direct"
     assert {"selective_scan_forward" + suffix, "selective_scan_backward" + suffix} <= set(entries)
     per, groups = direct_per_thread(rt, 8, 64, 1536, 16, 128)
     assert per * groups >= 1536 and (per - 1) * groups < 1536 and groups <= 1536 // 4
     assert direct_per_thread(rt, 8, 64, 128, 16, 128, per_thread=3) == (3, 43)
+    assert [subgroup_groups(c) for c in (1, 8, 9, 128)] == [1, 1, 2, 16]
     with pytest.raises(ShapeError, match="unknown path"):
         selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), path="fast")
 
@@ -218,10 +237,12 @@ def test_last_state_and_recurrent_steps_continue_the_parallel_scan(rt):
 @pytest.mark.parametrize("batch,length,channels,nstate,chunk,segment", [
     (2, 37, 5, 16, 8, 1),     # one tile / chunk per dispatch, L not a multiple of the tile
     (1, 50, 3, 128, 16, 3),   # N = 128: one channel per workgroup, tiles of 4
+    (2, 37, 11, 9, 8, 2),     # channels padded to two subgroups, N not a multiple of 4
 ])
 def test_segmented_matches_one_dispatch(rt, path, batch, length, channels, nstate, chunk, segment):
     """The dispatch segments that Mesa llvmpipe's loop budget needs (h carried in last_state; the adjoint and the
     parameter sums in a carry buffer) give bit-identical results to one dispatch, and match the reference."""
+    skip_unsupported(rt, nstate, path)
     x = make_inputs(batch, length, channels, nstate, seed=6)
     dy = np.random.default_rng(7).standard_normal((batch, length, channels)).astype(np.float32)
     args = [rt.from_numpy(x[k]) for k in NAMES]

@@ -16,11 +16,49 @@ def rt():
 
 
 def test_every_entry_point_compiles_and_builds_its_pipeline(rt):
-    names = [e for m in all_modules().values() for e in m.entries]
-    assert len(names) >= 20
-    for name in names:
-        pipe, layout, ep = rt.pipeline(name)
-        assert pipe is not None and ep.name == name
+    entries = [ep for m in all_modules().values() for ep in m.entries.values()]
+    assert len(entries) >= 20
+    for ep in entries:
+        if not set(ep.features) <= set(rt.features):
+            with pytest.raises(MambactlError, match="needs the device feature"):
+                rt.pipeline(ep.name)
+            continue
+        pipe, layout, got = rt.pipeline(ep.name)
+        assert pipe is not None and got.name == ep.name
+
+
+def test_subgroup_functions_are_left_out_where_the_device_lacks_the_feature():
+    """naga validates a whole module against the device's features, so the runtime compiles a module without
+    the functions that use subgroup operations (directly or through a helper) where `subgroup` is missing."""
+    mod = parse_module(
+        "t",
+        """
+        @group(0) @binding(0) var<storage, read_write> y: array<f32>;
+        fn lanes(v: f32) -> f32 { return subgroupBroadcast(v, 1u); }
+        fn twice(v: f32) -> f32 { return 2.0 * v; }
+        @compute @workgroup_size(8)
+        fn shared(@builtin(local_invocation_index) i: u32) { y[i] = lanes(twice(y[i])); }
+        @compute @workgroup_size(1)
+        fn probe(@builtin(subgroup_size) n: u32) { y[0] = f32(n); }
+        @compute @workgroup_size(8)
+        fn plain(@builtin(local_invocation_index) i: u32) { y[i] = twice(y[i]); }
+        """,
+    )
+    assert mod.entries["shared"].features == ("subgroup",) and mod.entries["probe"].features == ("subgroup",)
+    assert mod.entries["plain"].features == ()
+    stripped = mod.source_for(())
+    assert "subgroup" not in stripped and "fn plain" in stripped and "fn twice" in stripped
+    assert mod.source_for(("subgroup",)) == mod.source
+
+
+def test_subgroup_size_is_measured(rt):
+    """0 without the feature; lavapipe on 256-bit vectors runs 8 lanes (what matmul_subgroup needs)."""
+    if "subgroup" not in rt.features:
+        assert rt.subgroup_size == 0
+        return
+    assert rt.subgroup_size in (1, 2, 4, 8, 16, 32, 64, 128)
+    if "llvmpipe" in rt.info.name and "256 bits" in rt.info.name:
+        assert rt.subgroup_size == 8
 
 
 def test_layout_lists_only_the_bindings_an_entry_uses():

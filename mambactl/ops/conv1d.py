@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mambactl.ops.checks import expect, grid_1d
+from mambactl.ops.checks import SEGMENT_BUDGET, expect, grid_1d
 from mambactl.ops.reduce import column_sums
 from mambactl.runtime.tensor import Tensor
 
@@ -15,20 +15,34 @@ def _dims(op: str, x: Tensor, w: Tensor):
 
 
 _BLOCK_ROWS = 256
+WALK_MAX_TAPS = 4  # the walks hold the taps and the window in vec4 registers
 
 
-def conv1d(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
-    """x [B, L, C], w [C, K] (the [C, 1, K] weight flattened), b [C] -> y [B, L, C]."""
+def _walk(rt, L: int, K: int, walk: bool | None) -> bool:
+    """The *_walk kernels (one invocation per (batch row, channel) walking time): on CPU adapters, for K ≤ 4 and a
+    walk within llvmpipe's loop budget; `walk` forces them (True) or the per-output kernels (False)."""
+    if walk is None:
+        return rt.info.type == "CPU" and K <= WALK_MAX_TAPS and L + K <= SEGMENT_BUDGET
+    return bool(walk)
+
+
+def conv1d(x: Tensor, w: Tensor, b: Tensor, walk: bool | None = None) -> Tensor:
+    """x [B, L, C], w [C, K] (the [C, 1, K] weight flattened), b [C] -> y [B, L, C]. `walk`: see _walk."""
     B, L, C, K = _dims("conv1d", x, w)
     expect("conv1d", "b", b, (C,))
-    y = x.runtime.empty(x.shape)
-    x.runtime.run("conv1d_forward", grid_1d(x.size), x=x, w=w, bias=b, y=y, batch=B, len=L, channels=C, taps=K,
-                  block_rows=0)
+    rt = x.runtime
+    y = rt.empty(x.shape)
+    dims = dict(x=x, w=w, bias=b, y=y, batch=B, len=L, channels=C, taps=K, block_rows=0)
+    if _walk(rt, L, K, walk):
+        rt.run("conv1d_forward_walk", grid_1d(B * C, 64), **dims)
+    else:
+        rt.run("conv1d_forward", grid_1d(x.size), **dims)
     return y
 
 
-def conv1d_backward(x: Tensor, w: Tensor, dy: Tensor, dw: Tensor | None = None, db: Tensor | None = None):
-    """-> (dx [B, L, C], dw [C, K], db [C]); pass dw and db together to accumulate into them."""
+def conv1d_backward(x: Tensor, w: Tensor, dy: Tensor, dw: Tensor | None = None, db: Tensor | None = None,
+                    walk: bool | None = None):
+    """-> (dx [B, L, C], dw [C, K], db [C]); pass dw and db together to accumulate into them. `walk`: see _walk."""
     B, L, C, K = _dims("conv1d_backward", x, w)
     expect("conv1d_backward", "dy", dy, x.shape)
     if dw is not None or db is not None:
@@ -37,10 +51,16 @@ def conv1d_backward(x: Tensor, w: Tensor, dy: Tensor, dw: Tensor | None = None, 
     rt = x.runtime
     dx = rt.empty(x.shape)
     dims = dict(batch=B, len=L, channels=C, taps=K, block_rows=_BLOCK_ROWS)
-    rt.run("conv1d_backward_input", grid_1d(x.size), w=w, dy=dy, dx=dx, **dims)
-    blocks = -(-(B * L) // _BLOCK_ROWS)
-    dw_part, db_part = rt.empty((blocks, C * K)), rt.empty((blocks, C))
-    rt.run("conv1d_backward_weight", (-(-C // 64), K, blocks), x=x, dy=dy, dw_part=dw_part, db_part=db_part, **dims)
+    if _walk(rt, L, K, walk):  # dx and the per-batch-row partials of dw and db in one walk
+        dw_part, db_part = rt.empty((B, C * K)), rt.empty((B, C))
+        rt.run("conv1d_backward_walk", grid_1d(B * C, 64), x=x, w=w, dy=dy, dx=dx, dw_part=dw_part, db_part=db_part,
+               **dims)
+    else:
+        rt.run("conv1d_backward_input", grid_1d(x.size), w=w, dy=dy, dx=dx, **dims)
+        blocks = -(-(B * L) // _BLOCK_ROWS)
+        dw_part, db_part = rt.empty((blocks, C * K)), rt.empty((blocks, C))
+        rt.run("conv1d_backward_weight", (-(-C // 64), K, blocks), x=x, dy=dy, dw_part=dw_part, db_part=db_part,
+               **dims)
     dw = column_sums(dw_part, None if dw is None else dw.reshape(C * K)).reshape(C, K)
     return dx, dw, column_sums(db_part, db)
 

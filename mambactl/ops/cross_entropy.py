@@ -4,36 +4,51 @@ from __future__ import annotations
 
 import numpy as np
 
-from mambactl.ops.checks import I32, expect, grid_1d
+from mambactl.ops.checks import I32, SEGMENT_BUDGET, expect, grid_1d
 from mambactl.ops.reduce import reduce_sum
 from mambactl.runtime.tensor import Tensor
 
 IGNORE_INDEX = -100
 
 
-def cross_entropy(logits: Tensor, targets: Tensor, count: int, ignore_index: int = IGNORE_INDEX):
+def _per_row(rt, V: int, rows_path: bool | None) -> bool:
+    """One invocation per row (the *_rows entry points): on CPU adapters, while a row's loop of V iterations stays
+    within llvmpipe's loop budget; `rows_path` forces either."""
+    return rt.info.type == "CPU" and V <= SEGMENT_BUDGET if rows_path is None else bool(rows_path)
+
+
+def cross_entropy(logits: Tensor, targets: Tensor, count: int, ignore_index: int = IGNORE_INDEX,
+                  rows_path: bool | None = None):
     """logits [M, V], targets [M] int32, count = number of rows whose target != ignore_index (known on
-    the host from the batch). -> (loss [1] = mean CE over counted rows, lse [M] saved for the backward)."""
+    the host from the batch). -> (loss [1] = mean CE over counted rows, lse [M] saved for the backward).
+    `rows_path` forces the one-invocation-per-row forward (True) or the workgroup-per-row one (False); None:
+    per row on CPU adapters."""
     expect("cross_entropy", "logits", logits, (None, None))
     M, V = logits.shape
     expect("cross_entropy", "targets", targets, (M,), I32)
     rt = logits.runtime
     lse, loss_rows = rt.empty((M,)), rt.empty((M,))
-    rt.run("cross_entropy_forward", grid_1d(M, 1), logits=logits, targets=targets, lse=lse, loss=loss_rows,
+    per_row = _per_row(rt, V, rows_path)
+    entry, groups = ("cross_entropy_forward_rows", grid_1d(M, 64)) if per_row else ("cross_entropy_forward", grid_1d(M, 1))
+    rt.run(entry, groups, logits=logits, targets=targets, lse=lse, loss=loss_rows,
            rows=M, vocab=V, ignore_index=ignore_index, scale=0.0)
     loss = reduce_sum(loss_rows, scale=1.0 / max(count, 1))
     return loss, lse
 
 
 def cross_entropy_backward(logits: Tensor, targets: Tensor, lse: Tensor, count: int,
-                           ignore_index: int = IGNORE_INDEX) -> Tensor:
-    """-> dlogits [M, V] = (softmax − onehot) / count on counted rows, 0 on ignored rows."""
+                           ignore_index: int = IGNORE_INDEX, rows_path: bool | None = None) -> Tensor:
+    """-> dlogits [M, V] = (softmax − onehot) / count on counted rows, 0 on ignored rows. `rows_path` as in
+    `cross_entropy`."""
     M, V = logits.shape
     expect("cross_entropy_backward", "targets", targets, (M,), I32)
     expect("cross_entropy_backward", "lse", lse, (M,))
-    dlogits = logits.runtime.empty((M, V))
-    logits.runtime.run("cross_entropy_backward", grid_1d(M * V), logits=logits, targets=targets, lse_in=lse,
-                       dlogits=dlogits, rows=M, vocab=V, ignore_index=ignore_index, scale=1.0 / max(count, 1))
+    rt = logits.runtime
+    dlogits = rt.empty((M, V))
+    per_row = _per_row(rt, V, rows_path)
+    entry, groups = ("cross_entropy_backward_rows", grid_1d(M, 64)) if per_row else ("cross_entropy_backward", grid_1d(M * V))
+    rt.run(entry, groups, logits=logits, targets=targets, lse_in=lse, dlogits=dlogits, rows=M, vocab=V,
+           ignore_index=ignore_index, scale=1.0 / max(count, 1))
     return dlogits
 
 

@@ -11,8 +11,9 @@ from mambactl.runtime.tensor import Tensor
 # On the H200 128² won at every measured shape, x_proj's 80-column output included (64×128, 128×64 and
 # BK 8 variants were never faster and were dropped); 64² is for outputs at most 64 wide.
 TILES = {"64x64": 4, "128x128": 8}
-_DIRECT_TILE = 64  # matmul_direct: 64×64 outputs per 4×2 workgroup (32×16 per invocation)
-_DIRECT_STORE_LOOPS = 512  # matmul_direct: 128 row stores of 4 columns, a loop of 4 each without VEC4
+_DIRECT_TILE = 64  # matmul_direct / matmul_subgroup: 64×64 outputs per workgroup of 8 invocations
+_DIRECT_STORE_LOOPS = 512  # per invocation: 128 row stores of 4 columns, a loop of 4 each without VEC4
+CPU_KERNELS = ("matmul_direct", "matmul_subgroup")  # no workgroup memory or barriers
 _FILL_GROUPS = 512  # fewer output tiles than this: split K across workgroups (then sum the planes)
 _MIN_SPLIT_K = 512  # each split's K range is at least this long
 _COLUMN_SUMS_MAX = 65535 * 64  # column_sums (which adds the split planes) runs one 64-wide workgroup row
@@ -21,6 +22,12 @@ _COLUMN_SUMS_MAX = 65535 * 64  # column_sums (which adds the split planes) runs 
 def choose_tile(M: int, N: int, K: int) -> str:
     """The `matmul` tile for an M×N output (GPU adapters)."""
     return "64x64" if min(M, N) <= 64 else "128x128"
+
+
+def cpu_kernel(rt) -> str:
+    """The GEMM for a CPU adapter: matmul_subgroup where subgroups have 8 lanes (it broadcasts from lanes 0-7;
+    Mesa lavapipe on AVX2), else matmul_direct."""
+    return "matmul_subgroup" if rt.subgroup_size == 8 else "matmul_direct"
 
 
 def vec4_ok(M: int, N: int, K: int, trans_a: bool, trans_b: bool) -> bool:
@@ -45,8 +52,8 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
     """C[M, N] = op(A) op(B) (+ bias); A is [M, K] ([K, M] if trans_a), B is [K, N] ([N, K] if trans_b).
 
     With `out`, the product is added into it (gradient accumulation). The defaults pick everything by adapter
-    and shape; tests and benchmarks can force each choice: `kernel` "matmul" (tiled) or "matmul_direct"
-    (CPU adapters), `tile` one of TILES, `vec4=False` the scalar loads that ragged shapes need (True
+    and shape; tests and benchmarks can force each choice: `kernel` "matmul" (tiled), "matmul_direct" or
+    "matmul_subgroup" (CPU adapters: `cpu_kernel`), `tile` one of TILES, `vec4=False` the scalar loads that ragged shapes need (True
     raises where the shape does not allow vec4), `split_k` the number of K slices (default: enough to fill
     the GPU when the output has few tiles and K is long), `raster` whether workgroup x walks row tiles
     (default: x walks whichever of rows and columns has fewer tiles)."""
@@ -66,7 +73,7 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
         expect("matmul", "out", out, (M, N))
     rt = a.runtime
     cpu = rt.info.type == "CPU"
-    entry = kernel or ("matmul_direct" if cpu else "matmul")
+    entry = kernel or (cpu_kernel(rt) if cpu else "matmul")
     consts = {"TRANS_A": trans_a, "TRANS_B": trans_b, "HAS_BIAS": bias is not None}
     if entry == "matmul":
         tile = tile or choose_tile(M, N, K)
@@ -77,11 +84,11 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
         if raster is None:
             raster = -(-M // bm) < -(-N // bn)
         consts.update(VEC4=vec4_path(M, N, K, trans_a, trans_b, vec4), T=t, RASTER=raster)
-    elif entry == "matmul_direct":
+    elif entry in CPU_KERNELS:
         bm = bn = _DIRECT_TILE
         consts["VEC4"] = vec4_path(M, N, K, trans_a, trans_b, vec4)  # its stores (its loads are scalar)
     else:
-        raise ShapeError(f"matmul: unknown kernel {entry!r}; 'matmul' or 'matmul_direct'")
+        raise ShapeError(f"matmul: unknown kernel {entry!r}; 'matmul', 'matmul_direct' or 'matmul_subgroup'")
     groups = (-(-N // bn), -(-M // bm))
     if entry == "matmul" and raster:
         groups = groups[::-1]
@@ -90,7 +97,7 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
         split_k = 1 if bias is not None or cpu else max(1, min(_FILL_GROUPS // tiles, K // _MIN_SPLIT_K))
         if M * N > _COLUMN_SUMS_MAX or split_k * M * N * 4 > rt.max_binding:
             split_k = 1
-        if entry == "matmul_direct":  # one loop iteration per k: on llvmpipe a K range must fit its loop budget
+        if entry in CPU_KERNELS:  # one loop iteration per k: on llvmpipe a K range must fit its loop budget
             k_range = segment_length(rt, "matmul", (M, K, N), K, per_step=1, fixed=_DIRECT_STORE_LOOPS, multiple=16)
             split_k = max(split_k, -(-K // k_range))
             if split_k > 1 and (bias is not None or M * N > _COLUMN_SUMS_MAX or split_k * M * N * 4 > rt.max_binding):

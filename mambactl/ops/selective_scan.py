@@ -21,6 +21,13 @@ partials of dB and dC (2 × [G, B, L, N]), where G = ceil(Dc / per_thread) chann
 per_thread channels, chosen so that B·G ≈ DIRECT_THREADS (memory O(DIRECT_THREADS·L·N), not O(B·Dc·L·N)),
 except that on llvmpipe one chunk of an invocation's channels must fit the segment budget (a cap of
 SEGMENT_BUDGET / (2·min(chunk, L)·(N + 1)) channels per invocation; 14 for N = 16 and chunk 64).
+
+CPU adapters whose subgroups have 8 lanes (Mesa lavapipe on AVX2; `Runtime.subgroup_size`) take the subgroup
+kernels instead when N ≤ 16 (`path="subgroup"`): the direct walks with the state in vec4 registers and the 8 lanes
+of a subgroup on 8 consecutive channels, sharing B_t and C_t by broadcasts and summing dB, dC across lanes
+(kernels/selective_scan.wgsl says why that is ~5× faster there). Same saved states; transient buffers: the
+partials of dB and dC (2 × [ceil(Dc / 8), B, L, N]) and a scratch of one state per 4 steps of a chunk
+([ceil(min(chunk, L) / 4), B·ceil(Dc / 8), 16, 8]).
 """
 
 from __future__ import annotations
@@ -41,7 +48,10 @@ TILES = (16, 8, 4)  # steps per tile, largest first
 WORKGROUP_MEMORY = 16384
 CHUNK_MULTIPLE = 8
 DEFAULT_CHUNK = 128
-PATHS = ("tiled", "direct")
+PATHS = ("tiled", "direct", "subgroup")
+SUBGROUP_MAX_STATE = 16  # SG_N in the kernel: the subgroup kernels hold the state in four vec4 registers
+SUBGROUP_LANES = 8  # they broadcast from lanes 0-7 and pad Dc to whole subgroups
+SUBGROUP_SUBCHUNK = 4  # SUBCHUNK in the kernel: steps per scratch slot of the subgroup backward
 # Direct backward: invocations (B·G) to aim for when giving each several channels; enough SIMD batches for the
 # CPU's threads, and it bounds the dB / dC partials to about DIRECT_THREADS·L·N each.
 DIRECT_THREADS = 256
@@ -142,6 +152,27 @@ def direct_backward_fixed(nstate: int) -> int:
     return 1 + 2 * nstate  # per channel: its loop, loading A (and the carry), storing the sums
 
 
+def subgroup_forward_loops_per_step(nstate: int) -> int:
+    """The time loop, and the store of N states at a chunk boundary (at most every 8 steps: chunk ≥ 8)."""
+    return 1 + -(-nstate // CHUNK_MULTIPLE)
+
+
+def subgroup_backward_loops_per_chunk(nstate: int, steps: int) -> int:
+    """The chunk loop, loading its entry state (16 words), the walk storing every SUBCHUNK-th state and the
+    walk over sub-chunks (no inner loops)."""
+    return 1 + SUBGROUP_MAX_STATE + steps + -(-steps // SUBGROUP_SUBCHUNK)
+
+
+def subgroup_fixed(nstate: int) -> int:
+    """Per invocation: loading A and a carry (16 words each), storing the sums (2N)."""
+    return 3 * SUBGROUP_MAX_STATE + 2 * nstate
+
+
+def subgroup_groups(channels: int) -> int:
+    """Subgroups of channels (Dc padded to whole subgroups): the partials' leading dimension."""
+    return -(-channels // SUBGROUP_LANES)
+
+
 def direct_per_thread(rt, batch: int, length: int, channels: int, nstate: int, chunk: int,
                       per_thread: int | None = None) -> tuple[int, int]:
     """-> (channels per invocation, channel groups G) for the direct backward: B·G ≈ DIRECT_THREADS, and on
@@ -163,10 +194,22 @@ def _choose_path(rt, op: str, path: str | None, nstate: int, steps: int) -> str:
         return path
     if getattr(getattr(rt, "info", None), "type", None) != "CPU":
         return "tiled"
+    if nstate <= SUBGROUP_MAX_STATE and getattr(rt, "subgroup_size", 0) == SUBGROUP_LANES:
+        one = subgroup_backward_loops_per_chunk(nstate, steps) + subgroup_fixed(nstate)
+        if not (is_llvmpipe(rt) and one > LOOP_BUDGET):
+            return "subgroup"
     # The direct backward walks a whole chunk per dispatch; where one chunk is over llvmpipe's budget the tiled
     # kernels (finer segments) take it.
     one = direct_backward_loops_per_chunk(nstate, steps) + direct_backward_fixed(nstate)
     return "tiled" if is_llvmpipe(rt) and one > LOOP_BUDGET else "direct"
+
+
+def _check_subgroup(rt, op: str, nstate: int) -> None:
+    if nstate > SUBGROUP_MAX_STATE:
+        raise ShapeError(f"{op}: the subgroup path holds at most {SUBGROUP_MAX_STATE} states; A_log has N = {nstate}")
+    if rt.subgroup_size != SUBGROUP_LANES:
+        raise ShapeError(f"{op}: the subgroup path needs {SUBGROUP_LANES}-lane subgroups; this adapter has "
+                         f"{rt.subgroup_size or 'none'}")
 
 
 def _constants(nstate: int, chunk: int) -> dict:
@@ -193,7 +236,19 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
     y = rt.empty(u.shape)
     states = rt.empty((batch, params["nchunks"], channels, nstate))
     last_state = rt.empty((batch, channels, nstate))
-    if _choose_path(rt, op, path, nstate, min(chunk, length)) == "direct":
+    chosen = _choose_path(rt, op, path, nstate, min(chunk, length))
+    if chosen == "subgroup":
+        _check_subgroup(rt, op, nstate)
+        seg = segment_length(rt, op, tuple(u.shape), length, subgroup_forward_loops_per_step(nstate),
+                             subgroup_fixed(nstate), segment=segment)
+        groups = subgroup_groups(channels)
+        for t0, t1 in segments(length, seg):
+            params.update(seg_begin=t0, seg_end=t1)
+            rt.run("selective_scan_forward_subgroup", grid_1d(batch * groups * SUBGROUP_LANES, DIRECT_FORWARD_GROUP),
+                   {"N": nstate}, u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y,
+                   states=states, last_state=last_state, ngroups=groups, per_thread=1, **params)
+        return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
+    if chosen == "direct":
         seg = segment_length(rt, op, tuple(u.shape), length, direct_forward_loops_per_step(nstate), 2 * nstate,
                              segment=segment)
         for t0, t1 in segments(length, seg):
@@ -266,7 +321,24 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
     nchunks = params["nchunks"]
     du, ddelta, dz = rt.empty(s.u.shape), rt.empty(s.u.shape), rt.empty(s.u.shape)
     param_part = rt.empty((batch, channels, nstate + 2))
-    if _choose_path(rt, op, path, nstate, min(s.chunk, length)) == "direct":
+    chosen = _choose_path(rt, op, path, nstate, min(s.chunk, length))
+    if chosen == "subgroup":
+        _check_subgroup(rt, op, nstate)
+        groups, span = subgroup_groups(channels), min(s.chunk, length)
+        dB_part = rt.empty((groups, batch, length, nstate))
+        dC_part = rt.empty((groups, batch, length, nstate))
+        scratch = rt.empty((-(-span // SUBGROUP_SUBCHUNK), batch * groups, SUBGROUP_MAX_STATE, SUBGROUP_LANES))
+        carry = rt.empty((batch, channels, 2 * nstate + 2))
+        seg = segment_length(rt, op, tuple(s.u.shape), nchunks, subgroup_backward_loops_per_chunk(nstate, span),
+                             subgroup_fixed(nstate), segment=segment)
+        for hi in range(nchunks, 0, -seg):
+            params.update(kc_lo=max(0, hi - seg), kc_hi=hi)
+            rt.run("selective_scan_backward_subgroup", grid_1d(batch * groups * SUBGROUP_LANES, DIRECT_FORWARD_GROUP),
+                   {"N": nstate}, u=s.u, delta=s.delta, A_log=s.A_log, B=s.B, C=s.C, D=s.D, z=s.z,
+                   delta_bias=s.delta_bias, dy=dy, saved_states=s.states, du=du, ddelta=ddelta, dz=dz,
+                   dB_part=dB_part, dC_part=dC_part, param_part=param_part, tile_states=scratch, carry=carry,
+                   ngroups=groups, per_thread=1, **params)
+    elif chosen == "direct":
         per, groups = direct_per_thread(rt, batch, length, channels, nstate, s.chunk, per_thread)
         dB_part = rt.empty((groups, batch, length, nstate))
         dC_part = rt.empty((groups, batch, length, nstate))

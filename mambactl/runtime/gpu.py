@@ -16,7 +16,7 @@ import struct
 import numpy as np
 import wgpu
 
-from mambactl.errors import ShapeError
+from mambactl.errors import MambactlError, ShapeError
 from mambactl.runtime import device as device_mod
 from mambactl.runtime.kernels import all_modules, entry_point
 from mambactl.runtime.memory import BufferPool
@@ -66,6 +66,19 @@ class Runtime:
         # (entry, constants, nanoseconds) per dispatch, read back with timestamp queries (a host round trip).
         self.gpu_times: list | None = None
         self._queries = None
+        self._subgroup_size: int | None = None
+
+    @property
+    def subgroup_size(self) -> int:
+        """Lanes per subgroup in compute shaders (0 without the subgroup feature), measured once by a probe
+        dispatch: kernels that share loads through fixed lane numbers (matmul_subgroup) need exactly 8."""
+        if self._subgroup_size is None:
+            self._subgroup_size = 0
+            if "subgroup" in self.features:
+                out = self.empty((4,))
+                self.run("subgroup_size_probe", (1,), c=out)
+                self._subgroup_size = int(self.read(out)[0])
+        return self._subgroup_size
 
     # pipelines --------------------------------------------------------------------------------------
     def pipeline(self, entry: str, constants: dict | None = None):
@@ -73,9 +86,12 @@ class Runtime:
         key = (entry, tuple(sorted((constants or {}).items())))
         if key not in self._pipelines:
             ep = entry_point(entry)
+            missing = [f for f in ep.features if f not in self.features]
+            if missing:
+                raise MambactlError(f"{entry}: needs the device feature(s) {missing}, which {self.info.name} lacks")
             if ep.module not in self._shader_modules:
                 self._shader_modules[ep.module] = self.device.create_shader_module(
-                    label=ep.module, code=all_modules()[ep.module].source
+                    label=ep.module, code=all_modules()[ep.module].source_for(self.features)
                 )
             bgl = self.device.create_bind_group_layout(
                 entries=[

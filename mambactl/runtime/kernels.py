@@ -22,6 +22,9 @@ _STRUCT = re.compile(r"struct\s+(\w+)\s*\{([^}]*)\}")
 _IDENT = re.compile(r"(?<![\w.])[A-Za-z_]\w*")  # not a member access like gid.y
 _COMMENT = re.compile(r"//[^\n]*")
 _SCALAR_SIZE = {"u32": 4, "i32": 4, "f32": 4}
+# WGSL that only compiles where the device has the `subgroup` feature (naga validates a whole module against the
+# device's features, so a module using it would fail everywhere else).
+_SUBGROUP_USE = re.compile(r"\bsubgroup[A-Z]\w*\s*\(|@builtin\(\s*subgroup_")
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class EntryPoint:
     name: str
     bindings: tuple[Binding, ...]  # sorted by number
     params: tuple[tuple[str, str], ...]  # uniform struct fields (name, scalar type), in order; () if none
+    features: tuple[str, ...] = ()  # device features it needs ("subgroup")
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,12 @@ class Module:
     name: str
     source: str
     entries: dict
+    # The source without the functions that use subgroup operations (and the entries that call them), for devices
+    # without the feature; the same text when nothing uses them.
+    source_without_subgroup: str = ""
+
+    def source_for(self, features) -> str:
+        return self.source if "subgroup" in features else self.source_without_subgroup
 
 
 def _functions(src: str) -> dict[str, tuple[bool, str]]:
@@ -64,11 +74,40 @@ def _functions(src: str) -> dict[str, tuple[bool, str]]:
     return out
 
 
+def _function_spans(src: str) -> dict[str, tuple[int, int]]:
+    """name -> (start, end) of the whole definition (attributes included), by the same brace matching."""
+    spans = {}
+    for m in _FN.finditer(src):
+        start = src.index("{", m.end())
+        depth, i = 0, start
+        while True:
+            depth += {"{": 1, "}": -1}.get(src[i], 0)
+            if depth == 0:
+                break
+            i += 1
+        spans[m.group(2)] = (m.start(), i + 1)
+    return spans
+
+
+def _uses_subgroup(funcs: dict[str, tuple[bool, str]]) -> set[str]:
+    """The functions that use subgroup operations themselves or through a function they call."""
+    uses = {f for f, (_, body) in funcs.items() if _SUBGROUP_USE.search(body)}
+    grew = True
+    while grew:
+        grew = False
+        for f, (_, body) in funcs.items():
+            if f not in uses and any(ident in uses for ident in _IDENT.findall(body)):
+                uses.add(f)
+                grew = True
+    return uses
+
+
 def parse_module(name: str, source: str) -> Module:
     source = _COMMENT.sub("", source)
     globals_ = {m.group(4): (int(m.group(1)), m.group(2), m.group(3), m.group(5).strip()) for m in _GLOBAL.finditer(source)}
     structs = {m.group(1): m.group(2) for m in _STRUCT.finditer(source)}
     funcs = _functions(source)
+    subgroup_fns = _uses_subgroup(funcs)
     entries = {}
     for fname, (is_entry, _) in funcs.items():
         if not is_entry:
@@ -97,8 +136,12 @@ def parse_module(name: str, source: str) -> Module:
                 for pname, pty in params:
                     if pty not in _SCALAR_SIZE:
                         raise ValueError(f"{name}.wgsl: uniform field {pname} has type {pty}; only u32/i32/f32")
-        entries[fname] = EntryPoint(name, fname, tuple(sorted(bindings, key=lambda b: b.number)), params)
-    return Module(name, source, entries)  # source without comments is what gets compiled
+        entries[fname] = EntryPoint(name, fname, tuple(sorted(bindings, key=lambda b: b.number)), params,
+                                    ("subgroup",) if fname in subgroup_fns else ())
+    stripped = source
+    for start, end in sorted((span for f, span in _function_spans(source).items() if f in subgroup_fns), reverse=True):
+        stripped = stripped[:start] + stripped[end:]
+    return Module(name, source, entries, stripped)  # source without comments is what gets compiled
 
 
 def kernel_dir():
