@@ -890,8 +890,7 @@ fn pair_tiles(idx: u32) -> vec2<u32> {
     return vec2<u32>(mt, idx - mt * (mt + 1u) / 2u);
 }
 
-// M_DCB's crossing sums for head e_h from T in F (= stage's first 1024 vec4s as [t][(o + t) % 64] scalars),
-// on diagonal tiles (ssd_dcb_offdiag takes the others):
+// M_DCB's crossing sums for head e_h from T in F (= stage's first 1024 vec4s as [t][(o + t) % 64] scalars):
 // X_σ = Σ_{t ≥ σ, s < σ} T_ts over this tile pair, into x_part row (pair, h) [B, H, nchunks, npairs, Q]
 // (zero where the tile adds nothing). With row prefix sums F[t][o] = Σ_{s ≤ o} T_ts (direct sums):
 //   σ in (n0, n0 + 64): Σ_{t ≥ σ} F[t][σ − 1 − n0];  σ in [n0 + 64, m0): Σ_t F[t][63];
@@ -953,51 +952,6 @@ fn ssd_dcb_crossing(tid: u32, pair: u32, npairs: u32) {
             if (sigma >= e_n0 + 64u && sigma < e_m0) { v = t_red[832u]; }
             if (sigma >= e_m0 && sigma < e_m0 + 64u) { v = t_red[832u + sigma - e_m0]; }
         }
-        x_part[out_base + sigma] = v;
-    }
-    workgroupBarrier();
-}
-
-// The same sums off the diagonal (n0 + 64 ≤ m0, so every row t of the tile is past every column s): X_σ needs
-// only T's column sums (σ in the column block: Σ_{s < σ}) and row sums (σ in the row block: Σ_{t ≥ σ}; between
-// the blocks: the total), so no F tile. tv: this thread's 4 × 4 block of T. Partials by thread go through
-// `stage` ([column][ty], then [row][tx]), the 64 column and row sums and their prefix / suffix through t_red.
-fn stage_f(i: u32) -> f32 { return stage[i >> 2u][i & 3u]; }
-
-fn ssd_dcb_offdiag(tid: u32, tv: mat4x4<f32>, pair: u32, npairs: u32) {
-    for (var j = 0u; j < 4u; j++) {
-        let c = (e_tx * 4u + j) * 16u + e_ty;
-        stage[c >> 2u][c & 3u] = tv[0][j] + tv[1][j] + tv[2][j] + tv[3][j];
-    }
-    for (var i = 0u; i < 4u; i++) {
-        let r = 1024u + (e_ty * 4u + i) * 16u + e_tx;
-        stage[r >> 2u][r & 3u] = tv[i].x + tv[i].y + tv[i].z + tv[i].w;
-    }
-    workgroupBarrier();
-    if (tid < 128u) {  // column sums (tid < 64), row sums (64 ≤ tid < 128), 16 partials each in order
-        var sum = 0.0;
-        for (var l = 0u; l < 16u; l++) { sum += stage_f(tid * 16u + l); }
-        t_red[768u + tid] = sum;
-    }
-    workgroupBarrier();
-    if (tid < 64u) {  // σ = n0 + 1 + tid: the columns s ≤ n0 + tid
-        var run = 0.0;
-        for (var c = 0u; c <= tid; c++) { run += t_red[768u + c]; }
-        t_red[tid] = run;
-    } else if (tid < 128u) {  // σ = m0 + j: the rows t ≥ m0 + j (j = 0: the tile total)
-        let j = tid - 64u;
-        var run = 0.0;
-        for (var r = j; r < 64u; r++) { run += t_red[832u + r]; }
-        t_red[64u + j] = run;
-    }
-    workgroupBarrier();
-    let q = td.chunk;
-    let out_base = (((e_b * td.heads + e_h) * td.nchunks + e_c) * npairs + pair) * q;
-    for (var sigma = tid; sigma < q; sigma += 256u) {
-        var v = 0.0;
-        if (sigma > e_n0 && sigma < e_n0 + 64u) { v = t_red[sigma - e_n0 - 1u]; }
-        if (sigma >= e_n0 + 64u && sigma < e_m0) { v = t_red[64u]; }
-        if (sigma >= e_m0 && sigma < e_m0 + 64u) { v = t_red[64u + sigma - e_m0]; }
         x_part[out_base + sigma] = v;
     }
     workgroupBarrier();
@@ -1123,7 +1077,6 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             zero_acc();
             e_run(tid, 0u, total);  // e_acc = dy_t·x_s over the tile (its barriers publish the tables)
             workgroupBarrier();  // every thread is past its last multiply: F may overwrite the staged tiles
-            var tv = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));  // T
             for (var i = 0u; i < 4u; i++) {
                 let r = e_ty * 4u + i;
                 let t = e_m0 + r;
@@ -1137,21 +1090,12 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
                     if (t / SUB != s / SUB) { dsum = t_row_lo[r] + t_col_rlo[o] + t_mid[(r / SUB) * 4u + o / SUB]; }
                     let gv = select(0.0, e_acc[i][j] * exp(min(dsum, 0.0)) * t_col_sc[o], ok);
                     dcb[i][j] += gv;
-                    tv[i][j] = gv * cbv[j];
+                    let fi = f_idx(r, o);
+                    stage[fi >> 2u][fi & 3u] = gv * cbv[j];
                 }
             }
-            if (e_m0 == e_n0) {  // uniform: the diagonal tile needs the row prefix sums F
-                for (var i = 0u; i < 4u; i++) {
-                    for (var j = 0u; j < 4u; j++) {
-                        let fi = f_idx(e_ty * 4u + i, e_tx * 4u + j);
-                        stage[fi >> 2u][fi & 3u] = tv[i][j];
-                    }
-                }
-                workgroupBarrier();
-                ssd_dcb_crossing(tid, wid.x, npairs);
-            } else {
-                ssd_dcb_offdiag(tid, tv, wid.x, npairs);
-            }
+            workgroupBarrier();
+            ssd_dcb_crossing(tid, wid.x, npairs);
         }
         let plane = td.batch * td.nchunks * td.ngroups * q * q;
         for (var i = 0u; i < 4u; i++) {

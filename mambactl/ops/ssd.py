@@ -94,8 +94,7 @@ def kernel_loops(chunk: int, headdim: int, nstate: int, heads: int = 1, groups: 
         "y": mids + (_cdiv(nstate, KSTEP) + _cdiv(q, KSTEP)) * plain + 2 * rows + 4 * 4,
         "state": _cdiv(q, KSTEP) * plain + 4,
         "dxd": mids + (_cdiv(nstate, KSTEP) + _cdiv(q, KSTEP)) * plain + 3 * rows + 64 + 4 * 8,
-        "dcb": _cdiv(hpg, _min_split(hpg)) * (mids + _cdiv(headdim, KSTEP) * plain + 16 * 4 + 2 * 16 + 2 * 16 + 4
-                                               + 64 + _cdiv(q, WORKGROUP))
+        "dcb": _cdiv(hpg, _min_split(hpg)) * (mids + _cdiv(headdim, KSTEP) * plain + 16 * 4 + 2 * 16 + 2 * 16 + 4 + _cdiv(q, WORKGROUP))
         + 4,
         "dbc": _cdiv(q, KSTEP) * pairs + _cdiv(hpg * headdim, KSTEP) * plain + 4,
     }
