@@ -49,7 +49,7 @@ class Runtime:
         self.max_binding = int(self.limits["max-storage-buffer-binding-size"])
         self.max_groups = int(self.limits["max-compute-workgroups-per-dimension"])
         self.pool = BufferPool(self.device)
-        self._shader_modules: dict[str, object] = {}
+        self._shader_modules: dict[tuple[str, bool], object] = {}  # (module, with its subgroup functions)
         self._pipelines: dict[tuple, tuple] = {}
         self._uniforms = self.device.create_buffer(
             size=_UNIFORM_SLOT * _UNIFORM_SLOTS, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
@@ -89,9 +89,12 @@ class Runtime:
             missing = [f for f in ep.features if f not in self.features]
             if missing:
                 raise MambactlError(f"{entry}: needs the device feature(s) {missing}, which {self.info.name} lacks")
-            if ep.module not in self._shader_modules:
-                self._shader_modules[ep.module] = self.device.create_shader_module(
-                    label=ep.module, code=all_modules()[ep.module].source_for(self.features)
+            # A module's subgroup functions are compiled only for the entry points that use them (the CPU
+            # adapters' kernels): every other entry gets the module without them, the code GPUs were measured with.
+            module_key = (ep.module, bool(ep.features))
+            if module_key not in self._shader_modules:
+                self._shader_modules[module_key] = self.device.create_shader_module(
+                    label=ep.module, code=all_modules()[ep.module].source_for(ep.features)
                 )
             bgl = self.device.create_bind_group_layout(
                 entries=[
@@ -100,7 +103,7 @@ class Runtime:
                 ]
             )
             layout = self.device.create_pipeline_layout(bind_group_layouts=[bgl])
-            stage = {"module": self._shader_modules[ep.module], "entry_point": entry}
+            stage = {"module": self._shader_modules[module_key], "entry_point": entry}
             if constants:
                 stage["constants"] = {k: float(v) for k, v in constants.items()}
             pipe = self.device.create_compute_pipeline(label=entry, layout=layout, compute=stage)

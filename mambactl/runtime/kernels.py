@@ -49,7 +49,7 @@ class Module:
     source: str
     entries: dict
     # The source without the functions that use subgroup operations (and the entries that call them), for devices
-    # without the feature; the same text when nothing uses them.
+    # without the feature and for every entry point that uses none; the same text when nothing uses them.
     source_without_subgroup: str = ""
 
     def source_for(self, features) -> str:
