@@ -3,34 +3,37 @@
 //   Δ = softplus(delta + delta_bias), A = −exp(A_log), h_t = exp(Δ_t A) h_{t−1} + Δ_t B_t u_t,
 //   y_t = (C_t·h_t + D u_t) · silu(z_t).
 //
-// Threads: one per (batch b, channel d, state n). A workgroup of WG threads owns one batch row and CH channels
-// (thread = c·N + n; CH is a power of two ≤ WG / N, so it divides WG) and walks time in order, so h is a
-// register carried from step to step and no workgroup of a dispatch depends on another.
-// Time goes in tiles of T steps: a tile's inputs are staged in workgroup memory by all threads at once (so
-// their memory latency is paid once per tile, not per step), and the sums across threads (over n for y, du,
-// ddelta; over the workgroup's channels for dB, dC) run once per tile, so a tile costs a few barriers.
-// N, CH and T are pipeline constants (the workgroup arrays are sized by them); the wrapper picks T so that
-// workgroup memory stays within WebGPU's guaranteed 16 KiB.
-// Speed (H200, B 8, L 1024, Dc 1536, N 16, T 8): forward ≈ 1.2 ms, backward ≈ 3.7 ms. The forward is bound by
-// global-load latency at each tile's staging (stubbing the loads out halves it), not by barriers or exp.
+// GPU kernels: one thread per (batch b, channel d) holds the channel's N states in registers (NV = ceil(N / 4)
+// vec4s, zero-padded: a = 0 and B = C = 0 keep the pad at 0) and walks time in order; a workgroup is CW
+// channels of one batch row. So the sums over n (y, du, ddelta, dz) stay inside a thread, and only the sums over
+// channels (dB, dC) cross threads. Time goes in tiles of TS steps: a tile's B_t and C_t, which all the
+// workgroup's channels use, are staged in workgroup memory by all threads at once, double-buffered so that a
+// tile costs one barrier in the forward; each thread stages its own per-step inputs (Δ, u, z, ...) first, so
+// their loads are in flight together. Per state and step this issues about six instructions (one exp), where
+// a thread per (b, d, n) with the sums over n across threads (the previous design: forward 0.9 ms, backward
+// 2.9 ms per layer at B 8, L 1024, Dc 1536, N 16 on an H200) issued about three times as many.
+// N, NV, CW and TS are pipeline constants (the workgroup arrays are sized by them); the wrapper picks CW and TS
+// so that workgroup memory fits the device's limit.
 // Memory: the forward saves only the state entering each chunk of `chunk` steps, states [B, n_chunks, Dc, N].
-// The backward walks the chunks last to first: it recomputes the tile entry states of a chunk into
-// tile_states (per workgroup, chunk / T states per thread), then for each tile, last to first, the tile's
-// states in workgroup memory, and runs the adjoint g_t = ∂loss/∂h_t = C_t dy'_t + exp(Δ_{t+1} A) g_{t+1}
-// backwards (dy' = dy·silu(z)). Sums over channels go out as per-workgroup partials (dB_part, dC_part) and
-// sums over batch as per-batch-row partials (param_part); second dispatches add them in a fixed order,
+// The backward walks the chunks last to first: it recomputes the tile entry states of a chunk into tile_states
+// (a global scratch [B, Dc / CW, tiles per chunk, N, CW], small enough to stay in L2), then for each tile, last
+// to first, recomputes the tile's states h_t into h_tile and runs the adjoint
+// g_t = ∂loss/∂h_t = C_t dy'_t + exp(Δ_{t+1} A) g_{t+1} backwards (dy' = dy·silu(z)), writing g_t into g_tile;
+// after one barrier the workgroup sums dC_t[n] = Σ_c h_t[c, n] dy'_t[c] and dB_t[n] = Σ_c g_t[c, n] Δ_t u_t[c]
+// over its channels from those tiles. Sums over channels go out as per-workgroup partials (dB_part, dC_part)
+// and sums over batch as per-batch-row partials (param_part); second dispatches add them in a fixed order,
 // so results are deterministic and there are no atomics.
 
-const WG: u32 = 128u;  // mirrored by the wrapper (mambactl/ops/selective_scan.py)
-
-override N: u32 = 16u;  // state size
-override CH: u32 = 8u;  // channels per workgroup
-override T: u32 = 8u;   // steps per tile; divides chunk
+override N: u32 = 16u;   // state size
+override NV: u32 = 4u;   // ceil(N / 4): vec4s of state per channel
+override CW: u32 = 32u;  // channels per workgroup, one thread each
+override TS: u32 = 8u;   // steps per tile
 override ACCUMULATE: bool = false;
+const MAX_NV: u32 = 32u;  // NV at the largest N (MAX_STATE in the wrapper)
 
 // Segments (Mesa llvmpipe caps one invocation's loop iterations at 65,535 in total, so there the wrapper splits
 // the walk over time into dispatches; elsewhere one dispatch covers it): the forward runs steps [seg_begin,
-// seg_end) (multiples of T), h entering from last_state when seg_begin > 0; the backward runs chunks kc_hi down to
+// seg_end) (multiples of TS), h entering from last_state when seg_begin > 0; the backward runs chunks kc_hi down to
 // kc_lo + 1 (1-based), its carried sums entering from carry when kc_hi < nchunks and leaving there when kc_lo > 0.
 struct ScanParams { batch: u32, len: u32, channels: u32, chunk: u32, nchunks: u32, seg_begin: u32, seg_end: u32,
                     kc_lo: u32, kc_hi: u32 }
@@ -55,11 +58,11 @@ struct StepParams { batch: u32, channels: u32, nstate: u32 }
 @group(0) @binding(13) var<storage, read_write> du: array<f32>;
 @group(0) @binding(14) var<storage, read_write> ddelta: array<f32>;
 @group(0) @binding(15) var<storage, read_write> dz: array<f32>;
-@group(0) @binding(16) var<storage, read_write> dB_part: array<f32>;  // [Dc / CH, B, L, N]
-@group(0) @binding(17) var<storage, read_write> dC_part: array<f32>;  // [Dc / CH, B, L, N]
+@group(0) @binding(16) var<storage, read_write> dB_part: array<f32>;  // [Dc / CW, B, L, N]
+@group(0) @binding(17) var<storage, read_write> dC_part: array<f32>;  // [Dc / CW, B, L, N]
 // [B, Dc, N + 2]: per batch row, ∂loss/∂A_log[d, :], then ∂loss/∂D[d], then ∂loss/∂delta_bias[d]
 @group(0) @binding(18) var<storage, read_write> param_part: array<f32>;
-@group(0) @binding(19) var<storage, read_write> tile_states: array<f32>;  // [B, Dc / CH, tiles per chunk, WG]
+@group(0) @binding(19) var<storage, read_write> tile_states: array<f32>;  // [B, Dc / CW, tiles per chunk, N, CW]
 @group(0) @binding(20) var<uniform> q: SumParams;
 @group(0) @binding(21) var<storage, read> part: array<f32>;
 @group(0) @binding(22) var<storage, read_write> total: array<f32>;
@@ -71,25 +74,24 @@ struct StepParams { batch: u32, channels: u32, nstate: u32 }
 // Decode: one step for a batch of single tokens, u, delta, z, y [B, Dc], B_t, C_t [B, N], state [B, Dc, N].
 @group(0) @binding(28) var<uniform> st: StepParams;
 @group(0) @binding(29) var<storage, read_write> state: array<f32>;
-@group(0) @binding(30) var<storage, read_write> carry: array<f32>;  // [B, Dc / CH, WG, 4]: backward segments
-
-// Per (step of the tile, channel of the workgroup), index s·CH + c.
-var<workgroup> dt_tile: array<f32, T * CH>;        // Δ_t
-var<workgroup> u_tile: array<f32, T * CH>;         // u_t
-var<workgroup> z_tile: array<f32, T * CH>;         // z_t
-var<workgroup> dyg_tile: array<f32, T * CH>;       // dy'_t = dy_t·silu(z_t): the gradient reaching y before the gate
-var<workgroup> dzg_tile: array<f32, T * CH>;       // dy_t·silu'(z_t): dz_t is this times the ungated y_t
-var<workgroup> dsoftplus_tile: array<f32, T * CH>; // ∂Δ_t/∂delta_t
-// Per (step of the tile, state), index s·N + n.
-var<workgroup> B_tile: array<f32, T * N>;
-var<workgroup> C_tile: array<f32, T * N>;
-// Per (step of the tile, channel, state), index s·CH·(N + 1) + c·(N + 1) + n: padding each channel's row by
-// one word puts the N values of one channel, and the same n of consecutive channels, in distinct banks.
-// state_terms holds C_t·h_t in the forward; in the backward first h_t, then (the adjoint pass overwrites
-// step t once it is past it) g_t·exp(Δ_t A)·h_{t−1}·A. Both hold at least WG words
-// (T ≥ 4 and CH·(N + 1) ≥ WG / 2).
-var<workgroup> state_terms: array<f32, T * CH * (N + 1u)>;
-var<workgroup> adjoint: array<f32, T * CH * (N + 1u)>;  // g_t
+@group(0) @binding(30) var<storage, read_write> carry: array<f32>;  // [B, Dc, 2N + 2]: backward segments
+// B_t and C_t of a tile's steps, index ((buffer·TS + s)·2 + (0: B, 1: C))·NV + j; zero past N and past the
+// tile's last step.
+var<workgroup> bc_tile: array<vec4<f32>, 4u * TS * NV>;
+// A thread's own per-step inputs, index s·CW + c (only thread c reads them).
+var<workgroup> dt_own: array<f32, TS * CW>;         // Δ_t
+var<workgroup> u_own: array<f32, TS * CW>;          // u_t
+var<workgroup> gate_own: array<f32, TS * CW>;       // forward: z_t; backward: dy_t·silu'(z_t) (dz_t is this times the ungated y_t)
+var<workgroup> dsoftplus_own: array<f32, TS * CW>;  // ∂Δ_t/∂delta_t
+// Per-step factors that the channel sums read across threads, double-buffered as bc_tile: index
+// (buffer·TS + s)·CW + c.
+var<workgroup> dyg_tile: array<f32, 2u * TS * CW>;  // dy'_t = dy_t·silu(z_t): the gradient reaching y before the gate
+var<workgroup> dtu_tile: array<f32, 2u * TS * CW>;  // Δ_t u_t
+// The backward's h_t and g_t of the tile's steps, index (s·NV + j)·(CW + 1) + c: the pad of one vec4 per row puts
+// the channel sums' reads (state n of step s by each thread, 4·(CW + 1) words apart per vec4 row) in distinct
+// banks.
+var<workgroup> h_tile: array<vec4<f32>, TS * NV * (CW + 1u)>;
+var<workgroup> g_tile: array<vec4<f32>, TS * NV * (CW + 1u)>;
 
 fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 
@@ -109,95 +111,106 @@ fn softplus(x: f32) -> f32 {
 
 // Row of a [B, L, Dc] tensor.
 fn row_index(b: u32, t: u32, d: u32) -> u32 { return (b * p.len + t) * p.channels + d; }
-
-// Stage what advancing the state over steps [t0, t0 + steps) needs: Δ, u and B. Channels past Dc are left
-// alone (no thread reads them).
-fn load_step_inputs(b: u32, d0: u32, t0: u32, steps: u32, thread: u32) {
-    for (var i = thread; i < steps * CH; i += WG) {
-        let d = d0 + i % CH;
-        if (d < p.channels) {
-            let row = row_index(b, t0 + i / CH, d);
-            dt_tile[i] = softplus(delta[row] + delta_bias[d]);
-            u_tile[i] = u[row];
+// Stage B_t and C_t of batch row b for steps [t0, t_end) into buffer `buf` of bc_tile.
+fn stage_bc(b: u32, t0: u32, t_end: u32, buf: u32, thread: u32) {
+    for (var i = thread; i < 2u * TS * NV; i += CW) {
+        let t = t0 + i / (2u * NV);
+        let j = i % NV;
+        let from_C = (i / NV) % 2u == 1u;
+        var v = vec4<f32>(0.0);
+        if (t < t_end) {
+            let base = (b * p.len + t) * N + 4u * j;
+            for (var k = 0u; k < 4u; k++) {
+                if (4u * j + k < N) {
+                    if (from_C) { v[k] = C[base + k]; } else { v[k] = B[base + k]; }
+                }
+            }
         }
-    }
-    for (var i = thread; i < steps * N; i += WG) { B_tile[i] = B[(b * p.len + t0) * N + i]; }
-}
-
-fn load_C(b: u32, t0: u32, steps: u32, thread: u32) {
-    for (var i = thread; i < steps * N; i += WG) { C_tile[i] = C[(b * p.len + t0) * N + i]; }
-}
-
-fn load_z(b: u32, d0: u32, t0: u32, steps: u32, thread: u32) {
-    for (var i = thread; i < steps * CH; i += WG) {
-        let d = d0 + i % CH;
-        if (d < p.channels) { z_tile[i] = z[row_index(b, t0 + i / CH, d)]; }
+        bc_tile[buf * 2u * TS * NV + i] = v;
     }
 }
 
-// Stage the backward's per-(step, channel) factors: dy through the gate, and the gate's and softplus's
-// derivatives.
-fn load_grad_factors(b: u32, d0: u32, t0: u32, steps: u32, thread: u32) {
-    for (var i = thread; i < steps * CH; i += WG) {
-        let d = d0 + i % CH;
-        if (d < p.channels) {
-            let row = row_index(b, t0 + i / CH, d);
-            let zv = z[row];
-            let gate = sigmoid(zv);
-            dyg_tile[i] = dy[row] * zv * gate;
-            dzg_tile[i] = dy[row] * gate * (1.0 + zv * sigmoid(-zv));  // 1 − σ(z) = σ(−z), no cancellation
-            let x = delta[row] + delta_bias[d];
-            dsoftplus_tile[i] = select(sigmoid(x), 1.0, x > 20.0);
-        }
-    }
-}
+// Index of step s's B_t (its C_t follows NV later) in bc_tile.
+fn bc_index(buf: u32, s: u32) -> u32 { return (buf * TS + s) * 2u * NV; }
 
-// Grid (Dc / CH, B).
-@compute @workgroup_size(128)
+// Grid (ceil(Dc / CW), B).
+@compute @workgroup_size(CW)
 fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let b = wid.y;
-    let d0 = wid.x * CH;
-    let thread = lid.x;
-    let c = thread / N;
-    let n = thread % N;
-    let owns_state = c < CH && d0 + c < p.channels;
-    let slot = c * (N + 1u) + n;
-    let stride = CH * (N + 1u);  // state_terms per step
-    var a = 0.0;
-    if (owns_state) { a = -exp(A_log[(d0 + c) * N + n]); }
-    var h = 0.0;
-    if (owns_state && p.seg_begin > 0u) { h = last_state[(b * p.channels + d0 + c) * N + n]; }
-    for (var t0 = p.seg_begin; t0 < p.seg_end; t0 += T) {
-        if (owns_state && t0 % p.chunk == 0u) {
-            states[((b * p.nchunks + t0 / p.chunk) * p.channels + d0 + c) * N + n] = h;
-        }
-        let steps = min(T, p.len - t0);
-        load_step_inputs(b, d0, t0, steps, thread);
-        load_C(b, t0, steps, thread);
-        load_z(b, d0, t0, steps, thread);
-        workgroupBarrier();
-        if (owns_state) {
-            for (var s = 0u; s < steps; s++) {
-                let dt = dt_tile[s * CH + c];
-                h = exp(dt * a) * h + dt * u_tile[s * CH + c] * B_tile[s * N + n];
-                state_terms[s * stride + slot] = C_tile[s * N + n] * h;
+    let c = lid.x;
+    let d = wid.x * CW + c;
+    let live = d < p.channels;
+    let sbase = (b * p.channels + d) * N;  // (b, d, 0) in [B, Dc, N]
+    var a: array<vec4<f32>, MAX_NV>;
+    var h: array<vec4<f32>, MAX_NV>;
+    for (var j = 0u; j < NV; j++) {
+        var aj = vec4<f32>(0.0);
+        var hj = vec4<f32>(0.0);
+        for (var k = 0u; k < 4u; k++) {
+            let n = 4u * j + k;
+            if (live && n < N) {
+                aj[k] = -exp(A_log[d * N + n]);
+                if (p.seg_begin > 0u) { hj[k] = last_state[sbase + n]; }
             }
         }
-        workgroupBarrier();
-        for (var i = thread; i < steps * CH; i += WG) {
-            let s = i / CH;
-            let cc = i % CH;
-            if (d0 + cc < p.channels) {
-                var acc = D[d0 + cc] * u_tile[i];
-                for (var m = 0u; m < N; m++) { acc += state_terms[s * stride + cc * (N + 1u) + m]; }
-                let zv = z_tile[i];
-                y[row_index(b, t0 + s, d0 + cc)] = acc * zv * sigmoid(zv);
+        a[j] = aj;
+        h[j] = hj;
+    }
+    var bias = 0.0;
+    var skip = 0.0;
+    if (live) {
+        bias = delta_bias[d];
+        skip = D[d];
+    }
+    var buf = 0u;
+    for (var t0 = p.seg_begin; t0 < p.seg_end; t0 += TS) {
+        let t_end = min(t0 + TS, p.seg_end);
+        stage_bc(b, t0, t_end, buf, c);
+        if (live) {
+            for (var t = t0; t < t_end; t++) {
+                let row = row_index(b, t, d);
+                let i = (t - t0) * CW + c;
+                dt_own[i] = softplus(delta[row] + bias);
+                u_own[i] = u[row];
+                gate_own[i] = z[row];
             }
         }
-        workgroupBarrier();  // the next tile overwrites the staged inputs
+        workgroupBarrier();  // bc_tile[buf] is staged; the other buffer may be refilled from here on
+        if (live) {
+            for (var t = t0; t < t_end; t++) {
+                let i = (t - t0) * CW + c;
+                if (t % p.chunk == 0u) {
+                    let cs = ((b * p.nchunks + t / p.chunk) * p.channels + d) * N;
+                    for (var j = 0u; j < NV; j++) {
+                        for (var k = 0u; k < 4u; k++) {
+                            if (4u * j + k < N) { states[cs + 4u * j + k] = h[j][k]; }
+                        }
+                    }
+                }
+                let dt = dt_own[i];
+                let uv = u_own[i];
+                let dtu = dt * uv;
+                let bi = bc_index(buf, t - t0);
+                var acc = vec4<f32>(0.0);
+                for (var j = 0u; j < NV; j++) {
+                    let hj = exp(dt * a[j]) * h[j] + dtu * bc_tile[bi + j];
+                    h[j] = hj;
+                    acc += bc_tile[bi + NV + j] * hj;
+                }
+                let zv = gate_own[i];
+                y[row_index(b, t, d)] = (acc.x + acc.y + acc.z + acc.w + skip * uv) * zv * sigmoid(zv);
+            }
+        }
+        buf ^= 1u;
     }
     // The final state seeds recurrent decoding after a parallel prefill.
-    if (owns_state) { last_state[(b * p.channels + d0 + c) * N + n] = h; }
+    if (live) {
+        for (var j = 0u; j < NV; j++) {
+            for (var k = 0u; k < 4u; k++) {
+                if (4u * j + k < N) { last_state[sbase + 4u * j + k] = h[j][k]; }
+            }
+        }
+    }
 }
 
 // One recurrent step per (batch row, channel), walking its N states in `state` (read and updated):
@@ -220,160 +233,228 @@ fn selective_scan_step(@builtin(global_invocation_id) gid: vec3<u32>) {
     let zv = z[i];
     y[i] = acc * zv * sigmoid(zv);
 }
-
-// Grid (Dc / CH, B), as the forward.
-@compute @workgroup_size(128)
+// Grid (ceil(Dc / CW), B), as the forward.
+@compute @workgroup_size(CW)
 fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                            @builtin(local_invocation_id) lid: vec3<u32>) {
     let b = wid.y;
-    let d0 = wid.x * CH;
-    let thread = lid.x;
-    let c = thread / N;
-    let n = thread % N;
-    let owns_state = c < CH && d0 + c < p.channels;
-    let slot = c * (N + 1u) + n;
-    let stride = CH * (N + 1u);
-    let nch = min(CH, p.channels - d0);  // channels of this workgroup inside Dc
-    var a = 0.0;
-    if (owns_state) { a = -exp(A_log[(d0 + c) * N + n]); }
-    let tiles_per_chunk = (min(p.chunk, p.len) + T - 1u) / T;
-    let scratch = (b * nwg.x + wid.x) * tiles_per_chunk * WG + thread;
-    let part_row = wid.x * p.batch + b;  // this workgroup's slice of dB_part / dC_part
-    var g = 0.0;       // g_t = ∂loss/∂h_t, carried backwards over tiles and chunks
-    var da = 0.0;      // Σ_t g_t exp(Δ_t A) h_{t−1} Δ_t = ∂loss/∂A[d, n] for this batch row
-    var d_skip = 0.0;  // Σ dy'·u over this thread's (step, channel) items: ∂loss/∂D
-    var d_bias = 0.0;  // Σ ddelta over the same items: ∂loss/∂delta_bias
-    let ci = ((b * nwg.x + wid.x) * WG + thread) * 4u;
-    if (p.kc_hi < p.nchunks) { g = carry[ci]; da = carry[ci + 1u]; d_skip = carry[ci + 2u]; d_bias = carry[ci + 3u]; }
-    for (var k = min(p.kc_hi, p.nchunks); k > p.kc_lo; k--) {
-        let chunk_start = (k - 1u) * p.chunk;
-        let ntiles = (min(p.chunk, p.len - chunk_start) + T - 1u) / T;
-        // Entry state of every tile of the chunk, recomputed from the chunk's saved entry state.
-        var h = 0.0;
-        if (owns_state) { h = saved_states[((b * p.nchunks + k - 1u) * p.channels + d0 + c) * N + n]; }
-        for (var j = 0u; j < ntiles; j++) {
-            let t0 = chunk_start + j * T;
-            let steps = min(T, p.len - t0);
-            if (owns_state) { tile_states[scratch + j * WG] = h; }
-            load_step_inputs(b, d0, t0, steps, thread);
-            workgroupBarrier();
-            if (owns_state) {
-                for (var s = 0u; s < steps; s++) {
-                    let dt = dt_tile[s * CH + c];
-                    h = exp(dt * a) * h + dt * u_tile[s * CH + c] * B_tile[s * N + n];
+    let c = lid.x;
+    let d = wid.x * CW + c;
+    let live = d < p.channels;
+    let nch = min(CW, p.channels - wid.x * CW);  // channels of this workgroup inside Dc
+    let part_row = wid.x * p.batch + b;         // this workgroup's slice of dB_part / dC_part
+    let tiles_per_chunk = (min(p.chunk, p.len) + TS - 1u) / TS;
+    let scratch = (b * nwg.x + wid.x) * tiles_per_chunk * N * CW + c;  // + (tile·N + n)·CW in tile_states
+    let cb = (b * p.channels + d) * (2u * N + 2u);  // this channel's row of carry: g, ∂/∂A, ∂/∂D, ∂/∂delta_bias
+    let resume = live && p.kc_hi < p.nchunks;
+    var a: array<vec4<f32>, MAX_NV>;
+    var g: array<vec4<f32>, MAX_NV>;   // g_t = ∂loss/∂h_t, carried backwards over tiles and chunks
+    var da: array<vec4<f32>, MAX_NV>;  // Σ_t g_t exp(Δ_t A) h_{t−1} Δ_t = ∂loss/∂A[d, :] for this batch row
+    var h: array<vec4<f32>, MAX_NV>;
+    var h_entry: array<vec4<f32>, MAX_NV>;  // the state entering the tile
+    for (var j = 0u; j < NV; j++) {
+        var aj = vec4<f32>(0.0);
+        var gj = vec4<f32>(0.0);
+        var daj = vec4<f32>(0.0);
+        for (var k = 0u; k < 4u; k++) {
+            let n = 4u * j + k;
+            if (live && n < N) {
+                aj[k] = -exp(A_log[d * N + n]);
+                if (resume) {
+                    gj[k] = carry[cb + n];
+                    daj[k] = carry[cb + N + n];
                 }
             }
-            workgroupBarrier();
         }
-        for (var j = ntiles; j > 0u; j--) {
-            let t0 = chunk_start + (j - 1u) * T;
-            let steps = min(T, p.len - t0);
-            var h_entry = 0.0;
-            if (owns_state) { h_entry = tile_states[scratch + (j - 1u) * WG]; }
-            load_step_inputs(b, d0, t0, steps, thread);
-            load_C(b, t0, steps, thread);
-            load_grad_factors(b, d0, t0, steps, thread);
-            workgroupBarrier();
-            if (owns_state) {
-                var ht = h_entry;
-                for (var s = 0u; s < steps; s++) {
-                    let dt = dt_tile[s * CH + c];
-                    ht = exp(dt * a) * ht + dt * u_tile[s * CH + c] * B_tile[s * N + n];
-                    state_terms[s * stride + slot] = ht;
-                }
+        a[j] = aj;
+        g[j] = gj;
+        da[j] = daj;
+    }
+    var d_skip = 0.0;  // Σ_t dy'_t u_t = ∂loss/∂D
+    var d_bias = 0.0;  // Σ_t ddelta_t = ∂loss/∂delta_bias
+    if (resume) {
+        d_skip = carry[cb + 2u * N];
+        d_bias = carry[cb + 2u * N + 1u];
+    }
+    var bias = 0.0;
+    var skip = 0.0;
+    if (live) {
+        bias = delta_bias[d];
+        skip = D[d];
+    }
+    var buf = 0u;
+    for (var kc = min(p.kc_hi, p.nchunks); kc > p.kc_lo; kc--) {
+        let chunk_start = (kc - 1u) * p.chunk;
+        let chunk_end = min(chunk_start + p.chunk, p.len);
+        let ntiles = (chunk_end - chunk_start + TS - 1u) / TS;
+        // The entry state of every tile of the chunk, recomputed from the chunk's saved entry state.
+        let cs = ((b * p.nchunks + kc - 1u) * p.channels + d) * N;
+        for (var j = 0u; j < NV; j++) {
+            var hj = vec4<f32>(0.0);
+            for (var k = 0u; k < 4u; k++) {
+                if (live && 4u * j + k < N) { hj[k] = saved_states[cs + 4u * j + k]; }
             }
-            workgroupBarrier();
-            // From h_t: dz (needs the ungated y_t) per (step, channel) and dC per (step, state).
-            for (var i = thread; i < steps * CH; i += WG) {
-                let s = i / CH;
-                let cc = i % CH;
-                if (cc < nch) {
-                    var acc = D[d0 + cc] * u_tile[i];
-                    for (var m = 0u; m < N; m++) {
-                        acc += C_tile[s * N + m] * state_terms[s * stride + cc * (N + 1u) + m];
+            h[j] = hj;
+        }
+        for (var jt = 0u; jt < ntiles; jt++) {
+            let t0 = chunk_start + jt * TS;
+            let t_end = min(t0 + TS, chunk_end);
+            stage_bc(b, t0, t_end, buf, c);
+            if (live) {
+                for (var j = 0u; j < NV; j++) {
+                    for (var k = 0u; k < 4u; k++) {
+                        let n = 4u * j + k;
+                        if (n < N) { tile_states[scratch + (jt * N + n) * CW] = h[j][k]; }
                     }
-                    dz[row_index(b, t0 + s, d0 + cc)] = acc * dzg_tile[i];
                 }
-            }
-            for (var i = thread; i < steps * N; i += WG) {
-                let s = i / N;
-                let m = i % N;
-                var acc = 0.0;
-                for (var cc = 0u; cc < nch; cc++) {
-                    acc += state_terms[s * stride + cc * (N + 1u) + m] * dyg_tile[s * CH + cc];
-                }
-                dC_part[(part_row * p.len + t0) * N + i] = acc;
-            }
-            workgroupBarrier();
-            // The adjoint, last step to first. Step s reads h_{s−1} before step s − 1 overwrites its slot.
-            if (owns_state) {
-                for (var s = steps; s > 0u; s--) {
-                    let si = s - 1u;
-                    g += dyg_tile[si * CH + c] * C_tile[si * N + n];
-                    let dt = dt_tile[si * CH + c];
-                    let decay = exp(dt * a);
-                    var h_prev = h_entry;
-                    if (si > 0u) { h_prev = state_terms[(si - 1u) * stride + slot]; }
-                    let gh = g * decay * h_prev;  // ∂loss/∂(Δ_t A)
-                    da += gh * dt;
-                    state_terms[si * stride + slot] = gh * a;
-                    adjoint[si * stride + slot] = g;
-                    g *= decay;
+                for (var t = t0; t < t_end; t++) {
+                    let row = row_index(b, t, d);
+                    let i = (t - t0) * CW + c;
+                    dt_own[i] = softplus(delta[row] + bias);
+                    u_own[i] = u[row];
                 }
             }
             workgroupBarrier();
-            // du, ddelta per (step, channel); dB per (step, state).
-            for (var i = thread; i < steps * CH; i += WG) {
-                let s = i / CH;
-                let cc = i % CH;
-                if (cc < nch) {
-                    var gb = 0.0;   // Σ_n g_t[n] B_t[n] = ∂loss/∂(Δ_t u_t)
-                    var gha = 0.0;  // Σ_n g_t[n] exp(Δ_t A[n]) h_{t−1}[n] A[n]
-                    for (var m = 0u; m < N; m++) {
-                        gb += adjoint[s * stride + cc * (N + 1u) + m] * B_tile[s * N + m];
-                        gha += state_terms[s * stride + cc * (N + 1u) + m];
+            if (live) {
+                for (var t = t0; t < t_end; t++) {
+                    let i = (t - t0) * CW + c;
+                    let dt = dt_own[i];
+                    let dtu = dt * u_own[i];
+                    let bi = bc_index(buf, t - t0);
+                    for (var j = 0u; j < NV; j++) { h[j] = exp(dt * a[j]) * h[j] + dtu * bc_tile[bi + j]; }
+                }
+            }
+            buf ^= 1u;
+        }
+        // The tiles, last to first.
+        for (var jt = ntiles; jt > 0u; jt--) {
+            let t0 = chunk_start + (jt - 1u) * TS;
+            let t_end = min(t0 + TS, chunk_end);
+            stage_bc(b, t0, t_end, buf, c);
+            if (live) {
+                for (var t = t0; t < t_end; t++) {
+                    let row = row_index(b, t, d);
+                    let i = (t - t0) * CW + c;
+                    let ib = (buf * TS + t - t0) * CW + c;
+                    let zv = z[row];
+                    let gate = sigmoid(zv);
+                    let dyv = dy[row];
+                    dyg_tile[ib] = dyv * zv * gate;
+                    gate_own[i] = dyv * gate * (1.0 + zv * sigmoid(-zv));  // 1 − σ(z) = σ(−z), no cancellation
+                    let x = delta[row] + bias;
+                    let dt = softplus(x);
+                    let uv = u[row];
+                    dt_own[i] = dt;
+                    u_own[i] = uv;
+                    dtu_tile[ib] = dt * uv;
+                    dsoftplus_own[i] = select(sigmoid(x), 1.0, x > 20.0);
+                }
+            }
+            workgroupBarrier();  // bc_tile[buf] is staged
+            if (live) {
+                // The tile's states (and from them dz, which needs the ungated y_t).
+                for (var j = 0u; j < NV; j++) {
+                    var hj = vec4<f32>(0.0);
+                    for (var k = 0u; k < 4u; k++) {
+                        let n = 4u * j + k;
+                        if (n < N) { hj[k] = tile_states[scratch + ((jt - 1u) * N + n) * CW]; }
                     }
-                    let row = row_index(b, t0 + s, d0 + cc);
-                    du[row] = D[d0 + cc] * dyg_tile[i] + dt_tile[i] * gb;
-                    let dx = (gha + u_tile[i] * gb) * dsoftplus_tile[i];
+                    h[j] = hj;
+                    h_entry[j] = hj;
+                }
+                for (var t = t0; t < t_end; t++) {
+                    let s = t - t0;
+                    let i = s * CW + c;
+                    let dt = dt_own[i];
+                    let dtu = dtu_tile[(buf * TS + s) * CW + c];
+                    let bi = bc_index(buf, s);
+                    var yc = vec4<f32>(0.0);
+                    for (var j = 0u; j < NV; j++) {
+                        let hj = exp(dt * a[j]) * h[j] + dtu * bc_tile[bi + j];
+                        h[j] = hj;
+                        h_tile[(s * NV + j) * (CW + 1u) + c] = hj;
+                        yc += bc_tile[bi + NV + j] * hj;
+                    }
+                    dz[row_index(b, t, d)] = (yc.x + yc.y + yc.z + yc.w + skip * u_own[i]) * gate_own[i];
+                }
+                // The adjoint, last step to first; step s reads h_{s−1} from h_tile (h_entry for the first).
+                for (var t = t_end; t > t0; t--) {
+                    let s = t - 1u - t0;
+                    let i = s * CW + c;
+                    let ib = (buf * TS + s) * CW + c;
+                    let dt = dt_own[i];
+                    let uv = u_own[i];
+                    let dyg = dyg_tile[ib];
+                    let bi = bc_index(buf, s);
+                    var gb = vec4<f32>(0.0);   // Σ_n g_t[n] B_t[n] = ∂loss/∂(Δ_t u_t)
+                    var gha = vec4<f32>(0.0);  // Σ_n g_t[n] exp(Δ_t A[n]) h_{t−1}[n] A[n]
+                    for (var j = 0u; j < NV; j++) {
+                        var h_prev = h_entry[j];
+                        if (s > 0u) { h_prev = h_tile[((s - 1u) * NV + j) * (CW + 1u) + c]; }
+                        let decay = exp(dt * a[j]);
+                        let gj = g[j] + dyg * bc_tile[bi + NV + j];
+                        let gh = gj * decay * h_prev;  // ∂loss/∂(Δ_t A)
+                        da[j] += gh * dt;
+                        gha += gh * a[j];
+                        gb += gj * bc_tile[bi + j];
+                        g_tile[(s * NV + j) * (CW + 1u) + c] = gj;
+                        g[j] = gj * decay;
+                    }
+                    let gbs = gb.x + gb.y + gb.z + gb.w;
+                    let row = row_index(b, t - 1u, d);
+                    du[row] = skip * dyg + dt * gbs;
+                    let dx = (gha.x + gha.y + gha.z + gha.w + uv * gbs) * dsoftplus_own[i];
                     ddelta[row] = dx;
-                    d_skip += dyg_tile[i] * u_tile[i];
+                    d_skip += dyg * uv;
                     d_bias += dx;
                 }
             }
-            for (var i = thread; i < steps * N; i += WG) {
+            workgroupBarrier();  // h_tile and g_tile are complete
+            // Sums over the workgroup's channels, one (step, state) per thread: dC_t[n] = Σ_c h_t[c, n] dy'_t[c],
+            // dB_t[n] = Σ_c g_t[c, n] Δ_t u_t[c].
+            for (var i = c; i < (t_end - t0) * N; i += CW) {
                 let s = i / N;
-                let m = i % N;
-                var acc = 0.0;
+                let n = i % N;
+                let rb = (s * NV + n / 4u) * (CW + 1u);
+                let k = n % 4u;
+                let fb = (buf * TS + s) * CW;
+                var dc = 0.0;
+                var db = 0.0;
                 for (var cc = 0u; cc < nch; cc++) {
-                    acc += adjoint[s * stride + cc * (N + 1u) + m] * dt_tile[s * CH + cc] * u_tile[s * CH + cc];
+                    dc += h_tile[rb + cc][k] * dyg_tile[fb + cc];
+                    db += g_tile[rb + cc][k] * dtu_tile[fb + cc];
                 }
-                dB_part[(part_row * p.len + t0) * N + i] = acc;
+                let out = (part_row * p.len + t0) * N + i;
+                dC_part[out] = dc;
+                dB_part[out] = db;
             }
-            workgroupBarrier();  // the next tile overwrites the staged inputs and terms
+            buf ^= 1u;
         }
     }
-    if (p.kc_lo > 0u) {  // uniform: more chunks follow in another dispatch
-        carry[ci] = g;
-        carry[ci + 1u] = da;
-        carry[ci + 2u] = d_skip;
-        carry[ci + 3u] = d_bias;
+    if (!live) { return; }
+    if (p.kc_lo > 0u) {  // more chunks follow in another dispatch
+        for (var j = 0u; j < NV; j++) {
+            for (var k = 0u; k < 4u; k++) {
+                let n = 4u * j + k;
+                if (n < N) {
+                    carry[cb + n] = g[j][k];
+                    carry[cb + N + n] = da[j][k];
+                }
+            }
+        }
+        carry[cb + 2u * N] = d_skip;
+        carry[cb + 2u * N + 1u] = d_bias;
         return;
     }
-    if (owns_state) { param_part[(b * p.channels + d0 + c) * (N + 2u) + n] = da * a; }  // ∂/∂A_log = ∂/∂A · A
-    // Thread i summed the (step, channel) items of channel i % CH (CH divides WG): add the WG / CH partials
-    // of each channel in workgroup memory.
-    state_terms[thread] = d_skip;
-    adjoint[thread] = d_bias;
-    workgroupBarrier();
-    if (thread < nch) {
-        var skip = 0.0;
-        var bias = 0.0;
-        for (var i = thread; i < WG; i += CH) { skip += state_terms[i]; bias += adjoint[i]; }
-        let base = (b * p.channels + d0 + thread) * (N + 2u) + N;
-        param_part[base] = skip;
-        param_part[base + 1u] = bias;
+    let pp = (b * p.channels + d) * (N + 2u);
+    for (var j = 0u; j < NV; j++) {
+        for (var k = 0u; k < 4u; k++) {
+            let n = 4u * j + k;
+            if (n < N) { param_part[pp + n] = da[j][k] * a[j][k]; }  // ∂/∂A_log = ∂/∂A · A
+        }
     }
+    param_part[pp + N] = d_skip;
+    param_part[pp + N + 1u] = d_bias;
 }
 
 // total[i] = Σ_k part[k·count + i], k in order (dB, dC from the per-workgroup partials). Grid grid_1d(count).

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
-from mambactl.ops.selective_scan import (PATHS, channels_per_group, direct_per_thread, selective_scan,
-                                         selective_scan_backward, selective_scan_step, tile_steps)
+from mambactl.ops.selective_scan import (PATHS, direct_per_thread, scan_layout, selective_scan, selective_scan_backward,
+                                         selective_scan_step, workgroup_bytes)
 from mambactl.reference import selective_scan as ref
 from mambactl.reference.activations import softplus, softplus_backward
 from mambactl.runtime.gpu import get_runtime
@@ -116,7 +116,6 @@ def test_saved_states_are_chunk_boundaries_only(rt, path):
     extra = sum(t.size for t in vars(saved).values() if hasattr(t, "buffer") and id(t.buffer) not in inputs)
     assert extra == batch * channels * nstate * (n_chunks + 1)  # chunk entry states + the last state
     assert extra <= batch * channels * nstate * (length / chunk + 2)
-    assert channels_per_group(16) == 8
 
 
 @pytest.mark.parametrize("batch,length,channels,nstate,chunk,per_thread", [
@@ -172,9 +171,16 @@ def test_direct_path_choice(rt, monkeypatch):
         selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), path="fast")
 
 
-def test_tile_choice():
-    assert [tile_steps(n, 128) for n in (1, 4, 16, 20, 128)] == [8, 4, 8, 16, 4]
-    assert tile_steps(20, 24) == 8
+def test_layout_choice():
+    """The most channels per workgroup, then the longest tile of at least MIN_TILE steps that fits."""
+    assert scan_layout(16, 49152) == (32, 8)   # an H200
+    assert scan_layout(16, 32768) == (32, 4)   # llvmpipe
+    assert scan_layout(16, 16384) == (16, 4)
+    assert scan_layout(128, 32768) == (4, 4)
+    for n in (1, 5, 16, 20, 128):
+        for memory in (16384, 32768, 49152):
+            cw, ts = scan_layout(n, memory)
+            assert workgroup_bytes(n, cw, ts) <= memory
 
 
 def test_shape_errors(rt):

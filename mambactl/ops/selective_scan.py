@@ -32,12 +32,11 @@ from mambactl.errors import ShapeError
 from mambactl.ops.checks import LOOP_BUDGET, SEGMENT_BUDGET, expect, grid_1d, is_llvmpipe, segment_length, segments
 from mambactl.runtime.tensor import Tensor
 
-WORKGROUP = 128  # mirrors WG in kernels/selective_scan.wgsl
-MAX_CHANNELS_PER_GROUP = 32  # bounds the per-(step, channel) tiles when N is tiny
-MAX_STATE = WORKGROUP  # one thread per state of a channel
-TILES = (16, 8, 4)  # steps per tile, largest first
-# WebGPU's guaranteed workgroup memory. Devices with more would take longer tiles, but on an H200 those ran
-# slower (fewer workgroups resident per SM), so the tile is sized to this on every device.
+MAX_STATE = 128  # MAX_NV = 32 vec4s in kernels/selective_scan.wgsl
+CHANNEL_GROUPS = (32, 16, 8, 4, 2, 1)  # channels per workgroup (one thread each), largest first
+TILES = (8, 4, 2, 1)  # steps per tile, largest first
+MIN_TILE = 4  # a smaller tile is taken only where no workgroup of MIN_TILE steps fits the device's memory
+# Workgroup memory when the device does not say (WebGPU's guaranteed minimum).
 WORKGROUP_MEMORY = 16384
 CHUNK_MULTIPLE = 8
 DEFAULT_CHUNK = 128
@@ -66,21 +65,29 @@ class ScanSaved:
     last_state: Tensor  # [B, Dc, N]: the state after the last step (to continue recurrently)
 
 
-def channels_per_group(nstate: int) -> int:
-    """Channels per workgroup: the largest power of two ≤ min(128 / N, 32), so it divides the workgroup."""
-    ch = 1
-    while ch * 2 <= min(WORKGROUP // nstate, MAX_CHANNELS_PER_GROUP):
-        ch *= 2
-    return ch
+def state_vectors(nstate: int) -> int:
+    """NV: the vec4s that hold a channel's N states in a thread."""
+    return -(-nstate // 4)
 
 
-def tile_steps(nstate: int, chunk: int) -> int:
-    """Steps per tile: the largest of TILES that divides `chunk` and whose workgroup memory (the kernel's
-    six [T, CH] tiles, two [T, N] tiles and two [T, CH·(N + 1)] tiles of f32) fits WORKGROUP_MEMORY;
-    T = 4 always does (N ≤ 128, chunk a multiple of 8)."""
-    ch = channels_per_group(nstate)
-    return next(t for t in TILES
-                if chunk % t == 0 and 4 * t * (6 * ch + 2 * nstate + 2 * ch * (nstate + 1)) <= WORKGROUP_MEMORY)
+def workgroup_bytes(nstate: int, channels: int, tile: int) -> int:
+    """Workgroup memory of the tiled backward (the forward uses less): bc_tile (4·TS·NV vec4s), h_tile and
+    g_tile (TS·NV·(CW + 1) vec4s each), four [TS, CW] and two [2, TS, CW] f32 tiles."""
+    nv = state_vectors(nstate)
+    return 16 * tile * nv * (2 * channels + 6) + 32 * tile * channels
+
+
+def scan_layout(nstate: int, memory: int = WORKGROUP_MEMORY) -> tuple[int, int]:
+    """-> (CW channels per workgroup, TS steps per tile) of the tiled kernels: the most channels (fewer
+    partial sums of dB and dC, B_t and C_t staged for more channels), then the longest tile, whose
+    workgroup memory fits `memory` with TS >= MIN_TILE; failing that the first fit of any tile."""
+    fits = [(cw, ts) for cw in CHANNEL_GROUPS for ts in TILES if workgroup_bytes(nstate, cw, ts) <= memory]
+    return next((f for f in fits if f[1] >= MIN_TILE), fits[0])
+
+
+def _layout(rt, nstate: int) -> tuple[int, int]:
+    limits = getattr(rt, "limits", None) or {}
+    return scan_layout(nstate, int(limits.get("max-compute-workgroup-storage-size", WORKGROUP_MEMORY)))
 
 
 def _check_inputs(op: str, u, delta, A_log, B, C, D, z, delta_bias) -> tuple[int, int, int, int]:
@@ -108,24 +115,36 @@ def _scan_params(batch: int, length: int, channels: int, chunk: int) -> dict:
 
 
 # Loop iterations per invocation (upper bounds, no unrolling assumed), for Mesa llvmpipe's budget of 65,535
-# (mambactl/ops/checks.py), per tile of T steps: a[items] = ceil(T·CH / WG) passes over (step, channel) items,
-# s[items] = ceil(T·N / WG) over (step, state) items.
-def _tile_passes(nstate: int, tile: int) -> tuple[int, int]:
-    ch = channels_per_group(nstate)
-    return -(-tile * ch // WORKGROUP), -(-tile * nstate // WORKGROUP)
+# (mambactl/ops/checks.py). Per tile of TS steps: staging B_t and C_t takes ceil(2·TS·NV / CW) passes of a loop
+# of 4; a loop over the NV vec4s of state with an inner loop of 4 costs 5·NV.
+def _stage_loops(nstate: int, channels: int, tile: int) -> int:
+    return -(-2 * tile * state_vectors(nstate) // channels) * 5
 
 
-def forward_loops_per_tile(nstate: int, tile: int) -> int:
-    a, st = _tile_passes(nstate, tile)
-    return 1 + (a + st) + st + a + tile + a * (1 + nstate)
+def forward_loops_per_tile(nstate: int, channels: int, tile: int) -> int:
+    """The tile loop, staging, the own inputs, then per step a chunk-boundary save and the update."""
+    nv = state_vectors(nstate)
+    return 1 + _stage_loops(nstate, channels, tile) + tile + tile * (1 + 5 * nv + nv)
 
 
-def backward_loops_per_tile(nstate: int, tile: int) -> int:
-    a, st = _tile_passes(nstate, tile)
-    ch = channels_per_group(nstate)
-    recompute = 1 + (a + st) + tile
-    adjoint = 1 + (a + st) + st + a + tile + 2 * a * (1 + nstate) + 2 * st * (1 + ch) + tile
-    return recompute + adjoint
+def forward_loops_fixed(nstate: int) -> int:
+    return 10 * state_vectors(nstate)  # A and the entering state, the last state
+
+
+def backward_loops_per_chunk(nstate: int, channels: int, tile: int, steps: int) -> int:
+    """A chunk of `steps` steps: its saved state, then per tile the entry-state pass (staging, scratch store,
+    own inputs, update) and the adjoint pass (staging, own inputs, scratch load, states, adjoint, the sums
+    over channels)."""
+    nv = state_vectors(nstate)
+    stage = _stage_loops(nstate, channels, tile)
+    entry = 1 + stage + 5 * nv + tile + tile * (1 + nv)
+    adjoint = (1 + stage + tile + 5 * nv + 2 * tile * (1 + nv)
+               + -(-tile * nstate // channels) * (1 + channels))
+    return 1 + 5 * nv + -(-steps // tile) * (entry + adjoint)
+
+
+def backward_loops_fixed(nstate: int) -> int:
+    return 15 * state_vectors(nstate)  # A and the carry in, the carry or the parameter sums out
 
 
 def direct_forward_loops_per_step(nstate: int) -> int:
@@ -169,8 +188,8 @@ def _choose_path(rt, op: str, path: str | None, nstate: int, steps: int) -> str:
     return "tiled" if is_llvmpipe(rt) and one > LOOP_BUDGET else "direct"
 
 
-def _constants(nstate: int, chunk: int) -> dict:
-    return {"N": nstate, "CH": channels_per_group(nstate), "T": tile_steps(nstate, chunk)}
+def _constants(nstate: int, channels: int, tile: int) -> dict:
+    return {"N": nstate, "NV": state_vectors(nstate), "CW": channels, "TS": tile}
 
 
 def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor,
@@ -188,7 +207,6 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
     if chunk < CHUNK_MULTIPLE or chunk % CHUNK_MULTIPLE:
         raise ShapeError(f"{op}: chunk is {chunk}; it must be a positive multiple of {CHUNK_MULTIPLE}")
     rt = u.runtime
-    constants = _constants(nstate, chunk)
     params = _scan_params(batch, length, channels, chunk)
     y = rt.empty(u.shape)
     states = rt.empty((batch, params["nchunks"], channels, nstate))
@@ -202,12 +220,12 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
                    u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states,
                    last_state=last_state, ngroups=0, per_thread=0, **params)
         return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
-    tile = constants["T"]
-    seg = segment_length(rt, op, tuple(u.shape), length, -(-forward_loops_per_tile(nstate, tile) // tile), 64,
-                         multiple=tile, segment=segment)
+    cw, tile = _layout(rt, nstate)
+    seg = segment_length(rt, op, tuple(u.shape), length, -(-forward_loops_per_tile(nstate, cw, tile) // tile),
+                         forward_loops_fixed(nstate), multiple=tile, segment=segment)
     for t0, t1 in segments(length, seg):
         params.update(seg_begin=t0, seg_end=t1)
-        rt.run("selective_scan_forward", (-(-channels // constants["CH"]), batch), constants, u=u, delta=delta,
+        rt.run("selective_scan_forward", (-(-channels // cw), batch), _constants(nstate, cw, tile), u=u, delta=delta,
                A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states, last_state=last_state,
                **params)
     return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
@@ -283,19 +301,20 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
                    param_part=param_part, tile_states=scratch, carry=carry, ngroups=groups, per_thread=per,
                    **params)
     else:
-        constants = _constants(nstate, s.chunk)
-        groups, tile = -(-channels // constants["CH"]), constants["T"]
+        cw, tile = _layout(rt, nstate)
+        groups = -(-channels // cw)
         dB_part = rt.empty((groups, batch, length, nstate))
         dC_part = rt.empty((groups, batch, length, nstate))
-        tile_states = rt.empty((batch, groups, -(-min(s.chunk, length) // tile), WORKGROUP))
-        per_chunk = -(-min(s.chunk, length) // tile) * backward_loops_per_tile(nstate, tile)
-        seg = segment_length(rt, op, tuple(s.u.shape), nchunks, per_chunk, 4 * WORKGROUP, segment=segment)
-        carry = rt.empty((batch, groups, WORKGROUP, 4))
+        tile_states = rt.empty((batch, groups, -(-min(s.chunk, length) // tile), nstate, cw))
+        per_chunk = backward_loops_per_chunk(nstate, cw, tile, min(s.chunk, length))
+        seg = segment_length(rt, op, tuple(s.u.shape), nchunks, per_chunk, backward_loops_fixed(nstate),
+                             segment=segment)
+        carry = rt.empty((batch, channels, 2 * nstate + 2))
         for hi in range(nchunks, 0, -seg):
             params.update(kc_lo=max(0, hi - seg), kc_hi=hi)
-            rt.run("selective_scan_backward", (groups, batch), constants, u=s.u, delta=s.delta, A_log=s.A_log,
-                   B=s.B, C=s.C, D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy, saved_states=s.states, du=du,
-                   ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, param_part=param_part,
+            rt.run("selective_scan_backward", (groups, batch), _constants(nstate, cw, tile), u=s.u, delta=s.delta,
+                   A_log=s.A_log, B=s.B, C=s.C, D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy, saved_states=s.states,
+                   du=du, ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, param_part=param_part,
                    tile_states=tile_states, carry=carry, **params)
     dB, dC = rt.empty(s.B.shape), rt.empty(s.C.shape)
     count = batch * length * nstate
