@@ -31,13 +31,16 @@ def main() -> None:
     p.add_argument("--d-state", type=int, default=16)
     p.add_argument("--chunk", type=int, default=scan.DEFAULT_CHUNK)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--tile", type=int, default=None)
+    p.add_argument("--tile", type=int, default=None, help="the backward's steps per tile")
+    p.add_argument("--forward-tile", type=int, default=None)
     p.add_argument("--path", default=None, choices=list(scan.PATHS))
     p.add_argument("--device", default=None)
     a = p.parse_args()
     if a.tile is not None:
         scan.TILES = (a.tile,)
         scan.MIN_TILE = a.tile
+    if a.forward_tile is not None:
+        scan.FORWARD_TILES = (a.forward_tile,)
     rt = get_runtime(a.device)
     rng = np.random.default_rng(0)
     B, L, Dc, N = a.batch, a.seq, a.channels, a.d_state
@@ -76,12 +79,13 @@ def main() -> None:
     # The tiled kernels' layout (a checkout before scan_layout has none to report).
     layout = getattr(scan, "_layout", None)
     cw, ts = layout(rt, N) if layout is not None and a.path != "direct" else (None, None)
-    print(f"{rt.info.name}: B {B}, L {L}, Dc {Dc}, N {N}, chunk {a.chunk}, CW {cw}, TS {ts}")
+    fts = layout(rt, N, backward=False)[1] if layout is not None and a.path != "direct" else None
+    print(f"{rt.info.name}: B {B}, L {L}, Dc {Dc}, N {N}, chunk {a.chunk}, CW {cw}, TS {ts} (forward {fts})")
     for k, v in sorted(med.items(), key=lambda kv: -kv[1]):
         print(f"  {k:40s} {v:8.3f} ms")
     print(f"  forward {fwd:.3f} ms, backward {total - fwd:.3f} ms, total {total:.3f} ms per layer")
     print(json.dumps({"bench": "scan", "commit": commit(), "device": rt.info.name, "B": B, "L": L, "Dc": Dc, "N": N,
-                      "chunk": a.chunk, "path": a.path or "auto", "CW": cw, "TS": ts, "repeats": a.repeats,
+                      "chunk": a.chunk, "path": a.path or "auto", "CW": cw, "TS": ts, "forward_TS": fts, "repeats": a.repeats,
                       "ms": {k: round(v, 4) for k, v in med.items()}, "forward_ms": round(fwd, 4),
                       "backward_ms": round(total - fwd, 4)}))
 

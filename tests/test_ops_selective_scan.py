@@ -177,10 +177,13 @@ def test_layout_choice():
     assert scan_layout(16, 32768) == (32, 4)   # llvmpipe
     assert scan_layout(16, 16384) == (16, 4)
     assert scan_layout(128, 32768) == (4, 4)
+    assert scan_layout(16, 32768, backward=False) == (32, 32)
+    assert scan_layout(128, 16384, backward=False) == (32, 4)
     for n in (1, 5, 16, 20, 128):
         for memory in (16384, 32768, 49152):
-            cw, ts = scan_layout(n, memory)
-            assert workgroup_bytes(n, cw, ts) <= memory
+            for backward in (True, False):
+                cw, ts = scan_layout(n, memory, backward)
+                assert workgroup_bytes(n, cw, ts, backward) <= memory
 
 
 def test_shape_errors(rt):

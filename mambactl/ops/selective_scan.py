@@ -34,7 +34,8 @@ from mambactl.runtime.tensor import Tensor
 
 MAX_STATE = 128  # MAX_NV = 32 vec4s in kernels/selective_scan.wgsl
 CHANNEL_GROUPS = (32, 16, 8, 4, 2, 1)  # channels per workgroup (one thread each), largest first
-TILES = (8, 4, 2, 1)  # steps per tile, largest first
+TILES = (8, 4, 2, 1)  # steps per tile of the backward, largest first
+FORWARD_TILES = (32, 16, 8, 4, 2, 1)  # and of the forward (fewer per-tile load latencies)
 MIN_TILE = 4  # a smaller tile is taken only where no workgroup of MIN_TILE steps fits the device's memory
 # Workgroup memory when the device does not say (WebGPU's guaranteed minimum).
 WORKGROUP_MEMORY = 16384
@@ -70,24 +71,31 @@ def state_vectors(nstate: int) -> int:
     return -(-nstate // 4)
 
 
-def workgroup_bytes(nstate: int, channels: int, tile: int) -> int:
-    """Workgroup memory of the tiled backward (the forward uses less): bc_tile (4·TS·NV vec4s), h_tile and
-    g_tile (TS·NV·(CW + 1) vec4s each), four [TS, CW] and two [2, TS, CW] f32 tiles."""
+def workgroup_bytes(nstate: int, channels: int, tile: int, backward: bool = True) -> int:
+    """Workgroup memory of the tiled kernels: bc_tile (4·TS·NV vec4s) and three [TS, CW] f32 tiles in the
+    forward; the backward adds h_tile and g_tile (TS·NV·(CW + 1) vec4s each), one more [TS, CW] and two
+    [2, TS, CW] f32 tiles."""
     nv = state_vectors(nstate)
+    if not backward:
+        return 64 * tile * nv + 12 * tile * channels
     return 16 * tile * nv * (2 * channels + 6) + 32 * tile * channels
 
 
-def scan_layout(nstate: int, memory: int = WORKGROUP_MEMORY) -> tuple[int, int]:
-    """-> (CW channels per workgroup, TS steps per tile) of the tiled kernels: the most channels (fewer
-    partial sums of dB and dC, B_t and C_t staged for more channels), then the longest tile, whose
-    workgroup memory fits `memory` with TS >= MIN_TILE; failing that the first fit of any tile."""
-    fits = [(cw, ts) for cw in CHANNEL_GROUPS for ts in TILES if workgroup_bytes(nstate, cw, ts) <= memory]
+def scan_layout(nstate: int, memory: int = WORKGROUP_MEMORY, backward: bool = True) -> tuple[int, int]:
+    """-> (CW channels per workgroup, TS steps per tile) of the tiled forward or backward: the most channels
+    (fewer partial sums of dB and dC; B_t and C_t staged once for more channels), then the longest tile whose
+    workgroup memory fits `memory` with TS >= MIN_TILE; failing that the first fit of any tile. The forward's
+    tiles may be longer (FORWARD_TILES): it keeps no per-step states in workgroup memory."""
+    tiles = TILES if backward else FORWARD_TILES
+    fits = [(cw, ts) for cw in CHANNEL_GROUPS for ts in tiles
+            if workgroup_bytes(nstate, cw, ts, backward) <= memory]
     return next((f for f in fits if f[1] >= MIN_TILE), fits[0])
 
 
-def _layout(rt, nstate: int) -> tuple[int, int]:
+def _layout(rt, nstate: int, backward: bool = True) -> tuple[int, int]:
     limits = getattr(rt, "limits", None) or {}
-    return scan_layout(nstate, int(limits.get("max-compute-workgroup-storage-size", WORKGROUP_MEMORY)))
+    memory = int(limits.get("max-compute-workgroup-storage-size", WORKGROUP_MEMORY))
+    return scan_layout(nstate, memory, backward)
 
 
 def _check_inputs(op: str, u, delta, A_log, B, C, D, z, delta_bias) -> tuple[int, int, int, int]:
@@ -220,7 +228,7 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
                    u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states,
                    last_state=last_state, ngroups=0, per_thread=0, **params)
         return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
-    cw, tile = _layout(rt, nstate)
+    cw, tile = _layout(rt, nstate, backward=False)
     seg = segment_length(rt, op, tuple(u.shape), length, -(-forward_loops_per_tile(nstate, cw, tile) // tile),
                          forward_loops_fixed(nstate), multiple=tile, segment=segment)
     for t0, t1 in segments(length, seg):
