@@ -296,10 +296,30 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
             }
             h[j] = hj;
         }
+        // Tile jt's entry state goes to tile_states before the walk over tile jt − 1 ... 0 ends (the last tile's end
+        // state is not needed).
         for (var jt = 0u; jt < ntiles; jt++) {
-            let t0 = chunk_start + jt * TS;
-            let t_end = min(t0 + TS, chunk_end);
-            stage_bc(b, t0, t_end, buf, c);
+            if (jt > 0u) {
+                let t0 = chunk_start + (jt - 1u) * TS;  // a whole tile: only the chunk's last may be shorter
+                stage_bc(b, t0, t0 + TS, buf, c);
+                if (live) {
+                    for (var s = 0u; s < TS; s++) {
+                        let row = row_index(b, t0 + s, d);
+                        dt_own[s * CW + c] = softplus(delta[row] + bias);
+                        u_own[s * CW + c] = u[row];
+                    }
+                }
+                workgroupBarrier();
+                if (live) {
+                    for (var s = 0u; s < TS; s++) {
+                        let dt = dt_own[s * CW + c];
+                        let dtu = dt * u_own[s * CW + c];
+                        let bi = bc_index(buf, s);
+                        for (var j = 0u; j < NV; j++) { h[j] = exp(dt * a[j]) * h[j] + dtu * bc_tile[bi + j]; }
+                    }
+                }
+                buf ^= 1u;
+            }
             if (live) {
                 for (var j = 0u; j < NV; j++) {
                     for (var k = 0u; k < 4u; k++) {
@@ -307,24 +327,7 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                         if (n < N) { tile_states[scratch + (jt * N + n) * CW] = h[j][k]; }
                     }
                 }
-                for (var t = t0; t < t_end; t++) {
-                    let row = row_index(b, t, d);
-                    let i = (t - t0) * CW + c;
-                    dt_own[i] = softplus(delta[row] + bias);
-                    u_own[i] = u[row];
-                }
             }
-            workgroupBarrier();
-            if (live) {
-                for (var t = t0; t < t_end; t++) {
-                    let i = (t - t0) * CW + c;
-                    let dt = dt_own[i];
-                    let dtu = dt * u_own[i];
-                    let bi = bc_index(buf, t - t0);
-                    for (var j = 0u; j < NV; j++) { h[j] = exp(dt * a[j]) * h[j] + dtu * bc_tile[bi + j]; }
-                }
-            }
-            buf ^= 1u;
         }
         // The tiles, last to first.
         for (var jt = ntiles; jt > 0u; jt--) {
