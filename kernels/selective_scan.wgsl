@@ -87,9 +87,9 @@ var<workgroup> dsoftplus_own: array<f32, TS * CW>;  // ∂Δ_t/∂delta_t
 // (buffer·TS + s)·CW + c.
 var<workgroup> dyg_tile: array<f32, 2u * TS * CW>;  // dy'_t = dy_t·silu(z_t): the gradient reaching y before the gate
 var<workgroup> dtu_tile: array<f32, 2u * TS * CW>;  // Δ_t u_t
-// The backward's h_t and g_t of the tile's steps, index (s·NV + j)·(CW + 1) + c: the pad of one vec4 per row puts
-// the channel sums' reads (state n of step s by each thread, 4·(CW + 1) words apart per vec4 row) in distinct
-// banks.
+// The backward's h_t and g_t of the tile's steps (g_tile holds exp(Δ_t A) until the adjoint reaches step t, so
+// the adjoint takes no exp), index (s·NV + j)·(CW + 1) + c: the pad of one vec4 per row puts the channel sums'
+// reads (state n of step s by each thread, 4·(CW + 1) words apart per vec4 row) in distinct banks.
 var<workgroup> h_tile: array<vec4<f32>, TS * NV * (CW + 1u)>;
 var<workgroup> g_tile: array<vec4<f32>, TS * NV * (CW + 1u)>;
 
@@ -373,9 +373,11 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                     let bi = bc_index(buf, s);
                     var yc = vec4<f32>(0.0);
                     for (var j = 0u; j < NV; j++) {
-                        let hj = exp(dt * a[j]) * h[j] + dtu * bc_tile[bi + j];
+                        let decay = exp(dt * a[j]);
+                        let hj = decay * h[j] + dtu * bc_tile[bi + j];
                         h[j] = hj;
                         h_tile[(s * NV + j) * (CW + 1u) + c] = hj;
+                        g_tile[(s * NV + j) * (CW + 1u) + c] = decay;  // for the adjoint, which overwrites it with g_t
                         yc += bc_tile[bi + NV + j] * hj;
                     }
                     dz[row_index(b, t, d)] = (yc.x + yc.y + yc.z + yc.w + skip * u_own[i]) * gate_own[i];
@@ -394,7 +396,7 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                     for (var j = 0u; j < NV; j++) {
                         var h_prev = h_entry[j];
                         if (s > 0u) { h_prev = h_tile[((s - 1u) * NV + j) * (CW + 1u) + c]; }
-                        let decay = exp(dt * a[j]);
+                        let decay = g_tile[(s * NV + j) * (CW + 1u) + c];  // exp(Δ_t A), from the states' pass
                         let gj = g[j] + dyg * bc_tile[bi + NV + j];
                         let gh = gj * decay * h_prev;  // ∂loss/∂(Δ_t A)
                         da[j] += gh * dt;
