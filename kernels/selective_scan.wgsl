@@ -89,7 +89,7 @@ var<workgroup> dyg_tile: array<f32, 2u * TS * CW>;  // dy'_t = dy_t·silu(z_t): 
 var<workgroup> dtu_tile: array<f32, 2u * TS * CW>;  // Δ_t u_t
 // The backward's h_t and g_t of the tile's steps (g_tile holds exp(Δ_t A) until the adjoint reaches step t, so
 // the adjoint takes no exp), index (s·NV + j)·(CW + 1) + c: the pad of one vec4 per row puts the channel sums'
-// reads (state n of step s by each thread, 4·(CW + 1) words apart per vec4 row) in distinct banks.
+// reads (row s·NV + j by thread s·NV + j, one channel at a time) in distinct banks.
 var<workgroup> h_tile: array<vec4<f32>, TS * NV * (CW + 1u)>;
 var<workgroup> g_tile: array<vec4<f32>, TS * NV * (CW + 1u)>;
 
@@ -415,23 +415,26 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                 }
             }
             workgroupBarrier();  // h_tile and g_tile are complete
-            // Sums over the workgroup's channels, one (step, state) per thread: dC_t[n] = Σ_c h_t[c, n] dy'_t[c],
+            // Sums over the workgroup's channels, one (step, vec4 of states) per thread: dC_t[n] = Σ_c h_t[c, n] dy'_t[c],
             // dB_t[n] = Σ_c g_t[c, n] Δ_t u_t[c].
-            for (var i = c; i < (t_end - t0) * N; i += CW) {
-                let s = i / N;
-                let n = i % N;
-                let rb = (s * NV + n / 4u) * (CW + 1u);
-                let k = n % 4u;
+            for (var i = c; i < (t_end - t0) * NV; i += CW) {
+                let s = i / NV;
+                let j = i % NV;
+                let rb = i * (CW + 1u);  // (s·NV + j)·(CW + 1)
                 let fb = (buf * TS + s) * CW;
-                var dc = 0.0;
-                var db = 0.0;
+                var dc = vec4<f32>(0.0);
+                var db = vec4<f32>(0.0);
                 for (var cc = 0u; cc < nch; cc++) {
-                    dc += h_tile[rb + cc][k] * dyg_tile[fb + cc];
-                    db += g_tile[rb + cc][k] * dtu_tile[fb + cc];
+                    dc += h_tile[rb + cc] * dyg_tile[fb + cc];
+                    db += g_tile[rb + cc] * dtu_tile[fb + cc];
                 }
-                let out = (part_row * p.len + t0) * N + i;
-                dC_part[out] = dc;
-                dB_part[out] = db;
+                let out = (part_row * p.len + t0 + s) * N + 4u * j;
+                for (var k = 0u; k < 4u; k++) {
+                    if (4u * j + k < N) {
+                        dC_part[out + k] = dc[k];
+                        dB_part[out + k] = db[k];
+                    }
+                }
             }
             buf ^= 1u;
         }

@@ -147,7 +147,7 @@ def backward_loops_per_chunk(nstate: int, channels: int, tile: int, steps: int) 
     stage = _stage_loops(nstate, channels, tile)
     entry = 1 + stage + 5 * nv + tile + tile * (1 + nv)
     adjoint = (1 + stage + tile + 5 * nv + 2 * tile * (1 + nv)
-               + -(-tile * nstate // channels) * (1 + channels))
+               + -(-tile * nv // channels) * (1 + channels + 4))
     return 1 + 5 * nv + -(-steps // tile) * (entry + adjoint)
 
 
