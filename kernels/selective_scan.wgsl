@@ -28,8 +28,11 @@ override N: u32 = 16u;   // state size
 override NV: u32 = 4u;   // ceil(N / 4): vec4s of state per channel
 override CW: u32 = 32u;  // channels per workgroup, one thread each
 override TS: u32 = 8u;   // steps per tile
+override BC_PER: u32 = 1u;  // ceil(2·TS·NV / CW): the bc_tile vec4s each thread stages per tile
 override ACCUMULATE: bool = false;
 const MAX_NV: u32 = 32u;  // NV at the largest N (MAX_STATE in the wrapper)
+const MAX_TS: u32 = 32u;  // the longest tile (FORWARD_TILES in the wrapper)
+const MAX_BC: u32 = 64u;  // the most bc_tile vec4s a thread stages per tile (MAX_STAGED in the wrapper)
 
 // Segments (Mesa llvmpipe caps one invocation's loop iterations at 65,535 in total, so there the wrapper splits
 // the walk over time into dispatches; elsewhere one dispatch covers it): the forward runs steps [seg_begin,
@@ -111,14 +114,22 @@ fn softplus(x: f32) -> f32 {
 
 // Row of a [B, L, Dc] tensor.
 fn row_index(b: u32, t: u32, d: u32) -> u32 { return (b * p.len + t) * p.channels + d; }
-// Stage B_t and C_t of batch row b for steps [t0, t_end) into buffer `buf` of bc_tile.
-fn stage_bc(b: u32, t0: u32, t_end: u32, buf: u32, thread: u32) {
-    for (var i = thread; i < 2u * TS * NV; i += CW) {
+// Software pipelining: a tile's global loads go into registers (fetch_*) one tile ahead, issued before the
+// current tile's arithmetic, and are written to workgroup memory (store_bc, and each kernel's own stores) at
+// the next tile's start, so their latency overlaps a tile of work instead of stalling it (one warp per
+// scheduler, as at the 130m shape, has nothing else to switch to).
+
+// This thread's share of B_t and C_t of batch row b for steps [t0, t_end): bc_tile element thread + m·CW of a
+// buffer in element m.
+fn fetch_bc(b: u32, t0: u32, t_end: u32, thread: u32) -> array<vec4<f32>, MAX_BC> {
+    var out: array<vec4<f32>, MAX_BC>;
+    for (var m = 0u; m < BC_PER; m++) {
+        let i = thread + m * CW;
         let t = t0 + i / (2u * NV);
         let j = i % NV;
         let from_C = (i / NV) % 2u == 1u;
         var v = vec4<f32>(0.0);
-        if (t < t_end) {
+        if (i < 2u * TS * NV && t < t_end) {
             let base = (b * p.len + t) * N + 4u * j;
             for (var k = 0u; k < 4u; k++) {
                 if (4u * j + k < N) {
@@ -126,8 +137,44 @@ fn stage_bc(b: u32, t0: u32, t_end: u32, buf: u32, thread: u32) {
                 }
             }
         }
-        bc_tile[buf * 2u * TS * NV + i] = v;
+        out[m] = v;
     }
+    return out;
+}
+
+fn store_bc(v: array<vec4<f32>, MAX_BC>, buf: u32, thread: u32) {
+    for (var m = 0u; m < BC_PER; m++) {
+        let i = thread + m * CW;
+        if (i < 2u * TS * NV) { bc_tile[buf * 2u * TS * NV + i] = v[m]; }
+    }
+}
+
+// Channel d's delta and u (x, y) of steps [t0, t_end), zero past it and for channels past Dc.
+fn fetch_delta_u(b: u32, d: u32, t0: u32, t_end: u32, live: bool) -> array<vec2<f32>, MAX_TS> {
+    var out: array<vec2<f32>, MAX_TS>;
+    for (var s = 0u; s < TS; s++) {
+        if (live && t0 + s < t_end) {
+            let row = row_index(b, t0 + s, d);
+            out[s] = vec2<f32>(delta[row], u[row]);
+        }
+    }
+    return out;
+}
+
+fn fetch_z(b: u32, d: u32, t0: u32, t_end: u32, live: bool) -> array<f32, MAX_TS> {
+    var out: array<f32, MAX_TS>;
+    for (var s = 0u; s < TS; s++) {
+        if (live && t0 + s < t_end) { out[s] = z[row_index(b, t0 + s, d)]; }
+    }
+    return out;
+}
+
+fn fetch_dy(b: u32, d: u32, t0: u32, t_end: u32, live: bool) -> array<f32, MAX_TS> {
+    var out: array<f32, MAX_TS>;
+    for (var s = 0u; s < TS; s++) {
+        if (live && t0 + s < t_end) { out[s] = dy[row_index(b, t0 + s, d)]; }
+    }
+    return out;
 }
 
 // Index of step s's B_t (its C_t follows NV later) in bc_tile.
@@ -163,19 +210,26 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
         skip = D[d];
     }
     var buf = 0u;
+    let first_end = min(p.seg_begin + TS, p.seg_end);
+    var next_bc = fetch_bc(b, p.seg_begin, first_end, c);
+    var next_du = fetch_delta_u(b, d, p.seg_begin, first_end, live);
+    var next_z = fetch_z(b, d, p.seg_begin, first_end, live);
     for (var t0 = p.seg_begin; t0 < p.seg_end; t0 += TS) {
         let t_end = min(t0 + TS, p.seg_end);
-        stage_bc(b, t0, t_end, buf, c);
-        if (live) {
-            for (var t = t0; t < t_end; t++) {
-                let row = row_index(b, t, d);
-                let i = (t - t0) * CW + c;
-                dt_own[i] = softplus(delta[row] + bias);
-                u_own[i] = u[row];
-                gate_own[i] = z[row];
-            }
+        store_bc(next_bc, buf, c);
+        for (var s = 0u; s < TS; s++) {
+            dt_own[s * CW + c] = softplus(next_du[s].x + bias);
+            u_own[s * CW + c] = next_du[s].y;
+            gate_own[s * CW + c] = next_z[s];
         }
         workgroupBarrier();  // bc_tile[buf] is staged; the other buffer may be refilled from here on
+        let t_next = t0 + TS;
+        if (t_next < p.seg_end) {
+            let next_end = min(t_next + TS, p.seg_end);
+            next_bc = fetch_bc(b, t_next, next_end, c);
+            next_du = fetch_delta_u(b, d, t_next, next_end, live);
+            next_z = fetch_z(b, d, t_next, next_end, live);
+        }
         if (live) {
             for (var t = t0; t < t_end; t++) {
                 let i = (t - t0) * CW + c;
@@ -297,19 +351,22 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
             h[j] = hj;
         }
         // Tile jt's entry state goes to tile_states before the walk over tile jt − 1 ... 0 ends (the last tile's end
-        // state is not needed).
+        // state is not needed). Every tile walked is whole: only the chunk's last may be shorter.
+        var next_bc = fetch_bc(b, chunk_start, chunk_start + TS, c);
+        var next_du = fetch_delta_u(b, d, chunk_start, chunk_start + TS, live);
         for (var jt = 0u; jt < ntiles; jt++) {
             if (jt > 0u) {
-                let t0 = chunk_start + (jt - 1u) * TS;  // a whole tile: only the chunk's last may be shorter
-                stage_bc(b, t0, t0 + TS, buf, c);
-                if (live) {
-                    for (var s = 0u; s < TS; s++) {
-                        let row = row_index(b, t0 + s, d);
-                        dt_own[s * CW + c] = softplus(delta[row] + bias);
-                        u_own[s * CW + c] = u[row];
-                    }
+                let t0 = chunk_start + (jt - 1u) * TS;
+                store_bc(next_bc, buf, c);
+                for (var s = 0u; s < TS; s++) {
+                    dt_own[s * CW + c] = softplus(next_du[s].x + bias);
+                    u_own[s * CW + c] = next_du[s].y;
                 }
                 workgroupBarrier();
+                if (jt + 1u < ntiles) {
+                    next_bc = fetch_bc(b, t0 + TS, t0 + 2u * TS, c);
+                    next_du = fetch_delta_u(b, d, t0 + TS, t0 + 2u * TS, live);
+                }
                 if (live) {
                     for (var s = 0u; s < TS; s++) {
                         let dt = dt_own[s * CW + c];
@@ -330,30 +387,39 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
             }
         }
         // The tiles, last to first.
+        let last_start = chunk_start + (ntiles - 1u) * TS;
+        next_bc = fetch_bc(b, last_start, chunk_end, c);
+        next_du = fetch_delta_u(b, d, last_start, chunk_end, live);
+        var next_z = fetch_z(b, d, last_start, chunk_end, live);
+        var next_dy = fetch_dy(b, d, last_start, chunk_end, live);
         for (var jt = ntiles; jt > 0u; jt--) {
             let t0 = chunk_start + (jt - 1u) * TS;
             let t_end = min(t0 + TS, chunk_end);
-            stage_bc(b, t0, t_end, buf, c);
-            if (live) {
-                for (var t = t0; t < t_end; t++) {
-                    let row = row_index(b, t, d);
-                    let i = (t - t0) * CW + c;
-                    let ib = (buf * TS + t - t0) * CW + c;
-                    let zv = z[row];
-                    let gate = sigmoid(zv);
-                    let dyv = dy[row];
-                    dyg_tile[ib] = dyv * zv * gate;
-                    gate_own[i] = dyv * gate * (1.0 + zv * sigmoid(-zv));  // 1 − σ(z) = σ(−z), no cancellation
-                    let x = delta[row] + bias;
-                    let dt = softplus(x);
-                    let uv = u[row];
-                    dt_own[i] = dt;
-                    u_own[i] = uv;
-                    dtu_tile[ib] = dt * uv;
-                    dsoftplus_own[i] = select(sigmoid(x), 1.0, x > 20.0);
-                }
+            store_bc(next_bc, buf, c);
+            for (var s = 0u; s < TS; s++) {
+                let i = s * CW + c;
+                let ib = (buf * TS + s) * CW + c;
+                let zv = next_z[s];
+                let gate = sigmoid(zv);
+                let dyv = next_dy[s];
+                dyg_tile[ib] = dyv * zv * gate;
+                gate_own[i] = dyv * gate * (1.0 + zv * sigmoid(-zv));  // 1 − σ(z) = σ(−z), no cancellation
+                let x = next_du[s].x + bias;
+                let dt = softplus(x);
+                let uv = next_du[s].y;
+                dt_own[i] = dt;
+                u_own[i] = uv;
+                dtu_tile[ib] = dt * uv;
+                dsoftplus_own[i] = select(sigmoid(x), 1.0, x > 20.0);
             }
             workgroupBarrier();  // bc_tile[buf] is staged
+            if (jt > 1u) {  // the tile before, whole
+                let t_prev = t0 - TS;
+                next_bc = fetch_bc(b, t_prev, t0, c);
+                next_du = fetch_delta_u(b, d, t_prev, t0, live);
+                next_z = fetch_z(b, d, t_prev, t0, live);
+                next_dy = fetch_dy(b, d, t_prev, t0, live);
+            }
             if (live) {
                 // The tile's states (and from them dz, which needs the ungated y_t).
                 for (var j = 0u; j < NV; j++) {

@@ -33,6 +33,7 @@ from mambactl.ops.checks import LOOP_BUDGET, SEGMENT_BUDGET, expect, grid_1d, is
 from mambactl.runtime.tensor import Tensor
 
 MAX_STATE = 128  # MAX_NV = 32 vec4s in kernels/selective_scan.wgsl
+MAX_STAGED = 64  # MAX_BC there: B_t and C_t vec4s a thread fetches per tile (registers)
 CHANNEL_GROUPS = (32, 16, 8, 4, 2, 1)  # channels per workgroup (one thread each), largest first
 TILES = (8, 4, 2, 1)  # steps per tile of the backward, largest first
 FORWARD_TILES = (32, 16, 8, 4, 2, 1)  # and of the forward (fewer per-tile load latencies)
@@ -88,7 +89,7 @@ def scan_layout(nstate: int, memory: int = WORKGROUP_MEMORY, backward: bool = Tr
     tiles may be longer (FORWARD_TILES): it keeps no per-step states in workgroup memory."""
     tiles = TILES if backward else FORWARD_TILES
     fits = [(cw, ts) for cw in CHANNEL_GROUPS for ts in tiles
-            if workgroup_bytes(nstate, cw, ts, backward) <= memory]
+            if workgroup_bytes(nstate, cw, ts, backward) <= memory and staged_per_thread(nstate, cw, ts) <= MAX_STAGED]
     return next((f for f in fits if f[1] >= MIN_TILE), fits[0])
 
 
@@ -196,8 +197,14 @@ def _choose_path(rt, op: str, path: str | None, nstate: int, steps: int) -> str:
     return "tiled" if is_llvmpipe(rt) and one > LOOP_BUDGET else "direct"
 
 
+def staged_per_thread(nstate: int, channels: int, tile: int) -> int:
+    """BC_PER: the vec4s of B_t and C_t that each thread of a workgroup fetches per tile."""
+    return -(-2 * tile * state_vectors(nstate) // channels)
+
+
 def _constants(nstate: int, channels: int, tile: int) -> dict:
-    return {"N": nstate, "NV": state_vectors(nstate), "CW": channels, "TS": tile}
+    return {"N": nstate, "NV": state_vectors(nstate), "CW": channels, "TS": tile,
+            "BC_PER": staged_per_thread(nstate, channels, tile)}
 
 
 def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor,
