@@ -6,12 +6,13 @@ layout, with A passed as A_log:
     Δ = softplus(delta + delta_bias),  A = −exp(A_log),
     h_t = exp(Δ_t A) h_{t−1} + Δ_t B_t u_t,  y_t = (C_t·h_t + D u_t) · silu(z_t).
 
+GPU kernels (`path="tiled"`): one thread per (batch row, channel) with its N states in registers, CW channels
+per workgroup, time in tiles of TS steps (`scan_layout`: CW 32 and TS 8 for N = 16 where the device has 48 KiB
+of workgroup memory, as an H200; TS 4 within 32 KiB, as llvmpipe; the forward's tiles up to 32 steps).
 Memory: the forward keeps the state entering each chunk of `chunk` steps ([B, ceil(L / chunk), Dc, N]); the
 backward recomputes the states in between. Its transient buffers are the tile entry states of one chunk
-([B, Dc / CH, ceil(min(chunk, L) / T), 128]) and the per-workgroup partials of dB and dC
-(2 × [Dc / CH, B, L, N]), where CH, the channels per workgroup, is min(128 / N, 32) rounded down to a power
-of two (8 for N = 16), and T, the steps per tile, is the largest of 16, 8, 4 that divides `chunk` and keeps
-workgroup memory within 16 KiB (8 for N = 16).
+([B, Dc / CW, ceil(min(chunk, L) / TS), N, CW]) and the per-workgroup partials of dB and dC
+(2 × [Dc / CW, B, L, N]).
 
 CPU adapters (`rt.info.type == "CPU"`, e.g. Mesa llvmpipe) take barrier-free kernels instead (`path="direct"`;
 `path="tiled"` / `"direct"` forces either): one invocation per (batch row, channel) walks time with its N states
