@@ -352,8 +352,9 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         }
         // Tile jt's entry state goes to tile_states before the walk over tile jt − 1 ... 0 ends (the last tile's end
         // state is not needed). Every tile walked is whole: only the chunk's last may be shorter.
-        var next_bc = fetch_bc(b, chunk_start, chunk_start + TS, c);
-        var next_du = fetch_delta_u(b, d, chunk_start, chunk_start + TS, live);
+        let first_end = min(chunk_start + TS, chunk_end);
+        var next_bc = fetch_bc(b, chunk_start, first_end, c);
+        var next_du = fetch_delta_u(b, d, chunk_start, first_end, live);
         for (var jt = 0u; jt < ntiles; jt++) {
             if (jt > 0u) {
                 let t0 = chunk_start + (jt - 1u) * TS;
