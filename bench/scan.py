@@ -1,12 +1,13 @@
 """The Mamba-1 selective scan alone: GPU time per call of each dispatch of the forward and the backward.
 
     python bench/scan.py [--batch 8] [--seq 1024] [--channels 1536] [--d-state 16] [--repeats 5] [--device D]
-        [--tile TS] [--path tiled|direct]
+        [--tile TS] [--forward-tile TS] [--threads Q] [--no-prefetch] [--path tiled|direct]
 
 Each repeat records one forward and one backward (with the parameter gradients accumulated, as in training) and
 times every dispatch with GPU timestamps (`Runtime.gpu_times`, needs `timestamp-query`); the table gives each
-entry point's median over the repeats, and one JSON line follows. `--tile` forces the tiled kernels' steps per
-tile (default: the wrapper's choice for the device).
+entry point's median over the repeats, and one JSON line follows. `--tile` / `--forward-tile` force the tiled
+backward's / forward's steps per tile, `--threads` the threads per channel, `--no-prefetch` tiles that fetch
+their own loads (defaults: the wrapper's choice for the device).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--tile", type=int, default=None, help="the backward's steps per tile")
     p.add_argument("--forward-tile", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="threads per channel")
+    p.add_argument("--no-prefetch", action="store_true")
     p.add_argument("--path", default=None, choices=list(scan.PATHS))
     p.add_argument("--device", default=None)
     a = p.parse_args()
@@ -41,6 +44,10 @@ def main() -> None:
         scan.MIN_TILE = a.tile
     if a.forward_tile is not None:
         scan.FORWARD_TILES = (a.forward_tile,)
+    if a.threads is not None:
+        scan.THREADS_PER_CHANNEL = a.threads
+    if a.no_prefetch:
+        scan.PREFETCH = False
     rt = get_runtime(a.device)
     rng = np.random.default_rng(0)
     B, L, Dc, N = a.batch, a.seq, a.channels, a.d_state
@@ -76,16 +83,17 @@ def main() -> None:
     med = {k: float(np.median(v)) for k, v in samples.items()}
     fwd = sum(v for k, v in med.items() if "forward" in k)
     total = sum(med.values())
-    # The tiled kernels' layout (a checkout before scan_layout has none to report).
+    # The tiled kernels' layouts (a checkout before scan_layout has none to report).
     layout = getattr(scan, "_layout", None)
-    cw, ts = layout(rt, N) if layout is not None and a.path != "direct" else (None, None)
-    fts = layout(rt, N, backward=False)[1] if layout is not None and a.path != "direct" else None
-    print(f"{rt.info.name}: B {B}, L {L}, Dc {Dc}, N {N}, chunk {a.chunk}, CW {cw}, TS {ts} (forward {fts})")
+    tiled = layout is not None and a.path != "direct"
+    lay = {"backward": vars(layout(rt, N)), "forward": vars(layout(rt, N, backward=False)),
+           "prefetch": scan.PREFETCH} if tiled else None
+    print(f"{rt.info.name}: B {B}, L {L}, Dc {Dc}, N {N}, chunk {a.chunk}; layout {lay}")
     for k, v in sorted(med.items(), key=lambda kv: -kv[1]):
         print(f"  {k:40s} {v:8.3f} ms")
     print(f"  forward {fwd:.3f} ms, backward {total - fwd:.3f} ms, total {total:.3f} ms per layer")
     print(json.dumps({"bench": "scan", "commit": commit(), "device": rt.info.name, "B": B, "L": L, "Dc": Dc, "N": N,
-                      "chunk": a.chunk, "path": a.path or "auto", "CW": cw, "TS": ts, "forward_TS": fts, "repeats": a.repeats,
+                      "chunk": a.chunk, "path": a.path or "auto", "layout": lay, "repeats": a.repeats,
                       "ms": {k: round(v, 4) for k, v in med.items()}, "forward_ms": round(fwd, 4),
                       "backward_ms": round(total - fwd, 4)}))
 

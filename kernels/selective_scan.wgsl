@@ -3,17 +3,18 @@
 //   Δ = softplus(delta + delta_bias), A = −exp(A_log), h_t = exp(Δ_t A) h_{t−1} + Δ_t B_t u_t,
 //   y_t = (C_t·h_t + D u_t) · silu(z_t).
 //
-// GPU kernels: one thread per (batch b, channel d) holds the channel's N states in registers (NV = ceil(N / 4)
-// vec4s, zero-padded: a = 0 and B = C = 0 keep the pad at 0) and walks time in order; a workgroup is CW
-// channels of one batch row. So the sums over n (y, du, ddelta, dz) stay inside a thread, and only the sums over
-// channels (dB, dC) cross threads. Time goes in tiles of TS steps: a tile's B_t and C_t, which all the
-// workgroup's channels use, are staged in workgroup memory by all threads at once, double-buffered so that a
-// tile costs one barrier in the forward; each thread stages its own per-step inputs (Δ, u, z, ...) first, so
-// their loads are in flight together. Per state and step this issues about six instructions (one exp), where
-// a thread per (b, d, n) with the sums over n across threads (the previous design: forward 0.9 ms, backward
-// 2.9 ms per layer at B 8, L 1024, Dc 1536, N 16 on an H200) issued about three times as many.
-// N, NV, CW and TS are pipeline constants (the workgroup arrays are sized by them); the wrapper picks CW and TS
-// so that workgroup memory fits the device's limit.
+// GPU kernels: Q threads per (batch b, channel d) walk time in order, each holding a block of NVT ≤ 4 vec4s of
+// the channel's states in registers (state n = 4·(blk·NVT + j) + k; states past N have a = 0 and B = C = 0, so
+// they stay 0); a workgroup is CW channels of one batch row, WG = CW·Q threads. At N ≤ 16 (Q = 1) the sums over
+// n (y, du, ddelta, dz) stay inside a thread; with Q > 1 the threads' partial sums meet in workgroup memory.
+// Only the sums over channels (dB, dC) always cross threads. Time goes in tiles of TS steps: a tile's B_t and
+// C_t, which all the workgroup's channels use, are staged in workgroup memory by all threads at once,
+// double-buffered so that a tile costs one barrier in the forward; each thread stages its channel's per-step
+// inputs (Δ, u, z, ...). With PREFETCH a tile's global loads are issued one tile ahead into registers.
+// Per state and step a thread issues about six instructions (one exp), where a thread per (b, d, n) with the
+// sums over n across threads (the previous design) issued about three times as many.
+// N, NV, Q, NVT, WG, CW, TS and BC_PER are pipeline constants (the workgroup arrays are sized by them); the
+// wrapper picks them so that workgroup memory fits the device's limit.
 // Memory: the forward saves only the state entering each chunk of `chunk` steps, states [B, n_chunks, Dc, N].
 // The backward walks the chunks last to first: it recomputes the tile entry states of a chunk into tile_states
 // (a global scratch [B, Dc / CW, tiles per chunk, N, CW], small enough to stay in L2), then for each tile, last
@@ -24,15 +25,19 @@
 // and sums over batch as per-batch-row partials (param_part); second dispatches add them in a fixed order,
 // so results are deterministic and there are no atomics.
 
-override N: u32 = 16u;   // state size
-override NV: u32 = 4u;   // ceil(N / 4): vec4s of state per channel
-override CW: u32 = 32u;  // channels per workgroup, one thread each
-override TS: u32 = 8u;   // steps per tile
-override BC_PER: u32 = 1u;  // ceil(2·TS·NV / CW): the bc_tile vec4s each thread stages per tile
+override N: u32 = 16u;    // state size
+override NV: u32 = 4u;    // ceil(N / 4): vec4s of state per channel
+override Q: u32 = 1u;     // threads per channel
+override NVT: u32 = 4u;   // ceil(NV / Q) ≤ MAX_NVT: vec4s of state per thread
+override CW: u32 = 32u;   // channels per workgroup
+override WG: u32 = 32u;   // CW·Q: threads per workgroup
+override TS: u32 = 8u;    // steps per tile
+override BC_PER: u32 = 1u;  // ceil(2·TS·NV / WG): the bc_tile vec4s each thread stages per tile
+override PREFETCH: bool = true;
 override ACCUMULATE: bool = false;
-const MAX_NV: u32 = 32u;  // NV at the largest N (MAX_STATE in the wrapper)
-const MAX_TS: u32 = 32u;  // the longest tile (FORWARD_TILES in the wrapper)
-const MAX_BC: u32 = 64u;  // the most bc_tile vec4s a thread stages per tile (MAX_STAGED in the wrapper)
+const MAX_NVT: u32 = 4u;  // vec4s of state per thread (registers)
+const MAX_TS: u32 = 16u;  // the longest tile (FORWARD_TILES in the wrapper)
+const MAX_BC: u32 = 8u;   // the most bc_tile vec4s a thread stages per tile (MAX_STAGED in the wrapper)
 
 // Segments (Mesa llvmpipe caps one invocation's loop iterations at 65,535 in total, so there the wrapper splits
 // the walk over time into dispatches; elsewhere one dispatch covers it): the forward runs steps [seg_begin,
@@ -78,23 +83,28 @@ struct StepParams { batch: u32, channels: u32, nstate: u32 }
 @group(0) @binding(28) var<uniform> st: StepParams;
 @group(0) @binding(29) var<storage, read_write> state: array<f32>;
 @group(0) @binding(30) var<storage, read_write> carry: array<f32>;  // [B, Dc, 2N + 2]: backward segments
-// B_t and C_t of a tile's steps, index ((buffer·TS + s)·2 + (0: B, 1: C))·NV + j; zero past N and past the
-// tile's last step.
+// B_t and C_t of a tile's steps, index ((buffer·TS + s)·2 + (0: B, 1: C))·NV + jj (jj: vec4 of states); zero
+// past N and past the tile's last step.
 var<workgroup> bc_tile: array<vec4<f32>, 4u * TS * NV>;
-// A thread's own per-step inputs, index s·CW + c (only thread c reads them).
-var<workgroup> dt_own: array<f32, TS * CW>;         // Δ_t
-var<workgroup> u_own: array<f32, TS * CW>;          // u_t
-var<workgroup> gate_own: array<f32, TS * CW>;       // forward: z_t; backward: dy_t·silu'(z_t) (dz_t is this times the ungated y_t)
-var<workgroup> dsoftplus_own: array<f32, TS * CW>;  // ∂Δ_t/∂delta_t
+// A thread's own per-step inputs, index s·WG + thread (only that thread reads them).
+var<workgroup> dt_own: array<f32, TS * WG>;         // Δ_t
+var<workgroup> u_own: array<f32, TS * WG>;          // u_t
+var<workgroup> gate_own: array<f32, TS * WG>;       // forward: z_t; backward: dy_t·silu'(z_t) (dz_t is this times the ungated y_t)
+var<workgroup> dsoftplus_own: array<f32, TS * WG>;  // ∂Δ_t/∂delta_t
 // Per-step factors that the channel sums read across threads, double-buffered as bc_tile: index
 // (buffer·TS + s)·CW + c.
 var<workgroup> dyg_tile: array<f32, 2u * TS * CW>;  // dy'_t = dy_t·silu(z_t): the gradient reaching y before the gate
 var<workgroup> dtu_tile: array<f32, 2u * TS * CW>;  // Δ_t u_t
 // The backward's h_t and g_t of the tile's steps (g_tile holds exp(Δ_t A) until the adjoint reaches step t, so
-// the adjoint takes no exp), index (s·NV + j)·(CW + 1) + c: the pad of one vec4 per row puts the channel sums'
-// reads (row s·NV + j by thread s·NV + j, one channel at a time) in distinct banks.
+// the adjoint takes no exp), index (s·NV + jj)·(CW + 1) + c: the pad of one vec4 per row puts the channel sums'
+// reads (row s·NV + jj by thread s·NV + jj, one channel at a time) in distinct banks.
 var<workgroup> h_tile: array<vec4<f32>, TS * NV * (CW + 1u)>;
 var<workgroup> g_tile: array<vec4<f32>, TS * NV * (CW + 1u)>;
+// Q > 1: each thread's part of the sums over n, index (buffer·TS + s)·WG + thread (the forward's y: C_t·h_t;
+// the backward's C_t·h_t, Σ_n g B and Σ_n g exp(ΔA) h A; the backward uses buffer 0 only).
+var<workgroup> part_y: array<f32, 2u * TS * WG>;
+var<workgroup> part_gb: array<f32, TS * WG>;
+var<workgroup> part_gha: array<f32, TS * WG>;
 
 fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 
@@ -114,25 +124,26 @@ fn softplus(x: f32) -> f32 {
 
 // Row of a [B, L, Dc] tensor.
 fn row_index(b: u32, t: u32, d: u32) -> u32 { return (b * p.len + t) * p.channels + d; }
-// Software pipelining: a tile's global loads go into registers (fetch_*) one tile ahead, issued before the
-// current tile's arithmetic, and are written to workgroup memory (store_bc, and each kernel's own stores) at
-// the next tile's start, so their latency overlaps a tile of work instead of stalling it (one warp per
-// scheduler, as at the 130m shape, has nothing else to switch to).
+// Software pipelining (PREFETCH): a tile's global loads go into registers (fetch_*) one tile ahead, issued
+// before the current tile's arithmetic, and are written to workgroup memory (store_bc, and each kernel's own
+// stores) at the next tile's start, so their latency overlaps a tile of work instead of stalling it (one warp
+// per scheduler, as at the 130m shape, has no other warp to switch to). Without it each tile fetches its own
+// loads first.
 
-// This thread's share of B_t and C_t of batch row b for steps [t0, t_end): bc_tile element thread + m·CW of a
+// This thread's share of B_t and C_t of batch row b for steps [t0, t_end): bc_tile element thread + m·WG of a
 // buffer in element m.
 fn fetch_bc(b: u32, t0: u32, t_end: u32, thread: u32) -> array<vec4<f32>, MAX_BC> {
     var out: array<vec4<f32>, MAX_BC>;
     for (var m = 0u; m < BC_PER; m++) {
-        let i = thread + m * CW;
+        let i = thread + m * WG;
         let t = t0 + i / (2u * NV);
-        let j = i % NV;
+        let jj = i % NV;
         let from_C = (i / NV) % 2u == 1u;
         var v = vec4<f32>(0.0);
         if (i < 2u * TS * NV && t < t_end) {
-            let base = (b * p.len + t) * N + 4u * j;
+            let base = (b * p.len + t) * N + 4u * jj;
             for (var k = 0u; k < 4u; k++) {
-                if (4u * j + k < N) {
+                if (4u * jj + k < N) {
                     if (from_C) { v[k] = C[base + k]; } else { v[k] = B[base + k]; }
                 }
             }
@@ -144,10 +155,13 @@ fn fetch_bc(b: u32, t0: u32, t_end: u32, thread: u32) -> array<vec4<f32>, MAX_BC
 
 fn store_bc(v: array<vec4<f32>, MAX_BC>, buf: u32, thread: u32) {
     for (var m = 0u; m < BC_PER; m++) {
-        let i = thread + m * CW;
+        let i = thread + m * WG;
         if (i < 2u * TS * NV) { bc_tile[buf * 2u * TS * NV + i] = v[m]; }
     }
 }
+
+// Index of step s's B_t (its C_t follows NV later) in bc_tile.
+fn bc_index(buf: u32, s: u32) -> u32 { return (buf * TS + s) * 2u * NV; }
 
 // Channel d's delta and u (x, y) of steps [t0, t_end), zero past it and for channels past Dc.
 fn fetch_delta_u(b: u32, d: u32, t0: u32, t_end: u32, live: bool) -> array<vec2<f32>, MAX_TS> {
@@ -177,24 +191,23 @@ fn fetch_dy(b: u32, d: u32, t0: u32, t_end: u32, live: bool) -> array<f32, MAX_T
     return out;
 }
 
-// Index of step s's B_t (its C_t follows NV later) in bc_tile.
-fn bc_index(buf: u32, s: u32) -> u32 { return (buf * TS + s) * 2u * NV; }
-
-// Grid (ceil(Dc / CW), B).
-@compute @workgroup_size(CW)
+// Grid (ceil(Dc / CW), B). Thread x: channel c = x / Q of the workgroup's, state block blk = x % Q.
+@compute @workgroup_size(WG)
 fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let b = wid.y;
-    let c = lid.x;
+    let x = lid.x;
+    let c = x / Q;
+    let blk = x % Q;
     let d = wid.x * CW + c;
     let live = d < p.channels;
     let sbase = (b * p.channels + d) * N;  // (b, d, 0) in [B, Dc, N]
-    var a: array<vec4<f32>, MAX_NV>;
-    var h: array<vec4<f32>, MAX_NV>;
-    for (var j = 0u; j < NV; j++) {
+    var a: array<vec4<f32>, MAX_NVT>;
+    var h: array<vec4<f32>, MAX_NVT>;
+    for (var j = 0u; j < NVT; j++) {
         var aj = vec4<f32>(0.0);
         var hj = vec4<f32>(0.0);
         for (var k = 0u; k < 4u; k++) {
-            let n = 4u * j + k;
+            let n = 4u * (blk * NVT + j) + k;
             if (live && n < N) {
                 aj[k] = -exp(A_log[d * N + n]);
                 if (p.seg_begin > 0u) { hj[k] = last_state[sbase + n]; }
@@ -210,58 +223,91 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
         skip = D[d];
     }
     var buf = 0u;
-    let first_end = min(p.seg_begin + TS, p.seg_end);
-    var next_bc = fetch_bc(b, p.seg_begin, first_end, c);
-    var next_du = fetch_delta_u(b, d, p.seg_begin, first_end, live);
-    var next_z = fetch_z(b, d, p.seg_begin, first_end, live);
+    var next_bc: array<vec4<f32>, MAX_BC>;
+    var next_du: array<vec2<f32>, MAX_TS>;
+    var next_z: array<f32, MAX_TS>;
+    if (PREFETCH) {
+        let first_end = min(p.seg_begin + TS, p.seg_end);
+        next_bc = fetch_bc(b, p.seg_begin, first_end, x);
+        next_du = fetch_delta_u(b, d, p.seg_begin, first_end, live);
+        next_z = fetch_z(b, d, p.seg_begin, first_end, live);
+    }
     for (var t0 = p.seg_begin; t0 < p.seg_end; t0 += TS) {
         let t_end = min(t0 + TS, p.seg_end);
-        store_bc(next_bc, buf, c);
+        if (!PREFETCH) {
+            next_bc = fetch_bc(b, t0, t_end, x);
+            next_du = fetch_delta_u(b, d, t0, t_end, live);
+            next_z = fetch_z(b, d, t0, t_end, live);
+        }
+        store_bc(next_bc, buf, x);
         for (var s = 0u; s < TS; s++) {
-            dt_own[s * CW + c] = softplus(next_du[s].x + bias);
-            u_own[s * CW + c] = next_du[s].y;
-            gate_own[s * CW + c] = next_z[s];
+            dt_own[s * WG + x] = softplus(next_du[s].x + bias);
+            u_own[s * WG + x] = next_du[s].y;
+            gate_own[s * WG + x] = next_z[s];
         }
         workgroupBarrier();  // bc_tile[buf] is staged; the other buffer may be refilled from here on
         let t_next = t0 + TS;
-        if (t_next < p.seg_end) {
+        if (PREFETCH && t_next < p.seg_end) {
             let next_end = min(t_next + TS, p.seg_end);
-            next_bc = fetch_bc(b, t_next, next_end, c);
+            next_bc = fetch_bc(b, t_next, next_end, x);
             next_du = fetch_delta_u(b, d, t_next, next_end, live);
             next_z = fetch_z(b, d, t_next, next_end, live);
         }
         if (live) {
             for (var t = t0; t < t_end; t++) {
-                let i = (t - t0) * CW + c;
+                let s = t - t0;
+                let i = s * WG + x;
                 if (t % p.chunk == 0u) {
                     let cs = ((b * p.nchunks + t / p.chunk) * p.channels + d) * N;
-                    for (var j = 0u; j < NV; j++) {
+                    for (var j = 0u; j < NVT; j++) {
                         for (var k = 0u; k < 4u; k++) {
-                            if (4u * j + k < N) { states[cs + 4u * j + k] = h[j][k]; }
+                            let n = 4u * (blk * NVT + j) + k;
+                            if (n < N) { states[cs + n] = h[j][k]; }
                         }
                     }
                 }
                 let dt = dt_own[i];
                 let uv = u_own[i];
                 let dtu = dt * uv;
-                let bi = bc_index(buf, t - t0);
+                let bi = bc_index(buf, s);
                 var acc = vec4<f32>(0.0);
-                for (var j = 0u; j < NV; j++) {
-                    let hj = exp(dt * a[j]) * h[j] + dtu * bc_tile[bi + j];
-                    h[j] = hj;
-                    acc += bc_tile[bi + NV + j] * hj;
+                for (var j = 0u; j < NVT; j++) {
+                    let jj = blk * NVT + j;
+                    if (jj < NV) {
+                        let hj = exp(dt * a[j]) * h[j] + dtu * bc_tile[bi + jj];
+                        h[j] = hj;
+                        acc += bc_tile[bi + NV + jj] * hj;
+                    }
                 }
-                let zv = gate_own[i];
-                y[row_index(b, t, d)] = (acc.x + acc.y + acc.z + acc.w + skip * uv) * zv * sigmoid(zv);
+                let yc = acc.x + acc.y + acc.z + acc.w;
+                if (Q == 1u) {
+                    let zv = gate_own[i];
+                    y[row_index(b, t, d)] = (yc + skip * uv) * zv * sigmoid(zv);
+                } else {
+                    part_y[buf * TS * WG + i] = yc;
+                }
+            }
+        }
+        if (Q > 1u) {
+            workgroupBarrier();  // part_y[buf] is complete (double-buffered: the next tile writes the other)
+            if (live && blk == 0u) {
+                for (var t = t0; t < t_end; t++) {
+                    let i = (t - t0) * WG + x;
+                    var yc = 0.0;
+                    for (var m = 0u; m < Q; m++) { yc += part_y[buf * TS * WG + i + m]; }  // threads x .. x + Q − 1
+                    let zv = gate_own[i];
+                    y[row_index(b, t, d)] = (yc + skip * u_own[i]) * zv * sigmoid(zv);
+                }
             }
         }
         buf ^= 1u;
     }
     // The final state seeds recurrent decoding after a parallel prefill.
     if (live) {
-        for (var j = 0u; j < NV; j++) {
+        for (var j = 0u; j < NVT; j++) {
             for (var k = 0u; k < 4u; k++) {
-                if (4u * j + k < N) { last_state[sbase + 4u * j + k] = h[j][k]; }
+                let n = 4u * (blk * NVT + j) + k;
+                if (n < N) { last_state[sbase + n] = h[j][k]; }
             }
         }
     }
@@ -287,12 +333,14 @@ fn selective_scan_step(@builtin(global_invocation_id) gid: vec3<u32>) {
     let zv = z[i];
     y[i] = acc * zv * sigmoid(zv);
 }
-// Grid (ceil(Dc / CW), B), as the forward.
-@compute @workgroup_size(CW)
+// Grid (ceil(Dc / CW), B), threads as the forward's.
+@compute @workgroup_size(WG)
 fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                            @builtin(local_invocation_id) lid: vec3<u32>) {
     let b = wid.y;
-    let c = lid.x;
+    let x = lid.x;
+    let c = x / Q;
+    let blk = x % Q;
     let d = wid.x * CW + c;
     let live = d < p.channels;
     let nch = min(CW, p.channels - wid.x * CW);  // channels of this workgroup inside Dc
@@ -301,17 +349,17 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     let scratch = (b * nwg.x + wid.x) * tiles_per_chunk * N * CW + c;  // + (tile·N + n)·CW in tile_states
     let cb = (b * p.channels + d) * (2u * N + 2u);  // this channel's row of carry: g, ∂/∂A, ∂/∂D, ∂/∂delta_bias
     let resume = live && p.kc_hi < p.nchunks;
-    var a: array<vec4<f32>, MAX_NV>;
-    var g: array<vec4<f32>, MAX_NV>;   // g_t = ∂loss/∂h_t, carried backwards over tiles and chunks
-    var da: array<vec4<f32>, MAX_NV>;  // Σ_t g_t exp(Δ_t A) h_{t−1} Δ_t = ∂loss/∂A[d, :] for this batch row
-    var h: array<vec4<f32>, MAX_NV>;
-    var h_entry: array<vec4<f32>, MAX_NV>;  // the state entering the tile
-    for (var j = 0u; j < NV; j++) {
+    var a: array<vec4<f32>, MAX_NVT>;
+    var g: array<vec4<f32>, MAX_NVT>;   // g_t = ∂loss/∂h_t, carried backwards over tiles and chunks
+    var da: array<vec4<f32>, MAX_NVT>;  // Σ_t g_t exp(Δ_t A) h_{t−1} Δ_t = ∂loss/∂A[d, :] for this batch row
+    var h: array<vec4<f32>, MAX_NVT>;
+    var h_entry: array<vec4<f32>, MAX_NVT>;  // the state entering the tile
+    for (var j = 0u; j < NVT; j++) {
         var aj = vec4<f32>(0.0);
         var gj = vec4<f32>(0.0);
         var daj = vec4<f32>(0.0);
         for (var k = 0u; k < 4u; k++) {
-            let n = 4u * j + k;
+            let n = 4u * (blk * NVT + j) + k;
             if (live && n < N) {
                 aj[k] = -exp(A_log[d * N + n]);
                 if (resume) {
@@ -324,9 +372,10 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         g[j] = gj;
         da[j] = daj;
     }
-    var d_skip = 0.0;  // Σ_t dy'_t u_t = ∂loss/∂D
-    var d_bias = 0.0;  // Σ_t ddelta_t = ∂loss/∂delta_bias
-    if (resume) {
+    // Σ_t dy'_t u_t = ∂loss/∂D and Σ_t ddelta_t = ∂loss/∂delta_bias, kept by the channel's thread blk = 0.
+    var d_skip = 0.0;
+    var d_bias = 0.0;
+    if (resume && blk == 0u) {
         d_skip = carry[cb + 2u * N];
         d_bias = carry[cb + 2u * N + 1u];
     }
@@ -337,51 +386,64 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         skip = D[d];
     }
     var buf = 0u;
+    var next_bc: array<vec4<f32>, MAX_BC>;
+    var next_du: array<vec2<f32>, MAX_TS>;
+    var next_z: array<f32, MAX_TS>;
+    var next_dy: array<f32, MAX_TS>;
     for (var kc = min(p.kc_hi, p.nchunks); kc > p.kc_lo; kc--) {
         let chunk_start = (kc - 1u) * p.chunk;
         let chunk_end = min(chunk_start + p.chunk, p.len);
         let ntiles = (chunk_end - chunk_start + TS - 1u) / TS;
         // The entry state of every tile of the chunk, recomputed from the chunk's saved entry state.
         let cs = ((b * p.nchunks + kc - 1u) * p.channels + d) * N;
-        for (var j = 0u; j < NV; j++) {
+        for (var j = 0u; j < NVT; j++) {
             var hj = vec4<f32>(0.0);
             for (var k = 0u; k < 4u; k++) {
-                if (live && 4u * j + k < N) { hj[k] = saved_states[cs + 4u * j + k]; }
+                let n = 4u * (blk * NVT + j) + k;
+                if (live && n < N) { hj[k] = saved_states[cs + n]; }
             }
             h[j] = hj;
         }
         // Tile jt's entry state goes to tile_states before the walk over tile jt − 1 ... 0 ends (the last tile's end
         // state is not needed). Every tile walked is whole: only the chunk's last may be shorter.
-        let first_end = min(chunk_start + TS, chunk_end);
-        var next_bc = fetch_bc(b, chunk_start, first_end, c);
-        var next_du = fetch_delta_u(b, d, chunk_start, first_end, live);
+        if (PREFETCH && ntiles > 1u) {
+            next_bc = fetch_bc(b, chunk_start, chunk_start + TS, x);
+            next_du = fetch_delta_u(b, d, chunk_start, chunk_start + TS, live);
+        }
         for (var jt = 0u; jt < ntiles; jt++) {
             if (jt > 0u) {
                 let t0 = chunk_start + (jt - 1u) * TS;
-                store_bc(next_bc, buf, c);
+                if (!PREFETCH) {
+                    next_bc = fetch_bc(b, t0, t0 + TS, x);
+                    next_du = fetch_delta_u(b, d, t0, t0 + TS, live);
+                }
+                store_bc(next_bc, buf, x);
                 for (var s = 0u; s < TS; s++) {
-                    dt_own[s * CW + c] = softplus(next_du[s].x + bias);
-                    u_own[s * CW + c] = next_du[s].y;
+                    dt_own[s * WG + x] = softplus(next_du[s].x + bias);
+                    u_own[s * WG + x] = next_du[s].y;
                 }
                 workgroupBarrier();
-                if (jt + 1u < ntiles) {
-                    next_bc = fetch_bc(b, t0 + TS, t0 + 2u * TS, c);
+                if (PREFETCH && jt + 1u < ntiles) {
+                    next_bc = fetch_bc(b, t0 + TS, t0 + 2u * TS, x);
                     next_du = fetch_delta_u(b, d, t0 + TS, t0 + 2u * TS, live);
                 }
                 if (live) {
                     for (var s = 0u; s < TS; s++) {
-                        let dt = dt_own[s * CW + c];
-                        let dtu = dt * u_own[s * CW + c];
+                        let dt = dt_own[s * WG + x];
+                        let dtu = dt * u_own[s * WG + x];
                         let bi = bc_index(buf, s);
-                        for (var j = 0u; j < NV; j++) { h[j] = exp(dt * a[j]) * h[j] + dtu * bc_tile[bi + j]; }
+                        for (var j = 0u; j < NVT; j++) {
+                            let jj = blk * NVT + j;
+                            if (jj < NV) { h[j] = exp(dt * a[j]) * h[j] + dtu * bc_tile[bi + jj]; }
+                        }
                     }
                 }
                 buf ^= 1u;
             }
             if (live) {
-                for (var j = 0u; j < NV; j++) {
+                for (var j = 0u; j < NVT; j++) {
                     for (var k = 0u; k < 4u; k++) {
-                        let n = 4u * j + k;
+                        let n = 4u * (blk * NVT + j) + k;
                         if (n < N) { tile_states[scratch + (jt * N + n) * CW] = h[j][k]; }
                     }
                 }
@@ -389,44 +451,54 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         }
         // The tiles, last to first.
         let last_start = chunk_start + (ntiles - 1u) * TS;
-        next_bc = fetch_bc(b, last_start, chunk_end, c);
-        next_du = fetch_delta_u(b, d, last_start, chunk_end, live);
-        var next_z = fetch_z(b, d, last_start, chunk_end, live);
-        var next_dy = fetch_dy(b, d, last_start, chunk_end, live);
+        if (PREFETCH) {
+            next_bc = fetch_bc(b, last_start, chunk_end, x);
+            next_du = fetch_delta_u(b, d, last_start, chunk_end, live);
+            next_z = fetch_z(b, d, last_start, chunk_end, live);
+            next_dy = fetch_dy(b, d, last_start, chunk_end, live);
+        }
         for (var jt = ntiles; jt > 0u; jt--) {
             let t0 = chunk_start + (jt - 1u) * TS;
             let t_end = min(t0 + TS, chunk_end);
-            store_bc(next_bc, buf, c);
+            if (!PREFETCH) {
+                next_bc = fetch_bc(b, t0, t_end, x);
+                next_du = fetch_delta_u(b, d, t0, t_end, live);
+                next_z = fetch_z(b, d, t0, t_end, live);
+                next_dy = fetch_dy(b, d, t0, t_end, live);
+            }
+            store_bc(next_bc, buf, x);
             for (var s = 0u; s < TS; s++) {
-                let i = s * CW + c;
-                let ib = (buf * TS + s) * CW + c;
+                let i = s * WG + x;
                 let zv = next_z[s];
                 let gate = sigmoid(zv);
                 let dyv = next_dy[s];
-                dyg_tile[ib] = dyv * zv * gate;
-                gate_own[i] = dyv * gate * (1.0 + zv * sigmoid(-zv));  // 1 − σ(z) = σ(−z), no cancellation
-                let x = next_du[s].x + bias;
-                let dt = softplus(x);
+                let x_pre = next_du[s].x + bias;
+                let dt = softplus(x_pre);
                 let uv = next_du[s].y;
+                if (blk == 0u) {
+                    let ib = (buf * TS + s) * CW + c;
+                    dyg_tile[ib] = dyv * zv * gate;
+                    dtu_tile[ib] = dt * uv;
+                }
+                gate_own[i] = dyv * gate * (1.0 + zv * sigmoid(-zv));  // 1 − σ(z) = σ(−z), no cancellation
                 dt_own[i] = dt;
                 u_own[i] = uv;
-                dtu_tile[ib] = dt * uv;
-                dsoftplus_own[i] = select(sigmoid(x), 1.0, x > 20.0);
+                dsoftplus_own[i] = select(sigmoid(x_pre), 1.0, x_pre > 20.0);
             }
-            workgroupBarrier();  // bc_tile[buf] is staged
-            if (jt > 1u) {  // the tile before, whole
+            workgroupBarrier();  // bc_tile[buf], dyg_tile[buf] and dtu_tile[buf] are staged
+            if (PREFETCH && jt > 1u) {  // the tile before, whole
                 let t_prev = t0 - TS;
-                next_bc = fetch_bc(b, t_prev, t0, c);
+                next_bc = fetch_bc(b, t_prev, t0, x);
                 next_du = fetch_delta_u(b, d, t_prev, t0, live);
                 next_z = fetch_z(b, d, t_prev, t0, live);
                 next_dy = fetch_dy(b, d, t_prev, t0, live);
             }
             if (live) {
                 // The tile's states (and from them dz, which needs the ungated y_t).
-                for (var j = 0u; j < NV; j++) {
+                for (var j = 0u; j < NVT; j++) {
                     var hj = vec4<f32>(0.0);
                     for (var k = 0u; k < 4u; k++) {
-                        let n = 4u * j + k;
+                        let n = 4u * (blk * NVT + j) + k;
                         if (n < N) { hj[k] = tile_states[scratch + ((jt - 1u) * N + n) * CW]; }
                     }
                     h[j] = hj;
@@ -434,60 +506,99 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                 }
                 for (var t = t0; t < t_end; t++) {
                     let s = t - t0;
-                    let i = s * CW + c;
+                    let i = s * WG + x;
                     let dt = dt_own[i];
-                    let dtu = dtu_tile[(buf * TS + s) * CW + c];
+                    let dtu = dt * u_own[i];
                     let bi = bc_index(buf, s);
                     var yc = vec4<f32>(0.0);
-                    for (var j = 0u; j < NV; j++) {
-                        let decay = exp(dt * a[j]);
-                        let hj = decay * h[j] + dtu * bc_tile[bi + j];
-                        h[j] = hj;
-                        h_tile[(s * NV + j) * (CW + 1u) + c] = hj;
-                        g_tile[(s * NV + j) * (CW + 1u) + c] = decay;  // for the adjoint, which overwrites it with g_t
-                        yc += bc_tile[bi + NV + j] * hj;
+                    for (var j = 0u; j < NVT; j++) {
+                        let jj = blk * NVT + j;
+                        if (jj < NV) {
+                            let decay = exp(dt * a[j]);
+                            let hj = decay * h[j] + dtu * bc_tile[bi + jj];
+                            h[j] = hj;
+                            h_tile[(s * NV + jj) * (CW + 1u) + c] = hj;
+                            g_tile[(s * NV + jj) * (CW + 1u) + c] = decay;  // for the adjoint, which overwrites it with g_t
+                            yc += bc_tile[bi + NV + jj] * hj;
+                        }
                     }
-                    dz[row_index(b, t, d)] = (yc.x + yc.y + yc.z + yc.w + skip * u_own[i]) * gate_own[i];
+                    let ycs = yc.x + yc.y + yc.z + yc.w;
+                    if (Q == 1u) {
+                        dz[row_index(b, t, d)] = (ycs + skip * u_own[i]) * gate_own[i];
+                    } else {
+                        part_y[i] = ycs;
+                    }
                 }
                 // The adjoint, last step to first; step s reads h_{s−1} from h_tile (h_entry for the first).
                 for (var t = t_end; t > t0; t--) {
                     let s = t - 1u - t0;
-                    let i = s * CW + c;
-                    let ib = (buf * TS + s) * CW + c;
+                    let i = s * WG + x;
                     let dt = dt_own[i];
                     let uv = u_own[i];
-                    let dyg = dyg_tile[ib];
+                    let dyg = dyg_tile[(buf * TS + s) * CW + c];
                     let bi = bc_index(buf, s);
                     var gb = vec4<f32>(0.0);   // Σ_n g_t[n] B_t[n] = ∂loss/∂(Δ_t u_t)
                     var gha = vec4<f32>(0.0);  // Σ_n g_t[n] exp(Δ_t A[n]) h_{t−1}[n] A[n]
-                    for (var j = 0u; j < NV; j++) {
-                        var h_prev = h_entry[j];
-                        if (s > 0u) { h_prev = h_tile[((s - 1u) * NV + j) * (CW + 1u) + c]; }
-                        let decay = g_tile[(s * NV + j) * (CW + 1u) + c];  // exp(Δ_t A), from the states' pass
-                        let gj = g[j] + dyg * bc_tile[bi + NV + j];
-                        let gh = gj * decay * h_prev;  // ∂loss/∂(Δ_t A)
-                        da[j] += gh * dt;
-                        gha += gh * a[j];
-                        gb += gj * bc_tile[bi + j];
-                        g_tile[(s * NV + j) * (CW + 1u) + c] = gj;
-                        g[j] = gj * decay;
+                    for (var j = 0u; j < NVT; j++) {
+                        let jj = blk * NVT + j;
+                        if (jj < NV) {
+                            var h_prev = h_entry[j];
+                            if (s > 0u) { h_prev = h_tile[((s - 1u) * NV + jj) * (CW + 1u) + c]; }
+                            let decay = g_tile[(s * NV + jj) * (CW + 1u) + c];  // exp(Δ_t A), from the states' pass
+                            let gj = g[j] + dyg * bc_tile[bi + NV + jj];
+                            let gh = gj * decay * h_prev;  // ∂loss/∂(Δ_t A)
+                            da[j] += gh * dt;
+                            gha += gh * a[j];
+                            gb += gj * bc_tile[bi + jj];
+                            g_tile[(s * NV + jj) * (CW + 1u) + c] = gj;
+                            g[j] = gj * decay;
+                        }
                     }
                     let gbs = gb.x + gb.y + gb.z + gb.w;
-                    let row = row_index(b, t - 1u, d);
-                    du[row] = skip * dyg + dt * gbs;
-                    let dx = (gha.x + gha.y + gha.z + gha.w + uv * gbs) * dsoftplus_own[i];
+                    let ghs = gha.x + gha.y + gha.z + gha.w;
+                    if (Q == 1u) {
+                        let row = row_index(b, t - 1u, d);
+                        du[row] = skip * dyg + dt * gbs;
+                        let dx = (ghs + uv * gbs) * dsoftplus_own[i];
+                        ddelta[row] = dx;
+                        d_skip += dyg * uv;
+                        d_bias += dx;
+                    } else {
+                        part_gb[i] = gbs;
+                        part_gha[i] = ghs;
+                    }
+                }
+            }
+            workgroupBarrier();  // h_tile, g_tile and the parts are complete
+            // Q > 1: the channel's thread blk = 0 adds its threads' parts of the sums over n.
+            if (Q > 1u && live && blk == 0u) {
+                for (var t = t0; t < t_end; t++) {
+                    let i = (t - t0) * WG + x;
+                    var ycs = 0.0;
+                    var gbs = 0.0;
+                    var ghs = 0.0;
+                    for (var m = 0u; m < Q; m++) {
+                        ycs += part_y[i + m];
+                        gbs += part_gb[i + m];
+                        ghs += part_gha[i + m];
+                    }
+                    let uv = u_own[i];
+                    let dyg = dyg_tile[(buf * TS + t - t0) * CW + c];
+                    let row = row_index(b, t, d);
+                    dz[row] = (ycs + skip * uv) * gate_own[i];
+                    du[row] = skip * dyg + dt_own[i] * gbs;
+                    let dx = (ghs + uv * gbs) * dsoftplus_own[i];
                     ddelta[row] = dx;
                     d_skip += dyg * uv;
                     d_bias += dx;
                 }
             }
-            workgroupBarrier();  // h_tile and g_tile are complete
             // Sums over the workgroup's channels, one (step, vec4 of states) per thread: dC_t[n] = Σ_c h_t[c, n] dy'_t[c],
             // dB_t[n] = Σ_c g_t[c, n] Δ_t u_t[c].
-            for (var i = c; i < (t_end - t0) * NV; i += CW) {
+            for (var i = x; i < (t_end - t0) * NV; i += WG) {
                 let s = i / NV;
-                let j = i % NV;
-                let rb = i * (CW + 1u);  // (s·NV + j)·(CW + 1)
+                let jj = i % NV;
+                let rb = i * (CW + 1u);  // (s·NV + jj)·(CW + 1)
                 let fb = (buf * TS + s) * CW;
                 var dc = vec4<f32>(0.0);
                 var db = vec4<f32>(0.0);
@@ -495,9 +606,9 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                     dc += h_tile[rb + cc] * dyg_tile[fb + cc];
                     db += g_tile[rb + cc] * dtu_tile[fb + cc];
                 }
-                let out = (part_row * p.len + t0 + s) * N + 4u * j;
+                let out = (part_row * p.len + t0 + s) * N + 4u * jj;
                 for (var k = 0u; k < 4u; k++) {
-                    if (4u * j + k < N) {
+                    if (4u * jj + k < N) {
                         dC_part[out + k] = dc[k];
                         dB_part[out + k] = db[k];
                     }
@@ -508,28 +619,32 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     }
     if (!live) { return; }
     if (p.kc_lo > 0u) {  // more chunks follow in another dispatch
-        for (var j = 0u; j < NV; j++) {
+        for (var j = 0u; j < NVT; j++) {
             for (var k = 0u; k < 4u; k++) {
-                let n = 4u * j + k;
+                let n = 4u * (blk * NVT + j) + k;
                 if (n < N) {
                     carry[cb + n] = g[j][k];
                     carry[cb + N + n] = da[j][k];
                 }
             }
         }
-        carry[cb + 2u * N] = d_skip;
-        carry[cb + 2u * N + 1u] = d_bias;
+        if (blk == 0u) {
+            carry[cb + 2u * N] = d_skip;
+            carry[cb + 2u * N + 1u] = d_bias;
+        }
         return;
     }
     let pp = (b * p.channels + d) * (N + 2u);
-    for (var j = 0u; j < NV; j++) {
+    for (var j = 0u; j < NVT; j++) {
         for (var k = 0u; k < 4u; k++) {
-            let n = 4u * j + k;
+            let n = 4u * (blk * NVT + j) + k;
             if (n < N) { param_part[pp + n] = da[j][k] * a[j][k]; }  // ∂/∂A_log = ∂/∂A · A
         }
     }
-    param_part[pp + N] = d_skip;
-    param_part[pp + N + 1u] = d_bias;
+    if (blk == 0u) {
+        param_part[pp + N] = d_skip;
+        param_part[pp + N + 1u] = d_bias;
+    }
 }
 
 // total[i] = Σ_k part[k·count + i], k in order (dB, dC from the per-workgroup partials). Grid grid_1d(count).

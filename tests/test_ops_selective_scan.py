@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
+from mambactl.ops import selective_scan as scan_module
 from mambactl.ops.selective_scan import (PATHS, direct_per_thread, scan_layout, selective_scan, selective_scan_backward,
                                          selective_scan_step, workgroup_bytes)
 from mambactl.reference import selective_scan as ref
@@ -172,18 +173,39 @@ def test_direct_path_choice(rt, monkeypatch):
 
 
 def test_layout_choice():
-    """The most channels per workgroup, then the longest tile of at least MIN_TILE steps that fits."""
-    assert scan_layout(16, 49152) == (32, 8)   # an H200
-    assert scan_layout(16, 32768) == (32, 4)   # llvmpipe
-    assert scan_layout(16, 16384) == (16, 4)
-    assert scan_layout(128, 32768) == (4, 4)
-    assert scan_layout(16, 32768, backward=False) == (32, 32)
-    assert scan_layout(128, 16384, backward=False) == (32, 4)
+    """Q = ceil(N / 16) threads per channel, then the most channels per workgroup, then the longest tile of at
+    least MIN_TILE steps that fits."""
+    h200 = scan_layout(16, 49152)  # an H200's workgroup memory
+    assert (h200.threads, h200.vectors, h200.channels, h200.tile) == (1, 4, 32, 8)
+    lavapipe = scan_layout(16, 32768)
+    assert (lavapipe.channels, lavapipe.tile) == (32, 4)
+    assert scan_layout(16, 32768, backward=False).tile == 16
+    assert (scan_layout(20, 32768).threads, scan_layout(128, 32768).threads) == (2, 8)
+    assert scan_layout(16, 49152, threads=2).vectors == 2
     for n in (1, 5, 16, 20, 128):
         for memory in (16384, 32768, 49152):
             for backward in (True, False):
-                cw, ts = scan_layout(n, memory, backward)
-                assert workgroup_bytes(n, cw, ts, backward) <= memory
+                lay = scan_layout(n, memory, backward)
+                assert workgroup_bytes(lay, backward) <= memory
+                assert lay.vectors <= 4 and 4 * lay.vectors * lay.threads >= n
+
+
+@pytest.mark.parametrize("threads,prefetch", [(2, True), (4, True), (1, False), (2, False)])
+def test_tiled_threads_per_channel_and_prefetch(rt, monkeypatch, threads, prefetch):
+    """N = 16 split over 2 or 4 threads per channel (their sums over n through workgroup memory), and tiles
+    fetched without the one-tile-ahead prefetch, match the reference; the prefetch changes no result bit."""
+    x = make_inputs(2, 65, 70, 16, seed=12)
+    dy = np.random.default_rng(13).standard_normal((2, 65, 70)).astype(np.float32)
+    _, default, _ = run_gpu(rt, x, dy, 32, path="tiled")
+    monkeypatch.setattr(scan_module, "THREADS_PER_CHANNEL", threads)
+    monkeypatch.setattr(scan_module, "PREFETCH", prefetch)
+    y, grads, _ = run_gpu(rt, x, dy, 32, path="tiled")
+    y_ref, grads_ref = reference(x, dy)
+    assert rel_err(y, y_ref) < 1e-4
+    for name, got, want, base in zip(GRADS, grads, grads_ref, default):
+        assert rel_err(got, want) < 1e-4, name
+        if threads == 1:
+            assert np.array_equal(got, base), name
 
 
 def test_shape_errors(rt):

@@ -33,14 +33,20 @@ from mambactl.errors import ShapeError
 from mambactl.ops.checks import LOOP_BUDGET, SEGMENT_BUDGET, expect, grid_1d, is_llvmpipe, segment_length, segments
 from mambactl.runtime.tensor import Tensor
 
-MAX_STATE = 128  # MAX_NV = 32 vec4s in kernels/selective_scan.wgsl
-MAX_STAGED = 64  # MAX_BC there: B_t and C_t vec4s a thread fetches per tile (registers)
-CHANNEL_GROUPS = (32, 16, 8, 4, 2, 1)  # channels per workgroup (one thread each), largest first
+MAX_STATE = 128
+MAX_THREAD_VECTORS = 4  # MAX_NVT in kernels/selective_scan.wgsl: vec4s of state a thread holds in registers
+MAX_STAGED = 8  # MAX_BC there: B_t and C_t vec4s a thread fetches per tile (registers)
+MAX_WORKGROUP = 256
+CHANNEL_GROUPS = (32, 16, 8, 4, 2, 1)  # channels per workgroup, largest first
 TILES = (8, 4, 2, 1)  # steps per tile of the backward, largest first
-FORWARD_TILES = (32, 16, 8, 4, 2, 1)  # and of the forward (fewer per-tile load latencies)
+FORWARD_TILES = (16, 8, 4, 2, 1)  # and of the forward (fewer per-tile load latencies); MAX_TS there
 MIN_TILE = 4  # a smaller tile is taken only where no workgroup of MIN_TILE steps fits the device's memory
 # Workgroup memory when the device does not say (WebGPU's guaranteed minimum).
 WORKGROUP_MEMORY = 16384
+# Tiles' global loads issued one tile ahead (PREFETCH in the kernels), and threads per channel (None: the
+# fewest, ceil(N / 16)); module settings so that benchmarks can compare.
+PREFETCH = True
+THREADS_PER_CHANNEL: int | None = None
 CHUNK_MULTIPLE = 8
 DEFAULT_CHUNK = 128
 PATHS = ("tiled", "direct")
@@ -69,32 +75,63 @@ class ScanSaved:
 
 
 def state_vectors(nstate: int) -> int:
-    """NV: the vec4s that hold a channel's N states in a thread."""
+    """NV: the vec4s that hold a channel's N states."""
     return -(-nstate // 4)
 
 
-def workgroup_bytes(nstate: int, channels: int, tile: int, backward: bool = True) -> int:
-    """Workgroup memory of the tiled kernels: bc_tile (4·TS·NV vec4s) and three [TS, CW] f32 tiles in the
-    forward; the backward adds h_tile and g_tile (TS·NV·(CW + 1) vec4s each), one more [TS, CW] and two
-    [2, TS, CW] f32 tiles."""
-    nv = state_vectors(nstate)
+@dataclass(frozen=True)
+class Layout:
+    """How the tiled kernels spread a workgroup: `threads` (Q) per channel, each holding `vectors` (NVT)
+    vec4s of its states, `channels` (CW) per workgroup, `tile` (TS) steps per tile."""
+
+    nstate: int
+    threads: int
+    vectors: int
+    channels: int
+    tile: int
+
+    @property
+    def workgroup(self) -> int:
+        return self.channels * self.threads
+
+    @property
+    def staged(self) -> int:
+        """BC_PER: the vec4s of B_t and C_t that each thread fetches per tile."""
+        return -(-2 * self.tile * state_vectors(self.nstate) // self.workgroup)
+
+    def constants(self) -> dict:
+        return {"N": self.nstate, "NV": state_vectors(self.nstate), "Q": self.threads, "NVT": self.vectors,
+                "CW": self.channels, "WG": self.workgroup, "TS": self.tile, "BC_PER": self.staged,
+                "PREFETCH": PREFETCH}
+
+
+def workgroup_bytes(layout: Layout, backward: bool = True) -> int:
+    """Workgroup memory of the tiled kernels: bc_tile (4·TS·NV vec4s), three [TS, WG] f32 tiles and part_y
+    ([2, TS, WG]) in the forward; the backward adds h_tile and g_tile (TS·NV·(CW + 1) vec4s each), one more
+    [TS, WG], two [TS, WG] parts and two [2, TS, CW] f32 tiles."""
+    nv, ts, cw, wg = state_vectors(layout.nstate), layout.tile, layout.channels, layout.workgroup
     if not backward:
-        return 64 * tile * nv + 12 * tile * channels
-    return 16 * tile * nv * (2 * channels + 6) + 32 * tile * channels
+        return 64 * ts * nv + 20 * ts * wg
+    return 64 * ts * nv + 32 * ts * nv * (cw + 1) + 32 * ts * wg + 16 * ts * cw
 
 
-def scan_layout(nstate: int, memory: int = WORKGROUP_MEMORY, backward: bool = True) -> tuple[int, int]:
-    """-> (CW channels per workgroup, TS steps per tile) of the tiled forward or backward: the most channels
-    (fewer partial sums of dB and dC; B_t and C_t staged once for more channels), then the longest tile whose
-    workgroup memory fits `memory` with TS >= MIN_TILE; failing that the first fit of any tile. The forward's
-    tiles may be longer (FORWARD_TILES): it keeps no per-step states in workgroup memory."""
-    tiles = TILES if backward else FORWARD_TILES
-    fits = [(cw, ts) for cw in CHANNEL_GROUPS for ts in tiles
-            if workgroup_bytes(nstate, cw, ts, backward) <= memory and staged_per_thread(nstate, cw, ts) <= MAX_STAGED]
-    return next((f for f in fits if f[1] >= MIN_TILE), fits[0])
+def scan_layout(nstate: int, memory: int = WORKGROUP_MEMORY, backward: bool = True,
+                threads: int | None = None) -> Layout:
+    """The tiled forward's or backward's layout: `threads` per channel (default the fewest that hold N states
+    in MAX_THREAD_VECTORS vec4s each), then the most channels per workgroup (fewer partial sums of dB and dC;
+    B_t and C_t staged once for more channels), then the longest tile whose workgroup memory fits `memory`
+    with TS >= MIN_TILE; failing that the first fit of any tile. The forward's tiles may be longer
+    (FORWARD_TILES): it keeps no per-step states in workgroup memory."""
+    nv = state_vectors(nstate)
+    q = threads or THREADS_PER_CHANNEL or -(-nv // MAX_THREAD_VECTORS)
+    q = max(q, -(-nv // MAX_THREAD_VECTORS))
+    fits = [Layout(nstate, q, -(-nv // q), cw, ts) for cw in CHANNEL_GROUPS for ts in (TILES if backward else FORWARD_TILES)
+            if cw * q <= MAX_WORKGROUP]
+    fits = [f for f in fits if workgroup_bytes(f, backward) <= memory and f.staged <= MAX_STAGED]
+    return next((f for f in fits if f.tile >= MIN_TILE), fits[0])
 
 
-def _layout(rt, nstate: int, backward: bool = True) -> tuple[int, int]:
+def _layout(rt, nstate: int, backward: bool = True) -> Layout:
     limits = getattr(rt, "limits", None) or {}
     memory = int(limits.get("max-compute-workgroup-storage-size", WORKGROUP_MEMORY))
     return scan_layout(nstate, memory, backward)
@@ -125,36 +162,37 @@ def _scan_params(batch: int, length: int, channels: int, chunk: int) -> dict:
 
 
 # Loop iterations per invocation (upper bounds, no unrolling assumed), for Mesa llvmpipe's budget of 65,535
-# (mambactl/ops/checks.py). Per tile of TS steps: staging B_t and C_t takes ceil(2·TS·NV / CW) passes of a loop
-# of 4; a loop over the NV vec4s of state with an inner loop of 4 costs 5·NV.
-def _stage_loops(nstate: int, channels: int, tile: int) -> int:
-    return -(-2 * tile * state_vectors(nstate) // channels) * 5
+# (mambactl/ops/checks.py). Per tile of TS steps: fetching B_t and C_t takes BC_PER passes of a loop of 4 and
+# storing them BC_PER; the own inputs TS each (fetch and store); a loop over a thread's NVT vec4s of state with
+# an inner loop of 4 costs 5·NVT; with Q > 1 the sums over n Q per step.
+def _fetch_loops(layout: Layout) -> int:
+    return 6 * layout.staged + 2 * layout.tile
 
 
-def forward_loops_per_tile(nstate: int, channels: int, tile: int) -> int:
-    """The tile loop, staging, the own inputs, then per step a chunk-boundary save and the update."""
-    nv = state_vectors(nstate)
-    return 1 + _stage_loops(nstate, channels, tile) + tile + tile * (1 + 5 * nv + nv)
+def forward_loops_per_tile(layout: Layout) -> int:
+    """The tile loop, fetches and stores, then per step a chunk-boundary save and the update, and the sums
+    over n."""
+    v, ts = layout.vectors, layout.tile
+    return 1 + _fetch_loops(layout) + ts * (1 + 5 * v + v) + ts * (1 + layout.threads)
 
 
-def forward_loops_fixed(nstate: int) -> int:
-    return 10 * state_vectors(nstate)  # A and the entering state, the last state
+def forward_loops_fixed(layout: Layout) -> int:
+    return 10 * layout.vectors  # A and the entering state, the last state
 
 
-def backward_loops_per_chunk(nstate: int, channels: int, tile: int, steps: int) -> int:
-    """A chunk of `steps` steps: its saved state, then per tile the entry-state pass (staging, scratch store,
-    own inputs, update) and the adjoint pass (staging, own inputs, scratch load, states, adjoint, the sums
+def backward_loops_per_chunk(layout: Layout, steps: int) -> int:
+    """A chunk of `steps` steps: its saved state, then per tile the entry-state pass (fetch and store, update,
+    scratch store) and the adjoint pass (fetch and store, scratch load, states, adjoint, sums over n, the sums
     over channels)."""
-    nv = state_vectors(nstate)
-    stage = _stage_loops(nstate, channels, tile)
-    entry = 1 + stage + 5 * nv + tile + tile * (1 + nv)
-    adjoint = (1 + stage + tile + 5 * nv + 2 * tile * (1 + nv)
-               + -(-tile * nv // channels) * (1 + channels + 4))
-    return 1 + 5 * nv + -(-steps // tile) * (entry + adjoint)
+    v, ts, nv = layout.vectors, layout.tile, state_vectors(layout.nstate)
+    entry = 1 + _fetch_loops(layout) + ts * (1 + v) + 5 * v
+    adjoint = (1 + _fetch_loops(layout) + 5 * v + 2 * ts * (1 + v) + ts * (1 + layout.threads)
+               + -(-ts * nv // layout.workgroup) * (1 + layout.channels + 4))
+    return 1 + 5 * v + -(-steps // ts) * (entry + adjoint)
 
 
-def backward_loops_fixed(nstate: int) -> int:
-    return 15 * state_vectors(nstate)  # A and the carry in, the carry or the parameter sums out
+def backward_loops_fixed(layout: Layout) -> int:
+    return 15 * layout.vectors  # A and the carry in, the carry or the parameter sums out
 
 
 def direct_forward_loops_per_step(nstate: int) -> int:
@@ -198,16 +236,6 @@ def _choose_path(rt, op: str, path: str | None, nstate: int, steps: int) -> str:
     return "tiled" if is_llvmpipe(rt) and one > LOOP_BUDGET else "direct"
 
 
-def staged_per_thread(nstate: int, channels: int, tile: int) -> int:
-    """BC_PER: the vec4s of B_t and C_t that each thread of a workgroup fetches per tile."""
-    return -(-2 * tile * state_vectors(nstate) // channels)
-
-
-def _constants(nstate: int, channels: int, tile: int) -> dict:
-    return {"N": nstate, "NV": state_vectors(nstate), "CW": channels, "TS": tile,
-            "BC_PER": staged_per_thread(nstate, channels, tile)}
-
-
 def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor,
                    delta_bias: Tensor, chunk: int = DEFAULT_CHUNK, segment: int | None = None,
                    path: str | None = None) -> tuple[Tensor, ScanSaved]:
@@ -236,12 +264,12 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
                    u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states,
                    last_state=last_state, ngroups=0, per_thread=0, **params)
         return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
-    cw, tile = _layout(rt, nstate, backward=False)
-    seg = segment_length(rt, op, tuple(u.shape), length, -(-forward_loops_per_tile(nstate, cw, tile) // tile),
-                         forward_loops_fixed(nstate), multiple=tile, segment=segment)
+    lay = _layout(rt, nstate, backward=False)
+    seg = segment_length(rt, op, tuple(u.shape), length, -(-forward_loops_per_tile(lay) // lay.tile),
+                         forward_loops_fixed(lay), multiple=lay.tile, segment=segment)
     for t0, t1 in segments(length, seg):
         params.update(seg_begin=t0, seg_end=t1)
-        rt.run("selective_scan_forward", (-(-channels // cw), batch), _constants(nstate, cw, tile), u=u, delta=delta,
+        rt.run("selective_scan_forward", (-(-channels // lay.channels), batch), lay.constants(), u=u, delta=delta,
                A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states, last_state=last_state,
                **params)
     return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
@@ -317,18 +345,17 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
                    param_part=param_part, tile_states=scratch, carry=carry, ngroups=groups, per_thread=per,
                    **params)
     else:
-        cw, tile = _layout(rt, nstate)
-        groups = -(-channels // cw)
+        lay = _layout(rt, nstate)
+        groups = -(-channels // lay.channels)
         dB_part = rt.empty((groups, batch, length, nstate))
         dC_part = rt.empty((groups, batch, length, nstate))
-        tile_states = rt.empty((batch, groups, -(-min(s.chunk, length) // tile), nstate, cw))
-        per_chunk = backward_loops_per_chunk(nstate, cw, tile, min(s.chunk, length))
-        seg = segment_length(rt, op, tuple(s.u.shape), nchunks, per_chunk, backward_loops_fixed(nstate),
-                             segment=segment)
+        tile_states = rt.empty((batch, groups, -(-min(s.chunk, length) // lay.tile), nstate, lay.channels))
+        seg = segment_length(rt, op, tuple(s.u.shape), nchunks, backward_loops_per_chunk(lay, min(s.chunk, length)),
+                             backward_loops_fixed(lay), segment=segment)
         carry = rt.empty((batch, channels, 2 * nstate + 2))
         for hi in range(nchunks, 0, -seg):
             params.update(kc_lo=max(0, hi - seg), kc_hi=hi)
-            rt.run("selective_scan_backward", (groups, batch), _constants(nstate, cw, tile), u=s.u, delta=s.delta,
+            rt.run("selective_scan_backward", (groups, batch), lay.constants(), u=s.u, delta=s.delta,
                    A_log=s.A_log, B=s.B, C=s.C, D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy, saved_states=s.states,
                    du=du, ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, param_part=param_part,
                    tile_states=tile_states, carry=carry, **params)
