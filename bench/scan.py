@@ -24,15 +24,14 @@ import numpy as np  # noqa: E402
 from mambactl.ops import selective_scan as scan  # noqa: E402
 from mambactl.runtime.gpu import get_runtime  # noqa: E402
 
-DEFAULTS = {name: getattr(scan, name, None) for name in
-            ("TILES", "MIN_TILE", "FORWARD_TILES", "THREADS_PER_CHANNEL", "PREFETCH")}
+DEFAULTS = {name: getattr(scan, name) for name in
+            ("TILES", "MIN_TILE", "FORWARD_TILES", "THREADS_PER_CHANNEL", "PREFETCH") if hasattr(scan, name)}
 
 
 def apply_variant(spec: str) -> None:
     """Reset the wrapper's layout settings, then apply `spec`."""
     for name, value in DEFAULTS.items():
-        if value is not None:
-            setattr(scan, name, value)
+        setattr(scan, name, value)
     for item in filter(None, spec.split(",")):
         key, value = item.split("=")
         value = int(value)
