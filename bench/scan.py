@@ -7,8 +7,7 @@ Each repeat records one forward and one backward (with the parameter gradients a
 times every dispatch with GPU timestamps (`Runtime.gpu_times`, needs `timestamp-query`); the table gives each
 entry point's median over the repeats, and one JSON line per variant follows. A variant (default: the wrapper's
 choices for the device) sets the tiled kernels' layout, as comma-separated `key=value` of `tile` (the
-backward's steps per tile), `forward_tile`, `threads` (per channel) and `prefetch` (0 or 1), e.g.
-`--variant threads=2,prefetch=0`; several `--variant`s run one after another on the same inputs.
+backward's steps per tile), `forward_tile` and `threads` (per channel), e.g. `--variant threads=2,tile=4`; several `--variant`s run one after another on the same inputs.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from mambactl.ops import selective_scan as scan  # noqa: E402
 from mambactl.runtime.gpu import get_runtime  # noqa: E402
 
 DEFAULTS = {name: getattr(scan, name) for name in
-            ("TILES", "MIN_TILE", "FORWARD_TILES", "THREADS_PER_CHANNEL", "PREFETCH") if hasattr(scan, name)}
+            ("TILES", "MIN_TILE", "FORWARD_TILES", "THREADS_PER_CHANNEL") if hasattr(scan, name)}
 
 
 def apply_variant(spec: str) -> None:
@@ -41,8 +40,6 @@ def apply_variant(spec: str) -> None:
             scan.FORWARD_TILES = (value,)
         elif key == "threads":
             scan.THREADS_PER_CHANNEL = value
-        elif key == "prefetch":
-            scan.PREFETCH = bool(value)
         else:
             raise SystemExit(f"unknown variant key {key!r}")
 
@@ -57,7 +54,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--path", default=None, choices=list(scan.PATHS))
     p.add_argument("--device", default=None)
-    p.add_argument("--variant", action="append", default=None, help="layout settings, e.g. threads=2,prefetch=0")
+    p.add_argument("--variant", action="append", default=None, help="layout settings, e.g. threads=2,tile=4")
     a = p.parse_args()
     rt = get_runtime(a.device)
     rng = np.random.default_rng(0)
@@ -99,8 +96,7 @@ def main() -> None:
         layout = getattr(scan, "_layout", None)
         lay = None
         if layout is not None and a.path != "direct":
-            lay = {"backward": vars(layout(rt, N)), "forward": vars(layout(rt, N, backward=False)),
-                   "prefetch": scan.PREFETCH}
+            lay = {"backward": vars(layout(rt, N)), "forward": vars(layout(rt, N, backward=False))}
         print(f"{rt.info.name}: B {B}, L {L}, Dc {Dc}, N {N}, chunk {a.chunk}, variant {spec or 'default'!r}; "
               f"layout {lay}")
         for k, v in sorted(med.items(), key=lambda kv: -kv[1]):

@@ -4,16 +4,19 @@
 //   y_t = (C_t·h_t + D u_t) · silu(z_t).
 //
 // GPU kernels: Q threads per (batch b, channel d) walk time in order, each holding a block of NVT ≤ 4 vec4s of
-// the channel's states in registers (state n = 4·(blk·NVT + j) + k; states past N have a = 0 and B = C = 0, so
-// they stay 0); a workgroup is CW channels of one batch row, WG = CW·Q threads. At N ≤ 16 (Q = 1) the sums over
-// n (y, du, ddelta, dz) stay inside a thread; with Q > 1 the threads' partial sums meet in workgroup memory.
-// Only the sums over channels (dB, dC) always cross threads. Time goes in tiles of TS steps: a tile's B_t and
-// C_t, which all the workgroup's channels use, are staged in workgroup memory by all threads at once,
-// double-buffered so that a tile costs one barrier in the forward; each thread stages its channel's per-step
-// inputs (Δ, u, z, ...). With PREFETCH a tile's global loads are issued one tile ahead into registers.
-// Per state and step a thread issues about six instructions (one exp), where a thread per (b, d, n) with the
-// sums over n across threads (the previous design) issued about three times as many.
-// N, NV, Q, NVT, WG, CW, TS and BC_PER are pipeline constants (the workgroup arrays are sized by them); the
+// the channel's states in registers (vec4 jj = blk·NVT + j holds states 4·jj .. 4·jj + 3; states past N have
+// a = 0 and B = C = 0, so they stay 0). The vec4s are named variables (h0 .. h3, ...), each step's work on one
+// written once in a function taking pointers to them, because an array indexed by a loop counter stays in
+// local memory wherever the driver does not unroll the loop (on the H200 a first version with such arrays ran
+// 5× slower than the kernels it replaced). A workgroup is CW channels of one batch row, WG = CW·Q threads.
+// At N ≤ 16 (Q = 1) the sums over n (y, du, ddelta, dz) stay inside a thread; with Q > 1 the threads' partial
+// sums meet in workgroup memory. Only the sums over channels (dB, dC) always cross threads. Time goes in
+// tiles of TS steps: a tile's B_t and C_t, which all the workgroup's channels use, are staged in workgroup
+// memory by all threads at once, double-buffered so that a tile costs one barrier in the forward; each thread
+// stages its channel's per-step inputs (Δ, u, z, ...) first, so their loads are in flight together. Per state
+// and step a thread issues about six instructions (one exp), where a thread per (b, d, n) with the sums over n
+// across threads (the previous design) issued about three times as many.
+// N, NV, NVP, Q, NVT, CW, WG and TS are pipeline constants (the workgroup arrays are sized by them); the
 // wrapper picks them so that workgroup memory fits the device's limit.
 // Memory: the forward saves only the state entering each chunk of `chunk` steps, states [B, n_chunks, Dc, N].
 // The backward walks the chunks last to first: it recomputes the tile entry states of a chunk into tile_states
@@ -28,16 +31,12 @@
 override N: u32 = 16u;    // state size
 override NV: u32 = 4u;    // ceil(N / 4): vec4s of state per channel
 override Q: u32 = 1u;     // threads per channel
-override NVT: u32 = 4u;   // ceil(NV / Q) ≤ MAX_NVT: vec4s of state per thread
+override NVT: u32 = 4u;   // ceil(NV / Q) ≤ 4: vec4s of state per thread
+override NVP: u32 = 4u;   // Q·NVT ≥ NV: vec4s per channel in the workgroup tiles (the pad is zero)
 override CW: u32 = 32u;   // channels per workgroup
 override WG: u32 = 32u;   // CW·Q: threads per workgroup
 override TS: u32 = 8u;    // steps per tile
-override BC_PER: u32 = 1u;  // ceil(2·TS·NV / WG): the bc_tile vec4s each thread stages per tile
-override PREFETCH: bool = true;
 override ACCUMULATE: bool = false;
-const MAX_NVT: u32 = 4u;  // vec4s of state per thread (registers)
-const MAX_TS: u32 = 16u;  // the longest tile (FORWARD_TILES in the wrapper)
-const MAX_BC: u32 = 8u;   // the most bc_tile vec4s a thread stages per tile (MAX_STAGED in the wrapper)
 
 // Segments (Mesa llvmpipe caps one invocation's loop iterations at 65,535 in total, so there the wrapper splits
 // the walk over time into dispatches; elsewhere one dispatch covers it): the forward runs steps [seg_begin,
@@ -83,9 +82,9 @@ struct StepParams { batch: u32, channels: u32, nstate: u32 }
 @group(0) @binding(28) var<uniform> st: StepParams;
 @group(0) @binding(29) var<storage, read_write> state: array<f32>;
 @group(0) @binding(30) var<storage, read_write> carry: array<f32>;  // [B, Dc, 2N + 2]: backward segments
-// B_t and C_t of a tile's steps, index ((buffer·TS + s)·2 + (0: B, 1: C))·NV + jj (jj: vec4 of states); zero
+// B_t and C_t of a tile's steps, index ((buffer·TS + s)·2 + (0: B, 1: C))·NVP + jj (jj: vec4 of states); zero
 // past N and past the tile's last step.
-var<workgroup> bc_tile: array<vec4<f32>, 4u * TS * NV>;
+var<workgroup> bc_tile: array<vec4<f32>, 4u * TS * NVP>;
 // A thread's own per-step inputs, index s·WG + thread (only that thread reads them).
 var<workgroup> dt_own: array<f32, TS * WG>;         // Δ_t
 var<workgroup> u_own: array<f32, TS * WG>;          // u_t
@@ -96,12 +95,12 @@ var<workgroup> dsoftplus_own: array<f32, TS * WG>;  // ∂Δ_t/∂delta_t
 var<workgroup> dyg_tile: array<f32, 2u * TS * CW>;  // dy'_t = dy_t·silu(z_t): the gradient reaching y before the gate
 var<workgroup> dtu_tile: array<f32, 2u * TS * CW>;  // Δ_t u_t
 // The backward's h_t and g_t of the tile's steps (g_tile holds exp(Δ_t A) until the adjoint reaches step t, so
-// the adjoint takes no exp), index (s·NV + jj)·(CW + 1) + c: the pad of one vec4 per row puts the channel sums'
-// reads (row s·NV + jj by thread s·NV + jj, one channel at a time) in distinct banks.
-var<workgroup> h_tile: array<vec4<f32>, TS * NV * (CW + 1u)>;
-var<workgroup> g_tile: array<vec4<f32>, TS * NV * (CW + 1u)>;
-// Q > 1: each thread's part of the sums over n, index (buffer·TS + s)·WG + thread (the forward's y: C_t·h_t;
-// the backward's C_t·h_t, Σ_n g B and Σ_n g exp(ΔA) h A; the backward uses buffer 0 only).
+// the adjoint takes no exp), index (s·NVP + jj)·(CW + 1) + c: the pad of one vec4 per row puts the channel
+// sums' reads (row s·NVP + jj by one thread, one channel at a time) in distinct banks.
+var<workgroup> h_tile: array<vec4<f32>, TS * NVP * (CW + 1u)>;
+var<workgroup> g_tile: array<vec4<f32>, TS * NVP * (CW + 1u)>;
+// Q > 1: each thread's part of the sums over n, index (buffer·TS + s)·WG + thread (the forward's C_t·h_t; the
+// backward's C_t·h_t, Σ_n g B and Σ_n g exp(ΔA) h A, buffer 0 only).
 var<workgroup> part_y: array<f32, 2u * TS * WG>;
 var<workgroup> part_gb: array<f32, TS * WG>;
 var<workgroup> part_gha: array<f32, TS * WG>;
@@ -124,71 +123,132 @@ fn softplus(x: f32) -> f32 {
 
 // Row of a [B, L, Dc] tensor.
 fn row_index(b: u32, t: u32, d: u32) -> u32 { return (b * p.len + t) * p.channels + d; }
-// Software pipelining (PREFETCH): a tile's global loads go into registers (fetch_*) one tile ahead, issued
-// before the current tile's arithmetic, and are written to workgroup memory (store_bc, and each kernel's own
-// stores) at the next tile's start, so their latency overlaps a tile of work instead of stalling it (one warp
-// per scheduler, as at the 130m shape, has no other warp to switch to). Without it each tile fetches its own
-// loads first.
+// The four states of vec4 jj: which exist (n < N), and their indices base + n·stride (clamped to N − 1, so a
+// masked lane reads in bounds).
+fn lanes(jj: u32) -> vec4<bool> {
+    let n = vec4<u32>(4u * jj) + vec4<u32>(0u, 1u, 2u, 3u);
+    return n < vec4<u32>(N);
+}
+fn idx4(base: u32, stride: u32, jj: u32) -> vec4<u32> {
+    let n = min(vec4<u32>(4u * jj) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(N - 1u));
+    return vec4<u32>(base) + n * stride;
+}
 
-// This thread's share of B_t and C_t of batch row b for steps [t0, t_end): bc_tile element thread + m·WG of a
-// buffer in element m.
-fn fetch_bc(b: u32, t0: u32, t_end: u32, thread: u32) -> array<vec4<f32>, MAX_BC> {
-    var out: array<vec4<f32>, MAX_BC>;
-    for (var m = 0u; m < BC_PER; m++) {
-        let i = thread + m * WG;
-        let t = t0 + i / (2u * NV);
-        let jj = i % NV;
-        let from_C = (i / NV) % 2u == 1u;
+fn load4_A(d: u32, jj: u32) -> vec4<f32> {
+    let i = idx4(d * N, 1u, jj);
+    return select(vec4<f32>(0.0), -exp(vec4<f32>(A_log[i.x], A_log[i.y], A_log[i.z], A_log[i.w])), lanes(jj));
+}
+fn load4_last_state(base: u32, jj: u32) -> vec4<f32> {
+    let i = idx4(base, 1u, jj);
+    return select(vec4<f32>(0.0), vec4<f32>(last_state[i.x], last_state[i.y], last_state[i.z], last_state[i.w]),
+                  lanes(jj));
+}
+fn load4_saved(base: u32, jj: u32) -> vec4<f32> {
+    let i = idx4(base, 1u, jj);
+    return select(vec4<f32>(0.0), vec4<f32>(saved_states[i.x], saved_states[i.y], saved_states[i.z],
+                                            saved_states[i.w]), lanes(jj));
+}
+fn load4_carry(base: u32, jj: u32) -> vec4<f32> {
+    let i = idx4(base, 1u, jj);
+    return select(vec4<f32>(0.0), vec4<f32>(carry[i.x], carry[i.y], carry[i.z], carry[i.w]), lanes(jj));
+}
+fn load4_scratch(base: u32, jj: u32) -> vec4<f32> {  // tile_states, states CW apart
+    let i = idx4(base, CW, jj);
+    return select(vec4<f32>(0.0), vec4<f32>(tile_states[i.x], tile_states[i.y], tile_states[i.z],
+                                            tile_states[i.w]), lanes(jj));
+}
+fn store4_states(base: u32, jj: u32, v: vec4<f32>) {
+    let i = idx4(base, 1u, jj);
+    let m = lanes(jj);
+    if (m.x) { states[i.x] = v.x; }
+    if (m.y) { states[i.y] = v.y; }
+    if (m.z) { states[i.z] = v.z; }
+    if (m.w) { states[i.w] = v.w; }
+}
+fn store4_last_state(base: u32, jj: u32, v: vec4<f32>) {
+    let i = idx4(base, 1u, jj);
+    let m = lanes(jj);
+    if (m.x) { last_state[i.x] = v.x; }
+    if (m.y) { last_state[i.y] = v.y; }
+    if (m.z) { last_state[i.z] = v.z; }
+    if (m.w) { last_state[i.w] = v.w; }
+}
+fn store4_carry(base: u32, jj: u32, v: vec4<f32>) {
+    let i = idx4(base, 1u, jj);
+    let m = lanes(jj);
+    if (m.x) { carry[i.x] = v.x; }
+    if (m.y) { carry[i.y] = v.y; }
+    if (m.z) { carry[i.z] = v.z; }
+    if (m.w) { carry[i.w] = v.w; }
+}
+fn store4_scratch(base: u32, jj: u32, v: vec4<f32>) {
+    let i = idx4(base, CW, jj);
+    let m = lanes(jj);
+    if (m.x) { tile_states[i.x] = v.x; }
+    if (m.y) { tile_states[i.y] = v.y; }
+    if (m.z) { tile_states[i.z] = v.z; }
+    if (m.w) { tile_states[i.w] = v.w; }
+}
+fn store4_param_part(base: u32, jj: u32, v: vec4<f32>) {
+    let i = idx4(base, 1u, jj);
+    let m = lanes(jj);
+    if (m.x) { param_part[i.x] = v.x; }
+    if (m.y) { param_part[i.y] = v.y; }
+    if (m.z) { param_part[i.z] = v.z; }
+    if (m.w) { param_part[i.w] = v.w; }
+}
+
+// Stage B_t and C_t of batch row b for steps [t0, t_end) into buffer `buf` of bc_tile.
+fn stage_bc(b: u32, t0: u32, t_end: u32, buf: u32, thread: u32) {
+    for (var i = thread; i < 2u * TS * NVP; i += WG) {
+        let t = t0 + i / (2u * NVP);
+        let jj = i % NVP;
         var v = vec4<f32>(0.0);
-        if (i < 2u * TS * NV && t < t_end) {
-            let base = (b * p.len + t) * N + 4u * jj;
-            for (var k = 0u; k < 4u; k++) {
-                if (4u * jj + k < N) {
-                    if (from_C) { v[k] = C[base + k]; } else { v[k] = B[base + k]; }
-                }
+        if (t < t_end) {
+            let k = idx4((b * p.len + t) * N, 1u, jj);
+            if ((i / NVP) % 2u == 1u) {
+                v = select(vec4<f32>(0.0), vec4<f32>(C[k.x], C[k.y], C[k.z], C[k.w]), lanes(jj));
+            } else {
+                v = select(vec4<f32>(0.0), vec4<f32>(B[k.x], B[k.y], B[k.z], B[k.w]), lanes(jj));
             }
         }
-        out[m] = v;
-    }
-    return out;
-}
-
-fn store_bc(v: array<vec4<f32>, MAX_BC>, buf: u32, thread: u32) {
-    for (var m = 0u; m < BC_PER; m++) {
-        let i = thread + m * WG;
-        if (i < 2u * TS * NV) { bc_tile[buf * 2u * TS * NV + i] = v[m]; }
+        bc_tile[buf * 2u * TS * NVP + i] = v;
     }
 }
 
-// Index of step s's B_t (its C_t follows NV later) in bc_tile.
-fn bc_index(buf: u32, s: u32) -> u32 { return (buf * TS + s) * 2u * NV; }
+// Index of step s's B_t (its C_t follows NVP later) in bc_tile.
+fn bc_index(buf: u32, s: u32) -> u32 { return (buf * TS + s) * 2u * NVP; }
 
-// Channel d's delta and u (x, y) of steps [t0, t_end), zero past it and for channels past Dc.
-fn fetch_delta_u(b: u32, d: u32, t0: u32, t_end: u32, live: bool) -> array<vec2<f32>, MAX_TS> {
-    var out: array<vec2<f32>, MAX_TS>;
-    for (var s = 0u; s < TS; s++) {
-        if (live && t0 + s < t_end) {
-            let row = row_index(b, t0 + s, d);
-            out[s] = vec2<f32>(delta[row], u[row]);
-        }
-    }
-    return out;
+// One step of one vec4 of states: h ← exp(Δ A) h + Δ u B; -> C·h.
+fn advance(h: ptr<function, vec4<f32>>, a: vec4<f32>, dt: f32, dtu: f32, bv: vec4<f32>, cv: vec4<f32>) -> f32 {
+    let hn = exp(dt * a) * (*h) + dtu * bv;
+    *h = hn;
+    return dot(cv, hn);
 }
 
-fn fetch_z(b: u32, d: u32, t0: u32, t_end: u32, live: bool) -> array<f32, MAX_TS> {
-    var out: array<f32, MAX_TS>;
-    for (var s = 0u; s < TS; s++) {
-        if (live && t0 + s < t_end) { out[s] = z[row_index(b, t0 + s, d)]; }
-    }
-    return out;
+// The backward's states pass for one vec4: as `advance`, also keeping h_t and exp(Δ_t A) at `slot` of h_tile
+// and g_tile.
+fn advance_kept(h: ptr<function, vec4<f32>>, a: vec4<f32>, dt: f32, dtu: f32, bv: vec4<f32>, cv: vec4<f32>,
+                slot: u32) -> f32 {
+    let decay = exp(dt * a);
+    let hn = decay * (*h) + dtu * bv;
+    *h = hn;
+    h_tile[slot] = hn;
+    g_tile[slot] = decay;  // for the adjoint, which overwrites it with g_t
+    return dot(cv, hn);
 }
 
-fn fetch_dy(b: u32, d: u32, t0: u32, t_end: u32, live: bool) -> array<f32, MAX_TS> {
-    var out: array<f32, MAX_TS>;
-    for (var s = 0u; s < TS; s++) {
-        if (live && t0 + s < t_end) { out[s] = dy[row_index(b, t0 + s, d)]; }
-    }
-    return out;
+// One adjoint step of one vec4: g_t = g + dy' C_t (kept at `slot` of g_tile for dB), ∂/∂A += g_t exp(Δ_t A)
+// h_{t−1} Δ_t, g ← g_t exp(Δ_t A). -> (Σ g_t B_t, Σ g_t exp(Δ_t A) h_{t−1} A) over the four states.
+fn adjoint(g: ptr<function, vec4<f32>>, da: ptr<function, vec4<f32>>, a: vec4<f32>, dt: f32, dyg: f32,
+           bv: vec4<f32>, cv: vec4<f32>, h_prev: vec4<f32>, slot: u32) -> vec2<f32> {
+    let decay = g_tile[slot];  // exp(Δ_t A), from the states' pass
+    let gt = *g + dyg * cv;
+    let gh = gt * decay * h_prev;  // ∂loss/∂(Δ_t A)
+    *da += gh * dt;
+    g_tile[slot] = gt;
+    *g = gt * decay;
+    return vec2<f32>(dot(gt, bv), dot(gh, a));
 }
 
 // Grid (ceil(Dc / CW), B). Thread x: channel c = x / Q of the workgroup's, state block blk = x % Q.
@@ -201,85 +261,64 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
     let d = wid.x * CW + c;
     let live = d < p.channels;
     let sbase = (b * p.channels + d) * N;  // (b, d, 0) in [B, Dc, N]
-    var a: array<vec4<f32>, MAX_NVT>;
-    var h: array<vec4<f32>, MAX_NVT>;
-    for (var j = 0u; j < NVT; j++) {
-        var aj = vec4<f32>(0.0);
-        var hj = vec4<f32>(0.0);
-        for (var k = 0u; k < 4u; k++) {
-            let n = 4u * (blk * NVT + j) + k;
-            if (live && n < N) {
-                aj[k] = -exp(A_log[d * N + n]);
-                if (p.seg_begin > 0u) { hj[k] = last_state[sbase + n]; }
-            }
-        }
-        a[j] = aj;
-        h[j] = hj;
-    }
+    let j0 = blk * NVT;                    // this thread's first vec4 of states
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+    var h0 = vec4<f32>(0.0);
+    var h1 = vec4<f32>(0.0);
+    var h2 = vec4<f32>(0.0);
+    var h3 = vec4<f32>(0.0);
     var bias = 0.0;
     var skip = 0.0;
     if (live) {
+        a0 = load4_A(d, j0);
+        if (NVT > 1u) { a1 = load4_A(d, j0 + 1u); }
+        if (NVT > 2u) { a2 = load4_A(d, j0 + 2u); }
+        if (NVT > 3u) { a3 = load4_A(d, j0 + 3u); }
+        if (p.seg_begin > 0u) {
+            h0 = load4_last_state(sbase, j0);
+            if (NVT > 1u) { h1 = load4_last_state(sbase, j0 + 1u); }
+            if (NVT > 2u) { h2 = load4_last_state(sbase, j0 + 2u); }
+            if (NVT > 3u) { h3 = load4_last_state(sbase, j0 + 3u); }
+        }
         bias = delta_bias[d];
         skip = D[d];
     }
     var buf = 0u;
-    var next_bc: array<vec4<f32>, MAX_BC>;
-    var next_du: array<vec2<f32>, MAX_TS>;
-    var next_z: array<f32, MAX_TS>;
-    if (PREFETCH) {
-        let first_end = min(p.seg_begin + TS, p.seg_end);
-        next_bc = fetch_bc(b, p.seg_begin, first_end, x);
-        next_du = fetch_delta_u(b, d, p.seg_begin, first_end, live);
-        next_z = fetch_z(b, d, p.seg_begin, first_end, live);
-    }
     for (var t0 = p.seg_begin; t0 < p.seg_end; t0 += TS) {
         let t_end = min(t0 + TS, p.seg_end);
-        if (!PREFETCH) {
-            next_bc = fetch_bc(b, t0, t_end, x);
-            next_du = fetch_delta_u(b, d, t0, t_end, live);
-            next_z = fetch_z(b, d, t0, t_end, live);
-        }
-        store_bc(next_bc, buf, x);
-        for (var s = 0u; s < TS; s++) {
-            dt_own[s * WG + x] = softplus(next_du[s].x + bias);
-            u_own[s * WG + x] = next_du[s].y;
-            gate_own[s * WG + x] = next_z[s];
+        stage_bc(b, t0, t_end, buf, x);
+        if (live) {
+            for (var t = t0; t < t_end; t++) {
+                let row = row_index(b, t, d);
+                let i = (t - t0) * WG + x;
+                dt_own[i] = softplus(delta[row] + bias);
+                u_own[i] = u[row];
+                gate_own[i] = z[row];
+            }
         }
         workgroupBarrier();  // bc_tile[buf] is staged; the other buffer may be refilled from here on
-        let t_next = t0 + TS;
-        if (PREFETCH && t_next < p.seg_end) {
-            let next_end = min(t_next + TS, p.seg_end);
-            next_bc = fetch_bc(b, t_next, next_end, x);
-            next_du = fetch_delta_u(b, d, t_next, next_end, live);
-            next_z = fetch_z(b, d, t_next, next_end, live);
-        }
         if (live) {
             for (var t = t0; t < t_end; t++) {
                 let s = t - t0;
                 let i = s * WG + x;
                 if (t % p.chunk == 0u) {
                     let cs = ((b * p.nchunks + t / p.chunk) * p.channels + d) * N;
-                    for (var j = 0u; j < NVT; j++) {
-                        for (var k = 0u; k < 4u; k++) {
-                            let n = 4u * (blk * NVT + j) + k;
-                            if (n < N) { states[cs + n] = h[j][k]; }
-                        }
-                    }
+                    store4_states(cs, j0, h0);
+                    if (NVT > 1u) { store4_states(cs, j0 + 1u, h1); }
+                    if (NVT > 2u) { store4_states(cs, j0 + 2u, h2); }
+                    if (NVT > 3u) { store4_states(cs, j0 + 3u, h3); }
                 }
                 let dt = dt_own[i];
                 let uv = u_own[i];
                 let dtu = dt * uv;
-                let bi = bc_index(buf, s);
-                var acc = vec4<f32>(0.0);
-                for (var j = 0u; j < NVT; j++) {
-                    let jj = blk * NVT + j;
-                    if (jj < NV) {
-                        let hj = exp(dt * a[j]) * h[j] + dtu * bc_tile[bi + jj];
-                        h[j] = hj;
-                        acc += bc_tile[bi + NV + jj] * hj;
-                    }
-                }
-                let yc = acc.x + acc.y + acc.z + acc.w;
+                let bi = bc_index(buf, s) + j0;  // B_t of vec4 j0; C_t NVP later
+                var yc = advance(&h0, a0, dt, dtu, bc_tile[bi], bc_tile[bi + NVP]);
+                if (NVT > 1u) { yc += advance(&h1, a1, dt, dtu, bc_tile[bi + 1u], bc_tile[bi + NVP + 1u]); }
+                if (NVT > 2u) { yc += advance(&h2, a2, dt, dtu, bc_tile[bi + 2u], bc_tile[bi + NVP + 2u]); }
+                if (NVT > 3u) { yc += advance(&h3, a3, dt, dtu, bc_tile[bi + 3u], bc_tile[bi + NVP + 3u]); }
                 if (Q == 1u) {
                     let zv = gate_own[i];
                     y[row_index(b, t, d)] = (yc + skip * uv) * zv * sigmoid(zv);
@@ -304,12 +343,10 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
     }
     // The final state seeds recurrent decoding after a parallel prefill.
     if (live) {
-        for (var j = 0u; j < NVT; j++) {
-            for (var k = 0u; k < 4u; k++) {
-                let n = 4u * (blk * NVT + j) + k;
-                if (n < N) { last_state[sbase + n] = h[j][k]; }
-            }
-        }
+        store4_last_state(sbase, j0, h0);
+        if (NVT > 1u) { store4_last_state(sbase, j0 + 1u, h1); }
+        if (NVT > 2u) { store4_last_state(sbase, j0 + 2u, h2); }
+        if (NVT > 3u) { store4_last_state(sbase, j0 + 3u, h3); }
     }
 }
 
@@ -343,229 +380,206 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     let blk = x % Q;
     let d = wid.x * CW + c;
     let live = d < p.channels;
+    let j0 = blk * NVT;
     let nch = min(CW, p.channels - wid.x * CW);  // channels of this workgroup inside Dc
     let part_row = wid.x * p.batch + b;         // this workgroup's slice of dB_part / dC_part
     let tiles_per_chunk = (min(p.chunk, p.len) + TS - 1u) / TS;
     let scratch = (b * nwg.x + wid.x) * tiles_per_chunk * N * CW + c;  // + (tile·N + n)·CW in tile_states
     let cb = (b * p.channels + d) * (2u * N + 2u);  // this channel's row of carry: g, ∂/∂A, ∂/∂D, ∂/∂delta_bias
     let resume = live && p.kc_hi < p.nchunks;
-    var a: array<vec4<f32>, MAX_NVT>;
-    var g: array<vec4<f32>, MAX_NVT>;   // g_t = ∂loss/∂h_t, carried backwards over tiles and chunks
-    var da: array<vec4<f32>, MAX_NVT>;  // Σ_t g_t exp(Δ_t A) h_{t−1} Δ_t = ∂loss/∂A[d, :] for this batch row
-    var h: array<vec4<f32>, MAX_NVT>;
-    var h_entry: array<vec4<f32>, MAX_NVT>;  // the state entering the tile
-    for (var j = 0u; j < NVT; j++) {
-        var aj = vec4<f32>(0.0);
-        var gj = vec4<f32>(0.0);
-        var daj = vec4<f32>(0.0);
-        for (var k = 0u; k < 4u; k++) {
-            let n = 4u * (blk * NVT + j) + k;
-            if (live && n < N) {
-                aj[k] = -exp(A_log[d * N + n]);
-                if (resume) {
-                    gj[k] = carry[cb + n];
-                    daj[k] = carry[cb + N + n];
-                }
-            }
-        }
-        a[j] = aj;
-        g[j] = gj;
-        da[j] = daj;
-    }
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+    // g_t = ∂loss/∂h_t, carried backwards over tiles and chunks
+    var g0 = vec4<f32>(0.0);
+    var g1 = vec4<f32>(0.0);
+    var g2 = vec4<f32>(0.0);
+    var g3 = vec4<f32>(0.0);
+    // Σ_t g_t exp(Δ_t A) h_{t−1} Δ_t = ∂loss/∂A[d, :] for this batch row
+    var da0 = vec4<f32>(0.0);
+    var da1 = vec4<f32>(0.0);
+    var da2 = vec4<f32>(0.0);
+    var da3 = vec4<f32>(0.0);
+    var h0 = vec4<f32>(0.0);
+    var h1 = vec4<f32>(0.0);
+    var h2 = vec4<f32>(0.0);
+    var h3 = vec4<f32>(0.0);
     // Σ_t dy'_t u_t = ∂loss/∂D and Σ_t ddelta_t = ∂loss/∂delta_bias, kept by the channel's thread blk = 0.
     var d_skip = 0.0;
     var d_bias = 0.0;
-    if (resume && blk == 0u) {
-        d_skip = carry[cb + 2u * N];
-        d_bias = carry[cb + 2u * N + 1u];
-    }
     var bias = 0.0;
     var skip = 0.0;
     if (live) {
+        a0 = load4_A(d, j0);
+        if (NVT > 1u) { a1 = load4_A(d, j0 + 1u); }
+        if (NVT > 2u) { a2 = load4_A(d, j0 + 2u); }
+        if (NVT > 3u) { a3 = load4_A(d, j0 + 3u); }
+        if (resume) {
+            g0 = load4_carry(cb, j0);
+            da0 = load4_carry(cb + N, j0);
+            if (NVT > 1u) { g1 = load4_carry(cb, j0 + 1u); da1 = load4_carry(cb + N, j0 + 1u); }
+            if (NVT > 2u) { g2 = load4_carry(cb, j0 + 2u); da2 = load4_carry(cb + N, j0 + 2u); }
+            if (NVT > 3u) { g3 = load4_carry(cb, j0 + 3u); da3 = load4_carry(cb + N, j0 + 3u); }
+            if (blk == 0u) {
+                d_skip = carry[cb + 2u * N];
+                d_bias = carry[cb + 2u * N + 1u];
+            }
+        }
         bias = delta_bias[d];
         skip = D[d];
     }
+    let step_rows = NVP * (CW + 1u);  // h_tile / g_tile rows per step
     var buf = 0u;
-    var next_bc: array<vec4<f32>, MAX_BC>;
-    var next_du: array<vec2<f32>, MAX_TS>;
-    var next_z: array<f32, MAX_TS>;
-    var next_dy: array<f32, MAX_TS>;
     for (var kc = min(p.kc_hi, p.nchunks); kc > p.kc_lo; kc--) {
         let chunk_start = (kc - 1u) * p.chunk;
         let chunk_end = min(chunk_start + p.chunk, p.len);
         let ntiles = (chunk_end - chunk_start + TS - 1u) / TS;
-        // The entry state of every tile of the chunk, recomputed from the chunk's saved entry state.
-        let cs = ((b * p.nchunks + kc - 1u) * p.channels + d) * N;
-        for (var j = 0u; j < NVT; j++) {
-            var hj = vec4<f32>(0.0);
-            for (var k = 0u; k < 4u; k++) {
-                let n = 4u * (blk * NVT + j) + k;
-                if (live && n < N) { hj[k] = saved_states[cs + n]; }
-            }
-            h[j] = hj;
-        }
-        // Tile jt's entry state goes to tile_states before the walk over tile jt − 1 ... 0 ends (the last tile's end
-        // state is not needed). Every tile walked is whole: only the chunk's last may be shorter.
-        if (PREFETCH && ntiles > 1u) {
-            next_bc = fetch_bc(b, chunk_start, chunk_start + TS, x);
-            next_du = fetch_delta_u(b, d, chunk_start, chunk_start + TS, live);
+        // The entry state of every tile of the chunk, recomputed from the chunk's saved entry state. Tile jt's
+        // goes to tile_states before the walk over tile jt − 1 ... 0 ends (the last tile's end state is not
+        // needed); every tile walked is whole: only the chunk's last may be shorter.
+        if (live) {
+            let cs = ((b * p.nchunks + kc - 1u) * p.channels + d) * N;
+            h0 = load4_saved(cs, j0);
+            if (NVT > 1u) { h1 = load4_saved(cs, j0 + 1u); }
+            if (NVT > 2u) { h2 = load4_saved(cs, j0 + 2u); }
+            if (NVT > 3u) { h3 = load4_saved(cs, j0 + 3u); }
         }
         for (var jt = 0u; jt < ntiles; jt++) {
             if (jt > 0u) {
                 let t0 = chunk_start + (jt - 1u) * TS;
-                if (!PREFETCH) {
-                    next_bc = fetch_bc(b, t0, t0 + TS, x);
-                    next_du = fetch_delta_u(b, d, t0, t0 + TS, live);
-                }
-                store_bc(next_bc, buf, x);
-                for (var s = 0u; s < TS; s++) {
-                    dt_own[s * WG + x] = softplus(next_du[s].x + bias);
-                    u_own[s * WG + x] = next_du[s].y;
+                stage_bc(b, t0, t0 + TS, buf, x);
+                if (live) {
+                    for (var s = 0u; s < TS; s++) {
+                        let row = row_index(b, t0 + s, d);
+                        dt_own[s * WG + x] = softplus(delta[row] + bias);
+                        u_own[s * WG + x] = u[row];
+                    }
                 }
                 workgroupBarrier();
-                if (PREFETCH && jt + 1u < ntiles) {
-                    next_bc = fetch_bc(b, t0 + TS, t0 + 2u * TS, x);
-                    next_du = fetch_delta_u(b, d, t0 + TS, t0 + 2u * TS, live);
-                }
                 if (live) {
                     for (var s = 0u; s < TS; s++) {
                         let dt = dt_own[s * WG + x];
                         let dtu = dt * u_own[s * WG + x];
-                        let bi = bc_index(buf, s);
-                        for (var j = 0u; j < NVT; j++) {
-                            let jj = blk * NVT + j;
-                            if (jj < NV) { h[j] = exp(dt * a[j]) * h[j] + dtu * bc_tile[bi + jj]; }
-                        }
+                        let bi = bc_index(buf, s) + j0;
+                        h0 = exp(dt * a0) * h0 + dtu * bc_tile[bi];
+                        if (NVT > 1u) { h1 = exp(dt * a1) * h1 + dtu * bc_tile[bi + 1u]; }
+                        if (NVT > 2u) { h2 = exp(dt * a2) * h2 + dtu * bc_tile[bi + 2u]; }
+                        if (NVT > 3u) { h3 = exp(dt * a3) * h3 + dtu * bc_tile[bi + 3u]; }
                     }
                 }
                 buf ^= 1u;
             }
             if (live) {
-                for (var j = 0u; j < NVT; j++) {
-                    for (var k = 0u; k < 4u; k++) {
-                        let n = 4u * (blk * NVT + j) + k;
-                        if (n < N) { tile_states[scratch + (jt * N + n) * CW] = h[j][k]; }
-                    }
-                }
+                let sb = scratch + jt * N * CW;
+                store4_scratch(sb, j0, h0);
+                if (NVT > 1u) { store4_scratch(sb, j0 + 1u, h1); }
+                if (NVT > 2u) { store4_scratch(sb, j0 + 2u, h2); }
+                if (NVT > 3u) { store4_scratch(sb, j0 + 3u, h3); }
             }
         }
         // The tiles, last to first.
-        let last_start = chunk_start + (ntiles - 1u) * TS;
-        if (PREFETCH) {
-            next_bc = fetch_bc(b, last_start, chunk_end, x);
-            next_du = fetch_delta_u(b, d, last_start, chunk_end, live);
-            next_z = fetch_z(b, d, last_start, chunk_end, live);
-            next_dy = fetch_dy(b, d, last_start, chunk_end, live);
-        }
         for (var jt = ntiles; jt > 0u; jt--) {
             let t0 = chunk_start + (jt - 1u) * TS;
             let t_end = min(t0 + TS, chunk_end);
-            if (!PREFETCH) {
-                next_bc = fetch_bc(b, t0, t_end, x);
-                next_du = fetch_delta_u(b, d, t0, t_end, live);
-                next_z = fetch_z(b, d, t0, t_end, live);
-                next_dy = fetch_dy(b, d, t0, t_end, live);
-            }
-            store_bc(next_bc, buf, x);
-            for (var s = 0u; s < TS; s++) {
-                let i = s * WG + x;
-                let zv = next_z[s];
-                let gate = sigmoid(zv);
-                let dyv = next_dy[s];
-                let x_pre = next_du[s].x + bias;
-                let dt = softplus(x_pre);
-                let uv = next_du[s].y;
-                if (blk == 0u) {
-                    let ib = (buf * TS + s) * CW + c;
-                    dyg_tile[ib] = dyv * zv * gate;
-                    dtu_tile[ib] = dt * uv;
+            stage_bc(b, t0, t_end, buf, x);
+            if (live) {
+                for (var t = t0; t < t_end; t++) {
+                    let row = row_index(b, t, d);
+                    let i = (t - t0) * WG + x;
+                    let zv = z[row];
+                    let gate = sigmoid(zv);
+                    let dyv = dy[row];
+                    let x_pre = delta[row] + bias;
+                    let dt = softplus(x_pre);
+                    let uv = u[row];
+                    if (blk == 0u) {
+                        let ib = (buf * TS + t - t0) * CW + c;
+                        dyg_tile[ib] = dyv * zv * gate;
+                        dtu_tile[ib] = dt * uv;
+                    }
+                    gate_own[i] = dyv * gate * (1.0 + zv * sigmoid(-zv));  // 1 − σ(z) = σ(−z), no cancellation
+                    dt_own[i] = dt;
+                    u_own[i] = uv;
+                    dsoftplus_own[i] = select(sigmoid(x_pre), 1.0, x_pre > 20.0);
                 }
-                gate_own[i] = dyv * gate * (1.0 + zv * sigmoid(-zv));  // 1 − σ(z) = σ(−z), no cancellation
-                dt_own[i] = dt;
-                u_own[i] = uv;
-                dsoftplus_own[i] = select(sigmoid(x_pre), 1.0, x_pre > 20.0);
             }
             workgroupBarrier();  // bc_tile[buf], dyg_tile[buf] and dtu_tile[buf] are staged
-            if (PREFETCH && jt > 1u) {  // the tile before, whole
-                let t_prev = t0 - TS;
-                next_bc = fetch_bc(b, t_prev, t0, x);
-                next_du = fetch_delta_u(b, d, t_prev, t0, live);
-                next_z = fetch_z(b, d, t_prev, t0, live);
-                next_dy = fetch_dy(b, d, t_prev, t0, live);
-            }
             if (live) {
-                // The tile's states (and from them dz, which needs the ungated y_t).
-                for (var j = 0u; j < NVT; j++) {
-                    var hj = vec4<f32>(0.0);
-                    for (var k = 0u; k < 4u; k++) {
-                        let n = 4u * (blk * NVT + j) + k;
-                        if (n < N) { hj[k] = tile_states[scratch + ((jt - 1u) * N + n) * CW]; }
-                    }
-                    h[j] = hj;
-                    h_entry[j] = hj;
-                }
+                // The tile's states (and from them dz, which needs the ungated y_t), from its entry state.
+                let sb = scratch + (jt - 1u) * N * CW;
+                h0 = load4_scratch(sb, j0);
+                if (NVT > 1u) { h1 = load4_scratch(sb, j0 + 1u); }
+                if (NVT > 2u) { h2 = load4_scratch(sb, j0 + 2u); }
+                if (NVT > 3u) { h3 = load4_scratch(sb, j0 + 3u); }
+                let e0 = h0;  // h_{t0 − 1}: the adjoint's h_{t−1} at the tile's first step
+                let e1 = h1;
+                let e2 = h2;
+                let e3 = h3;
                 for (var t = t0; t < t_end; t++) {
                     let s = t - t0;
                     let i = s * WG + x;
                     let dt = dt_own[i];
                     let dtu = dt * u_own[i];
-                    let bi = bc_index(buf, s);
-                    var yc = vec4<f32>(0.0);
-                    for (var j = 0u; j < NVT; j++) {
-                        let jj = blk * NVT + j;
-                        if (jj < NV) {
-                            let decay = exp(dt * a[j]);
-                            let hj = decay * h[j] + dtu * bc_tile[bi + jj];
-                            h[j] = hj;
-                            h_tile[(s * NV + jj) * (CW + 1u) + c] = hj;
-                            g_tile[(s * NV + jj) * (CW + 1u) + c] = decay;  // for the adjoint, which overwrites it with g_t
-                            yc += bc_tile[bi + NV + jj] * hj;
-                        }
+                    let bi = bc_index(buf, s) + j0;
+                    let slot = s * step_rows + j0 * (CW + 1u) + c;  // h_tile / g_tile of vec4 j0 at step s
+                    var yc = advance_kept(&h0, a0, dt, dtu, bc_tile[bi], bc_tile[bi + NVP], slot);
+                    if (NVT > 1u) {
+                        yc += advance_kept(&h1, a1, dt, dtu, bc_tile[bi + 1u], bc_tile[bi + NVP + 1u], slot + CW + 1u);
                     }
-                    let ycs = yc.x + yc.y + yc.z + yc.w;
+                    if (NVT > 2u) {
+                        yc += advance_kept(&h2, a2, dt, dtu, bc_tile[bi + 2u], bc_tile[bi + NVP + 2u],
+                                           slot + 2u * (CW + 1u));
+                    }
+                    if (NVT > 3u) {
+                        yc += advance_kept(&h3, a3, dt, dtu, bc_tile[bi + 3u], bc_tile[bi + NVP + 3u],
+                                           slot + 3u * (CW + 1u));
+                    }
                     if (Q == 1u) {
-                        dz[row_index(b, t, d)] = (ycs + skip * u_own[i]) * gate_own[i];
+                        dz[row_index(b, t, d)] = (yc + skip * u_own[i]) * gate_own[i];
                     } else {
-                        part_y[i] = ycs;
+                        part_y[i] = yc;
                     }
                 }
-                // The adjoint, last step to first; step s reads h_{s−1} from h_tile (h_entry for the first).
+                // The adjoint, last step to first; step s reads h_{s−1} from h_tile (the entry state e for the first).
                 for (var t = t_end; t > t0; t--) {
                     let s = t - 1u - t0;
                     let i = s * WG + x;
                     let dt = dt_own[i];
                     let uv = u_own[i];
                     let dyg = dyg_tile[(buf * TS + s) * CW + c];
-                    let bi = bc_index(buf, s);
-                    var gb = vec4<f32>(0.0);   // Σ_n g_t[n] B_t[n] = ∂loss/∂(Δ_t u_t)
-                    var gha = vec4<f32>(0.0);  // Σ_n g_t[n] exp(Δ_t A[n]) h_{t−1}[n] A[n]
-                    for (var j = 0u; j < NVT; j++) {
-                        let jj = blk * NVT + j;
-                        if (jj < NV) {
-                            var h_prev = h_entry[j];
-                            if (s > 0u) { h_prev = h_tile[((s - 1u) * NV + jj) * (CW + 1u) + c]; }
-                            let decay = g_tile[(s * NV + jj) * (CW + 1u) + c];  // exp(Δ_t A), from the states' pass
-                            let gj = g[j] + dyg * bc_tile[bi + NV + jj];
-                            let gh = gj * decay * h_prev;  // ∂loss/∂(Δ_t A)
-                            da[j] += gh * dt;
-                            gha += gh * a[j];
-                            gb += gj * bc_tile[bi + jj];
-                            g_tile[(s * NV + jj) * (CW + 1u) + c] = gj;
-                            g[j] = gj * decay;
-                        }
+                    let bi = bc_index(buf, s) + j0;
+                    let slot = s * step_rows + j0 * (CW + 1u) + c;
+                    let first = s == 0u;
+                    let prev = select(slot, slot - step_rows, s > 0u);  // h_{s−1}'s slot (unused at s = 0)
+                    var sums = adjoint(&g0, &da0, a0, dt, dyg, bc_tile[bi], bc_tile[bi + NVP],
+                                       select(h_tile[prev], e0, first), slot);
+                    if (NVT > 1u) {
+                        let o = CW + 1u;
+                        sums += adjoint(&g1, &da1, a1, dt, dyg, bc_tile[bi + 1u], bc_tile[bi + NVP + 1u],
+                                        select(h_tile[prev + o], e1, first), slot + o);
                     }
-                    let gbs = gb.x + gb.y + gb.z + gb.w;
-                    let ghs = gha.x + gha.y + gha.z + gha.w;
+                    if (NVT > 2u) {
+                        let o = 2u * (CW + 1u);
+                        sums += adjoint(&g2, &da2, a2, dt, dyg, bc_tile[bi + 2u], bc_tile[bi + NVP + 2u],
+                                        select(h_tile[prev + o], e2, first), slot + o);
+                    }
+                    if (NVT > 3u) {
+                        let o = 3u * (CW + 1u);
+                        sums += adjoint(&g3, &da3, a3, dt, dyg, bc_tile[bi + 3u], bc_tile[bi + NVP + 3u],
+                                        select(h_tile[prev + o], e3, first), slot + o);
+                    }
+                    // sums.x = Σ_n g_t B_t = ∂loss/∂(Δ_t u_t); sums.y = Σ_n g_t exp(Δ_t A) h_{t−1} A
                     if (Q == 1u) {
                         let row = row_index(b, t - 1u, d);
-                        du[row] = skip * dyg + dt * gbs;
-                        let dx = (ghs + uv * gbs) * dsoftplus_own[i];
+                        du[row] = skip * dyg + dt * sums.x;
+                        let dx = (sums.y + uv * sums.x) * dsoftplus_own[i];
                         ddelta[row] = dx;
                         d_skip += dyg * uv;
                         d_bias += dx;
                     } else {
-                        part_gb[i] = gbs;
-                        part_gha[i] = ghs;
+                        part_gb[i] = sums.x;
+                        part_gha[i] = sums.y;
                     }
                 }
             }
@@ -598,7 +612,7 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
             for (var i = x; i < (t_end - t0) * NV; i += WG) {
                 let s = i / NV;
                 let jj = i % NV;
-                let rb = i * (CW + 1u);  // (s·NV + jj)·(CW + 1)
+                let rb = (s * NVP + jj) * (CW + 1u);
                 let fb = (buf * TS + s) * CW;
                 var dc = vec4<f32>(0.0);
                 var db = vec4<f32>(0.0);
@@ -606,41 +620,35 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                     dc += h_tile[rb + cc] * dyg_tile[fb + cc];
                     db += g_tile[rb + cc] * dtu_tile[fb + cc];
                 }
-                let out = (part_row * p.len + t0 + s) * N + 4u * jj;
-                for (var k = 0u; k < 4u; k++) {
-                    if (4u * jj + k < N) {
-                        dC_part[out + k] = dc[k];
-                        dB_part[out + k] = db[k];
-                    }
-                }
+                let out = (part_row * p.len + t0 + s) * N;
+                let k = idx4(out, 1u, jj);
+                let m = lanes(jj);
+                if (m.x) { dC_part[k.x] = dc.x; dB_part[k.x] = db.x; }
+                if (m.y) { dC_part[k.y] = dc.y; dB_part[k.y] = db.y; }
+                if (m.z) { dC_part[k.z] = dc.z; dB_part[k.z] = db.z; }
+                if (m.w) { dC_part[k.w] = dc.w; dB_part[k.w] = db.w; }
             }
             buf ^= 1u;
         }
     }
     if (!live) { return; }
     if (p.kc_lo > 0u) {  // more chunks follow in another dispatch
-        for (var j = 0u; j < NVT; j++) {
-            for (var k = 0u; k < 4u; k++) {
-                let n = 4u * (blk * NVT + j) + k;
-                if (n < N) {
-                    carry[cb + n] = g[j][k];
-                    carry[cb + N + n] = da[j][k];
-                }
-            }
-        }
+        store4_carry(cb, j0, g0);
+        store4_carry(cb + N, j0, da0);
+        if (NVT > 1u) { store4_carry(cb, j0 + 1u, g1); store4_carry(cb + N, j0 + 1u, da1); }
+        if (NVT > 2u) { store4_carry(cb, j0 + 2u, g2); store4_carry(cb + N, j0 + 2u, da2); }
+        if (NVT > 3u) { store4_carry(cb, j0 + 3u, g3); store4_carry(cb + N, j0 + 3u, da3); }
         if (blk == 0u) {
             carry[cb + 2u * N] = d_skip;
             carry[cb + 2u * N + 1u] = d_bias;
         }
         return;
     }
-    let pp = (b * p.channels + d) * (N + 2u);
-    for (var j = 0u; j < NVT; j++) {
-        for (var k = 0u; k < 4u; k++) {
-            let n = 4u * (blk * NVT + j) + k;
-            if (n < N) { param_part[pp + n] = da[j][k] * a[j][k]; }  // ∂/∂A_log = ∂/∂A · A
-        }
-    }
+    let pp = (b * p.channels + d) * (N + 2u);  // ∂/∂A_log = ∂/∂A · A
+    store4_param_part(pp, j0, da0 * a0);
+    if (NVT > 1u) { store4_param_part(pp, j0 + 1u, da1 * a1); }
+    if (NVT > 2u) { store4_param_part(pp, j0 + 2u, da2 * a2); }
+    if (NVT > 3u) { store4_param_part(pp, j0 + 3u, da3 * a3); }
     if (blk == 0u) {
         param_part[pp + N] = d_skip;
         param_part[pp + N + 1u] = d_bias;

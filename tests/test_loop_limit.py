@@ -100,18 +100,18 @@ def test_mamba3_block_segmented(gpu, monkeypatch, segment):
 # --- Mamba-1 selective scan ----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("path", ["tiled", "direct"])
 def test_selective_scan_long(gpu, path):
-    """B 1, L 2048, Dc 2, N 128. The tiled kernels (8 threads per channel; in llvmpipe's 32 KiB of workgroup
-    memory the forward takes tiles of 4 steps, the backward 16 channels per workgroup and tiles of 1): a forward
-    thread runs ~150 iterations per tile (77k over L), a backward thread ~13k per chunk of 128 steps (211k over
-    L). (At N = 16, one thread per channel, tiles of 16 and 4: ~490 per forward tile and ~5.6k per backward
-    chunk.) The direct kernels (CPU adapters): a forward invocation 129 per step (264k over L), a backward one
-    ~33k per chunk of 128 steps (534k): one chunk per dispatch."""
+    """B 1, L 6144, Dc 2, N 128. The tiled kernels (8 threads per channel; in llvmpipe's 32 KiB of workgroup
+    memory the forward takes tiles of 4 steps, the backward 2 channels per workgroup and tiles of 4): a forward
+    thread runs ~46 iterations per tile (71k over L), a backward thread ~3.6k per chunk of 128 steps (175k over
+    L). (At N = 16, one thread per channel, tiles of 32 and 4: ~140 per forward tile and ~2.1k per backward
+    chunk.) The direct kernels (CPU adapters): a forward invocation 129 per step (793k over L), a backward one
+    ~33k per chunk of 128 steps (1.6M): one chunk per dispatch."""
     from mambactl.ops.selective_scan import (_layout, backward_loops_per_chunk, direct_backward_loops_per_chunk,
                                              direct_forward_loops_per_step, forward_loops_per_tile, selective_scan,
                                              selective_scan_backward)
     from test_ops_selective_scan import GRADS, NAMES, make_inputs, reference
 
-    B, L, Dc, N = 1, 2048, 2, 128
+    B, L, Dc, N = 1, 6144, 2, 128
     fwd, bwd = _layout(gpu, N, backward=False), _layout(gpu, N)
     assert L // fwd.tile * forward_loops_per_tile(fwd) > BUDGET
     assert L // 128 * backward_loops_per_chunk(bwd, 128) > BUDGET

@@ -34,18 +34,15 @@ from mambactl.ops.checks import LOOP_BUDGET, SEGMENT_BUDGET, expect, grid_1d, is
 from mambactl.runtime.tensor import Tensor
 
 MAX_STATE = 128
-MAX_THREAD_VECTORS = 4  # MAX_NVT in kernels/selective_scan.wgsl: vec4s of state a thread holds in registers
-MAX_STAGED = 8  # MAX_BC there: B_t and C_t vec4s a thread fetches per tile (registers)
+MAX_THREAD_VECTORS = 4  # vec4s of state a thread holds in registers (h0 .. h3 in kernels/selective_scan.wgsl)
 MAX_WORKGROUP = 256
 CHANNEL_GROUPS = (32, 16, 8, 4, 2, 1)  # channels per workgroup, largest first
 TILES = (8, 4, 2, 1)  # steps per tile of the backward, largest first
-FORWARD_TILES = (16, 8, 4, 2, 1)  # and of the forward (fewer per-tile load latencies); MAX_TS there
+FORWARD_TILES = (32, 16, 8, 4, 2, 1)  # and of the forward (fewer per-tile load latencies)
 MIN_TILE = 4  # a smaller tile is taken only where no workgroup of MIN_TILE steps fits the device's memory
 # Workgroup memory when the device does not say (WebGPU's guaranteed minimum).
 WORKGROUP_MEMORY = 16384
-# Tiles' global loads issued one tile ahead (PREFETCH in the kernels), and threads per channel (None: the
-# fewest, ceil(N / 16)); module settings so that benchmarks can compare.
-PREFETCH = True
+# Threads per channel; None: the fewest, ceil(N / 16). A module setting so that benchmarks can compare.
 THREADS_PER_CHANNEL: int | None = None
 CHUNK_MULTIPLE = 8
 DEFAULT_CHUNK = 128
@@ -95,24 +92,23 @@ class Layout:
         return self.channels * self.threads
 
     @property
-    def staged(self) -> int:
-        """BC_PER: the vec4s of B_t and C_t that each thread fetches per tile."""
-        return -(-2 * self.tile * state_vectors(self.nstate) // self.workgroup)
+    def padded(self) -> int:
+        """NVP: vec4s per channel in the workgroup tiles, Q·NVT ≥ NV."""
+        return self.threads * self.vectors
 
     def constants(self) -> dict:
         return {"N": self.nstate, "NV": state_vectors(self.nstate), "Q": self.threads, "NVT": self.vectors,
-                "CW": self.channels, "WG": self.workgroup, "TS": self.tile, "BC_PER": self.staged,
-                "PREFETCH": PREFETCH}
+                "NVP": self.padded, "CW": self.channels, "WG": self.workgroup, "TS": self.tile}
 
 
 def workgroup_bytes(layout: Layout, backward: bool = True) -> int:
-    """Workgroup memory of the tiled kernels: bc_tile (4·TS·NV vec4s), three [TS, WG] f32 tiles and part_y
-    ([2, TS, WG]) in the forward; the backward adds h_tile and g_tile (TS·NV·(CW + 1) vec4s each), one more
+    """Workgroup memory of the tiled kernels: bc_tile (4·TS·NVP vec4s), three [TS, WG] f32 tiles and part_y
+    ([2, TS, WG]) in the forward; the backward adds h_tile and g_tile (TS·NVP·(CW + 1) vec4s each), one more
     [TS, WG], two [TS, WG] parts and two [2, TS, CW] f32 tiles."""
-    nv, ts, cw, wg = state_vectors(layout.nstate), layout.tile, layout.channels, layout.workgroup
+    nvp, ts, cw, wg = layout.padded, layout.tile, layout.channels, layout.workgroup
     if not backward:
-        return 64 * ts * nv + 20 * ts * wg
-    return 64 * ts * nv + 32 * ts * nv * (cw + 1) + 32 * ts * wg + 16 * ts * cw
+        return 64 * ts * nvp + 20 * ts * wg
+    return 64 * ts * nvp + 32 * ts * nvp * (cw + 1) + 32 * ts * wg + 16 * ts * cw
 
 
 def scan_layout(nstate: int, memory: int = WORKGROUP_MEMORY, backward: bool = True,
@@ -127,7 +123,7 @@ def scan_layout(nstate: int, memory: int = WORKGROUP_MEMORY, backward: bool = Tr
     q = max(q, -(-nv // MAX_THREAD_VECTORS))
     fits = [Layout(nstate, q, -(-nv // q), cw, ts) for cw in CHANNEL_GROUPS for ts in (TILES if backward else FORWARD_TILES)
             if cw * q <= MAX_WORKGROUP]
-    fits = [f for f in fits if workgroup_bytes(f, backward) <= memory and f.staged <= MAX_STAGED]
+    fits = [f for f in fits if workgroup_bytes(f, backward) <= memory]
     return next((f for f in fits if f.tile >= MIN_TILE), fits[0])
 
 
@@ -162,37 +158,33 @@ def _scan_params(batch: int, length: int, channels: int, chunk: int) -> dict:
 
 
 # Loop iterations per invocation (upper bounds, no unrolling assumed), for Mesa llvmpipe's budget of 65,535
-# (mambactl/ops/checks.py). Per tile of TS steps: fetching B_t and C_t takes BC_PER passes of a loop of 4 and
-# storing them BC_PER; the own inputs TS each (fetch and store); a loop over a thread's NVT vec4s of state with
-# an inner loop of 4 costs 5·NVT; with Q > 1 the sums over n Q per step.
-def _fetch_loops(layout: Layout) -> int:
-    return 6 * layout.staged + 2 * layout.tile
+# (mambactl/ops/checks.py). Per tile of TS steps: staging B_t and C_t takes ceil(2·TS·NVP / WG) passes, the
+# own inputs TS; with Q > 1 the sums over n Q per step.
+def _stage_loops(layout: Layout) -> int:
+    return -(-2 * layout.tile * layout.padded // layout.workgroup) + layout.tile
 
 
 def forward_loops_per_tile(layout: Layout) -> int:
-    """The tile loop, fetches and stores, then per step a chunk-boundary save and the update, and the sums
-    over n."""
-    v, ts = layout.vectors, layout.tile
-    return 1 + _fetch_loops(layout) + ts * (1 + 5 * v + v) + ts * (1 + layout.threads)
+    """The tile loop, staging, the steps, the sums over n."""
+    return 1 + _stage_loops(layout) + layout.tile + layout.tile * (1 + layout.threads)
 
 
 def forward_loops_fixed(layout: Layout) -> int:
-    return 10 * layout.vectors  # A and the entering state, the last state
+    return 1
 
 
 def backward_loops_per_chunk(layout: Layout, steps: int) -> int:
-    """A chunk of `steps` steps: its saved state, then per tile the entry-state pass (fetch and store, update,
-    scratch store) and the adjoint pass (fetch and store, scratch load, states, adjoint, sums over n, the sums
-    over channels)."""
-    v, ts, nv = layout.vectors, layout.tile, state_vectors(layout.nstate)
-    entry = 1 + _fetch_loops(layout) + ts * (1 + v) + 5 * v
-    adjoint = (1 + _fetch_loops(layout) + 5 * v + 2 * ts * (1 + v) + ts * (1 + layout.threads)
-               + -(-ts * nv // layout.workgroup) * (1 + layout.channels + 4))
-    return 1 + 5 * v + -(-steps // ts) * (entry + adjoint)
+    """A chunk of `steps` steps: per tile the entry-state pass (staging, steps) and the adjoint pass (staging,
+    states, adjoint, sums over n, sums over channels)."""
+    ts, nv = layout.tile, state_vectors(layout.nstate)
+    entry = 1 + _stage_loops(layout) + ts
+    adjoint = (1 + _stage_loops(layout) + 2 * ts + ts * (1 + layout.threads)
+               + -(-ts * nv // layout.workgroup) * (1 + layout.channels))
+    return 1 + -(-steps // ts) * (entry + adjoint)
 
 
 def backward_loops_fixed(layout: Layout) -> int:
-    return 15 * layout.vectors  # A and the carry in, the carry or the parameter sums out
+    return 1
 
 
 def direct_forward_loops_per_step(nstate: int) -> int:
