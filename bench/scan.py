@@ -7,7 +7,8 @@ Each repeat records one forward and one backward (with the parameter gradients a
 times every dispatch with GPU timestamps (`Runtime.gpu_times`, needs `timestamp-query`); the table gives each
 entry point's median over the repeats, and one JSON line per variant follows. A variant (default: the wrapper's
 choices for the device) sets the tiled kernels' layout, as comma-separated `key=value` of `tile` (the
-backward's steps per tile), `forward_tile` and `threads` (per channel), e.g. `--variant threads=2,tile=4`; several `--variant`s run one after another on the same inputs.
+backward's steps per tile), `forward_tile` and `threads` (per channel), e.g. `--variant threads=2,tile=4`;
+several `--variant`s run one after another on the same inputs.
 """
 
 from __future__ import annotations

@@ -88,7 +88,8 @@ var<workgroup> bc_tile: array<vec4<f32>, 4u * TS * NVP>;
 // A thread's own per-step inputs, index s·WG + thread (only that thread reads them).
 var<workgroup> dt_own: array<f32, TS * WG>;         // Δ_t
 var<workgroup> u_own: array<f32, TS * WG>;          // u_t
-var<workgroup> gate_own: array<f32, TS * WG>;       // forward: z_t; backward: dy_t·silu'(z_t) (dz_t is this times the ungated y_t)
+// gate_own: the forward's z_t; the backward's dy_t·silu'(z_t) (dz_t is this times the ungated y_t).
+var<workgroup> gate_own: array<f32, TS * WG>;
 var<workgroup> dsoftplus_own: array<f32, TS * WG>;  // ∂Δ_t/∂delta_t
 // Per-step factors that the channel sums read across threads, double-buffered as bc_tile: index
 // (buffer·TS + s)·CW + c.
@@ -607,8 +608,8 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                     d_bias += dx;
                 }
             }
-            // Sums over the workgroup's channels, one (step, vec4 of states) per thread: dC_t[n] = Σ_c h_t[c, n] dy'_t[c],
-            // dB_t[n] = Σ_c g_t[c, n] Δ_t u_t[c].
+            // Sums over the workgroup's channels, one (step, vec4 of states) per thread:
+            // dC_t[n] = Σ_c h_t[c, n] dy'_t[c], dB_t[n] = Σ_c g_t[c, n] Δ_t u_t[c].
             for (var i = x; i < (t_end - t0) * NV; i += WG) {
                 let s = i / NV;
                 let jj = i % NV;

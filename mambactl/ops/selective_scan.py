@@ -6,9 +6,10 @@ layout, with A passed as A_log:
     Δ = softplus(delta + delta_bias),  A = −exp(A_log),
     h_t = exp(Δ_t A) h_{t−1} + Δ_t B_t u_t,  y_t = (C_t·h_t + D u_t) · silu(z_t).
 
-GPU kernels (`path="tiled"`): one thread per (batch row, channel) with its N states in registers, CW channels
-per workgroup, time in tiles of TS steps (`scan_layout`: CW 32 and TS 8 for N = 16 where the device has 48 KiB
-of workgroup memory, as an H200; TS 4 within 32 KiB, as llvmpipe; the forward's tiles up to 32 steps).
+GPU kernels (`path="tiled"`): Q = ceil(N / 16) threads per (batch row, channel), each holding up to 16 of its
+states in registers, CW channels per workgroup, time in tiles of TS steps (`scan_layout`: at N = 16 one thread
+per channel, CW 32 and backward tiles of 8 where the device has 48 KiB of workgroup memory, as an H200; of 4
+within 32 KiB, as llvmpipe; the forward's tiles up to 32 steps).
 Memory: the forward keeps the state entering each chunk of `chunk` steps ([B, ceil(L / chunk), Dc, N]); the
 backward recomputes the states in between. Its transient buffers are the tile entry states of one chunk
 ([B, Dc / CW, ceil(min(chunk, L) / TS), N, CW]) and the per-workgroup partials of dB and dC
@@ -121,8 +122,8 @@ def scan_layout(nstate: int, memory: int = WORKGROUP_MEMORY, backward: bool = Tr
     nv = state_vectors(nstate)
     q = threads or THREADS_PER_CHANNEL or -(-nv // MAX_THREAD_VECTORS)
     q = max(q, -(-nv // MAX_THREAD_VECTORS))
-    fits = [Layout(nstate, q, -(-nv // q), cw, ts) for cw in CHANNEL_GROUPS for ts in (TILES if backward else FORWARD_TILES)
-            if cw * q <= MAX_WORKGROUP]
+    tiles = TILES if backward else FORWARD_TILES
+    fits = [Layout(nstate, q, -(-nv // q), cw, ts) for cw in CHANNEL_GROUPS for ts in tiles if cw * q <= MAX_WORKGROUP]
     fits = [f for f in fits if workgroup_bytes(f, backward) <= memory]
     return next((f for f in fits if f.tile >= MIN_TILE), fits[0])
 
