@@ -92,9 +92,10 @@ var<workgroup> u_own: array<f32, TS * WG>;          // u_t
 var<workgroup> gate_own: array<f32, TS * WG>;
 var<workgroup> dsoftplus_own: array<f32, TS * WG>;  // ∂Δ_t/∂delta_t
 // Per-step factors that the channel sums read across threads, double-buffered as bc_tile: index
-// (buffer·TS + s)·CW + c.
-var<workgroup> dyg_tile: array<f32, 2u * TS * CW>;  // dy'_t = dy_t·silu(z_t): the gradient reaching y before the gate
-var<workgroup> dtu_tile: array<f32, 2u * TS * CW>;  // Δ_t u_t
+// (buffer·TS + s)·(CW + 1) + c (`factor_index`; the pad puts the steps that the sums read at once in distinct banks).
+// dyg_tile: dy'_t = dy_t·silu(z_t), the gradient reaching y before the gate; dtu_tile: Δ_t u_t.
+var<workgroup> dyg_tile: array<f32, 2u * TS * (CW + 1u)>;
+var<workgroup> dtu_tile: array<f32, 2u * TS * (CW + 1u)>;
 // The backward's h_t and g_t of the tile's steps (g_tile holds exp(Δ_t A) until the adjoint reaches step t, so
 // the adjoint takes no exp), index (s·NVP + jj)·(CW + 1) + c: the pad of one vec4 per row puts the channel
 // sums' reads (row s·NVP + jj by one thread, one channel at a time) in distinct banks.
@@ -216,6 +217,8 @@ fn stage_bc(b: u32, t0: u32, t_end: u32, buf: u32, thread: u32) {
         bc_tile[buf * 2u * TS * NVP + i] = v;
     }
 }
+
+fn factor_index(buf: u32, s: u32, c: u32) -> u32 { return (buf * TS + s) * (CW + 1u) + c; }
 
 // Index of step s's B_t (its C_t follows NVP later) in bc_tile.
 fn bc_index(buf: u32, s: u32) -> u32 { return (buf * TS + s) * 2u * NVP; }
@@ -495,7 +498,7 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                     let dt = softplus(x_pre);
                     let uv = u[row];
                     if (blk == 0u) {
-                        let ib = (buf * TS + t - t0) * CW + c;
+                        let ib = factor_index(buf, t - t0, c);
                         dyg_tile[ib] = dyv * zv * gate;
                         dtu_tile[ib] = dt * uv;
                     }
@@ -548,7 +551,7 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                     let i = s * WG + x;
                     let dt = dt_own[i];
                     let uv = u_own[i];
-                    let dyg = dyg_tile[(buf * TS + s) * CW + c];
+                    let dyg = dyg_tile[factor_index(buf, s, c)];
                     let bi = bc_index(buf, s) + j0;
                     let slot = s * step_rows + j0 * (CW + 1u) + c;
                     let first = s == 0u;
@@ -598,7 +601,7 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                         ghs += part_gha[i + m];
                     }
                     let uv = u_own[i];
-                    let dyg = dyg_tile[(buf * TS + t - t0) * CW + c];
+                    let dyg = dyg_tile[factor_index(buf, t - t0, c)];
                     let row = row_index(b, t, d);
                     dz[row] = (ycs + skip * uv) * gate_own[i];
                     du[row] = skip * dyg + dt_own[i] * gbs;
@@ -614,7 +617,7 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                 let s = i / NV;
                 let jj = i % NV;
                 let rb = (s * NVP + jj) * (CW + 1u);
-                let fb = (buf * TS + s) * CW;
+                let fb = factor_index(buf, s, 0u);
                 var dc = vec4<f32>(0.0);
                 var db = vec4<f32>(0.0);
                 for (var cc = 0u; cc < nch; cc++) {

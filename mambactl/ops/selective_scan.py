@@ -105,11 +105,11 @@ class Layout:
 def workgroup_bytes(layout: Layout, backward: bool = True) -> int:
     """Workgroup memory of the tiled kernels: bc_tile (4·TS·NVP vec4s), three [TS, WG] f32 tiles and part_y
     ([2, TS, WG]) in the forward; the backward adds h_tile and g_tile (TS·NVP·(CW + 1) vec4s each), one more
-    [TS, WG], two [TS, WG] parts and two [2, TS, CW] f32 tiles."""
+    [TS, WG], two [TS, WG] parts and two [2, TS, CW + 1] f32 tiles."""
     nvp, ts, cw, wg = layout.padded, layout.tile, layout.channels, layout.workgroup
     if not backward:
         return 64 * ts * nvp + 20 * ts * wg
-    return 64 * ts * nvp + 32 * ts * nvp * (cw + 1) + 32 * ts * wg + 16 * ts * cw
+    return 64 * ts * nvp + 32 * ts * nvp * (cw + 1) + 32 * ts * wg + 16 * ts * (cw + 1)
 
 
 def scan_layout(nstate: int, memory: int = WORKGROUP_MEMORY, backward: bool = True,
