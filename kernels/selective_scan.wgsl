@@ -200,21 +200,132 @@ fn store4_param_part(base: u32, jj: u32, v: vec4<f32>) {
     if (m.w) { param_part[i.w] = v.w; }
 }
 
-// Stage B_t and C_t of batch row b for steps [t0, t_end) into buffer `buf` of bc_tile.
+// Element i of a bc_tile buffer whose steps start at t0 (zero past t_end).
+fn bc_item(b: u32, t0: u32, t_end: u32, i: u32) -> vec4<f32> {
+    let t = t0 + i / (2u * NVP);
+    let jj = i % NVP;
+    let k = idx4((b * p.len + min(t, p.len - 1u)) * N, 1u, jj);
+    let m = lanes(jj) & vec4<bool>(t < t_end);
+    if ((i / NVP) % 2u == 1u) { return select(vec4<f32>(0.0), vec4<f32>(C[k.x], C[k.y], C[k.z], C[k.w]), m); }
+    return select(vec4<f32>(0.0), vec4<f32>(B[k.x], B[k.y], B[k.z], B[k.w]), m);
+}
+
+// Stage B_t and C_t of batch row b for steps [t0, t_end) into buffer `buf` of bc_tile, two elements per thread
+// and pass: a pass's loads are in flight together (a loop's next pass issues only after this one's stores).
 fn stage_bc(b: u32, t0: u32, t_end: u32, buf: u32, thread: u32) {
-    for (var i = thread; i < 2u * TS * NVP; i += WG) {
-        let t = t0 + i / (2u * NVP);
-        let jj = i % NVP;
-        var v = vec4<f32>(0.0);
-        if (t < t_end) {
-            let k = idx4((b * p.len + t) * N, 1u, jj);
-            if ((i / NVP) % 2u == 1u) {
-                v = select(vec4<f32>(0.0), vec4<f32>(C[k.x], C[k.y], C[k.z], C[k.w]), lanes(jj));
-            } else {
-                v = select(vec4<f32>(0.0), vec4<f32>(B[k.x], B[k.y], B[k.z], B[k.w]), lanes(jj));
-            }
-        }
-        bc_tile[buf * 2u * TS * NVP + i] = v;
+    let base = buf * 2u * TS * NVP;
+    let elements = 2u * TS * NVP;
+    for (var i = thread; i < elements; i += 2u * WG) {
+        let i1 = i + WG;
+        let v0 = bc_item(b, t0, t_end, i);
+        let v1 = bc_item(b, t0, t_end, min(i1, elements - 1u));
+        bc_tile[base + i] = v0;
+        if (i1 < elements) { bc_tile[base + i1] = v1; }
+    }
+}
+
+// Rows of steps t .. t + 3 of channel d (clamped to `last`), and four values of a [B, L, Dc] input at them.
+fn rows4(b: u32, d: u32, t: u32, last: u32) -> vec4<u32> {
+    let ts = min(vec4<u32>(t) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last));
+    return (vec4<u32>(b * p.len) + ts) * p.channels + vec4<u32>(d);
+}
+fn delta4(rw: vec4<u32>) -> vec4<f32> { return vec4<f32>(delta[rw.x], delta[rw.y], delta[rw.z], delta[rw.w]); }
+fn u4(rw: vec4<u32>) -> vec4<f32> { return vec4<f32>(u[rw.x], u[rw.y], u[rw.z], u[rw.w]); }
+fn z4(rw: vec4<u32>) -> vec4<f32> { return vec4<f32>(z[rw.x], z[rw.y], z[rw.z], z[rw.w]); }
+fn dy4(rw: vec4<u32>) -> vec4<f32> { return vec4<f32>(dy[rw.x], dy[rw.y], dy[rw.z], dy[rw.w]); }
+
+// A thread stages its channel's per-step inputs eight steps per pass (all their loads first, in flight
+// together, then the stores), for steps [t0, t_end) of the tile; `own_*` stores one step at index i of the
+// own tiles.
+fn own_forward(i: u32, delta_v: f32, uv: f32, zv: f32, bias: f32) {
+    dt_own[i] = softplus(delta_v + bias);
+    u_own[i] = uv;
+    gate_own[i] = zv;
+}
+fn stage_forward_inputs(b: u32, d: u32, t0: u32, t_end: u32, x: u32, bias: f32) {
+    for (var t = t0; t < t_end; t += 8u) {
+        let r0 = rows4(b, d, t, t_end - 1u);
+        let r1 = rows4(b, d, t + 4u, t_end - 1u);
+        let e0 = delta4(r0);
+        let e1 = delta4(r1);
+        let v0 = u4(r0);
+        let v1 = u4(r1);
+        let w0 = z4(r0);
+        let w1 = z4(r1);
+        let i = (t - t0) * WG + x;
+        own_forward(i, e0.x, v0.x, w0.x, bias);
+        if (t + 1u < t_end) { own_forward(i + WG, e0.y, v0.y, w0.y, bias); }
+        if (t + 2u < t_end) { own_forward(i + 2u * WG, e0.z, v0.z, w0.z, bias); }
+        if (t + 3u < t_end) { own_forward(i + 3u * WG, e0.w, v0.w, w0.w, bias); }
+        if (t + 4u < t_end) { own_forward(i + 4u * WG, e1.x, v1.x, w1.x, bias); }
+        if (t + 5u < t_end) { own_forward(i + 5u * WG, e1.y, v1.y, w1.y, bias); }
+        if (t + 6u < t_end) { own_forward(i + 6u * WG, e1.z, v1.z, w1.z, bias); }
+        if (t + 7u < t_end) { own_forward(i + 7u * WG, e1.w, v1.w, w1.w, bias); }
+    }
+}
+
+fn own_entry(i: u32, delta_v: f32, uv: f32, bias: f32) {
+    dt_own[i] = softplus(delta_v + bias);
+    u_own[i] = uv;
+}
+fn stage_entry_inputs(b: u32, d: u32, t0: u32, t_end: u32, x: u32, bias: f32) {
+    for (var t = t0; t < t_end; t += 8u) {
+        let r0 = rows4(b, d, t, t_end - 1u);
+        let r1 = rows4(b, d, t + 4u, t_end - 1u);
+        let e0 = delta4(r0);
+        let e1 = delta4(r1);
+        let v0 = u4(r0);
+        let v1 = u4(r1);
+        let i = (t - t0) * WG + x;
+        own_entry(i, e0.x, v0.x, bias);
+        if (t + 1u < t_end) { own_entry(i + WG, e0.y, v0.y, bias); }
+        if (t + 2u < t_end) { own_entry(i + 2u * WG, e0.z, v0.z, bias); }
+        if (t + 3u < t_end) { own_entry(i + 3u * WG, e0.w, v0.w, bias); }
+        if (t + 4u < t_end) { own_entry(i + 4u * WG, e1.x, v1.x, bias); }
+        if (t + 5u < t_end) { own_entry(i + 5u * WG, e1.y, v1.y, bias); }
+        if (t + 6u < t_end) { own_entry(i + 6u * WG, e1.z, v1.z, bias); }
+        if (t + 7u < t_end) { own_entry(i + 7u * WG, e1.w, v1.w, bias); }
+    }
+}
+
+// The backward's factors of one step: own tiles at i, and (thread blk = 0 of the channel) dy' and Δu at ib.
+fn own_grad(i: u32, ib: u32, lead: bool, zv: f32, dyv: f32, delta_v: f32, uv: f32, bias: f32) {
+    let gate = sigmoid(zv);
+    let x_pre = delta_v + bias;
+    let dt = softplus(x_pre);
+    if (lead) {
+        dyg_tile[ib] = dyv * zv * gate;
+        dtu_tile[ib] = dt * uv;
+    }
+    gate_own[i] = dyv * gate * (1.0 + zv * sigmoid(-zv));  // 1 − σ(z) = σ(−z), no cancellation
+    dt_own[i] = dt;
+    u_own[i] = uv;
+    dsoftplus_own[i] = select(sigmoid(x_pre), 1.0, x_pre > 20.0);
+}
+fn stage_grad_inputs(b: u32, d: u32, t0: u32, t_end: u32, buf: u32, x: u32, c: u32, lead: bool, bias: f32) {
+    for (var t = t0; t < t_end; t += 8u) {
+        let r0 = rows4(b, d, t, t_end - 1u);
+        let r1 = rows4(b, d, t + 4u, t_end - 1u);
+        let w0 = z4(r0);
+        let w1 = z4(r1);
+        let g0 = dy4(r0);
+        let g1 = dy4(r1);
+        let e0 = delta4(r0);
+        let e1 = delta4(r1);
+        let v0 = u4(r0);
+        let v1 = u4(r1);
+        let s = t - t0;
+        let i = s * WG + x;
+        let ib = factor_index(buf, s, c);
+        let o = CW + 1u;  // factor_index's stride per step
+        own_grad(i, ib, lead, w0.x, g0.x, e0.x, v0.x, bias);
+        if (t + 1u < t_end) { own_grad(i + WG, ib + o, lead, w0.y, g0.y, e0.y, v0.y, bias); }
+        if (t + 2u < t_end) { own_grad(i + 2u * WG, ib + 2u * o, lead, w0.z, g0.z, e0.z, v0.z, bias); }
+        if (t + 3u < t_end) { own_grad(i + 3u * WG, ib + 3u * o, lead, w0.w, g0.w, e0.w, v0.w, bias); }
+        if (t + 4u < t_end) { own_grad(i + 4u * WG, ib + 4u * o, lead, w1.x, g1.x, e1.x, v1.x, bias); }
+        if (t + 5u < t_end) { own_grad(i + 5u * WG, ib + 5u * o, lead, w1.y, g1.y, e1.y, v1.y, bias); }
+        if (t + 6u < t_end) { own_grad(i + 6u * WG, ib + 6u * o, lead, w1.z, g1.z, e1.z, v1.z, bias); }
+        if (t + 7u < t_end) { own_grad(i + 7u * WG, ib + 7u * o, lead, w1.w, g1.w, e1.w, v1.w, bias); }
     }
 }
 
@@ -294,15 +405,7 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
     for (var t0 = p.seg_begin; t0 < p.seg_end; t0 += TS) {
         let t_end = min(t0 + TS, p.seg_end);
         stage_bc(b, t0, t_end, buf, x);
-        if (live) {
-            for (var t = t0; t < t_end; t++) {
-                let row = row_index(b, t, d);
-                let i = (t - t0) * WG + x;
-                dt_own[i] = softplus(delta[row] + bias);
-                u_own[i] = u[row];
-                gate_own[i] = z[row];
-            }
-        }
+        if (live) { stage_forward_inputs(b, d, t0, t_end, x, bias); }
         workgroupBarrier();  // bc_tile[buf] is staged; the other buffer may be refilled from here on
         if (live) {
             for (var t = t0; t < t_end; t++) {
@@ -453,13 +556,7 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
             if (jt > 0u) {
                 let t0 = chunk_start + (jt - 1u) * TS;
                 stage_bc(b, t0, t0 + TS, buf, x);
-                if (live) {
-                    for (var s = 0u; s < TS; s++) {
-                        let row = row_index(b, t0 + s, d);
-                        dt_own[s * WG + x] = softplus(delta[row] + bias);
-                        u_own[s * WG + x] = u[row];
-                    }
-                }
+                if (live) { stage_entry_inputs(b, d, t0, t0 + TS, x, bias); }
                 workgroupBarrier();
                 if (live) {
                     for (var s = 0u; s < TS; s++) {
@@ -487,27 +584,7 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
             let t0 = chunk_start + (jt - 1u) * TS;
             let t_end = min(t0 + TS, chunk_end);
             stage_bc(b, t0, t_end, buf, x);
-            if (live) {
-                for (var t = t0; t < t_end; t++) {
-                    let row = row_index(b, t, d);
-                    let i = (t - t0) * WG + x;
-                    let zv = z[row];
-                    let gate = sigmoid(zv);
-                    let dyv = dy[row];
-                    let x_pre = delta[row] + bias;
-                    let dt = softplus(x_pre);
-                    let uv = u[row];
-                    if (blk == 0u) {
-                        let ib = factor_index(buf, t - t0, c);
-                        dyg_tile[ib] = dyv * zv * gate;
-                        dtu_tile[ib] = dt * uv;
-                    }
-                    gate_own[i] = dyv * gate * (1.0 + zv * sigmoid(-zv));  // 1 − σ(z) = σ(−z), no cancellation
-                    dt_own[i] = dt;
-                    u_own[i] = uv;
-                    dsoftplus_own[i] = select(sigmoid(x_pre), 1.0, x_pre > 20.0);
-                }
-            }
+            if (live) { stage_grad_inputs(b, d, t0, t_end, buf, x, c, blk == 0u, bias); }
             workgroupBarrier();  // bc_tile[buf], dyg_tile[buf] and dtu_tile[buf] are staged
             if (live) {
                 // The tile's states (and from them dz, which needs the ungated y_t), from its entry state.

@@ -159,8 +159,8 @@ def _scan_params(batch: int, length: int, channels: int, chunk: int) -> dict:
 
 
 # Loop iterations per invocation (upper bounds, no unrolling assumed), for Mesa llvmpipe's budget of 65,535
-# (mambactl/ops/checks.py). Per tile of TS steps: staging B_t and C_t takes ceil(2·TS·NVP / WG) passes, the
-# own inputs TS; with Q > 1 the sums over n Q per step.
+# (mambactl/ops/checks.py). Per tile of TS steps: staging B_t and C_t takes at most ceil(2·TS·NVP / WG) passes
+# (two elements a pass), the own inputs at most TS (eight steps a pass); with Q > 1 the sums over n Q per step.
 def _stage_loops(layout: Layout) -> int:
     return -(-2 * layout.tile * layout.padded // layout.workgroup) + layout.tile
 
