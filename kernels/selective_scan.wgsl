@@ -13,7 +13,8 @@
 // sums meet in workgroup memory. Only the sums over channels (dB, dC) always cross threads. Time goes in
 // tiles of TS steps: a tile's B_t and C_t, which all the workgroup's channels use, are staged in workgroup
 // memory by all threads at once, double-buffered so that a tile costs one barrier in the forward; each thread
-// stages its channel's per-step inputs (Δ, u, z, ...) first, so their loads are in flight together. Per state
+// stages its channel's per-step inputs (Δ, u, z, ...), eight steps per pass so that their loads are in flight
+// together (one step per pass would wait a global-load latency per step: the loop is not unrolled). Per state
 // and step a thread issues about six instructions (one exp), where a thread per (b, d, n) with the sums over n
 // across threads (the previous design) issued about three times as many.
 // N, NV, NVP, Q, NVT, CW, WG and TS are pipeline constants (the workgroup arrays are sized by them); the
