@@ -1,14 +1,13 @@
 """The Mamba-1 selective scan alone: GPU time per call of each dispatch of the forward and the backward.
 
     python bench/scan.py [--batch 8] [--seq 1024] [--channels 1536] [--d-state 16] [--chunk 128] [--repeats 5]
-        [--path tiled|direct] [--device D] [--variant SPEC ...]
+        [--tile T] [--path tiled|direct] [--device D]
 
 Each repeat records one forward and one backward (with the parameter gradients accumulated, as in training) and
 times every dispatch with GPU timestamps (`Runtime.gpu_times`, needs `timestamp-query`); the table gives each
-entry point's median over the repeats, and one JSON line per variant follows. A variant (default: the wrapper's
-choices for the device) sets the tiled kernels' layout, as comma-separated `key=value` of `tile` (the
-backward's steps per tile), `forward_tile` and `threads` (per channel), e.g. `--variant threads=2,tile=4`;
-several `--variant`s run one after another on the same inputs.
+entry point's median over the repeats, and one JSON line follows. `--tile` restricts the tiled kernels' steps per
+tile to T (the wrapper's TILES; default: its choice). Copied into another checkout (the measured tree first on
+sys.path, as bench/common.py arranges), it times that checkout's kernels.
 """
 
 from __future__ import annotations
@@ -24,26 +23,6 @@ import numpy as np  # noqa: E402
 from mambactl.ops import selective_scan as scan  # noqa: E402
 from mambactl.runtime.gpu import get_runtime  # noqa: E402
 
-DEFAULTS = {name: getattr(scan, name) for name in
-            ("TILES", "MIN_TILE", "FORWARD_TILES", "THREADS_PER_CHANNEL") if hasattr(scan, name)}
-
-
-def apply_variant(spec: str) -> None:
-    """Reset the wrapper's layout settings, then apply `spec`."""
-    for name, value in DEFAULTS.items():
-        setattr(scan, name, value)
-    for item in filter(None, spec.split(",")):
-        key, value = item.split("=")
-        value = int(value)
-        if key == "tile":
-            scan.TILES, scan.MIN_TILE = (value,), value
-        elif key == "forward_tile":
-            scan.FORWARD_TILES = (value,)
-        elif key == "threads":
-            scan.THREADS_PER_CHANNEL = value
-        else:
-            raise SystemExit(f"unknown variant key {key!r}")
-
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -53,10 +32,12 @@ def main() -> None:
     p.add_argument("--d-state", type=int, default=16)
     p.add_argument("--chunk", type=int, default=scan.DEFAULT_CHUNK)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--tile", type=int, default=None, help="the tiled kernels' steps per tile")
     p.add_argument("--path", default=None, choices=list(scan.PATHS))
     p.add_argument("--device", default=None)
-    p.add_argument("--variant", action="append", default=None, help="layout settings, e.g. threads=2,tile=4")
     a = p.parse_args()
+    if a.tile is not None:
+        scan.TILES = (a.tile,)
     rt = get_runtime(a.device)
     rng = np.random.default_rng(0)
     B, L, Dc, N = a.batch, a.seq, a.channels, a.d_state
@@ -75,38 +56,31 @@ def main() -> None:
                                        x["delta_bias"], chunk=a.chunk, path=a.path)
         return y, scan.selective_scan_backward(saved, dy, grads, path=a.path)
 
-    for spec in a.variant or [""]:
-        apply_variant(spec)
-        once()  # compile this variant's pipelines
+    once()  # compile the pipelines, fill the pool
+    rt.sync()
+    samples: dict = collections.defaultdict(list)
+    for _ in range(a.repeats):
+        rt.gpu_times = []
+        once()
         rt.sync()
-        samples: dict = collections.defaultdict(list)
-        for _ in range(a.repeats):
-            rt.gpu_times = []
-            once()
-            rt.sync()
-            per: dict = collections.defaultdict(float)
-            for entry, constants, ns in rt.gpu_times:
-                per[entry] += ns * 1e-6
-            rt.gpu_times = None
-            for k, v in per.items():
-                samples[k].append(v)
-        med = {k: float(np.median(v)) for k, v in samples.items()}
-        fwd = sum(v for k, v in med.items() if "forward" in k)
-        total = sum(med.values())
-        # The tiled kernels' layouts (a checkout before scan_layout has none to report).
-        layout = getattr(scan, "_layout", None)
-        lay = None
-        if layout is not None and a.path != "direct":
-            lay = {"backward": vars(layout(rt, N)), "forward": vars(layout(rt, N, backward=False))}
-        print(f"{rt.info.name}: B {B}, L {L}, Dc {Dc}, N {N}, chunk {a.chunk}, variant {spec or 'default'!r}; "
-              f"layout {lay}")
-        for k, v in sorted(med.items(), key=lambda kv: -kv[1]):
-            print(f"  {k:40s} {v:8.3f} ms")
-        print(f"  forward {fwd:.3f} ms, backward {total - fwd:.3f} ms, total {total:.3f} ms per layer")
-        print(json.dumps({"bench": "scan", "commit": commit(), "device": rt.info.name, "B": B, "L": L, "Dc": Dc,
-                          "N": N, "chunk": a.chunk, "path": a.path or "auto", "variant": spec, "layout": lay,
-                          "repeats": a.repeats, "ms": {k: round(v, 4) for k, v in med.items()},
-                          "forward_ms": round(fwd, 4), "backward_ms": round(total - fwd, 4)}))
+        per: dict = collections.defaultdict(float)
+        for entry, constants, ns in rt.gpu_times:
+            per[entry] += ns * 1e-6
+        rt.gpu_times = None
+        for k, v in per.items():
+            samples[k].append(v)
+    med = {k: float(np.median(v)) for k, v in samples.items()}
+    fwd = sum(v for k, v in med.items() if "forward" in k)
+    total = sum(med.values())
+    print(f"{rt.info.name}: B {B}, L {L}, Dc {Dc}, N {N}, chunk {a.chunk}, tile {a.tile or 'auto'}, "
+          f"path {a.path or 'auto'}")
+    for k, v in sorted(med.items(), key=lambda kv: -kv[1]):
+        print(f"  {k:40s} {v:8.3f} ms")
+    print(f"  forward {fwd:.3f} ms, backward {total - fwd:.3f} ms, total {total:.3f} ms per layer")
+    print(json.dumps({"bench": "scan", "commit": commit(), "device": rt.info.name, "B": B, "L": L, "Dc": Dc, "N": N,
+                      "chunk": a.chunk, "tile": a.tile, "path": a.path or "auto", "repeats": a.repeats,
+                      "ms": {k: round(v, 4) for k, v in med.items()}, "forward_ms": round(fwd, 4),
+                      "backward_ms": round(total - fwd, 4)}))
 
 
 if __name__ == "__main__":

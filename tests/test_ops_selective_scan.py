@@ -5,9 +5,8 @@ import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
-from mambactl.ops import selective_scan as scan_module
-from mambactl.ops.selective_scan import (PATHS, direct_per_thread, scan_layout, selective_scan, selective_scan_backward,
-                                         selective_scan_step, workgroup_bytes)
+from mambactl.ops.selective_scan import (PATHS, channels_per_group, direct_per_thread, selective_scan,
+                                         selective_scan_backward, selective_scan_step, tile_steps)
 from mambactl.reference import selective_scan as ref
 from mambactl.reference.activations import softplus, softplus_backward
 from mambactl.runtime.gpu import get_runtime
@@ -117,6 +116,7 @@ def test_saved_states_are_chunk_boundaries_only(rt, path):
     extra = sum(t.size for t in vars(saved).values() if hasattr(t, "buffer") and id(t.buffer) not in inputs)
     assert extra == batch * channels * nstate * (n_chunks + 1)  # chunk entry states + the last state
     assert extra <= batch * channels * nstate * (length / chunk + 2)
+    assert channels_per_group(16) == 8
 
 
 @pytest.mark.parametrize("batch,length,channels,nstate,chunk,per_thread", [
@@ -172,36 +172,9 @@ def test_direct_path_choice(rt, monkeypatch):
         selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), path="fast")
 
 
-def test_layout_choice():
-    """Q = ceil(N / 16) threads per channel, then the most channels per workgroup, then the longest tile of at
-    least MIN_TILE steps that fits."""
-    h200 = scan_layout(16, 49152)  # an H200's workgroup memory
-    assert (h200.threads, h200.vectors, h200.channels, h200.tile) == (1, 4, 32, 8)
-    lavapipe = scan_layout(16, 32768)
-    assert (lavapipe.channels, lavapipe.tile) == (32, 4)
-    assert scan_layout(16, 32768, backward=False).tile == 32
-    assert (scan_layout(20, 32768).threads, scan_layout(128, 32768).threads) == (2, 8)
-    assert scan_layout(16, 49152, threads=2).vectors == 2
-    for n in (1, 5, 16, 20, 128):
-        for memory in (16384, 32768, 49152):
-            for backward in (True, False):
-                lay = scan_layout(n, memory, backward)
-                assert workgroup_bytes(lay, backward) <= memory
-                assert lay.vectors <= 4 and 4 * lay.vectors * lay.threads >= n
-
-
-@pytest.mark.parametrize("threads", [2, 4])
-def test_tiled_threads_per_channel(rt, monkeypatch, threads):
-    """N = 16 split over 2 or 4 threads per channel (their sums over n through workgroup memory) matches the
-    reference."""
-    x = make_inputs(2, 65, 70, 16, seed=12)
-    dy = np.random.default_rng(13).standard_normal((2, 65, 70)).astype(np.float32)
-    monkeypatch.setattr(scan_module, "THREADS_PER_CHANNEL", threads)
-    y, grads, _ = run_gpu(rt, x, dy, 32, path="tiled")
-    y_ref, grads_ref = reference(x, dy)
-    assert rel_err(y, y_ref) < 1e-4
-    for name, got, want in zip(GRADS, grads, grads_ref):
-        assert rel_err(got, want) < 1e-4, name
+def test_tile_choice():
+    assert [tile_steps(n, 128) for n in (1, 4, 16, 20, 128)] == [8, 4, 8, 16, 4]
+    assert tile_steps(20, 24) == 8
 
 
 def test_shape_errors(rt):

@@ -6,14 +6,12 @@ layout, with A passed as A_log:
     Δ = softplus(delta + delta_bias),  A = −exp(A_log),
     h_t = exp(Δ_t A) h_{t−1} + Δ_t B_t u_t,  y_t = (C_t·h_t + D u_t) · silu(z_t).
 
-GPU kernels (`path="tiled"`): Q = ceil(N / 16) threads per (batch row, channel), each holding up to 16 of its
-states in registers, CW channels per workgroup, time in tiles of TS steps (`scan_layout`: at N = 16 one thread
-per channel, CW 32 and backward tiles of 8 where the device has 48 KiB of workgroup memory, as an H200; of 4
-within 32 KiB, as llvmpipe; the forward's tiles up to 32 steps).
 Memory: the forward keeps the state entering each chunk of `chunk` steps ([B, ceil(L / chunk), Dc, N]); the
 backward recomputes the states in between. Its transient buffers are the tile entry states of one chunk
-([B, Dc / CW, ceil(min(chunk, L) / TS), N, CW]) and the per-workgroup partials of dB and dC
-(2 × [Dc / CW, B, L, N]).
+([B, Dc / CH, ceil(min(chunk, L) / T), 128]) and the per-workgroup partials of dB and dC
+(2 × [Dc / CH, B, L, N]), where CH, the channels per workgroup, is min(128 / N, 32) rounded down to a power
+of two (8 for N = 16), and T, the steps per tile, is the largest of 16, 8, 4 that divides `chunk` and keeps
+workgroup memory within 16 KiB (8 for N = 16).
 
 CPU adapters (`rt.info.type == "CPU"`, e.g. Mesa llvmpipe) take barrier-free kernels instead (`path="direct"`;
 `path="tiled"` / `"direct"` forces either): one invocation per (batch row, channel) walks time with its N states
@@ -34,17 +32,13 @@ from mambactl.errors import ShapeError
 from mambactl.ops.checks import LOOP_BUDGET, SEGMENT_BUDGET, expect, grid_1d, is_llvmpipe, segment_length, segments
 from mambactl.runtime.tensor import Tensor
 
-MAX_STATE = 128
-MAX_THREAD_VECTORS = 4  # vec4s of state a thread holds in registers (h0 .. h3 in kernels/selective_scan.wgsl)
-MAX_WORKGROUP = 256
-CHANNEL_GROUPS = (32, 16, 8, 4, 2, 1)  # channels per workgroup, largest first
-TILES = (8, 4, 2, 1)  # steps per tile of the backward, largest first
-FORWARD_TILES = (32, 16, 8, 4, 2, 1)  # and of the forward (fewer per-tile load latencies)
-MIN_TILE = 4  # a smaller tile is taken only where no workgroup of MIN_TILE steps fits the device's memory
-# Workgroup memory when the device does not say (WebGPU's guaranteed minimum).
+WORKGROUP = 128  # mirrors WG in kernels/selective_scan.wgsl
+MAX_CHANNELS_PER_GROUP = 32  # bounds the per-(step, channel) tiles when N is tiny
+MAX_STATE = WORKGROUP  # one thread per state of a channel
+TILES = (16, 8, 4)  # steps per tile, largest first
+# WebGPU's guaranteed workgroup memory. Devices with more would take longer tiles, but on an H200 those ran
+# slower (fewer workgroups resident per SM), so the tile is sized to this on every device.
 WORKGROUP_MEMORY = 16384
-# Threads per channel; None: the fewest, ceil(N / 16). A module setting so that benchmarks can compare.
-THREADS_PER_CHANNEL: int | None = None
 CHUNK_MULTIPLE = 8
 DEFAULT_CHUNK = 128
 PATHS = ("tiled", "direct")
@@ -72,66 +66,21 @@ class ScanSaved:
     last_state: Tensor  # [B, Dc, N]: the state after the last step (to continue recurrently)
 
 
-def state_vectors(nstate: int) -> int:
-    """NV: the vec4s that hold a channel's N states."""
-    return -(-nstate // 4)
+def channels_per_group(nstate: int) -> int:
+    """Channels per workgroup: the largest power of two ≤ min(128 / N, 32), so it divides the workgroup."""
+    ch = 1
+    while ch * 2 <= min(WORKGROUP // nstate, MAX_CHANNELS_PER_GROUP):
+        ch *= 2
+    return ch
 
 
-@dataclass(frozen=True)
-class Layout:
-    """How the tiled kernels spread a workgroup: `threads` (Q) per channel, each holding `vectors` (NVT)
-    vec4s of its states, `channels` (CW) per workgroup, `tile` (TS) steps per tile."""
-
-    nstate: int
-    threads: int
-    vectors: int
-    channels: int
-    tile: int
-
-    @property
-    def workgroup(self) -> int:
-        return self.channels * self.threads
-
-    @property
-    def padded(self) -> int:
-        """NVP: vec4s per channel in the workgroup tiles, Q·NVT ≥ NV."""
-        return self.threads * self.vectors
-
-    def constants(self) -> dict:
-        return {"N": self.nstate, "NV": state_vectors(self.nstate), "Q": self.threads, "NVT": self.vectors,
-                "NVP": self.padded, "CW": self.channels, "WG": self.workgroup, "TS": self.tile}
-
-
-def workgroup_bytes(layout: Layout, backward: bool = True) -> int:
-    """Workgroup memory of the tiled kernels: bc_tile (4·TS·NVP vec4s), three [TS, WG] f32 tiles and part_y
-    ([2, TS, WG]) in the forward; the backward adds h_tile and g_tile (TS·NVP·(CW + 1) vec4s each), one more
-    [TS, WG], two [TS, WG] parts and two [2, TS, CW + 1] f32 tiles."""
-    nvp, ts, cw, wg = layout.padded, layout.tile, layout.channels, layout.workgroup
-    if not backward:
-        return 64 * ts * nvp + 20 * ts * wg
-    return 64 * ts * nvp + 32 * ts * nvp * (cw + 1) + 32 * ts * wg + 16 * ts * (cw + 1)
-
-
-def scan_layout(nstate: int, memory: int = WORKGROUP_MEMORY, backward: bool = True,
-                threads: int | None = None) -> Layout:
-    """The tiled forward's or backward's layout: `threads` per channel (default the fewest that hold N states
-    in MAX_THREAD_VECTORS vec4s each), then the most channels per workgroup (fewer partial sums of dB and dC;
-    B_t and C_t staged once for more channels), then the longest tile whose workgroup memory fits `memory`
-    with TS >= MIN_TILE; failing that the first fit of any tile. The forward's tiles may be longer
-    (FORWARD_TILES): it keeps no per-step states in workgroup memory."""
-    nv = state_vectors(nstate)
-    q = threads or THREADS_PER_CHANNEL or -(-nv // MAX_THREAD_VECTORS)
-    q = max(q, -(-nv // MAX_THREAD_VECTORS))
-    tiles = TILES if backward else FORWARD_TILES
-    fits = [Layout(nstate, q, -(-nv // q), cw, ts) for cw in CHANNEL_GROUPS for ts in tiles if cw * q <= MAX_WORKGROUP]
-    fits = [f for f in fits if workgroup_bytes(f, backward) <= memory]
-    return next((f for f in fits if f.tile >= MIN_TILE), fits[0])
-
-
-def _layout(rt, nstate: int, backward: bool = True) -> Layout:
-    limits = getattr(rt, "limits", None) or {}
-    memory = int(limits.get("max-compute-workgroup-storage-size", WORKGROUP_MEMORY))
-    return scan_layout(nstate, memory, backward)
+def tile_steps(nstate: int, chunk: int) -> int:
+    """Steps per tile: the largest of TILES that divides `chunk` and whose workgroup memory (the kernel's
+    six [T, CH] tiles, two [T, N] tiles and two [T, CH·(N + 1)] tiles of f32) fits WORKGROUP_MEMORY;
+    T = 4 always does (N ≤ 128, chunk a multiple of 8)."""
+    ch = channels_per_group(nstate)
+    return next(t for t in TILES
+                if chunk % t == 0 and 4 * t * (6 * ch + 2 * nstate + 2 * ch * (nstate + 1)) <= WORKGROUP_MEMORY)
 
 
 def _check_inputs(op: str, u, delta, A_log, B, C, D, z, delta_bias) -> tuple[int, int, int, int]:
@@ -159,33 +108,24 @@ def _scan_params(batch: int, length: int, channels: int, chunk: int) -> dict:
 
 
 # Loop iterations per invocation (upper bounds, no unrolling assumed), for Mesa llvmpipe's budget of 65,535
-# (mambactl/ops/checks.py). Per tile of TS steps: staging B_t and C_t takes at most ceil(2·TS·NVP / WG) passes
-# (two elements a pass), the own inputs at most TS (eight steps a pass); with Q > 1 the sums over n Q per step.
-def _stage_loops(layout: Layout) -> int:
-    return -(-2 * layout.tile * layout.padded // layout.workgroup) + layout.tile
+# (mambactl/ops/checks.py), per tile of T steps: a[items] = ceil(T·CH / WG) passes over (step, channel) items,
+# s[items] = ceil(T·N / WG) over (step, state) items.
+def _tile_passes(nstate: int, tile: int) -> tuple[int, int]:
+    ch = channels_per_group(nstate)
+    return -(-tile * ch // WORKGROUP), -(-tile * nstate // WORKGROUP)
 
 
-def forward_loops_per_tile(layout: Layout) -> int:
-    """The tile loop, staging, the steps, the sums over n."""
-    return 1 + _stage_loops(layout) + layout.tile + layout.tile * (1 + layout.threads)
+def forward_loops_per_tile(nstate: int, tile: int) -> int:
+    a, st = _tile_passes(nstate, tile)
+    return 1 + (a + st) + st + a + tile + a * (1 + nstate)
 
 
-def forward_loops_fixed(layout: Layout) -> int:
-    return 1
-
-
-def backward_loops_per_chunk(layout: Layout, steps: int) -> int:
-    """A chunk of `steps` steps: per tile the entry-state pass (staging, steps) and the adjoint pass (staging,
-    states, adjoint, sums over n, sums over channels)."""
-    ts, nv = layout.tile, state_vectors(layout.nstate)
-    entry = 1 + _stage_loops(layout) + ts
-    adjoint = (1 + _stage_loops(layout) + 2 * ts + ts * (1 + layout.threads)
-               + -(-ts * nv // layout.workgroup) * (1 + layout.channels))
-    return 1 + -(-steps // ts) * (entry + adjoint)
-
-
-def backward_loops_fixed(layout: Layout) -> int:
-    return 1
+def backward_loops_per_tile(nstate: int, tile: int) -> int:
+    a, st = _tile_passes(nstate, tile)
+    ch = channels_per_group(nstate)
+    recompute = 1 + (a + st) + tile
+    adjoint = 1 + (a + st) + st + a + tile + 2 * a * (1 + nstate) + 2 * st * (1 + ch) + tile
+    return recompute + adjoint
 
 
 def direct_forward_loops_per_step(nstate: int) -> int:
@@ -229,6 +169,10 @@ def _choose_path(rt, op: str, path: str | None, nstate: int, steps: int) -> str:
     return "tiled" if is_llvmpipe(rt) and one > LOOP_BUDGET else "direct"
 
 
+def _constants(nstate: int, chunk: int) -> dict:
+    return {"N": nstate, "CH": channels_per_group(nstate), "T": tile_steps(nstate, chunk)}
+
+
 def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor,
                    delta_bias: Tensor, chunk: int = DEFAULT_CHUNK, segment: int | None = None,
                    path: str | None = None) -> tuple[Tensor, ScanSaved]:
@@ -244,6 +188,7 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
     if chunk < CHUNK_MULTIPLE or chunk % CHUNK_MULTIPLE:
         raise ShapeError(f"{op}: chunk is {chunk}; it must be a positive multiple of {CHUNK_MULTIPLE}")
     rt = u.runtime
+    constants = _constants(nstate, chunk)
     params = _scan_params(batch, length, channels, chunk)
     y = rt.empty(u.shape)
     states = rt.empty((batch, params["nchunks"], channels, nstate))
@@ -257,12 +202,12 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
                    u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states,
                    last_state=last_state, ngroups=0, per_thread=0, **params)
         return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
-    lay = _layout(rt, nstate, backward=False)
-    seg = segment_length(rt, op, tuple(u.shape), length, -(-forward_loops_per_tile(lay) // lay.tile),
-                         forward_loops_fixed(lay), multiple=lay.tile, segment=segment)
+    tile = constants["T"]
+    seg = segment_length(rt, op, tuple(u.shape), length, -(-forward_loops_per_tile(nstate, tile) // tile), 64,
+                         multiple=tile, segment=segment)
     for t0, t1 in segments(length, seg):
         params.update(seg_begin=t0, seg_end=t1)
-        rt.run("selective_scan_forward", (-(-channels // lay.channels), batch), lay.constants(), u=u, delta=delta,
+        rt.run("selective_scan_forward", (-(-channels // constants["CH"]), batch), constants, u=u, delta=delta,
                A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states, last_state=last_state,
                **params)
     return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
@@ -338,19 +283,19 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
                    param_part=param_part, tile_states=scratch, carry=carry, ngroups=groups, per_thread=per,
                    **params)
     else:
-        lay = _layout(rt, nstate)
-        groups = -(-channels // lay.channels)
+        constants = _constants(nstate, s.chunk)
+        groups, tile = -(-channels // constants["CH"]), constants["T"]
         dB_part = rt.empty((groups, batch, length, nstate))
         dC_part = rt.empty((groups, batch, length, nstate))
-        tile_states = rt.empty((batch, groups, -(-min(s.chunk, length) // lay.tile), nstate, lay.channels))
-        seg = segment_length(rt, op, tuple(s.u.shape), nchunks, backward_loops_per_chunk(lay, min(s.chunk, length)),
-                             backward_loops_fixed(lay), segment=segment)
-        carry = rt.empty((batch, channels, 2 * nstate + 2))
+        tile_states = rt.empty((batch, groups, -(-min(s.chunk, length) // tile), WORKGROUP))
+        per_chunk = -(-min(s.chunk, length) // tile) * backward_loops_per_tile(nstate, tile)
+        seg = segment_length(rt, op, tuple(s.u.shape), nchunks, per_chunk, 4 * WORKGROUP, segment=segment)
+        carry = rt.empty((batch, groups, WORKGROUP, 4))
         for hi in range(nchunks, 0, -seg):
             params.update(kc_lo=max(0, hi - seg), kc_hi=hi)
-            rt.run("selective_scan_backward", (groups, batch), lay.constants(), u=s.u, delta=s.delta,
-                   A_log=s.A_log, B=s.B, C=s.C, D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy, saved_states=s.states,
-                   du=du, ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, param_part=param_part,
+            rt.run("selective_scan_backward", (groups, batch), constants, u=s.u, delta=s.delta, A_log=s.A_log,
+                   B=s.B, C=s.C, D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy, saved_states=s.states, du=du,
+                   ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, param_part=param_part,
                    tile_states=tile_states, carry=carry, **params)
     dB, dC = rt.empty(s.B.shape), rt.empty(s.C.shape)
     count = batch * length * nstate
