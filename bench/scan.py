@@ -1,0 +1,87 @@
+"""The Mamba-1 selective scan alone: GPU time per call of each dispatch of the forward and the backward.
+
+    python bench/scan.py [--batch 8] [--seq 1024] [--channels 1536] [--d-state 16] [--chunk 128] [--repeats 5]
+        [--tile T] [--path tiled|direct] [--device D]
+
+Each repeat records one forward and one backward (with the parameter gradients accumulated, as in training) and
+times every dispatch with GPU timestamps (`Runtime.gpu_times`, needs `timestamp-query`); the table gives each
+entry point's median over the repeats, and one JSON line follows. `--tile` restricts the tiled kernels' steps per
+tile to T (the wrapper's TILES; default: its choice). Copied into another checkout (the measured tree first on
+sys.path, as bench/common.py arranges), it times that checkout's kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+
+from common import commit  # first: it puts the checkout on sys.path
+
+import numpy as np  # noqa: E402
+
+from mambactl.ops import selective_scan as scan  # noqa: E402
+from mambactl.runtime.gpu import get_runtime  # noqa: E402
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--channels", type=int, default=1536)
+    p.add_argument("--d-state", type=int, default=16)
+    p.add_argument("--chunk", type=int, default=scan.DEFAULT_CHUNK)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--tile", type=int, default=None, help="the tiled kernels' steps per tile")
+    p.add_argument("--path", default=None, choices=list(scan.PATHS))
+    p.add_argument("--device", default=None)
+    a = p.parse_args()
+    if a.tile is not None:
+        scan.TILES = (a.tile,)
+    rt = get_runtime(a.device)
+    rng = np.random.default_rng(0)
+    B, L, Dc, N = a.batch, a.seq, a.channels, a.d_state
+
+    def normal(*shape, scale=1.0):
+        return rt.from_numpy((scale * rng.standard_normal(shape)).astype(np.float32))
+
+    x = dict(u=normal(B, L, Dc), delta=normal(B, L, Dc, scale=0.5),
+             A_log=rt.from_numpy(np.tile(np.log(np.arange(1, N + 1, dtype=np.float32)), (Dc, 1))),
+             B=normal(B, L, N), C=normal(B, L, N), D=normal(Dc), z=normal(B, L, Dc), delta_bias=normal(Dc, scale=0.2))
+    dy = normal(B, L, Dc)
+    grads = {"A_log": normal(Dc, N), "D": normal(Dc), "delta_bias": normal(Dc)}
+
+    def once():
+        y, saved = scan.selective_scan(x["u"], x["delta"], x["A_log"], x["B"], x["C"], x["D"], x["z"],
+                                       x["delta_bias"], chunk=a.chunk, path=a.path)
+        return y, scan.selective_scan_backward(saved, dy, grads, path=a.path)
+
+    once()  # compile the pipelines, fill the pool
+    rt.sync()
+    samples: dict = collections.defaultdict(list)
+    for _ in range(a.repeats):
+        rt.gpu_times = []
+        once()
+        rt.sync()
+        per: dict = collections.defaultdict(float)
+        for entry, constants, ns in rt.gpu_times:
+            per[entry] += ns * 1e-6
+        rt.gpu_times = None
+        for k, v in per.items():
+            samples[k].append(v)
+    med = {k: float(np.median(v)) for k, v in samples.items()}
+    fwd = sum(v for k, v in med.items() if "forward" in k)
+    total = sum(med.values())
+    print(f"{rt.info.name}: B {B}, L {L}, Dc {Dc}, N {N}, chunk {a.chunk}, tile {a.tile or 'auto'}, "
+          f"path {a.path or 'auto'}")
+    for k, v in sorted(med.items(), key=lambda kv: -kv[1]):
+        print(f"  {k:40s} {v:8.3f} ms")
+    print(f"  forward {fwd:.3f} ms, backward {total - fwd:.3f} ms, total {total:.3f} ms per layer")
+    print(json.dumps({"bench": "scan", "commit": commit(), "device": rt.info.name, "B": B, "L": L, "Dc": Dc, "N": N,
+                      "chunk": a.chunk, "tile": a.tile, "path": a.path or "auto", "repeats": a.repeats,
+                      "ms": {k: round(v, 4) for k, v in med.items()}, "forward_ms": round(fwd, 4),
+                      "backward_ms": round(total - fwd, 4)}))
+
+
+if __name__ == "__main__":
+    main()
