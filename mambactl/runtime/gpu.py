@@ -16,7 +16,7 @@ import struct
 import numpy as np
 import wgpu
 
-from mambactl.errors import ShapeError
+from mambactl.errors import MambactlError, ShapeError
 from mambactl.runtime import device as device_mod
 from mambactl.runtime.kernels import all_modules, entry_point
 from mambactl.runtime.memory import BufferPool
@@ -61,6 +61,9 @@ class Runtime:
         self._fence = None
         # Tests set this: every new tensor starts as NaN, so an element a kernel forgets to write fails.
         self.poison = False
+        # The GEMMs' precision when an op does not say ("fp32" or "f16", see ops/linear.py); the training loop
+        # sets it from [train] matmul_precision, so the models need no per-mode code.
+        self.matmul_precision = "fp32"
         self.submits = 0  # counted so tests and benchmarks can check "a handful of submits per step"
         # Set to a list to time every dispatch on the GPU (bench/profile_step.py): each flush then appends
         # (entry, constants, nanoseconds) per dispatch, read back with timestamp queries (a host round trip).
@@ -73,6 +76,10 @@ class Runtime:
         key = (entry, tuple(sorted((constants or {}).items())))
         if key not in self._pipelines:
             ep = entry_point(entry)
+            missing = [f for f in all_modules()[ep.module].features if f not in self.features]
+            if missing:
+                raise MambactlError(f"{entry} needs the adapter feature {', '.join(missing)}, which {self.info.name} "
+                                    f"({self.info.backend}) does not offer")
             if ep.module not in self._shader_modules:
                 self._shader_modules[ep.module] = self.device.create_shader_module(
                     label=ep.module, code=all_modules()[ep.module].source

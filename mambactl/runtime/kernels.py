@@ -4,6 +4,11 @@ Each `kernels/NAME.wgsl` is one op family. Globals are declared as
 `@group(0) @binding(N) var<storage, read> x: array<f32>;` (or `read_write`, or `var<uniform> p: Params`).
 For an entry point we collect the globals it reaches (its body and the functions it calls), so its
 bind group layout lists exactly those bindings with their real numbers and access modes — never `auto`.
+
+A file that needs a WGSL extension (`enable f16;`) is its own module, so the others still compile on adapters
+without it; it may build on another file with a line `//! extends NAME`: its module is then compiled as its
+`enable` directives, NAME.wgsl, then its own code (so it reuses NAME's bindings and helpers without a copy), and
+it lists only its own entry points. `Module.features` names the adapter features its `enable` lines need.
 """
 
 from __future__ import annotations
@@ -22,6 +27,9 @@ _STRUCT = re.compile(r"struct\s+(\w+)\s*\{([^}]*)\}")
 _IDENT = re.compile(r"(?<![\w.])[A-Za-z_]\w*")  # not a member access like gid.y
 _COMMENT = re.compile(r"//[^\n]*")
 _SCALAR_SIZE = {"u32": 4, "i32": 4, "f32": 4}
+_ENABLE = re.compile(r"^\s*enable\s+([\w\s,]+);", re.M)
+_EXTENDS = re.compile(r"^//! extends (\w+)\s*$", re.M)
+_ENABLE_FEATURES = {"f16": "shader-f16"}  # WGSL extension -> the wgpu feature the device must have
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,7 @@ class Module:
     name: str
     source: str
     entries: dict
+    features: tuple[str, ...] = ()  # adapter features the module's `enable` directives need
 
 
 def _functions(src: str) -> dict[str, tuple[bool, str]]:
@@ -64,14 +73,22 @@ def _functions(src: str) -> dict[str, tuple[bool, str]]:
     return out
 
 
-def parse_module(name: str, source: str) -> Module:
+def parse_module(name: str, source: str, base: str = "") -> Module:
+    """`base`: the (comment-free) source of the module this one extends; it is compiled after this file's
+    `enable` directives and before the rest of it, and its entry points are not this module's."""
     source = _COMMENT.sub("", source)
+    enables = _ENABLE.findall(source)
+    features = tuple(_ENABLE_FEATURES[x.strip()] for e in enables for x in e.split(",") if x.strip() in _ENABLE_FEATURES)
+    own = set(_functions(source))
+    if base:
+        body = _ENABLE.sub("", source)
+        source = "".join(f"enable {e.strip()};\n" for e in enables) + base + "\n" + body
     globals_ = {m.group(4): (int(m.group(1)), m.group(2), m.group(3), m.group(5).strip()) for m in _GLOBAL.finditer(source)}
     structs = {m.group(1): m.group(2) for m in _STRUCT.finditer(source)}
     funcs = _functions(source)
     entries = {}
     for fname, (is_entry, _) in funcs.items():
-        if not is_entry:
+        if not is_entry or fname not in own:
             continue
         used: set[str] = set()
         seen: set[str] = set()
@@ -98,7 +115,7 @@ def parse_module(name: str, source: str) -> Module:
                     if pty not in _SCALAR_SIZE:
                         raise ValueError(f"{name}.wgsl: uniform field {pname} has type {pty}; only u32/i32/f32")
         entries[fname] = EntryPoint(name, fname, tuple(sorted(bindings, key=lambda b: b.number)), params)
-    return Module(name, source, entries)  # source without comments is what gets compiled
+    return Module(name, source, entries, features)  # source without comments is what gets compiled
 
 
 def kernel_dir():
@@ -113,10 +130,12 @@ def kernel_dir():
 @lru_cache(maxsize=None)
 def all_modules() -> dict[str, Module]:
     root = kernel_dir()
+    texts = {f.name[:-5]: f.read_text() for f in root.iterdir() if f.name.endswith(".wgsl")}
     mods = {}
-    for f in sorted(root.iterdir(), key=lambda p: p.name):
-        if f.name.endswith(".wgsl"):
-            mods[f.name[:-5]] = parse_module(f.name[:-5], f.read_text())
+    for name in sorted(texts):
+        ext = _EXTENDS.search(texts[name])
+        base = _COMMENT.sub("", texts[ext.group(1)]) if ext else ""
+        mods[name] = parse_module(name, texts[name], base)
     return mods
 
 
