@@ -7,7 +7,7 @@ from mambactl.errors import MambactlError, ShapeError
 from mambactl.ops import activations, linear
 from mambactl.runtime import device
 from mambactl.runtime.gpu import DISPATCHES_PER_SUBMIT, get_runtime
-from mambactl.runtime.kernels import all_modules, parse_module
+from mambactl.runtime.kernels import all_modules, entry_point, parse_module
 
 
 @pytest.fixture(scope="module")
@@ -19,8 +19,21 @@ def test_every_entry_point_compiles_and_builds_its_pipeline(rt):
     names = [e for m in all_modules().values() for e in m.entries]
     assert len(names) >= 20
     for name in names:
+        if not set(all_modules()[entry_point(name).module].features) <= set(rt.features):
+            with pytest.raises(MambactlError, match=f"{name} needs the adapter feature"):
+                rt.pipeline(name)
+            continue
         pipe, layout, ep = rt.pipeline(name)
         assert pipe is not None and ep.name == name
+
+
+def test_a_module_extends_another_and_names_its_features():
+    """linear_f16.wgsl: `enable f16;` then linear.wgsl's code then its own; only its own entry points."""
+    mod = all_modules()["linear_f16"]
+    assert mod.features == ("shader-f16",)
+    assert set(mod.entries) == {"matmul_f16", "operand_amax"}
+    assert mod.source.startswith("enable f16;") and "fn fetch_a(" in mod.source
+    assert entry_point("matmul").module == "linear"
 
 
 def test_layout_lists_only_the_bindings_an_entry_uses():
