@@ -8,7 +8,7 @@ timed on the two backward products: dX[M, K] = dY W and dW[N, K] = dYᵀ X. A ke
 `ops.linear.matmul` picks), `matmul@TILE` (the tiled kernel with a tile of ops.linear.TILES),
 with modes appended (to `auto` too): `/scalar` (its scalar loads), `/r` or `/c` (workgroup x walks row or column
 tiles), `/kN` (N K slices), `/f16` (precision f16: matmul_f16, its two operand_amax passes included in the
-time), `/flN` (f16 partial sums of N k steps), or any other name, passed as `kernel=` (e.g. `matmul_direct`, or an older commit's
+time), `/flN` (f16 partial sums of N k steps), `/sN` (N 16-k slices per f16 shared tile), or any other name, passed as `kernel=` (e.g. `matmul_direct`, or an older commit's
 kernels through --src). `--gpu-times` also times one call of each with GPU timestamps and prints the
 nanoseconds per entry point (the GEMM kernel alone, apart from the f16 mode's amax passes). Each sample records enough calls back to back to take
 ≥ 20 ms, then syncs once, so submit and readback latency stay out of the figure; the first sample is a
@@ -49,6 +49,8 @@ def kwargs_for(spec: str) -> dict:
                 kw["kernel"] = "matmul_f16"
         elif mode.startswith("fl"):
             kw["flush"] = int(mode[2:])
+        elif mode.startswith("s"):
+            kw["subtiles"] = int(mode[1:])
         elif mode.startswith("k"):
             kw["split_k"] = int(mode[1:])
     return kw

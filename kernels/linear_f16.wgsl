@@ -21,19 +21,25 @@ enable f16;
 
 override FLUSH: u32 = 16u;  // k steps per f16 partial sum: 8, 16 or a multiple of 16
 override OPERAND_EXP: i32 = 5;  // staged operands are scaled below 2^OPERAND_EXP
+override SUBTILES: u32 = 1u;  // 16-k slices per shared tile (1 or 2: K steps of 16 or 32 per barrier)
+const BK_MAX = 32u;
 
 @group(0) @binding(5) var<storage, read> a_amax: array<u32>;  // [0]: bits of max |A|
 @group(0) @binding(6) var<storage, read> b_amax: array<u32>;  // [0]: bits of max |B|
 
-var<workgroup> a_h: array<array<array<vec4<f16>, BM_MAX4>, 16>, 2>;  // [buffer][k][row / 4], as a_sh
-var<workgroup> b_h: array<array<array<vec4<f16>, BM_MAX4>, 16>, 2>;  // [buffer][k][col / 4]
+var<workgroup> a_h: array<array<array<vec4<f16>, BM_MAX4>, BK_MAX>, 2>;  // [buffer][k][row / 4], as a_sh
+var<workgroup> b_h: array<array<array<vec4<f16>, BM_MAX4>, BK_MAX>, 2>;  // [buffer][k][col / 4]
 
 var<private> a_scale: f32;
 var<private> b_scale: f32;
-var<private> ha0: vec4<f16>;  // the next tile, scaled and converted, in flight to shared
+var<private> ha0: vec4<f16>;  // the next tile, scaled and converted, in flight to shared: [slice][slot]
 var<private> ha1: vec4<f16>;
 var<private> hb0: vec4<f16>;
 var<private> hb1: vec4<f16>;
+var<private> ha2: vec4<f16>;  // second 16-k slice (SUBTILES = 2)
+var<private> ha3: vec4<f16>;
+var<private> hb2: vec4<f16>;
+var<private> hb3: vec4<f16>;
 var<private> part00: mat4x4<f16>;  // f16 partial sums, laid out as acc00 .. acc11
 var<private> part01: mat4x4<f16>;
 var<private> part10: mat4x4<f16>;
@@ -56,32 +62,41 @@ fn fetch_h(t: u32, k0: u32) {
         ha1 = vec4<f16>(fetch_a(t + 256u, k0) * a_scale);
         hb1 = vec4<f16>(fetch_b(t + 256u, k0) * b_scale);
     }
+    if (SUBTILES == 2u) {
+        ha2 = vec4<f16>(fetch_a(t, k0 + BK) * a_scale);
+        hb2 = vec4<f16>(fetch_b(t, k0 + BK) * b_scale);
+        if (T == 8u) {
+            ha3 = vec4<f16>(fetch_a(t + 256u, k0 + BK) * a_scale);
+            hb3 = vec4<f16>(fetch_b(t + 256u, k0 + BK) * b_scale);
+        }
+    }
 }
 
-// put_a / put_b of linear.wgsl into the f16 tiles: slot i's four values along the operand's contiguous
-// dimension; a K-contiguous operand's go to four k rows (transposed), the others to one vec4.
-fn put_ah(buf: u32, i: u32, v: vec4<f16>) {
+// put_a / put_b of linear.wgsl into the f16 tiles (slice k0 = 0 or 16 of the tile): slot i's four values
+// along the operand's contiguous dimension; a K-contiguous operand's go to four k rows (transposed), the others
+// to one vec4.
+fn put_ah(buf: u32, k0: u32, i: u32, v: vec4<f16>) {
     if (TRANS_A) {
-        a_h[buf][i / (bm() / 4u)][i % (bm() / 4u)] = v;
+        a_h[buf][k0 + i / (bm() / 4u)][i % (bm() / 4u)] = v;
         return;
     }
     let sl = kslot(i);
     let m = sl.x;
-    let k = sl.y;
+    let k = k0 + sl.y;
     a_h[buf][k][m >> 2u][m & 3u] = v.x;
     a_h[buf][k + 1u][m >> 2u][m & 3u] = v.y;
     a_h[buf][k + 2u][m >> 2u][m & 3u] = v.z;
     a_h[buf][k + 3u][m >> 2u][m & 3u] = v.w;
 }
 
-fn put_bh(buf: u32, i: u32, v: vec4<f16>) {
+fn put_bh(buf: u32, k0: u32, i: u32, v: vec4<f16>) {
     if (!TRANS_B) {
-        b_h[buf][i / (bm() / 4u)][i % (bm() / 4u)] = v;
+        b_h[buf][k0 + i / (bm() / 4u)][i % (bm() / 4u)] = v;
         return;
     }
     let sl = kslot(i);
     let n = sl.x;
-    let k = sl.y;
+    let k = k0 + sl.y;
     b_h[buf][k][n >> 2u][n & 3u] = v.x;
     b_h[buf][k + 1u][n >> 2u][n & 3u] = v.y;
     b_h[buf][k + 2u][n >> 2u][n & 3u] = v.z;
@@ -89,11 +104,19 @@ fn put_bh(buf: u32, i: u32, v: vec4<f16>) {
 }
 
 fn commit_h(t: u32, buf: u32) {
-    put_ah(buf, t, ha0);
-    put_bh(buf, t, hb0);
+    put_ah(buf, 0u, t, ha0);
+    put_bh(buf, 0u, t, hb0);
     if (T == 8u) {
-        put_ah(buf, t + 256u, ha1);
-        put_bh(buf, t + 256u, hb1);
+        put_ah(buf, 0u, t + 256u, ha1);
+        put_bh(buf, 0u, t + 256u, hb1);
+    }
+    if (SUBTILES == 2u) {
+        put_ah(buf, BK, t, ha2);
+        put_bh(buf, BK, t, hb2);
+        if (T == 8u) {
+            put_ah(buf, BK, t + 256u, ha3);
+            put_bh(buf, BK, t + 256u, hb3);
+        }
     }
 }
 
@@ -129,13 +152,23 @@ fn flush() {
     }
 }
 
+// The flushes inside a tile: after every FLUSH (8, 16 or 32 <= the tile's K) k steps; longer FLUSH: the loop.
 fn multiply_tile_h(buf: u32) {
     kstep_h(buf, 0u); kstep_h(buf, 1u); kstep_h(buf, 2u); kstep_h(buf, 3u);
     kstep_h(buf, 4u); kstep_h(buf, 5u); kstep_h(buf, 6u); kstep_h(buf, 7u);
     if (FLUSH == 8u) { flush(); }
     kstep_h(buf, 8u); kstep_h(buf, 9u); kstep_h(buf, 10u); kstep_h(buf, 11u);
     kstep_h(buf, 12u); kstep_h(buf, 13u); kstep_h(buf, 14u); kstep_h(buf, 15u);
-    if (FLUSH <= BK) { flush(); }
+    if (FLUSH <= 16u) { flush(); }
+    if (SUBTILES == 2u) {
+        kstep_h(buf, 16u); kstep_h(buf, 17u); kstep_h(buf, 18u); kstep_h(buf, 19u);
+        kstep_h(buf, 20u); kstep_h(buf, 21u); kstep_h(buf, 22u); kstep_h(buf, 23u);
+        if (FLUSH == 8u) { flush(); }
+        kstep_h(buf, 24u); kstep_h(buf, 25u); kstep_h(buf, 26u); kstep_h(buf, 27u);
+        kstep_h(buf, 28u); kstep_h(buf, 29u); kstep_h(buf, 30u); kstep_h(buf, 31u);
+        if (FLUSH == 32u) { flush(); }  // (8 and 16 flushed just above)
+        if (FLUSH <= 16u) { flush(); }
+    }
 }
 
 @compute @workgroup_size(256)
@@ -153,16 +186,17 @@ fn matmul_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     let eb = scale_exp(b_amax[0]);
     a_scale = pow2(ea);
     b_scale = pow2(eb);
-    let tiles = (kz - kbeg + BK - 1u) / BK;
-    let tiles_per_flush = max(FLUSH / BK, 1u);
+    let bk = BK * SUBTILES;
+    let tiles = (kz - kbeg + bk - 1u) / bk;
+    let tiles_per_flush = max(FLUSH / bk, 1u);
     fetch_h(t, kbeg);
     commit_h(t, 0u);
     workgroupBarrier();
     var buf = 0u;
     for (var s = 1u; s < tiles; s++) {
-        fetch_h(t, kbeg + s * BK);
+        fetch_h(t, kbeg + s * bk);
         multiply_tile_h(buf);
-        if (FLUSH > BK && s % tiles_per_flush == 0u) { flush(); }  // tiles 0 .. s-1 are summed
+        if (FLUSH > bk && s % tiles_per_flush == 0u) { flush(); }  // tiles 0 .. s-1 are summed
         commit_h(t, buf ^ 1u);
         workgroupBarrier();
         buf ^= 1u;

@@ -83,12 +83,12 @@ def test_matmul_f16_within_its_error_bound(rt, rng, ta, tb, M, K, N, split_k):
 
 
 @pytest.mark.parametrize("tile", sorted(linear.TILES))
-@pytest.mark.parametrize("flush", [8, 16, 32, 64])
-@pytest.mark.parametrize("M,K,N", [(70, 520, 36), (128, 96, 132)])
-def test_matmul_f16_every_tile_and_flush_length(rt, rng, tile, flush, M, K, N):
-    a32, b32, a, b = operands(rng, M, K, N, False, True)
-    got = linear.matmul(rt.from_numpy(a32), rt.from_numpy(b32), trans_b=True, precision="f16", tile=tile,
-                        kernel="matmul_f16", flush=flush).numpy()
+@pytest.mark.parametrize("flush,subtiles", [(8, 1), (16, 1), (32, 1), (64, 1), (8, 2), (16, 2), (32, 2), (64, 2)])
+@pytest.mark.parametrize("M,K,N,ta", [(70, 520, 36, False), (128, 96, 132, True)])
+def test_matmul_f16_every_tile_flush_length_and_k_tile(rt, rng, tile, flush, subtiles, M, K, N, ta):
+    a32, b32, a, b = operands(rng, M, K, N, ta, True)
+    got = linear.matmul(rt.from_numpy(a32), rt.from_numpy(b32), trans_a=ta, trans_b=True, precision="f16",
+                        tile=tile, kernel="matmul_f16", flush=flush, subtiles=subtiles).numpy()
     check(got, a @ b, linear.f16_error_bound(a, b, flush))
 
 
@@ -161,8 +161,10 @@ def test_bad_precision_and_flush_are_shape_errors(rt):
     a = rt.from_numpy(np.ones((4, 4), np.float32))
     with pytest.raises(ShapeError, match="matmul: unknown precision 'bf16'"):
         linear.matmul(a, a, precision="bf16")
-    with pytest.raises(ShapeError, match="matmul: flush must be 8 or a multiple of 16"):
-        linear.matmul(a, a, precision="f16", flush=12)
+    with pytest.raises(ShapeError, match="matmul: flush must be a power of two >= 8"):
+        linear.matmul(a, a, precision="f16", flush=48)
+    with pytest.raises(ShapeError, match="matmul: subtiles must be 1 or 2"):
+        linear.matmul(a, a, precision="f16", subtiles=4)
     with pytest.raises(ShapeError, match="matmul: precision f16 runs matmul_f16"):
         linear.matmul(a, a, precision="f16", kernel="matmul")
 

@@ -30,6 +30,7 @@ _MIN_SPLIT_K = 512  # each split's K range is at least this long
 _COLUMN_SUMS_MAX = 65535 * 64  # column_sums (which adds the split planes) runs one 64-wide workgroup row
 PRECISIONS = ("fp32", "f16")
 FLUSH = 16  # matmul_f16: k steps per f16 partial sum (one K tile)
+SUBTILES = 1  # matmul_f16: 16-k slices per shared tile and barrier (1 or 2)
 _F16_MAX_SUM_EXP = 15  # a partial sum is kept below 2^15 (f16's largest finite value is 65504 < 2^16)
 _AMAX_VEC4S = 16  # operand_amax: vec4s per thread (AMAX_VEC4S in linear_f16.wgsl)
 F16_ROUNDING = 2.0 ** -10  # WGSL lets an f16 result be either neighbour of the exact value: 1 ulp, 2^-10 relative
@@ -117,7 +118,7 @@ def vec4_path(M: int, N: int, K: int, trans_a: bool, trans_b: bool, vec4: bool |
 def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor | None = None, out: Tensor | None = None,
            kernel: str | None = None, tile: str | None = None, vec4: bool | None = None,
            split_k: int | None = None, raster: bool | None = None, precision: str | None = None,
-           flush: int | None = None, amax: tuple | None = None) -> Tensor:
+           flush: int | None = None, subtiles: int | None = None, amax: tuple | None = None) -> Tensor:
     """C[M, N] = op(A) op(B) (+ bias); A is [M, K] ([K, M] if trans_a), B is [K, N] ([N, K] if trans_b).
 
     With `out`, the product is added into it (gradient accumulation). The defaults pick everything by adapter
@@ -128,7 +129,8 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
     (default: x walks whichever of rows and columns has fewer tiles).
 
     `precision` "fp32" or "f16" (default: the runtime's `matmul_precision`); "f16" runs matmul_f16 (the tiled
-    kernel on every adapter), with `flush` k steps per f16 partial sum (default FLUSH) and `amax` an optional
+    kernel on every adapter), with `flush` k steps per f16 partial sum (default FLUSH), `subtiles` 16-k slices
+    per shared tile (default SUBTILES), and `amax` an optional
     (operand_amax(a), operand_amax(b)) pair already computed (linear_backward shares dy's)."""
     expect("matmul", "a", a)
     expect("matmul", "b", b)
@@ -156,9 +158,12 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
     consts = {"TRANS_A": trans_a, "TRANS_B": trans_b, "HAS_BIAS": bias is not None}
     if half:
         flush = FLUSH if flush is None else int(flush)
-        if flush not in (8,) and (flush < 16 or flush % 16):
-            raise ShapeError(f"matmul: flush must be 8 or a multiple of 16, got {flush}")
-        consts.update(FLUSH=flush, OPERAND_EXP=operand_exponent(flush))
+        if flush < 8 or flush & (flush - 1):
+            raise ShapeError(f"matmul: flush must be a power of two >= 8, got {flush}")
+        subtiles = SUBTILES if subtiles is None else int(subtiles)
+        if subtiles not in (1, 2):
+            raise ShapeError(f"matmul: subtiles must be 1 or 2, got {subtiles}")
+        consts.update(FLUSH=flush, OPERAND_EXP=operand_exponent(flush), SUBTILES=subtiles)
         amax_a, amax_b = amax if amax is not None else (operand_amax(a), operand_amax(b))
     if entry in ("matmul", "matmul_f16"):
         tile = tile or choose_tile(M, N, K)
@@ -190,7 +195,9 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
     k_split = -(-(-(-K // split_k)) // 16) * 16  # a multiple of every kernel's K tile
     splits = max(1, -(-K // k_split))
     if entry != "matmul_direct" and is_llvmpipe(rt):  # the tiled kernels: a loop step per K tile, 4 per scalar load
-        loop_budget(rt, "matmul", (M, K, N), -(-min(k_split, K) // 16) * (1 + (0 if consts["VEC4"] else 4 * consts["T"])))
+        k_tile = 16 * consts.get("SUBTILES", 1)
+        loops = -(-min(k_split, K) // k_tile) * (1 + (0 if consts["VEC4"] else k_tile // 4 * consts["T"]))
+        loop_budget(rt, "matmul", (M, K, N), loops)
     scales = {"a_amax": amax_a, "b_amax": amax_b} if half else {}
     if splits == 1:
         consts["ACCUMULATE"] = out is not None
