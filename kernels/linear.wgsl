@@ -10,6 +10,8 @@
 //                  block (T = 8: 128² tiles, the default; T = 4: 64² tiles for small outputs), stepping K by
 //                  BK = 16 (so every thread stages whole vec4s of both operands).
 //   matmul_direct  no workgroup memory or barriers, for CPU adapters.
+// (linear_f16.wgsl compiles this file in front of its matmul_f16, the opt-in f16 mode, which reuses the
+// bindings, fetch_a/fetch_b, the accumulators and the stores below.)
 //
 // How `matmul` is fast (on an H200 through Vulkan: 30-43 TFLOP/s at the model's shapes, was 10-17):
 // - VEC4 (chosen by ops/linear.py when the contiguous dimensions are multiples of 4): every global load
