@@ -135,10 +135,12 @@ def main() -> None:
                 with open(a.out, "a") as f:
                     f.write(line + "\n")
         x = w = dy = None  # free the operands before the next shape
-    print(f"\n| M×K×N | kernel | {' | '.join(DIRECTIONS)} |  (TFLOP/s{', ' + a.label if a.label else ''})")
+    print(f"\n| M×K×N | kernel | {' | '.join(DIRECTIONS)} |  (TFLOP/s{', ' + a.label if a.label else ''}"
+          f"{'; in brackets the GEMM kernel alone, GPU timestamps' if a.gpu_times else ''})")
     print("|---|---|---|---|---|")
     for r in rows:
-        cells = [f"{r[d + '_tflops']:.1f}" if d + "_tflops" in r else "err" for d in DIRECTIONS]
+        cells = [(f"{r[d + '_tflops']:.1f}" + (f" ({r[d + '_kernel_tflops']:.1f})" if r.get(d + "_kernel_tflops") else ""))
+                 if d + "_tflops" in r else "err" for d in DIRECTIONS]
         name = NAMES.get(r["shape"])
         print(f"| {r['shape']}{f' ({name})' if name else ''} | {r['kernel']} | {' | '.join(cells)} |")
 
