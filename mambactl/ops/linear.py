@@ -35,6 +35,9 @@ PRECISIONS = ("fp32", "f16")
 # tiles with a flush at each tile's end beat 16-k tiles flushed every 16 at in_proj (34.0/35.0/31.0 against
 # 30.0/34.7/29.4 TFLOP/s fwd/dX/dW), out_proj's forward and the tied head, and the training step (311 against
 # 315 ms); flushing every 32 k steps inside 16-k tiles (a branch in the K loop) and every 8 were slower.
+# The worst-case error (f16_error_bound) grows with FLUSH, ≈ (FLUSH + 3)·2^-10·Σ|a||b|: 3.4% at 32 (1.8% at 16);
+# chosen because a bound is what the tests can check without fitting, while actual errors grow like √FLUSH
+# (1-6% of the bound in tests/test_ops_linear_f16.py) and f16 training tracks fp32 (tests/test_train.py).
 FLUSH = 32  # k steps per f16 partial sum
 SUBTILES = 2  # 16-k slices per shared tile and barrier (1 or 2)
 # The runtime's "f16" applies where M, N and K are all at least this. On the H200 (bench/gemm.py, amax passes
@@ -146,9 +149,8 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
     (default: x walks whichever of rows and columns has fewer tiles).
 
     `precision` "fp32" or "f16" (default: `mode_precision`, the runtime's `matmul_precision` where the shape is
-    not thin); "f16" runs matmul_f16 (the tiled
-    kernel on every adapter), with `flush` k steps per f16 partial sum (default FLUSH), `subtiles` 16-k slices
-    per shared tile (default SUBTILES), and `amax` an optional
+    not thin); "f16" runs matmul_f16 (the tiled kernel on every adapter), with `flush` k steps per f16 partial
+    sum (default FLUSH), `subtiles` 16-k slices per shared tile (default SUBTILES), and `amax` an optional
     (operand_amax(a), operand_amax(b)) pair already computed (linear_backward shares dy's)."""
     expect("matmul", "a", a)
     expect("matmul", "b", b)
@@ -212,9 +214,12 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
                 loop_budget(rt, "matmul", (M, K, N), K)  # K can't be split here: refuse rather than cut it short
     k_split = -(-(-(-K // split_k)) // 16) * 16  # a multiple of every kernel's K tile
     splits = max(1, -(-K // k_split))
-    if entry != "matmul_direct" and is_llvmpipe(rt):  # the tiled kernels: a loop step per K tile, 4 per scalar load
-        k_tile = 16 * consts.get("SUBTILES", 1)
-        loops = -(-min(k_split, K) // k_tile) * (1 + (0 if consts["VEC4"] else k_tile // 4 * consts["T"]))
+    if entry != "matmul_direct" and is_llvmpipe(rt):
+        # the tiled kernels: one loop step per K tile, plus without VEC4 a 4-step loop per staged vec4 (2·T/4 per
+        # 16 k) and per stored row of 4 (16 per 4×4 block)
+        t, sub = consts["T"], consts.get("SUBTILES", 1)
+        scalar = not consts["VEC4"]
+        loops = -(-min(k_split, K) // (16 * sub)) * (1 + scalar * 2 * t * sub) + scalar * 16 * (t // 4) ** 2
         loop_budget(rt, "matmul", (M, K, N), loops)
     scales = {"a_amax": amax_a, "b_amax": amax_b} if half else {}
     if splits == 1:
