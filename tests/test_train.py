@@ -80,13 +80,9 @@ def test_training_lowers_validation_loss_and_writes_a_verified_package(tmp_path)
 
 
 @pytest.mark.skipif("shader-f16" not in get_runtime().features, reason="the adapter lacks shader-f16")
-def test_f16_matmuls_train_like_fp32(tmp_path, monkeypatch):
+def test_f16_matmuls_train_like_fp32(tmp_path):
     """[train] matmul_precision = "f16" (same data, seed and steps as fp32): the validation loss falls as far as
-    the fp32 run's test above asks, and stays within 0.1 nats of the fp32 run at every evaluation. Every GEMM
-    of this tiny model is thin, so F16_MIN_DIM is lowered to run all of them in f16."""
-    from mambactl.ops import linear
-
-    monkeypatch.setattr(linear, "F16_MIN_DIM", 1)
+    the fp32 run's test above asks, and stays within 0.1 nats of the fp32 run at every evaluation."""
     evals = {}
     for precision in ("fp32", "f16"):
         result = train(make_config(tmp_path, precision, steps=30, precision=precision), quiet=True)

@@ -5,9 +5,7 @@ partial sums flushed into f32 accumulators every FLUSH k steps, each operand sca
 max |x| (computed on the GPU by `operand_amax`) so gradients (~1e-6..1e-9, below f16's normal range) keep their
 digits and no partial sum can overflow. Tensors in memory, master weights and the optimizer stay fp32. A call
 takes `precision=`, else the runtime's `matmul_precision` (the training loop sets it from
-`[train] matmul_precision`), so the models call the same ops in both modes. The runtime's "f16" is a permission:
-products thinner than F16_MIN_DIM in M, N or K (x_proj's 80 columns, dt_proj's rank 48) stay fp32, where the
-two amax passes cost more than f16 saves.
+`[train] matmul_precision`), so the models call the same ops in both modes.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ _FILL_GROUPS = 512  # fewer output tiles than this: split K across workgroups (t
 _MIN_SPLIT_K = 512  # each split's K range is at least this long
 _COLUMN_SUMS_MAX = 65535 * 64  # column_sums (which adds the split planes) runs one 64-wide workgroup row
 PRECISIONS = ("fp32", "f16")
-# matmul_f16's defaults, from bench/gemm.py on the H200 (amax passes included; 2026-12-01 18:28 UTC): 32-k shared
+# matmul_f16's defaults, from bench/gemm.py on the H200 (amax passes included; at a7ea729, 2026-12-01 18:28): 32-k shared
 # tiles with a flush at each tile's end beat 16-k tiles flushed every 16 at in_proj (34.0/35.0/31.0 against
 # 30.0/34.7/29.4 TFLOP/s fwd/dX/dW), out_proj's forward and the tied head, and the training step (311 against
 # 315 ms); flushing every 32 k steps inside 16-k tiles (a branch in the K loop) and every 8 were slower.
@@ -40,9 +38,6 @@ PRECISIONS = ("fp32", "f16")
 # (1-6% of the bound in tests/test_ops_linear_f16.py) and f16 training tracks fp32 (tests/test_train.py).
 FLUSH = 32  # k steps per f16 partial sum
 SUBTILES = 2  # 16-k slices per shared tile and barrier (1 or 2)
-# The runtime's "f16" applies where M, N and K are all at least this. On the H200 (bench/gemm.py, amax passes
-# included) x_proj 8192×1536×80 ran 6-10 TFLOP/s in f16 against 8-17 in fp32 in every direction.
-F16_MIN_DIM = 128
 _F16_MAX_SUM_EXP = 15  # a partial sum is kept below 2^15 (f16's largest finite value is 65504 < 2^16)
 _AMAX_VEC4S = 16  # operand_amax: vec4s per thread (AMAX_VEC4S in linear_f16.wgsl)
 F16_ROUNDING = 2.0 ** -10  # WGSL lets an f16 result be either neighbour of the exact value: 1 ulp, 2^-10 relative
@@ -95,14 +90,6 @@ def f16_error_bound(a, b, flush: int = FLUSH):
     return (staging + f16_sums + f32_sums) / (sa * sb)
 
 
-def mode_precision(rt, M: int, N: int, K: int) -> str:
-    """The precision of an M×N×K product that does not name one: the runtime's, except that thin products
-    (any dimension below F16_MIN_DIM) stay fp32."""
-    if rt.matmul_precision == "f16" and min(M, N, K) < F16_MIN_DIM:
-        return "fp32"
-    return rt.matmul_precision
-
-
 def operand_amax(x: Tensor) -> Tensor:
     """[1] uint32: the bits of max |x| (the float; NaN above inf), computed on the GPU for matmul_f16's scales."""
     expect("operand_amax", "x", x)
@@ -148,8 +135,7 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
     the GPU when the output has few tiles and K is long), `raster` whether workgroup x walks row tiles
     (default: x walks whichever of rows and columns has fewer tiles).
 
-    `precision` "fp32" or "f16" (default: `mode_precision`, the runtime's `matmul_precision` where the shape is
-    not thin); "f16" runs matmul_f16 (the tiled kernel on every adapter), with `flush` k steps per f16 partial
+    `precision` "fp32" or "f16" (default: the runtime's `matmul_precision`); "f16" runs matmul_f16 (the tiled kernel on every adapter), with `flush` k steps per f16 partial
     sum (default FLUSH), `subtiles` 16-k slices per shared tile (default SUBTILES), and `amax` an optional
     (operand_amax(a), operand_amax(b)) pair already computed (linear_backward shares dy's)."""
     expect("matmul", "a", a)
@@ -168,7 +154,7 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
         expect("matmul", "out", out, (M, N))
     rt = a.runtime
     cpu = rt.info.type == "CPU"
-    precision = precision or mode_precision(rt, M, N, K)
+    precision = precision or rt.matmul_precision
     if precision not in PRECISIONS:
         raise ShapeError(f"matmul: unknown precision {precision!r}; one of {', '.join(PRECISIONS)}")
     half = precision == "f16"
@@ -256,16 +242,9 @@ def linear_backward(x: Tensor, w: Tensor, dy: Tensor, *, dw: Tensor | None = Non
     """-> (dx [M, K] = dy w, dw [N, K] (+)= dyᵀ x, db [N] (+)= Σ dy or None). Pass dw/db to accumulate.
     In f16 precision dy's max |dy| is computed once for both products."""
     expect("linear_backward", "dy", dy, (x.shape[0], w.shape[0]))
-    rt = dy.runtime
-    (M, N), K = dy.shape, x.shape[1]
-    dx_precision = mode_precision(rt, M, K, N)  # dx [M, K] = dy [M, N] · w [N, K]
-    dw_precision = mode_precision(rt, N, K, M)  # dw [N, K] = dyᵀ [N, M] · x [M, K]
-    amax_dy = operand_amax(dy) if "f16" in ((dx_precision,) if need_dx else ()) + (dw_precision,) else None
-    dx = None
-    if need_dx:
-        dx = matmul(dy, w, precision=dx_precision,
-                    amax=(amax_dy, operand_amax(w)) if dx_precision == "f16" else None)
-    dw = matmul(dy, x, trans_a=True, out=dw, precision=dw_precision,
-                amax=(amax_dy, operand_amax(x)) if dw_precision == "f16" else None)
+    half = dy.runtime.matmul_precision == "f16"
+    amax_dy = operand_amax(dy) if half else None
+    dx = matmul(dy, w, amax=(amax_dy, operand_amax(w)) if half else None) if need_dx else None
+    dw = matmul(dy, x, trans_a=True, out=dw, amax=(amax_dy, operand_amax(x)) if half else None)
     dbias = bias_backward(dy, db) if (has_bias or db is not None) else None
     return dx, dw, dbias
