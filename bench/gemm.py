@@ -139,8 +139,9 @@ def main() -> None:
           f"{'; in brackets the GEMM kernel alone, GPU timestamps' if a.gpu_times else ''})")
     print("|---|---|---|---|---|")
     for r in rows:
-        cells = [(f"{r[d + '_tflops']:.1f}" + (f" ({r[d + '_kernel_tflops']:.1f})" if r.get(d + "_kernel_tflops") else ""))
-                 if d + "_tflops" in r else "err" for d in DIRECTIONS]
+        cells = [f"{r[d + '_tflops']:.1f}" if d + "_tflops" in r else "err" for d in DIRECTIONS]
+        cells = [c + (f" ({r[d + '_kernel_tflops']:.1f})" if r.get(d + "_kernel_tflops") else "")
+                 for c, d in zip(cells, DIRECTIONS)]
         name = NAMES.get(r["shape"])
         print(f"| {r['shape']}{f' ({name})' if name else ''} | {r['kernel']} | {' | '.join(cells)} |")
 

@@ -29,8 +29,8 @@ _FILL_GROUPS = 512  # fewer output tiles than this: split K across workgroups (t
 _MIN_SPLIT_K = 512  # each split's K range is at least this long
 _COLUMN_SUMS_MAX = 65535 * 64  # column_sums (which adds the split planes) runs one 64-wide workgroup row
 PRECISIONS = ("fp32", "f16")
-# matmul_f16's defaults, from bench/gemm.py on the H200 (amax passes included; at a7ea729, 2026-12-01 18:28): 32-k shared
-# tiles with a flush at each tile's end beat 16-k tiles flushed every 16 at in_proj (34.0/35.0/31.0 against
+# matmul_f16's defaults, from bench/gemm.py on the H200 (amax passes included; at a7ea729, 2026-12-01 18:28):
+# 32-k shared tiles with a flush at each tile's end beat 16-k tiles flushed every 16 at in_proj (34.0/35.0/31.0 against
 # 30.0/34.7/29.4 TFLOP/s fwd/dX/dW), out_proj's forward and the tied head, and the training step (311 against
 # 315 ms); flushing every 32 k steps inside 16-k tiles (a branch in the K loop) and every 8 were slower.
 # The worst-case error (f16_error_bound) grows with FLUSH, ≈ (FLUSH + 3)·2^-10·Σ|a||b|: 3.4% at 32 (1.8% at 16);
@@ -63,11 +63,13 @@ def f16_error_bound(a, b, flush: int = FLUSH):
     """Elementwise bound on |matmul_f16(a, b) - a·b| (float64 a [M, K], b [K, N], the values given to the
     kernel), derived from the kernel's arithmetic in units scaled by s = 2^(scale exponents), ε = F16_ROUNDING,
     η = F16_SUBNORMAL, with S = Σ_k |a_k||b_k| (scaled):
-      staging  a' = s_a·a (1 + δ) + ξ, |δ| ≤ ε, |ξ| ≤ η (likewise b'): |a'b' - s_a s_b ab| ≤ (2ε + ε²)|s_a s_b ab|
-               + η(|a'| + |s_b b|) -> over k: (2ε + ε²) S + η (Σ|a'| + Σ|s_b b|) ≤ (2ε + ε²) S + η((1+ε)(A + B) + Kη)
+      staging  a' = s_a·a (1 + δ) + ξ, |δ| ≤ ε, |ξ| ≤ η (likewise b'):
+               |a'b' - s_a s_b ab| ≤ (2ε + ε²)|s_a s_b ab| + η(|a'| + |s_b b|); over k:
+               (2ε + ε²) S + η (Σ|a'| + Σ|s_b b|) ≤ (2ε + ε²) S + η((1+ε)(A + B) + Kη)
       f16 sums each fma rounds its product and its sum: a product in a partial sum of ≤ F terms is rounded ≤ F + 1
                times, relative ε each, plus η per rounding: γ_{F+1} Σ|a'b'| + 2Kη, γ_n = nε / (1 - nε)
-      f32 sums ⌈K/F⌉ flushes plus the store: γ32_{⌈K/F⌉+1} Σ|partials|; the final scale is exact (powers of two).
+      f32 sums ⌈K/F⌉ flushes plus the store: γ32_{⌈K/F⌉+1} Σ|partials|; the final scale is exact (a power
+               of two).
     A = Σ_k |s_a a_k| (row sums), B = Σ_k |s_b b_k| (column sums). Returned in the unscaled units of a·b."""
     a = np.asarray(a, np.float64)
     b = np.asarray(b, np.float64)

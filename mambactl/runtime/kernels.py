@@ -78,7 +78,8 @@ def parse_module(name: str, source: str, base: str = "") -> Module:
     `enable` directives and before the rest of it, and its entry points are not this module's."""
     source = _COMMENT.sub("", source)
     enables = _ENABLE.findall(source)
-    features = tuple(_ENABLE_FEATURES[x.strip()] for e in enables for x in e.split(",") if x.strip() in _ENABLE_FEATURES)
+    extensions = [x.strip() for e in enables for x in e.split(",")]
+    features = tuple(_ENABLE_FEATURES[x] for x in extensions if x in _ENABLE_FEATURES)
     own = set(_functions(source))
     if base:
         body = _ENABLE.sub("", source)

@@ -236,7 +236,7 @@ def _train(cfg: TrainConfig, resume: bool, quiet: bool, config_text: str | None,
     train_loss = float("nan")
     window_t, window_step = time.perf_counter(), start
     step = start
-    fp32_precision, rt.matmul_precision = rt.matmul_precision, loop.matmul_precision  # the training steps' GEMMs
+    previous_precision, rt.matmul_precision = rt.matmul_precision, loop.matmul_precision  # the training GEMMs
     try:
         while step < total:
             lm.zero_grad()
@@ -296,7 +296,7 @@ def _train(cfg: TrainConfig, resume: bool, quiet: bool, config_text: str | None,
             metrics_file.close()
         raise MambactlError(f"interrupted at step {step}; checkpoint written, continue with --resume") from None
     finally:
-        rt.matmul_precision = fp32_precision  # the runtime is shared: sampling and later work get the default
+        rt.matmul_precision = previous_precision  # the runtime is shared: sampling and later work get it back
     reporter.close()
     if main:
         metrics_file.close()
