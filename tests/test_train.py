@@ -47,7 +47,6 @@ eval_batches = 2
 checkpoint_every = 10
 keep_checkpoints = 2
 log_every = 5
-matmul_precision = "{precision}"
 out_dir = "{out}"
 [package]
 name = "test-model"
@@ -58,7 +57,8 @@ def make_config(tmp_path, name, steps, schedule="cosine", warmup=3, eval_every=1
     data = tmp_path / "data.txt"
     data.write_text(TEXT)
     text = CONFIG.format(data=data, cache=tmp_path / "cache", out=tmp_path / name, steps=steps,
-                         schedule=schedule, warmup=warmup, eval_every=eval_every, precision=precision)
+                         schedule=schedule, warmup=warmup, eval_every=eval_every)
+    text = text.replace("[train]\n", f'[train]\nmatmul_precision = "{precision}"\n')
     return parse_config(text, "test")
 
 
