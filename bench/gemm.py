@@ -6,9 +6,11 @@
 A shape is MxKxN for Y[M, N] = X[M, K] · W[N, K]ᵀ (the forward of a linear layer), and each kernel is also
 timed on the two backward products: dX[M, K] = dY W and dW[N, K] = dYᵀ X. A kernel is `auto` (what
 `ops.linear.matmul` picks), `matmul@TILE` (the tiled kernel with a tile of ops.linear.TILES),
-with modes appended: `/scalar` (its scalar loads), `/r` or `/c` (workgroup x walks row or column tiles),
-`/kN` (N K slices), or any other name, passed as `kernel=` (e.g. `matmul_direct`, or an older commit's
-kernels through --src). Each sample records enough calls back to back to take
+with modes appended (to `auto` too): `/scalar` (its scalar loads), `/r` or `/c` (workgroup x walks row or column
+tiles), `/kN` (N K slices), `/f16` (precision f16: matmul_f16, its two operand_amax passes included in the
+time), `/flN` (f16 partial sums of N k steps), `/sN` (N 16-k slices per f16 shared tile), or any other name, passed as `kernel=` (e.g. `matmul_direct`, or an older commit's
+kernels through --src). `--gpu-times` also times one call of each with GPU timestamps and prints the
+nanoseconds per entry point (the GEMM kernel alone, apart from the f16 mode's amax passes). Each sample records enough calls back to back to take
 ≥ 20 ms, then syncs once, so submit and readback latency stay out of the figure; the first sample is a
 warm-up (pipeline compilation, allocations) and is excluded. One JSON line per (shape, kernel), then a table.
 """
@@ -29,21 +31,29 @@ DIRECTIONS = ("fwd", "dX", "dW")
 
 
 def kwargs_for(spec: str) -> dict:
-    if spec == "auto":
-        return {}
-    if spec.startswith("matmul@"):
-        tile, *modes = spec[len("matmul@"):].split("/")
-        kw = {"kernel": "matmul", "tile": tile}
-        for mode in modes:
-            if mode == "scalar":
-                kw["vec4"] = False
-            elif mode in ("r", "c"):
-                kw["raster"] = mode == "r"
-
-            elif mode.startswith("k"):
-                kw["split_k"] = int(mode[1:])
-        return kw
-    return {"kernel": spec}
+    base, *modes = spec.split("/")
+    if base == "auto":
+        kw = {}
+    elif base.startswith("matmul@"):
+        kw = {"kernel": "matmul", "tile": base[len("matmul@"):]}
+    else:
+        return {"kernel": spec}
+    for mode in modes:
+        if mode == "scalar":
+            kw["vec4"] = False
+        elif mode in ("r", "c"):
+            kw["raster"] = mode == "r"
+        elif mode == "f16":
+            kw["precision"] = "f16"
+            if "kernel" in kw:
+                kw["kernel"] = "matmul_f16"
+        elif mode.startswith("fl"):
+            kw["flush"] = int(mode[2:])
+        elif mode.startswith("s"):
+            kw["subtiles"] = int(mode[1:])
+        elif mode.startswith("k"):
+            kw["split_k"] = int(mode[1:])
+    return kw
 
 
 def timed(rt, fn, repeats: int, min_s: float = 0.02) -> float:
@@ -77,6 +87,7 @@ def main() -> None:
     p.add_argument("--src", default=None, help="import mambactl from this checkout (compare an older commit)")
     p.add_argument("--label", default="", help="tag the JSON lines and table rows (e.g. the commit)")
     p.add_argument("--out", default=None, help="also append the JSON lines to this file")
+    p.add_argument("--gpu-times", action="store_true", help="also GPU-time one call per entry point (timestamps)")
     a = p.parse_args()
     sys.path.insert(0, str(Path(a.src).resolve() if a.src else Path(__file__).resolve().parent.parent))
 
@@ -103,6 +114,18 @@ def main() -> None:
                              ("dW", lambda: matmul(dy, x, trans_a=True, **kw))):
                 try:
                     row[name + "_tflops"] = round(flops / timed(rt, fn, a.repeats) / 1e12, 3)
+                    if a.gpu_times:
+                        rt.sync()
+                        rt.gpu_times = []
+                        fn()
+                        rt.sync()
+                        per_entry: dict = {}
+                        for entry, _, ns in rt.gpu_times:
+                            per_entry[entry] = per_entry.get(entry, 0) + ns
+                        rt.gpu_times = None
+                        row[name + "_gpu_us"] = {e: round(ns / 1e3, 1) for e, ns in per_entry.items()}
+                        gemm_ns = sum(ns for e, ns in per_entry.items() if e.startswith("matmul"))
+                        row[name + "_kernel_tflops"] = round(flops / gemm_ns / 1e3, 3) if gemm_ns else None
                 except Exception as e:  # noqa: BLE001 - one failing variant must not lose the others
                     row[name + "_error"] = f"{type(e).__name__}: {e}"[:200]
             rows.append(row)
@@ -112,10 +135,13 @@ def main() -> None:
                 with open(a.out, "a") as f:
                     f.write(line + "\n")
         x = w = dy = None  # free the operands before the next shape
-    print(f"\n| M×K×N | kernel | {' | '.join(DIRECTIONS)} |  (TFLOP/s{', ' + a.label if a.label else ''})")
+    print(f"\n| M×K×N | kernel | {' | '.join(DIRECTIONS)} |  (TFLOP/s{', ' + a.label if a.label else ''}"
+          f"{'; in brackets the GEMM kernel alone, GPU timestamps' if a.gpu_times else ''})")
     print("|---|---|---|---|---|")
     for r in rows:
         cells = [f"{r[d + '_tflops']:.1f}" if d + "_tflops" in r else "err" for d in DIRECTIONS]
+        cells = [c + (f" ({r[d + '_kernel_tflops']:.1f})" if r.get(d + "_kernel_tflops") else "")
+                 for c, d in zip(cells, DIRECTIONS)]
         name = NAMES.get(r["shape"])
         print(f"| {r['shape']}{f' ({name})' if name else ''} | {r['kernel']} | {' | '.join(cells)} |")
 

@@ -47,6 +47,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--device", default=None, help="adapter index or name[/backend]; default MAMBACTL_DEVICE or the best")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--matmul-precision", default="fp32", choices=["fp32", "f16"],
+                   help="the GEMMs' precision ([train] matmul_precision); master weights and AdamW stay fp32")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="append the JSON line to this file")
     p.add_argument("--peer", default=None, help="also time peer_torch.py --impl PEER on the same shape")
@@ -106,6 +108,7 @@ def run_peer(a, gpu_adapter: bool) -> dict:
 def main(argv=None) -> int:
     a = parse_args(argv)
     rt = get_runtime(a.device)
+    rt.matmul_precision = a.matmul_precision
     info = rt.info
     gpu_adapter = info.type != "CPU"
 
@@ -160,7 +163,7 @@ def main(argv=None) -> int:
     result = {
         **header("train_step", info),
         "config": {"arch": a.arch, "d_model": a.d_model, "layers": a.layers, "vocab": a.vocab, "seq": L, "batch": B,
-                   "d_state": a.d_state, "dtype": "fp32", "params": count_parameters(cfg),
+                   "d_state": a.d_state, "dtype": "fp32", "matmul_precision": a.matmul_precision, "params": count_parameters(cfg),
                    "optimizer": "adamw clip=1.0 wd=0.1"},
         "steps": a.steps,
         "warmup": a.warmup,
@@ -183,7 +186,8 @@ def main(argv=None) -> int:
 
     rows = [
         ("device", f"{info.name} ({info.backend}, {info.type})"),
-        ("config", f"d_model {a.d_model}, {a.layers} layers, vocab {V}, L {L}, batch {B}, d_state {a.d_state}, fp32"),
+        ("config", f"d_model {a.d_model}, {a.layers} layers, vocab {V}, L {L}, batch {B}, d_state {a.d_state}, fp32 "
+                   f"(GEMMs {a.matmul_precision})"),
         ("params", f"{result['config']['params']:,}"),
         ("step (median)", f"{result['step_ms']:.2f} ms  (min {result['step_ms_min']}, max {result['step_ms_max']}, "
                           f"{a.steps} timed, {a.warmup} warm-up in {warm_s:.1f} s)"),

@@ -12,6 +12,8 @@
 //   matmul_direct  no workgroup memory or barriers, for CPU adapters.
 //   matmul_subgroup  matmul_direct sharing B loads through 8-lane subgroups (lavapipe); compiled only where the
 //                  device has the subgroup feature (runtime/kernels.py strips it elsewhere).
+// (linear_f16.wgsl compiles this file in front of its matmul_f16, the opt-in f16 mode, which reuses the
+// bindings, fetch_a/fetch_b, the accumulators and the stores below.)
 //
 // How `matmul` is fast (on an H200 through Vulkan: 30-43 TFLOP/s at the model's shapes, was 10-17):
 // - VEC4 (chosen by ops/linear.py when the contiguous dimensions are multiples of 4): every global load

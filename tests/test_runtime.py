@@ -7,7 +7,7 @@ from mambactl.errors import MambactlError, ShapeError
 from mambactl.ops import activations, linear
 from mambactl.runtime import device
 from mambactl.runtime.gpu import DISPATCHES_PER_SUBMIT, get_runtime
-from mambactl.runtime.kernels import all_modules, parse_module
+from mambactl.runtime.kernels import all_modules, entry_point, parse_module
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def test_every_entry_point_compiles_and_builds_its_pipeline(rt):
     assert len(entries) >= 20
     for ep in entries:
         if not set(ep.features) <= set(rt.features):
-            with pytest.raises(MambactlError, match="needs the device feature"):
+            with pytest.raises(MambactlError, match=f"{ep.name} needs the adapter feature"):
                 rt.pipeline(ep.name)
             continue
         pipe, layout, got = rt.pipeline(ep.name)
@@ -59,6 +59,15 @@ def test_subgroup_size_is_measured(rt):
     assert rt.subgroup_size in (1, 2, 4, 8, 16, 32, 64, 128)
     if "llvmpipe" in rt.info.name and "256 bits" in rt.info.name:
         assert rt.subgroup_size == 8
+
+
+def test_a_module_extends_another_and_names_its_features():
+    """linear_f16.wgsl: `enable f16;` then linear.wgsl's code then its own; only its own entry points."""
+    mod = all_modules()["linear_f16"]
+    assert set(mod.entries) == {"matmul_f16", "operand_amax"}
+    assert all(ep.features == ("shader-f16",) for ep in mod.entries.values())
+    assert mod.source.startswith("enable f16;") and "fn fetch_a(" in mod.source
+    assert entry_point("matmul").module == "linear"
 
 
 def test_layout_lists_only_the_bindings_an_entry_uses():

@@ -53,11 +53,12 @@ name = "test-model"
 """
 
 
-def make_config(tmp_path, name, steps, schedule="cosine", warmup=3, eval_every=10):
+def make_config(tmp_path, name, steps, schedule="cosine", warmup=3, eval_every=10, precision="fp32"):
     data = tmp_path / "data.txt"
     data.write_text(TEXT)
     text = CONFIG.format(data=data, cache=tmp_path / "cache", out=tmp_path / name, steps=steps,
                          schedule=schedule, warmup=warmup, eval_every=eval_every)
+    text = text.replace("[train]\n", f'[train]\nmatmul_precision = "{precision}"\n')
     return parse_config(text, "test")
 
 
@@ -76,6 +77,21 @@ def test_training_lowers_validation_loss_and_writes_a_verified_package(tmp_path)
     for name in ("config.toml", "tokenizer.json"):
         assert (result.run_dir / name).is_file()
     assert [p.name for p in checkpoint_dirs(result.run_dir)] == ["step-20", "step-30"]  # keep_checkpoints = 2
+
+
+@pytest.mark.skipif("shader-f16" not in get_runtime().features, reason="the adapter lacks shader-f16")
+def test_f16_matmuls_train_like_fp32(tmp_path):
+    """[train] matmul_precision = "f16" (same data, seed and steps as fp32): the validation loss falls as far as
+    the fp32 run's test above asks, and stays within 0.1 nats of the fp32 run at every evaluation."""
+    evals = {}
+    for precision in ("fp32", "f16"):
+        result = train(make_config(tmp_path, precision, steps=30, precision=precision), quiet=True)
+        evals[precision] = [m["val_loss"] for m in result.metrics if m["event"] == "eval"]
+    assert get_runtime().matmul_precision == "fp32"  # restored after the run
+    f16, fp32 = evals["f16"], evals["fp32"]
+    assert len(f16) == len(fp32) == 3
+    assert f16[-1] < f16[0] - 0.3 and f16[-1] < np.log(300) - 1.0
+    assert max(abs(a - b) for a, b in zip(f16, fp32)) < 0.1, (f16, fp32)
 
 
 def test_resume_gives_bitwise_the_same_weights(tmp_path):

@@ -129,6 +129,7 @@ BAD = [  # (TOML text, the key the error must name, a word of what is allowed)
     ("[train]\nsteps = 10\ntokens = 1000\n", "train.steps, train.tokens", "exactly one"),
     ("[train]\ndevice = \" \"\n", "train.device", "auto"),
     ("[train]\nout_dir = \"\"\n", "train.out_dir", "directory"),
+    ("[train]\nmatmul_precision = \"bf16\"\n", "train.matmul_precision", '"fp32", "f16"'),
     ("[data]\nval_fraction = 0\n", "data.val_fraction", "(0, 0.5]"),
     ("[data]\nval_fraction = 0.6\n", "data.val_fraction", "(0, 0.5]"),
     ("[data]\ndefault_corpus_bytes = 0\n", "data.default_corpus_bytes", ">= 10000"),

@@ -61,6 +61,9 @@ class Runtime:
         self._fence = None
         # Tests set this: every new tensor starts as NaN, so an element a kernel forgets to write fails.
         self.poison = False
+        # The GEMMs' precision when an op does not say ("fp32" or "f16", see ops/linear.py); the training loop
+        # sets it from [train] matmul_precision, so the models need no per-mode code.
+        self.matmul_precision = "fp32"
         self.submits = 0  # counted so tests and benchmarks can check "a handful of submits per step"
         # Set to a list to time every dispatch on the GPU (bench/profile_step.py): each flush then appends
         # (entry, constants, nanoseconds) per dispatch, read back with timestamp queries (a host round trip).
@@ -88,7 +91,8 @@ class Runtime:
             ep = entry_point(entry)
             missing = [f for f in ep.features if f not in self.features]
             if missing:
-                raise MambactlError(f"{entry}: needs the device feature(s) {missing}, which {self.info.name} lacks")
+                raise MambactlError(f"{entry} needs the adapter feature {', '.join(missing)}, which {self.info.name} "
+                                    f"({self.info.backend}) does not offer")
             # A module's subgroup functions are compiled only for the entry points that use them (the CPU
             # adapters' kernels): every other entry gets the module without them, the code GPUs were measured with.
             module_key = (ep.module, bool(ep.features))

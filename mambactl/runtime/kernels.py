@@ -4,6 +4,12 @@ Each `kernels/NAME.wgsl` is one op family. Globals are declared as
 `@group(0) @binding(N) var<storage, read> x: array<f32>;` (or `read_write`, or `var<uniform> p: Params`).
 For an entry point we collect the globals it reaches (its body and the functions it calls), so its
 bind group layout lists exactly those bindings with their real numbers and access modes — never `auto`.
+
+A file that needs a WGSL extension (`enable f16;`) is its own module, so the others still compile on adapters
+without it; it may build on another file with a line `//! extends NAME`: its module is then compiled as its
+`enable` directives, NAME.wgsl, then its own code (so it reuses NAME's bindings and helpers without a copy), and
+it lists only its own entry points. An entry point's `features` name the adapter features it needs: those of
+its module's `enable` lines, and `subgroup` where it uses subgroup operations.
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ _SCALAR_SIZE = {"u32": 4, "i32": 4, "f32": 4}
 # WGSL that only compiles where the device has the `subgroup` feature (naga validates a whole module against the
 # device's features, so a module using it would fail everywhere else).
 _SUBGROUP_USE = re.compile(r"\bsubgroup[A-Z]\w*\s*\(|@builtin\(\s*subgroup_")
+_ENABLE = re.compile(r"^\s*enable\s+([\w\s,]+);", re.M)
+_EXTENDS = re.compile(r"^//! extends (\w+)\s*$", re.M)
+_ENABLE_FEATURES = {"f16": "shader-f16"}  # WGSL extension -> the wgpu feature the device must have
 
 
 @dataclass(frozen=True)
@@ -40,7 +49,7 @@ class EntryPoint:
     name: str
     bindings: tuple[Binding, ...]  # sorted by number
     params: tuple[tuple[str, str], ...]  # uniform struct fields (name, scalar type), in order; () if none
-    features: tuple[str, ...] = ()  # device features it needs ("subgroup")
+    features: tuple[str, ...] = ()  # device features it needs ("shader-f16" by its module's enable, "subgroup")
 
 
 @dataclass(frozen=True)
@@ -102,15 +111,24 @@ def _uses_subgroup(funcs: dict[str, tuple[bool, str]]) -> set[str]:
     return uses
 
 
-def parse_module(name: str, source: str) -> Module:
+def parse_module(name: str, source: str, base: str = "") -> Module:
+    """`base`: the (comment-free) source of the module this one extends; it is compiled after this file's
+    `enable` directives and before the rest of it, and its entry points are not this module's."""
     source = _COMMENT.sub("", source)
+    enables = _ENABLE.findall(source)
+    extensions = [x.strip() for e in enables for x in e.split(",")]
+    features = tuple(_ENABLE_FEATURES[x] for x in extensions if x in _ENABLE_FEATURES)
+    own = set(_functions(source))
+    if base:
+        body = _ENABLE.sub("", source)
+        source = "".join(f"enable {e.strip()};\n" for e in enables) + base + "\n" + body
     globals_ = {m.group(4): (int(m.group(1)), m.group(2), m.group(3), m.group(5).strip()) for m in _GLOBAL.finditer(source)}
     structs = {m.group(1): m.group(2) for m in _STRUCT.finditer(source)}
     funcs = _functions(source)
     subgroup_fns = _uses_subgroup(funcs)
     entries = {}
     for fname, (is_entry, _) in funcs.items():
-        if not is_entry:
+        if not is_entry or fname not in own:
             continue
         used: set[str] = set()
         seen: set[str] = set()
@@ -137,7 +155,7 @@ def parse_module(name: str, source: str) -> Module:
                     if pty not in _SCALAR_SIZE:
                         raise ValueError(f"{name}.wgsl: uniform field {pname} has type {pty}; only u32/i32/f32")
         entries[fname] = EntryPoint(name, fname, tuple(sorted(bindings, key=lambda b: b.number)), params,
-                                    ("subgroup",) if fname in subgroup_fns else ())
+                                    features + (("subgroup",) if fname in subgroup_fns else ()))
     stripped = source
     for start, end in sorted((span for f, span in _function_spans(source).items() if f in subgroup_fns), reverse=True):
         stripped = stripped[:start] + stripped[end:]
@@ -156,10 +174,12 @@ def kernel_dir():
 @lru_cache(maxsize=None)
 def all_modules() -> dict[str, Module]:
     root = kernel_dir()
+    texts = {f.name[:-5]: f.read_text() for f in root.iterdir() if f.name.endswith(".wgsl")}
     mods = {}
-    for f in sorted(root.iterdir(), key=lambda p: p.name):
-        if f.name.endswith(".wgsl"):
-            mods[f.name[:-5]] = parse_module(f.name[:-5], f.read_text())
+    for name in sorted(texts):
+        ext = _EXTENDS.search(texts[name])
+        base = _COMMENT.sub("", texts[ext.group(1)]) if ext else ""
+        mods[name] = parse_module(name, texts[name], base)
     return mods
 
 

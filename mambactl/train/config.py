@@ -34,6 +34,7 @@ else:  # pragma: no cover - exercised on python 3.10 only
 
 FROM_TOKENIZER = "from_tokenizer"
 ScheduleKind = Literal["constant", "cosine", "wsd"]
+MatmulPrecision = Literal["fp32", "f16"]  # ops/linear.py's PRECISIONS
 
 # (section, key) -> (the alternative key, its "off" value); see the module docstring.
 _ALTERNATIVES = {
@@ -124,7 +125,7 @@ class ScheduleConfig:
 
 @dataclass
 class LoopConfig:
-    """[train]: batch shape, run length, intervals, seed, device and output directory."""
+    """[train]: batch shape, run length, intervals, seed, device, GEMM precision and output directory."""
 
     batch_size: int = 8  # sequences per micro-batch
     seq_len: int = 256  # tokens per sequence
@@ -138,6 +139,7 @@ class LoopConfig:
     log_every: int = 10
     seed: int = 0
     device: str = "auto"  # "auto", or an adapter index or name from `mambactl devices`
+    matmul_precision: MatmulPrecision = "fp32"  # "f16": the GEMMs stage f16 operands (weights stay fp32)
     out_dir: str = "runs/default"
 
     def __post_init__(self) -> None:

@@ -177,6 +177,9 @@ def _train(cfg: TrainConfig, resume: bool, quiet: bool, config_text: str | None,
         rt = get_runtime(dist.device_spec(loop.device))
     else:
         rt = get_runtime(None if loop.device == "auto" else loop.device)
+    if loop.matmul_precision == "f16" and "shader-f16" not in rt.features:
+        raise MambactlError(f'train.matmul_precision: "f16" needs an adapter with shader-f16; {rt.info.name} '
+                            f"({rt.info.backend}) has none")
     specs = parameter_specs(model_cfg)
     start = 0
     if newest is not None:
@@ -233,6 +236,7 @@ def _train(cfg: TrainConfig, resume: bool, quiet: bool, config_text: str | None,
     train_loss = float("nan")
     window_t, window_step = time.perf_counter(), start
     step = start
+    previous_precision, rt.matmul_precision = rt.matmul_precision, loop.matmul_precision  # the training GEMMs
     try:
         while step < total:
             lm.zero_grad()
@@ -291,6 +295,8 @@ def _train(cfg: TrainConfig, resume: bool, quiet: bool, config_text: str | None,
         if main:
             metrics_file.close()
         raise MambactlError(f"interrupted at step {step}; checkpoint written, continue with --resume") from None
+    finally:
+        rt.matmul_precision = previous_precision  # the runtime is shared: sampling and later work get it back
     reporter.close()
     if main:
         metrics_file.close()
