@@ -211,7 +211,7 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
                 loop_budget(rt, "matmul", (M, K, N), K)  # K can't be split here: refuse rather than cut it short
     k_split = -(-(-(-K // split_k)) // 16) * 16  # a multiple of every kernel's K tile
     splits = max(1, -(-K // k_split))
-    if entry != "matmul_direct" and is_llvmpipe(rt):
+    if entry not in CPU_KERNELS and is_llvmpipe(rt):
         # the tiled kernels: one loop step per K tile, plus without VEC4 a 4-step loop per staged vec4 (2·T/4 per
         # 16 k) and per stored row of 4 (16 per 4×4 block)
         t, sub = consts["T"], consts.get("SUBTILES", 1)
