@@ -1,7 +1,7 @@
 """The Mamba-1 selective scan alone: GPU time per call of each dispatch of the forward and the backward.
 
     python bench/scan.py [--batch 8] [--seq 1024] [--channels 1536] [--d-state 16] [--chunk 128] [--repeats 5]
-        [--tile T] [--path tiled|direct] [--device D]
+        [--tile T] [--path tiled|direct|subgroup] [--device D]
 
 Each repeat records one forward and one backward (with the parameter gradients accumulated, as in training) and
 times every dispatch with GPU timestamps (`Runtime.gpu_times`, needs `timestamp-query`); the table gives each
