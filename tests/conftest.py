@@ -3,11 +3,33 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import subprocess  # noqa: E402
+import zlib  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+
+# --- GPU op fixtures ----------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def rt():
+    """The runtime with poisoning on: every new tensor starts as NaN, so an element a kernel forgets to write
+    (or reads before writing) fails the comparison."""
+    from mambactl.runtime.gpu import get_runtime
+
+    runtime = get_runtime()
+    old, runtime.poison = runtime.poison, True
+    yield runtime
+    runtime.poison = old
+
+
+@pytest.fixture
+def rng(request):
+    """Random data seeded by the test's name: the same data in every process (Python's hash() is not)."""
+    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
+
 
 # --- package / tokenizer fixtures (tests/test_tokenizer.py, tests/test_package.py) -----------------------------
-import subprocess  # noqa: E402
-
-import pytest  # noqa: E402
 
 PKG_CORPUS = (
     "The quick brown fox jumps over the lazy dog. Mamba is a selective state space model.\n"

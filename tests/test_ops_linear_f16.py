@@ -4,7 +4,6 @@ at most FLUSH terms, f32 sums of the flushes) — a bound, not a tolerance fitte
 data, NaN-poisoned outputs, ragged shapes, every transpose, split-K, bias and accumulation; gradient-sized
 operands (~1e-8, where unscaled f16 would flush to zero) and large ones (where unscaled f16 would overflow)."""
 
-import zlib
 
 import numpy as np
 import pytest
@@ -14,19 +13,6 @@ from mambactl.ops import linear
 from mambactl.runtime.gpu import get_runtime
 
 pytestmark = pytest.mark.skipif("shader-f16" not in get_runtime().features, reason="the adapter lacks shader-f16")
-
-
-@pytest.fixture(scope="module")
-def rt():
-    r = get_runtime()
-    r.poison = True
-    yield r
-    r.poison = False
-
-
-@pytest.fixture
-def rng(request):
-    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
 
 
 def data(rng, *shape, scale=1.0):

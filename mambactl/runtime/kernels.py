@@ -65,37 +65,26 @@ class Module:
         return self.source if "subgroup" in features else self.source_without_subgroup
 
 
-def _functions(src: str) -> dict[str, tuple[bool, str]]:
-    """name -> (is_compute_entry, body text) by brace matching."""
-    out = {}
+def _definitions(src: str):
+    """(match of the `fn` header, index just past the body's closing brace) per function, by brace matching."""
     for m in _FN.finditer(src):
-        start = src.index("{", m.end())
-        depth, i = 0, start
-        while True:
-            if src[i] == "{":
-                depth += 1
-            elif src[i] == "}":
-                depth -= 1
-                if depth == 0:
-                    break
-            i += 1
-        out[m.group(2)] = (m.group(1) is not None, src[m.end() : i + 1])
-    return out
-
-
-def _function_spans(src: str) -> dict[str, tuple[int, int]]:
-    """name -> (start, end) of the whole definition (attributes included), by the same brace matching."""
-    spans = {}
-    for m in _FN.finditer(src):
-        start = src.index("{", m.end())
-        depth, i = 0, start
+        depth, i = 0, src.index("{", m.end())
         while True:
             depth += {"{": 1, "}": -1}.get(src[i], 0)
             if depth == 0:
                 break
             i += 1
-        spans[m.group(2)] = (m.start(), i + 1)
-    return spans
+        yield m, i + 1
+
+
+def _functions(src: str) -> dict[str, tuple[bool, str]]:
+    """name -> (is_compute_entry, body text)."""
+    return {m.group(2): (m.group(1) is not None, src[m.end() : end]) for m, end in _definitions(src)}
+
+
+def _function_spans(src: str) -> dict[str, tuple[int, int]]:
+    """name -> (start, end) of the whole definition (attributes included)."""
+    return {m.group(2): (m.start(), end) for m, end in _definitions(src)}
 
 
 def _uses_subgroup(funcs: dict[str, tuple[bool, str]]) -> set[str]:
