@@ -331,15 +331,33 @@ def test_cross_entropy_forward_backward(rt, rng, M, V, rows_path):
     assert np.all(d[targets == cross_entropy.IGNORE_INDEX] == 0.0)
 
 
-def test_sum_of_squares_many_tensors(rt, rng):
-    xs = [f32(rng, n) for n in (1, 3, 300, 70_000, 300_000)]
-    got = reduce.sum_of_squares([rt.from_numpy(x32) for x32, _ in xs]).numpy()
+def skip_subgroup_reduce(rt, subgroup):
+    if subgroup and rt.subgroup_size != 8:
+        pytest.skip(f"reduce_partial_subgroup needs 8-lane subgroups (this adapter: {rt.subgroup_size})")
+
+
+@pytest.mark.parametrize("subgroup", [False, True])
+def test_sum_of_squares_many_tensors(rt, rng, subgroup):
+    """Both first passes (the tree of barriers, the barrier-free subgroup one) on every adapter that has them;
+    1,100,000 elements give the subgroup pass more than 256 partials."""
+    skip_subgroup_reduce(rt, subgroup)
+    xs = [f32(rng, n) for n in (1, 3, 300, 70_000, 300_000, 1_100_000)]
+    got = reduce.sum_of_squares([rt.from_numpy(x32) for x32, _ in xs], subgroup=subgroup).numpy()
     assert rel(got, [sum(ref_reduce.sum_of_squares(x) for _, x in xs)]) < REDUCTION_TOL
 
 
-def test_reduce_sum(rt, rng):
+@pytest.mark.parametrize("subgroup", [False, True])
+def test_reduce_sum(rt, rng, subgroup):
+    skip_subgroup_reduce(rt, subgroup)
     x32, x = f32(rng, 100_003)
-    assert rel(reduce.reduce_sum(rt.from_numpy(x32), scale=0.5).numpy(), [0.5 * x.sum()]) < REDUCTION_TOL
+    got = reduce.reduce_sum(rt.from_numpy(x32), scale=0.5, subgroup=subgroup).numpy()
+    assert rel(got, [0.5 * x.sum()]) < REDUCTION_TOL
+
+
+def test_subgroup_reduce_refused_without_8_lanes(rt, rng, monkeypatch):
+    monkeypatch.setattr(rt, "_subgroup_size", 0)  # as an adapter without the subgroup feature
+    with pytest.raises(ShapeError, match="reduce: the subgroup pass needs 8-lane subgroups"):
+        reduce.reduce_sum(rt.from_numpy(f32(rng, 10)[0]), subgroup=True)
 
 
 def test_fill_and_zeros(rt):
