@@ -870,10 +870,12 @@ fn selective_scan_backward_subgroup(@builtin(global_invocation_id) gid: vec3<u32
         let sb = ((sg_b * dp.nchunks + k - 1u) * dp.channels + d) * N;
         for (var n = 0u; n < SG_N; n++) { words[n] = select(0.0, saved_states[sb + min(n, N - 1u)], n < N); }
         var h = from_words();
-        for (var s = 0u; s < steps; s++) {
+        let last = (steps - 1u) / SUBCHUNK * SUBCHUNK;  // the last sub-chunk's first step: the walk ends there
+        for (var s = 0u; s < last; s++) {
             if (s % SUBCHUNK == 0u) { scratch_store((s / SUBCHUNK) * slot_words + slot0, h); }
             h = sg_advance(h, t0 + s);
         }
+        scratch_store((last / SUBCHUNK) * slot_words + slot0, h);
         for (var j = (steps + SUBCHUNK - 1u) / SUBCHUNK; j > 0u; j--) {
             let s0 = (j - 1u) * SUBCHUNK;
             let n_in = min(SUBCHUNK, steps - s0);
