@@ -261,6 +261,25 @@ def test_conv1d_forward_backward(rt, rng, B, L, C, K, walk):
     assert rel(db.numpy(), rdb) < REDUCTION_TOL
 
 
+@pytest.mark.parametrize("walk", [False, True], ids=["per_output", "walk"])
+@pytest.mark.parametrize("B,L,C,K", [(1, 1, 1, 4), (2, 3, 17, 4), (3, 17, 130, 4), (2, 9, 5, 1)])
+def test_conv1d_silu_forward_backward(rt, rng, B, L, C, K, walk):
+    """conv1d + SiLU and its backward from two gradients of the activation: fused in the walks (CPU adapters),
+    conv1d, silu, add and silu_backward kernels on the per-output path."""
+    (x32, x), (w32, w), (b32, b) = f32(rng, B, L, C), f32(rng, C, K), f32(rng, C)
+    (da32, da), (db32, db_) = f32(rng, B, L, C), f32(rng, B, L, C)
+    gx, gw = rt.from_numpy(x32), rt.from_numpy(w32)
+    y, act = conv1d.conv1d_silu(gx, gw, rt.from_numpy(b32), walk=walk)
+    ry, ract = ref_conv.conv1d_silu(x, w, b)
+    assert rel(y.numpy(), ry) < ELEMENTWISE_TOL
+    assert rel(act.numpy(), ract) < ELEMENTWISE_TOL
+    dx, dw, dbias = conv1d.conv1d_silu_backward(gx, gw, y, rt.from_numpy(da32), rt.from_numpy(db32), walk=walk)
+    rdx, rdw, rdb = ref_conv.conv1d_silu_backward(x, w, ry, da, db_)
+    assert rel(dx.numpy(), rdx) < REDUCTION_TOL
+    assert rel(dw.numpy(), rdw) < REDUCTION_TOL
+    assert rel(dbias.numpy(), rdb) < REDUCTION_TOL
+
+
 @pytest.mark.parametrize("K", [1, 2, 4])
 def test_conv1d_state_and_steps_continue_the_sequence(rt, rng, K):
     """The decode state after a prefill of L steps, advanced one token at a time, gives the outputs the
