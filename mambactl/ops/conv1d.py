@@ -56,7 +56,6 @@ def _forward(op: str, x: Tensor, w: Tensor, b: Tensor, walk: bool | None, silu: 
 def conv1d_backward(x: Tensor, w: Tensor, dy: Tensor, dw: Tensor | None = None, db: Tensor | None = None,
                     walk: bool | None = None):
     """-> (dx [B, L, C], dw [C, K], db [C]); pass dw and db together to accumulate into them. `walk`: see _walk."""
-    expect("conv1d_backward", "dy", dy, x.shape)
     return _backward("conv1d_backward", x, w, dy, None, dw, db, walk)
 
 
@@ -65,15 +64,15 @@ def conv1d_silu_backward(x: Tensor, w: Tensor, y: Tensor, dact: Tensor, dact2: T
     """Backward of act = SiLU(y), y = conv1d(x, w, b), where act has two consumers whose gradients are dact and
     dact2 (x [B, L, C], y the forward's conv output) -> (dx, dw, db) as conv1d_backward. The walk folds the add
     and silu_backward into its dispatch; the per-output path runs add_forward, silu_backward, then the conv's."""
-    op = "conv1d_silu_backward"
-    for name, t in (("y", y), ("dact", dact), ("dact2", dact2)):
-        expect(op, name, t, x.shape)
-    return _backward(op, x, w, dact, (y, dact2), dw, db, walk)
+    return _backward("conv1d_silu_backward", x, w, dact, (y, dact2), dw, db, walk)
 
 
 def _backward(op: str, x: Tensor, w: Tensor, dy: Tensor, silu: tuple[Tensor, Tensor] | None, dw: Tensor | None,
               db: Tensor | None, walk: bool | None):
     B, L, C, K = _dims(op, x, w)
+    names = ("dy",) if silu is None else ("dact", "y", "dact2")
+    for name, t in zip(names, (dy,) + (silu or ())):
+        expect(op, name, t, x.shape)
     if dw is not None or db is not None:
         expect(op, "dw", dw, (C, K))
         expect(op, "db", db, (C,))
