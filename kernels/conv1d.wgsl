@@ -14,6 +14,16 @@ struct Params { batch: u32, len: u32, channels: u32, taps: u32, block_rows: u32 
 @group(0) @binding(8) var<storage, read_write> db_part: array<f32>;
 // Decode: conv_state [B, K − 1, C] holds the last K − 1 inputs, oldest first.
 @group(0) @binding(9) var<storage, read_write> conv_state: array<f32>;
+// The walks with SILU (ops/conv1d.py conv1d_silu, CPU adapters): the forward also writes act = SiLU(y); the
+// backward takes the gradient of act as dy + dy2 (its two consumers) and the forward's y as pre, so the add and
+// silu_backward kernels, each a pass over [B, L, C] loading two operands, are folded into the walk.
+override SILU: bool = false;
+@group(0) @binding(10) var<storage, read_write> act: array<f32>;
+@group(0) @binding(11) var<storage, read> pre: array<f32>;
+@group(0) @binding(12) var<storage, read> dy2: array<f32>;
+
+// As activations.wgsl's sigmoid_of, so the fused walks compute SiLU and its derivative as those kernels do.
+fn sigmoid_of(v: f32) -> f32 { return 1.0 / (1.0 + exp(-v)); }
 
 @compute @workgroup_size(256)
 fn conv1d_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -134,7 +144,9 @@ fn conv1d_forward_walk(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
     for (var t = 0u; t < p.len; t++) {
         let e = (b * p.len + t) * p.channels + c;
         win = vec4<f32>(win.yzw, x[e]);
-        y[e] = dot(tw, win) + bc;
+        let v = dot(tw, win) + bc;
+        y[e] = v;
+        if (SILU) { act[e] = v * sigmoid_of(v); }
     }
 }
 
@@ -158,7 +170,11 @@ fn conv1d_backward_walk(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
     for (var s = p.len; s > 0u; s--) {
         let t = s - 1u;
         let e = (row0 + t) * p.channels + c;
-        let g = dy[e];
+        var g = dy[e];
+        if (SILU) {  // as add_forward then silu_backward (1 − σ(v) as σ(−v))
+            let v = pre[e];
+            g = (g + dy2[e]) * sigmoid_of(v) * (1.0 + v * sigmoid_of(-v));
+        }
         ahead = vec4<f32>(g, ahead.xyz);
         var oldest = 0.0;
         if (t >= 3u) { oldest = x[(row0 + t - 3u) * p.channels + c]; }

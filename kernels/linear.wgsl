@@ -402,7 +402,11 @@ fn matmul_direct(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
 // operands are all loaded first, then each 4 × 4 accumulator takes its 8 updates in a row (mul_k8): the 512
 // accumulators live in memory (16 vector registers), so this moves each one once per 8 k instead of once per
 // k (-30 to -40% CPU time at the tiny model's shapes on lavapipe). The block's tail past K multiplies zeros.
-// Loads, clamping and stores as in matmul_direct.
+// Loads, clamping and stores as in matmul_direct. COL_GROUPS (pipeline constant, 1-16) narrows the tile to
+// 4 · COL_GROUPS columns: ops/linear.py takes the fewest groups that cover a narrow N (x_proj's 36, dt_proj's
+// 4), so those outputs stop computing 64 columns of which 28 or 60 are clamped copies; the accumulators,
+// loads and stores of the groups past it are dead code under the constant.
+override COL_GROUPS: u32 = 16u;
 
 // Lanes 0-3 (lo) or 4-7 (hi) of v as one vec4, in every lane.
 fn lanes_lo4(v: f32) -> vec4<f32> {
@@ -419,16 +423,24 @@ fn rows8_a(r: u32, k: u32, inside: bool) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(select(zero, col4_a(r, k), inside), select(zero, col4_a(r + 4u, k), inside));
 }
 
-// Columns c0 .. c0 + 63 of B at k as 16 vec4, in every lane: lane l loads columns c0 + 8j + l (j < 8).
+// Columns c0 .. c0 + 63 of B at k as 16 vec4, in every lane: lane l loads columns c0 + 8j + l (j < 8; only
+// those of the first COL_GROUPS vec4, the rest are 0).
 fn cols64_b(k: u32, c0: u32, lane: u32) -> array<vec4<f32>, 16> {
     let b0 = elem_b(k, c0 + lane);
-    let b1 = elem_b(k, c0 + 8u + lane);
-    let b2 = elem_b(k, c0 + 16u + lane);
-    let b3 = elem_b(k, c0 + 24u + lane);
-    let b4 = elem_b(k, c0 + 32u + lane);
-    let b5 = elem_b(k, c0 + 40u + lane);
-    let b6 = elem_b(k, c0 + 48u + lane);
-    let b7 = elem_b(k, c0 + 56u + lane);
+    var b1 = 0.0;
+    if (COL_GROUPS > 2u) { b1 = elem_b(k, c0 + 8u + lane); }
+    var b2 = 0.0;
+    if (COL_GROUPS > 4u) { b2 = elem_b(k, c0 + 16u + lane); }
+    var b3 = 0.0;
+    if (COL_GROUPS > 6u) { b3 = elem_b(k, c0 + 24u + lane); }
+    var b4 = 0.0;
+    if (COL_GROUPS > 8u) { b4 = elem_b(k, c0 + 32u + lane); }
+    var b5 = 0.0;
+    if (COL_GROUPS > 10u) { b5 = elem_b(k, c0 + 40u + lane); }
+    var b6 = 0.0;
+    if (COL_GROUPS > 12u) { b6 = elem_b(k, c0 + 48u + lane); }
+    var b7 = 0.0;
+    if (COL_GROUPS > 14u) { b7 = elem_b(k, c0 + 56u + lane); }
     return array<vec4<f32>, 16>(lanes_lo4(b0), lanes_hi4(b0), lanes_lo4(b1), lanes_hi4(b1), lanes_lo4(b2), lanes_hi4(b2),
                                 lanes_lo4(b3), lanes_hi4(b3), lanes_lo4(b4), lanes_hi4(b4), lanes_lo4(b5), lanes_hi4(b5),
                                 lanes_lo4(b6), lanes_hi4(b6), lanes_lo4(b7), lanes_hi4(b7));
@@ -443,7 +455,7 @@ fn mul_k8(acc: mat4x4<f32>, x: array<vec4<f32>, 8>, y: array<vec4<f32>, 8>) -> m
 @compute @workgroup_size(8)
 fn matmul_subgroup(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
     let r0 = wid.y * 64u + lane * 8u;
-    let c0 = wid.x * 64u;
+    let c0 = wid.x * 4u * COL_GROUPS;
     let kz = min(p.k, (wid.z + 1u) * p.k_split);
     var s0_0 = mat4x4<f32>(); var s0_1 = mat4x4<f32>(); var s0_2 = mat4x4<f32>(); var s0_3 = mat4x4<f32>(); var s0_4 = mat4x4<f32>(); var s0_5 = mat4x4<f32>(); var s0_6 = mat4x4<f32>(); var s0_7 = mat4x4<f32>();
     var s0_8 = mat4x4<f32>(); var s0_9 = mat4x4<f32>(); var s0_10 = mat4x4<f32>(); var s0_11 = mat4x4<f32>(); var s0_12 = mat4x4<f32>(); var s0_13 = mat4x4<f32>(); var s0_14 = mat4x4<f32>(); var s0_15 = mat4x4<f32>();
@@ -484,19 +496,19 @@ fn matmul_subgroup(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invo
         let ya13 = array<vec4<f32>, 8>(y0[13], y1[13], y2[13], y3[13], y4[13], y5[13], y6[13], y7[13]);
         let ya14 = array<vec4<f32>, 8>(y0[14], y1[14], y2[14], y3[14], y4[14], y5[14], y6[14], y7[14]);
         let ya15 = array<vec4<f32>, 8>(y0[15], y1[15], y2[15], y3[15], y4[15], y5[15], y6[15], y7[15]);
-        s0_0 = mul_k8(s0_0, xa0, ya0); s0_1 = mul_k8(s0_1, xa0, ya1); s0_2 = mul_k8(s0_2, xa0, ya2); s0_3 = mul_k8(s0_3, xa0, ya3);
-        s0_4 = mul_k8(s0_4, xa0, ya4); s0_5 = mul_k8(s0_5, xa0, ya5); s0_6 = mul_k8(s0_6, xa0, ya6); s0_7 = mul_k8(s0_7, xa0, ya7);
-        s0_8 = mul_k8(s0_8, xa0, ya8); s0_9 = mul_k8(s0_9, xa0, ya9); s0_10 = mul_k8(s0_10, xa0, ya10); s0_11 = mul_k8(s0_11, xa0, ya11);
-        s0_12 = mul_k8(s0_12, xa0, ya12); s0_13 = mul_k8(s0_13, xa0, ya13); s0_14 = mul_k8(s0_14, xa0, ya14); s0_15 = mul_k8(s0_15, xa0, ya15);
-        s1_0 = mul_k8(s1_0, xa1, ya0); s1_1 = mul_k8(s1_1, xa1, ya1); s1_2 = mul_k8(s1_2, xa1, ya2); s1_3 = mul_k8(s1_3, xa1, ya3);
-        s1_4 = mul_k8(s1_4, xa1, ya4); s1_5 = mul_k8(s1_5, xa1, ya5); s1_6 = mul_k8(s1_6, xa1, ya6); s1_7 = mul_k8(s1_7, xa1, ya7);
-        s1_8 = mul_k8(s1_8, xa1, ya8); s1_9 = mul_k8(s1_9, xa1, ya9); s1_10 = mul_k8(s1_10, xa1, ya10); s1_11 = mul_k8(s1_11, xa1, ya11);
-        s1_12 = mul_k8(s1_12, xa1, ya12); s1_13 = mul_k8(s1_13, xa1, ya13); s1_14 = mul_k8(s1_14, xa1, ya14); s1_15 = mul_k8(s1_15, xa1, ya15);
+        s0_0 = mul_k8(s0_0, xa0, ya0); if (COL_GROUPS > 1u) { s0_1 = mul_k8(s0_1, xa0, ya1); } if (COL_GROUPS > 2u) { s0_2 = mul_k8(s0_2, xa0, ya2); } if (COL_GROUPS > 3u) { s0_3 = mul_k8(s0_3, xa0, ya3); }
+        if (COL_GROUPS > 4u) { s0_4 = mul_k8(s0_4, xa0, ya4); } if (COL_GROUPS > 5u) { s0_5 = mul_k8(s0_5, xa0, ya5); } if (COL_GROUPS > 6u) { s0_6 = mul_k8(s0_6, xa0, ya6); } if (COL_GROUPS > 7u) { s0_7 = mul_k8(s0_7, xa0, ya7); }
+        if (COL_GROUPS > 8u) { s0_8 = mul_k8(s0_8, xa0, ya8); } if (COL_GROUPS > 9u) { s0_9 = mul_k8(s0_9, xa0, ya9); } if (COL_GROUPS > 10u) { s0_10 = mul_k8(s0_10, xa0, ya10); } if (COL_GROUPS > 11u) { s0_11 = mul_k8(s0_11, xa0, ya11); }
+        if (COL_GROUPS > 12u) { s0_12 = mul_k8(s0_12, xa0, ya12); } if (COL_GROUPS > 13u) { s0_13 = mul_k8(s0_13, xa0, ya13); } if (COL_GROUPS > 14u) { s0_14 = mul_k8(s0_14, xa0, ya14); } if (COL_GROUPS > 15u) { s0_15 = mul_k8(s0_15, xa0, ya15); }
+        s1_0 = mul_k8(s1_0, xa1, ya0); if (COL_GROUPS > 1u) { s1_1 = mul_k8(s1_1, xa1, ya1); } if (COL_GROUPS > 2u) { s1_2 = mul_k8(s1_2, xa1, ya2); } if (COL_GROUPS > 3u) { s1_3 = mul_k8(s1_3, xa1, ya3); }
+        if (COL_GROUPS > 4u) { s1_4 = mul_k8(s1_4, xa1, ya4); } if (COL_GROUPS > 5u) { s1_5 = mul_k8(s1_5, xa1, ya5); } if (COL_GROUPS > 6u) { s1_6 = mul_k8(s1_6, xa1, ya6); } if (COL_GROUPS > 7u) { s1_7 = mul_k8(s1_7, xa1, ya7); }
+        if (COL_GROUPS > 8u) { s1_8 = mul_k8(s1_8, xa1, ya8); } if (COL_GROUPS > 9u) { s1_9 = mul_k8(s1_9, xa1, ya9); } if (COL_GROUPS > 10u) { s1_10 = mul_k8(s1_10, xa1, ya10); } if (COL_GROUPS > 11u) { s1_11 = mul_k8(s1_11, xa1, ya11); }
+        if (COL_GROUPS > 12u) { s1_12 = mul_k8(s1_12, xa1, ya12); } if (COL_GROUPS > 13u) { s1_13 = mul_k8(s1_13, xa1, ya13); } if (COL_GROUPS > 14u) { s1_14 = mul_k8(s1_14, xa1, ya14); } if (COL_GROUPS > 15u) { s1_15 = mul_k8(s1_15, xa1, ya15); }
     }
-    store_block(wid.z, r0 + 0u, c0 + 0u, s0_0); store_block(wid.z, r0 + 0u, c0 + 4u, s0_1); store_block(wid.z, r0 + 0u, c0 + 8u, s0_2); store_block(wid.z, r0 + 0u, c0 + 12u, s0_3); store_block(wid.z, r0 + 0u, c0 + 16u, s0_4); store_block(wid.z, r0 + 0u, c0 + 20u, s0_5); store_block(wid.z, r0 + 0u, c0 + 24u, s0_6); store_block(wid.z, r0 + 0u, c0 + 28u, s0_7);
-    store_block(wid.z, r0 + 0u, c0 + 32u, s0_8); store_block(wid.z, r0 + 0u, c0 + 36u, s0_9); store_block(wid.z, r0 + 0u, c0 + 40u, s0_10); store_block(wid.z, r0 + 0u, c0 + 44u, s0_11); store_block(wid.z, r0 + 0u, c0 + 48u, s0_12); store_block(wid.z, r0 + 0u, c0 + 52u, s0_13); store_block(wid.z, r0 + 0u, c0 + 56u, s0_14); store_block(wid.z, r0 + 0u, c0 + 60u, s0_15);
-    store_block(wid.z, r0 + 4u, c0 + 0u, s1_0); store_block(wid.z, r0 + 4u, c0 + 4u, s1_1); store_block(wid.z, r0 + 4u, c0 + 8u, s1_2); store_block(wid.z, r0 + 4u, c0 + 12u, s1_3); store_block(wid.z, r0 + 4u, c0 + 16u, s1_4); store_block(wid.z, r0 + 4u, c0 + 20u, s1_5); store_block(wid.z, r0 + 4u, c0 + 24u, s1_6); store_block(wid.z, r0 + 4u, c0 + 28u, s1_7);
-    store_block(wid.z, r0 + 4u, c0 + 32u, s1_8); store_block(wid.z, r0 + 4u, c0 + 36u, s1_9); store_block(wid.z, r0 + 4u, c0 + 40u, s1_10); store_block(wid.z, r0 + 4u, c0 + 44u, s1_11); store_block(wid.z, r0 + 4u, c0 + 48u, s1_12); store_block(wid.z, r0 + 4u, c0 + 52u, s1_13); store_block(wid.z, r0 + 4u, c0 + 56u, s1_14); store_block(wid.z, r0 + 4u, c0 + 60u, s1_15);
+    store_block(wid.z, r0 + 0u, c0 + 0u, s0_0); if (COL_GROUPS > 1u) { store_block(wid.z, r0 + 0u, c0 + 4u, s0_1); } if (COL_GROUPS > 2u) { store_block(wid.z, r0 + 0u, c0 + 8u, s0_2); } if (COL_GROUPS > 3u) { store_block(wid.z, r0 + 0u, c0 + 12u, s0_3); } if (COL_GROUPS > 4u) { store_block(wid.z, r0 + 0u, c0 + 16u, s0_4); } if (COL_GROUPS > 5u) { store_block(wid.z, r0 + 0u, c0 + 20u, s0_5); } if (COL_GROUPS > 6u) { store_block(wid.z, r0 + 0u, c0 + 24u, s0_6); } if (COL_GROUPS > 7u) { store_block(wid.z, r0 + 0u, c0 + 28u, s0_7); }
+    if (COL_GROUPS > 8u) { store_block(wid.z, r0 + 0u, c0 + 32u, s0_8); } if (COL_GROUPS > 9u) { store_block(wid.z, r0 + 0u, c0 + 36u, s0_9); } if (COL_GROUPS > 10u) { store_block(wid.z, r0 + 0u, c0 + 40u, s0_10); } if (COL_GROUPS > 11u) { store_block(wid.z, r0 + 0u, c0 + 44u, s0_11); } if (COL_GROUPS > 12u) { store_block(wid.z, r0 + 0u, c0 + 48u, s0_12); } if (COL_GROUPS > 13u) { store_block(wid.z, r0 + 0u, c0 + 52u, s0_13); } if (COL_GROUPS > 14u) { store_block(wid.z, r0 + 0u, c0 + 56u, s0_14); } if (COL_GROUPS > 15u) { store_block(wid.z, r0 + 0u, c0 + 60u, s0_15); }
+    store_block(wid.z, r0 + 4u, c0 + 0u, s1_0); if (COL_GROUPS > 1u) { store_block(wid.z, r0 + 4u, c0 + 4u, s1_1); } if (COL_GROUPS > 2u) { store_block(wid.z, r0 + 4u, c0 + 8u, s1_2); } if (COL_GROUPS > 3u) { store_block(wid.z, r0 + 4u, c0 + 12u, s1_3); } if (COL_GROUPS > 4u) { store_block(wid.z, r0 + 4u, c0 + 16u, s1_4); } if (COL_GROUPS > 5u) { store_block(wid.z, r0 + 4u, c0 + 20u, s1_5); } if (COL_GROUPS > 6u) { store_block(wid.z, r0 + 4u, c0 + 24u, s1_6); } if (COL_GROUPS > 7u) { store_block(wid.z, r0 + 4u, c0 + 28u, s1_7); }
+    if (COL_GROUPS > 8u) { store_block(wid.z, r0 + 4u, c0 + 32u, s1_8); } if (COL_GROUPS > 9u) { store_block(wid.z, r0 + 4u, c0 + 36u, s1_9); } if (COL_GROUPS > 10u) { store_block(wid.z, r0 + 4u, c0 + 40u, s1_10); } if (COL_GROUPS > 11u) { store_block(wid.z, r0 + 4u, c0 + 44u, s1_11); } if (COL_GROUPS > 12u) { store_block(wid.z, r0 + 4u, c0 + 48u, s1_12); } if (COL_GROUPS > 13u) { store_block(wid.z, r0 + 4u, c0 + 52u, s1_13); } if (COL_GROUPS > 14u) { store_block(wid.z, r0 + 4u, c0 + 56u, s1_14); } if (COL_GROUPS > 15u) { store_block(wid.z, r0 + 4u, c0 + 60u, s1_15); }
 }
 
 // The subgroup size the adapter runs compute shaders with (Runtime.subgroup_size dispatches one invocation).

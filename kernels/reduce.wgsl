@@ -37,6 +37,25 @@ fn reduce_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     if (lid.x == 0u) { partials[p.offset + wid.x] = total; }
 }
 
+// reduce_partial for CPU adapters whose subgroups have 8 lanes (ops/reduce.py picks it there): a workgroup is one
+// subgroup, so there is no workgroup memory and no barrier. On lavapipe each of tree_sum's 9 barriers is a switch
+// between the workgroup's 32 SIMD batches, which made reduce_partial cost ~19 ns per element, several times its
+// loads. Lanes add with the same grid stride, then a butterfly over lanes 4, 2, 1: float addition is
+// commutative, so every lane ends with the same bits and lane 0's store is deterministic.
+@compute @workgroup_size(8)
+fn reduce_partial_subgroup(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                           @builtin(subgroup_invocation_id) lane: u32) {
+    var s = 0.0;
+    for (var i = wid.x * 8u + lane; i < p.n; i += nwg.x * 8u) {
+        let v = x[i];
+        if (SQUARE) { s += v * v; } else { s += v; }
+    }
+    let a = s + subgroupShuffleXor(s, 4u);
+    let b = a + subgroupShuffleXor(a, 2u);
+    let total = b + subgroupShuffleXor(b, 1u);
+    if (lane == 0u) { partials[p.offset + wid.x] = total; }
+}
+
 // out[out_index] = scale · Σ partials_in[0 .. n)
 @compute @workgroup_size(256)
 fn reduce_final(@builtin(local_invocation_id) lid: vec3<u32>) {

@@ -773,29 +773,32 @@ var<private> sg_da: State16;     // Σ_t g_t exp(Δ_t A) h_{t−1} Δ_t = ∂los
 var<private> sg_d_skip: f32;     // ∂loss/∂D
 var<private> sg_d_bias: f32;     // ∂loss/∂delta_bias
 
-// One step's Δ_t, exp(Δ_t A) and B_t, kept from sg_advance for the adjoint of the same step.
-struct StepTerms { dt: f32, decay: State16, Bt: State16 }
+// One step's delta_t + bias, Δ_t, u_t, exp(Δ_t A) and B_t, kept from sg_advance for the adjoint of the same step
+// (it loads neither delta nor u again: 2 of its 6 loads per step).
+struct StepTerms { x: f32, dt: f32, uv: f32, decay: State16, Bt: State16 }
 var<private> sg_terms: StepTerms;
 
 // h after step t from h before it (its terms left in sg_terms).
 fn sg_advance(h: State16, t: u32) -> State16 {
     let row = direct_row(sg_b, t, sg_d);
-    let dt = softplus(delta[row] + sg_bias);
-    sg_terms = StepTerms(dt, s_exp(s_scale(sg_a, dt)), shared_B((sg_b * dp.len + t) * N, sg_lane));
-    return s_add(s_mul(sg_terms.decay, h), s_scale(sg_terms.Bt, dt * u[row]));
+    let x = delta[row] + sg_bias;
+    let dt = softplus(x);
+    let uv = u[row];
+    sg_terms = StepTerms(x, dt, uv, s_exp(s_scale(sg_a, dt)), shared_B((sg_b * dp.len + t) * N, sg_lane));
+    return s_add(s_mul(sg_terms.decay, h), s_scale(sg_terms.Bt, dt * uv));
 }
 
 // The adjoint of step t: h is h_t, prev h_{t−1}; g_t becomes g_{t−1}, the sums grow, du, ddelta, dz and the
 // dB / dC partials of step t are written.
 fn sg_adjoint(t: u32, h: State16, prev: State16, terms: StepTerms) {
     let row = direct_row(sg_b, t, sg_d);
-    let uv = u[row];
+    let uv = terms.uv;
     let zv = z[row];
     let dyv = dy[row];
     let gate = sigmoid(zv);
     let dyg = dyv * zv * gate;                            // dy through the gate
     let dzg = dyv * gate * (1.0 + zv * sigmoid(-zv));     // dz is this times the ungated y
-    let x = delta[row] + sg_bias;
+    let x = terms.x;
     let dt = terms.dt;
     let dsp = select(sigmoid(x), 1.0, x > 20.0);          // ∂Δ/∂delta
     let dtu = dt * uv;
@@ -867,10 +870,12 @@ fn selective_scan_backward_subgroup(@builtin(global_invocation_id) gid: vec3<u32
         let sb = ((sg_b * dp.nchunks + k - 1u) * dp.channels + d) * N;
         for (var n = 0u; n < SG_N; n++) { words[n] = select(0.0, saved_states[sb + min(n, N - 1u)], n < N); }
         var h = from_words();
-        for (var s = 0u; s < steps; s++) {
+        let last = (steps - 1u) / SUBCHUNK * SUBCHUNK;  // the last sub-chunk's first step: the walk ends there
+        for (var s = 0u; s < last; s++) {
             if (s % SUBCHUNK == 0u) { scratch_store((s / SUBCHUNK) * slot_words + slot0, h); }
             h = sg_advance(h, t0 + s);
         }
+        scratch_store((last / SUBCHUNK) * slot_words + slot0, h);
         for (var j = (steps + SUBCHUNK - 1u) / SUBCHUNK; j > 0u; j--) {
             let s0 = (j - 1u) * SUBCHUNK;
             let n_in = min(SUBCHUNK, steps - s0);

@@ -246,6 +246,25 @@ def test_conv1d_forward_backward(rt, rng, B, L, C, K, walk):
     assert rel(db.numpy(), rdb) < REDUCTION_TOL
 
 
+@pytest.mark.parametrize("walk", [False, True], ids=["per_output", "walk"])
+@pytest.mark.parametrize("B,L,C,K", [(1, 1, 1, 4), (2, 3, 17, 4), (3, 17, 130, 4), (2, 9, 5, 1)])
+def test_conv1d_silu_forward_backward(rt, rng, B, L, C, K, walk):
+    """conv1d + SiLU and its backward from two gradients of the activation: fused in the walks (CPU adapters),
+    conv1d, silu, add and silu_backward kernels on the per-output path."""
+    (x32, x), (w32, w), (b32, b) = f32(rng, B, L, C), f32(rng, C, K), f32(rng, C)
+    (da32, da), (db32, db_) = f32(rng, B, L, C), f32(rng, B, L, C)
+    gx, gw = rt.from_numpy(x32), rt.from_numpy(w32)
+    y, act = conv1d.conv1d_silu(gx, gw, rt.from_numpy(b32), walk=walk)
+    ry, ract = ref_conv.conv1d_silu(x, w, b)
+    assert rel(y.numpy(), ry) < ELEMENTWISE_TOL
+    assert rel(act.numpy(), ract) < ELEMENTWISE_TOL
+    dx, dw, dbias = conv1d.conv1d_silu_backward(gx, gw, y, rt.from_numpy(da32), rt.from_numpy(db32), walk=walk)
+    rdx, rdw, rdb = ref_conv.conv1d_silu_backward(x, w, ry, da, db_)
+    assert rel(dx.numpy(), rdx) < REDUCTION_TOL
+    assert rel(dw.numpy(), rdw) < REDUCTION_TOL
+    assert rel(dbias.numpy(), rdb) < REDUCTION_TOL
+
+
 @pytest.mark.parametrize("K", [1, 2, 4])
 def test_conv1d_state_and_steps_continue_the_sequence(rt, rng, K):
     """The decode state after a prefill of L steps, advanced one token at a time, gives the outputs the
@@ -316,15 +335,33 @@ def test_cross_entropy_forward_backward(rt, rng, M, V, rows_path):
     assert np.all(d[targets == cross_entropy.IGNORE_INDEX] == 0.0)
 
 
-def test_sum_of_squares_many_tensors(rt, rng):
-    xs = [f32(rng, n) for n in (1, 3, 300, 70_000, 300_000)]
-    got = reduce.sum_of_squares([rt.from_numpy(x32) for x32, _ in xs]).numpy()
+def skip_subgroup_reduce(rt, subgroup):
+    if subgroup and rt.subgroup_size != 8:
+        pytest.skip(f"reduce_partial_subgroup needs 8-lane subgroups (this adapter: {rt.subgroup_size})")
+
+
+@pytest.mark.parametrize("subgroup", [False, True])
+def test_sum_of_squares_many_tensors(rt, rng, subgroup):
+    """Both first passes (the tree of barriers, the barrier-free subgroup one) on every adapter that has them;
+    1,100,000 elements give the subgroup pass more than 256 partials."""
+    skip_subgroup_reduce(rt, subgroup)
+    xs = [f32(rng, n) for n in (1, 3, 300, 70_000, 300_000, 1_100_000)]
+    got = reduce.sum_of_squares([rt.from_numpy(x32) for x32, _ in xs], subgroup=subgroup).numpy()
     assert rel(got, [sum(ref_reduce.sum_of_squares(x) for _, x in xs)]) < REDUCTION_TOL
 
 
-def test_reduce_sum(rt, rng):
+@pytest.mark.parametrize("subgroup", [False, True])
+def test_reduce_sum(rt, rng, subgroup):
+    skip_subgroup_reduce(rt, subgroup)
     x32, x = f32(rng, 100_003)
-    assert rel(reduce.reduce_sum(rt.from_numpy(x32), scale=0.5).numpy(), [0.5 * x.sum()]) < REDUCTION_TOL
+    got = reduce.reduce_sum(rt.from_numpy(x32), scale=0.5, subgroup=subgroup).numpy()
+    assert rel(got, [0.5 * x.sum()]) < REDUCTION_TOL
+
+
+def test_subgroup_reduce_refused_without_8_lanes(rt, rng, monkeypatch):
+    monkeypatch.setattr(rt, "_subgroup_size", 0)  # as an adapter without the subgroup feature
+    with pytest.raises(ShapeError, match="reduce: the subgroup pass needs 8-lane subgroups"):
+        reduce.reduce_sum(rt.from_numpy(f32(rng, 10)[0]), subgroup=True)
 
 
 def test_fill_and_zeros(rt):

@@ -5,7 +5,7 @@ import pytest
 from gradcheck import check_grad
 
 from mambactl.reference import activations as act
-from mambactl.reference.conv1d import conv1d, conv1d_backward
+from mambactl.reference.conv1d import conv1d, conv1d_backward, conv1d_silu, conv1d_silu_backward
 from mambactl.reference.cross_entropy import cross_entropy, cross_entropy_backward
 from mambactl.reference.embedding import embedding, embedding_backward
 from mambactl.reference.linear import linear, linear_backward
@@ -62,6 +62,17 @@ def test_conv1d(rng, K):
     x, w, b, dy = rng.normal(size=(2, 5, 3)), rng.normal(size=(3, 1, K)), rng.normal(size=3), rng.normal(size=(2, 5, 3))
     f = lambda: np.sum(conv1d(x, w, b) * dy)
     dx, dw, db = conv1d_backward(x, w, dy)
+    assert max(check_grad(f, x, dx), check_grad(f, w, dw), check_grad(f, b, db)) < TOL
+
+
+@pytest.mark.parametrize("K", [1, 4])
+def test_conv1d_silu(rng, K):
+    """act = SiLU(conv1d(x)) used twice: the loss Σ act·(dact + dact2)."""
+    x, w, b = rng.normal(size=(2, 5, 3)), rng.normal(size=(3, 1, K)), rng.normal(size=3)
+    dact, dact2 = rng.normal(size=(2, 5, 3)), rng.normal(size=(2, 5, 3))
+    f = lambda: np.sum(conv1d_silu(x, w, b)[1] * dact) + np.sum(conv1d_silu(x, w, b)[1] * dact2)
+    y, _ = conv1d_silu(x, w, b)
+    dx, dw, db = conv1d_silu_backward(x, w, y, dact, dact2)
     assert max(check_grad(f, x, dx), check_grad(f, w, dw), check_grad(f, b, db)) < TOL
 
 

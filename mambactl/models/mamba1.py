@@ -24,8 +24,8 @@ def mamba1_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig
     z = slice.column_slice(xz, di, di)
     conv_w = p["conv1d.weight"].reshape(di, m.d_conv)
     conv_b = p["conv1d.bias"] if m.conv_bias else zeros(rt, (di,))
-    conv = conv1d.conv1d(xs.reshape(batch, length, di), conv_w, conv_b).reshape(-1, di)
-    u = activations.silu(conv)
+    conv, u = conv1d.conv1d_silu(xs.reshape(batch, length, di), conv_w, conv_b)
+    conv, u = conv.reshape(-1, di), u.reshape(-1, di)
     x_dbl = linear.linear(u, p["x_proj.weight"])
     dt_in = slice.column_slice(x_dbl, 0, R)
     Bm = slice.column_slice(x_dbl, R, N)
@@ -55,11 +55,11 @@ def mamba1_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfi
     ddt_in, _, _ = linear.linear_backward(s["dt_in"], p["dt_proj.weight"], ddelta.reshape(-1, di), dw=g["dt_proj.weight"])
     dx_dbl = slice.column_concat([ddt_in, dB.reshape(-1, m.d_state), dC.reshape(-1, m.d_state)])
     du2, _, _ = linear.linear_backward(s["u"], p["x_proj.weight"], dx_dbl, dw=g["x_proj.weight"])
-    dconv = activations.silu_backward(s["conv"], activations.add(du.reshape(-1, di), du2))
     conv_dw = g["conv1d.weight"].reshape(di, m.d_conv)
     conv_db = g["conv1d.bias"] if m.conv_bias else zeros(dout.runtime, (di,))
-    dxs, _, _ = conv1d.conv1d_backward(
-        s["xs"].reshape(s["batch"], s["length"], di), s["conv_w"], dconv.reshape(s["batch"], s["length"], di),
+    shape3 = (s["batch"], s["length"], di)
+    dxs, _, _ = conv1d.conv1d_silu_backward(  # u fed the scan (du) and x_proj (du2)
+        s["xs"].reshape(shape3), s["conv_w"], s["conv"].reshape(shape3), du.reshape(shape3), du2.reshape(shape3),
         dw=conv_dw, db=conv_db,
     )
     dxz = slice.column_concat([dxs.reshape(-1, di), dz.reshape(-1, di)])

@@ -23,7 +23,7 @@ from mambactl.runtime.tensor import Tensor
 # On the H200 128² won at every measured shape, x_proj's 80-column output included (64×128, 128×64 and
 # BK 8 variants were never faster and were dropped); 64² is for outputs at most 64 wide.
 TILES = {"64x64": 4, "128x128": 8}
-_DIRECT_TILE = 64  # matmul_direct / matmul_subgroup: 64×64 outputs per workgroup of 8 invocations
+_DIRECT_TILE = 64  # matmul_direct / matmul_subgroup: 64×64 outputs per workgroup of 8 invocations (subgroup: N ≥ 64)
 _DIRECT_STORE_LOOPS = 512  # per invocation: 128 row stores of 4 columns, a loop of 4 each without VEC4
 CPU_KERNELS = ("matmul_direct", "matmul_subgroup")  # no workgroup memory or barriers
 _FILL_GROUPS = 512  # fewer output tiles than this: split K across workgroups (then sum the planes)
@@ -193,6 +193,9 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
     elif entry in CPU_KERNELS:
         bm = bn = _DIRECT_TILE
         consts["VEC4"] = vec4_path(M, N, K, trans_a, trans_b, vec4)  # its stores (its loads are scalar)
+        if entry == "matmul_subgroup":  # a narrow N takes a tile of the fewest 4-column groups that cover it
+            consts["COL_GROUPS"] = min(_DIRECT_TILE // 4, -(-N // 4))
+            bn = 4 * consts["COL_GROUPS"]
     else:
         raise ShapeError(f"matmul: unknown kernel {entry!r}; 'matmul', 'matmul_f16', 'matmul_direct' or "
                          "'matmul_subgroup'")

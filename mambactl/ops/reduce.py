@@ -2,24 +2,38 @@
 
 from __future__ import annotations
 
+from mambactl.errors import ShapeError
 from mambactl.ops.checks import expect
 from mambactl.runtime.tensor import Tensor
 
 _MAX_PARTIALS = 256  # workgroups per tensor in pass 1; each walks the tensor with a grid stride
+_SUBGROUP_LANES = 8  # reduce_partial_subgroup: one 8-lane subgroup per workgroup (CPU adapters)
+_MAX_GROUPS = 65535  # one dispatch dimension
 
 
-def _partial_groups(n: int) -> int:
-    return max(1, min(_MAX_PARTIALS, -(-n // 1024)))
+def _partial_groups(n: int, subgroup: bool) -> int:
+    """Workgroups (= partials) for n elements: ≤ 1024 elements each. The tree kernel caps them at
+    _MAX_PARTIALS (256 threads each); the subgroup kernel's 8 lanes take 128 each, up to one dispatch
+    dimension of workgroups (so each lane walks ≤ n / 524,280 elements, far inside llvmpipe's loop budget for
+    any tensor a buffer holds)."""
+    return max(1, min(_MAX_GROUPS if subgroup else _MAX_PARTIALS, -(-n // 1024)))
 
 
-def _reduce(tensors: list[Tensor], square: bool, scale: float) -> Tensor:
+def _reduce(tensors: list[Tensor], square: bool, scale: float, subgroup: bool | None) -> Tensor:
     rt = tensors[0].runtime
-    groups = [_partial_groups(t.size) for t in tensors]
+    # CPU adapters with 8-lane subgroups (Mesa lavapipe): the barrier-free pass 1 (kernels/reduce.wgsl says why)
+    if subgroup is None:
+        subgroup = rt.info.type == "CPU" and rt.subgroup_size == _SUBGROUP_LANES
+    elif subgroup and rt.subgroup_size != _SUBGROUP_LANES:
+        raise ShapeError(f"reduce: the subgroup pass needs {_SUBGROUP_LANES}-lane subgroups; this adapter has "
+                         f"{rt.subgroup_size or 'none'}")
+    entry = "reduce_partial_subgroup" if subgroup else "reduce_partial"
+    groups = [_partial_groups(t.size, subgroup) for t in tensors]
     partials = rt.empty((sum(groups),))
     offset = 0
     for t, g in zip(tensors, groups):
         expect("reduce", "x", t)
-        rt.run("reduce_partial", (g,), {"SQUARE": square}, x=t, partials=partials, n=t.size, offset=offset,
+        rt.run(entry, (g,), {"SQUARE": square}, x=t, partials=partials, n=t.size, offset=offset,
                out_index=0, scale=1.0)
         offset += g
     out = rt.empty((1,))
@@ -27,14 +41,15 @@ def _reduce(tensors: list[Tensor], square: bool, scale: float) -> Tensor:
     return out
 
 
-def reduce_sum(x: Tensor, scale: float = 1.0) -> Tensor:
-    """-> [1] = scale · Σ x."""
-    return _reduce([x], False, scale)
+def reduce_sum(x: Tensor, scale: float = 1.0, subgroup: bool | None = None) -> Tensor:
+    """-> [1] = scale · Σ x. `subgroup` forces either first pass (tests; None: by the adapter)."""
+    return _reduce([x], False, scale, subgroup)
 
 
-def sum_of_squares(tensors: list[Tensor]) -> Tensor:
-    """-> [1] = Σ over all tensors of Σ x² (the squared global gradient norm), in a fixed order."""
-    return _reduce(list(tensors), True, 1.0)
+def sum_of_squares(tensors: list[Tensor], subgroup: bool | None = None) -> Tensor:
+    """-> [1] = Σ over all tensors of Σ x² (the squared global gradient norm), in a fixed order. `subgroup` as
+    in reduce_sum."""
+    return _reduce(list(tensors), True, 1.0, subgroup)
 
 
 _BLOCK_ROWS = 128

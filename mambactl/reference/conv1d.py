@@ -1,5 +1,7 @@
 import numpy as np
 
+from mambactl.reference.activations import silu, silu_backward
+
 
 def conv1d(x, w, b=None):
     """Causal depthwise conv, PyTorch taps: x [B, L, C], w [C, 1, K] (or [C, K]), b [C] -> [B, L, C].
@@ -26,3 +28,15 @@ def conv1d_backward(x, w, dy):
         dxp[:, k : k + L, :] += w2[:, k] * dy
         dw[:, k] = np.sum(dy * xp[:, k : k + L, :], axis=(0, 1))
     return dxp[:, K - 1 :, :], dw.reshape(w.shape), dy.sum(axis=(0, 1))
+
+
+def conv1d_silu(x, w, b=None):
+    """-> (y, SiLU(y)) with y = conv1d(x, w, b)."""
+    y = conv1d(x, w, b)
+    return y, silu(y)
+
+
+def conv1d_silu_backward(x, w, y, dact, dact2):
+    """Backward of act = SiLU(y), y = conv1d(x, w, b), act used twice (gradients dact and dact2)
+    -> (dx, dw, db) as conv1d_backward."""
+    return conv1d_backward(x, w, silu_backward(y, dact + dact2))
