@@ -25,6 +25,28 @@ def expect(op: str, name: str, t, shape=None, dtype=F32) -> Tensor:
     return t
 
 
+# --- CPU adapters ------------------------------------------------------------------------------------------------
+# Software adapters (Mesa lavapipe / llvmpipe) take barrier-free kernels; where their subgroups have 8 lanes
+# (lavapipe on AVX2) the *_subgroup kernels, which broadcast from lanes 0-7, share loads across them.
+SUBGROUP_LANES = 8
+
+
+def is_cpu(rt) -> bool:
+    """Whether the runtime's adapter is a CPU (software) adapter."""
+    return getattr(getattr(rt, "info", None), "type", None) == "CPU"
+
+
+def cpu_subgroups(rt) -> bool:
+    """Whether the *_subgroup kernels are the choice here: a CPU adapter with SUBGROUP_LANES-lane subgroups."""
+    return is_cpu(rt) and rt.subgroup_size == SUBGROUP_LANES
+
+
+def require_subgroup_lanes(rt, what: str) -> None:
+    """Refuse a forced subgroup kernel where subgroups do not have SUBGROUP_LANES lanes (`what` names it)."""
+    if rt.subgroup_size != SUBGROUP_LANES:
+        raise ShapeError(f"{what} needs {SUBGROUP_LANES}-lane subgroups; this adapter has {rt.subgroup_size or 'none'}")
+
+
 # --- Mesa llvmpipe's loop budget -------------------------------------------------------------------------------
 # Mesa's llvmpipe (lavapipe's Vulkan and the GL llvmpipe adapter: our CPU path) stops EVERY loop of a shader
 # invocation once LP_MAX_TGSI_LOOP_ITERATIONS = 65,535 loop iterations have run in it in total, silently. Kernels

@@ -4,7 +4,7 @@ x branch) with its backward, which the walks (CPU adapters) fuse into one dispat
 from __future__ import annotations
 
 from mambactl.ops import activations
-from mambactl.ops.checks import SEGMENT_BUDGET, expect, grid_1d
+from mambactl.ops.checks import SEGMENT_BUDGET, expect, grid_1d, is_cpu
 from mambactl.ops.reduce import column_sums
 from mambactl.runtime.tensor import Tensor
 
@@ -24,7 +24,7 @@ def _walk(rt, L: int, K: int, walk: bool | None) -> bool:
     """The *_walk kernels (one invocation per (batch row, channel) walking time): on CPU adapters, for K ≤ 4 and a
     walk within llvmpipe's loop budget; `walk` forces them (True) or the per-output kernels (False)."""
     if walk is None:
-        return rt.info.type == "CPU" and K <= WALK_MAX_TAPS and L + K <= SEGMENT_BUDGET
+        return is_cpu(rt) and K <= WALK_MAX_TAPS and L + K <= SEGMENT_BUDGET
     return bool(walk)
 
 

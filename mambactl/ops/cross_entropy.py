@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mambactl.ops.checks import I32, SEGMENT_BUDGET, expect, grid_1d
+from mambactl.ops.checks import I32, SEGMENT_BUDGET, expect, grid_1d, is_cpu
 from mambactl.ops.reduce import reduce_sum
 from mambactl.runtime.tensor import Tensor
 
@@ -14,7 +14,7 @@ IGNORE_INDEX = -100
 def _per_row(rt, V: int, rows_path: bool | None) -> bool:
     """One invocation per row (the *_rows entry points): on CPU adapters, while a row's loop of V iterations stays
     within llvmpipe's loop budget; `rows_path` forces either."""
-    return rt.info.type == "CPU" and V <= SEGMENT_BUDGET if rows_path is None else bool(rows_path)
+    return is_cpu(rt) and V <= SEGMENT_BUDGET if rows_path is None else bool(rows_path)
 
 
 def cross_entropy(logits: Tensor, targets: Tensor, count: int, ignore_index: int = IGNORE_INDEX,

@@ -15,7 +15,7 @@ import math
 import numpy as np
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import expect, grid_1d, is_llvmpipe, loop_budget, segment_length
+from mambactl.ops.checks import cpu_subgroups, expect, grid_1d, is_cpu, is_llvmpipe, loop_budget, segment_length
 from mambactl.ops.reduce import column_sums
 from mambactl.runtime.tensor import Tensor
 
@@ -112,7 +112,7 @@ def choose_tile(M: int, N: int, K: int) -> str:
 def cpu_kernel(rt) -> str:
     """The GEMM for a CPU adapter: matmul_subgroup where subgroups have 8 lanes (it broadcasts from lanes 0-7;
     Mesa lavapipe on AVX2), else matmul_direct."""
-    return "matmul_subgroup" if rt.subgroup_size == 8 else "matmul_direct"
+    return "matmul_subgroup" if cpu_subgroups(rt) else "matmul_direct"
 
 
 def vec4_ok(M: int, N: int, K: int, trans_a: bool, trans_b: bool) -> bool:
@@ -163,7 +163,7 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
     if out is not None:
         expect("matmul", "out", out, (M, N))
     rt = a.runtime
-    cpu = rt.info.type == "CPU"
+    cpu = is_cpu(rt)
     precision = precision or rt.matmul_precision
     if precision not in PRECISIONS:
         raise ShapeError(f"matmul: unknown precision {precision!r}; one of {', '.join(PRECISIONS)}")

@@ -11,7 +11,7 @@ Shapes (SISO, rank 1 dropped): q, k [B, L, H, N]; v, y_core, y [B, L, H, P]; dt 
 from __future__ import annotations
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import expect, grid_1d, loop_budget
+from mambactl.ops.checks import expect, grid_1d, is_cpu, loop_budget
 from mambactl.runtime.tensor import Tensor
 
 FOLD_GROUP = 64  # mirrors FW: the output kernels' workgroup
@@ -49,7 +49,7 @@ def fold_lanes(rt, lanes: int | None = None) -> int:
         if lanes < 1 or FOLD_GROUP % lanes:
             raise ShapeError(f"mamba3_fold: {lanes} lanes per row must divide {FOLD_GROUP}")
         return int(lanes)
-    return 1 if getattr(getattr(rt, "info", None), "type", None) == "CPU" else FOLD_LANES
+    return 1 if is_cpu(rt) else FOLD_LANES
 
 
 def output_loops(nstate: int, headdim: int, lanes: int) -> int:

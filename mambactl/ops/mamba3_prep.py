@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import (SEGMENT_BUDGET, expect, grid_1d, is_llvmpipe, loop_budget, segment_length,
+from mambactl.ops.checks import (SEGMENT_BUDGET, expect, grid_1d, is_cpu, is_llvmpipe, loop_budget, segment_length,
                                  segments)
 from mambactl.runtime.tensor import Tensor
 
@@ -203,7 +203,7 @@ def finish_lanes(rt, lanes: int | None = None) -> int:
         if lanes < 1 or FINISH_GROUP % lanes:
             raise ShapeError(f"mamba3_finish: {lanes} lanes per item must divide {FINISH_GROUP}")
         return int(lanes)
-    return 1 if getattr(getattr(rt, "info", None), "type", None) == "CPU" else FINISH_LANES
+    return 1 if is_cpu(rt) else FINISH_LANES
 
 
 def finish_loops(headdim: int, lanes: int) -> int:

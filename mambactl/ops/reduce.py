@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from mambactl.errors import ShapeError
-from mambactl.ops.checks import expect
+from mambactl.ops.checks import cpu_subgroups, expect, require_subgroup_lanes
 from mambactl.runtime.tensor import Tensor
 
 _MAX_PARTIALS = 256  # workgroups per tensor in pass 1; each walks the tensor with a grid stride
-_SUBGROUP_LANES = 8  # reduce_partial_subgroup: one 8-lane subgroup per workgroup (CPU adapters)
 _MAX_GROUPS = 65535  # one dispatch dimension
 
 
@@ -23,10 +21,9 @@ def _reduce(tensors: list[Tensor], square: bool, scale: float, subgroup: bool | 
     rt = tensors[0].runtime
     # CPU adapters with 8-lane subgroups (Mesa lavapipe): the barrier-free pass 1 (kernels/reduce.wgsl says why)
     if subgroup is None:
-        subgroup = rt.info.type == "CPU" and rt.subgroup_size == _SUBGROUP_LANES
-    elif subgroup and rt.subgroup_size != _SUBGROUP_LANES:
-        raise ShapeError(f"reduce: the subgroup pass needs {_SUBGROUP_LANES}-lane subgroups; this adapter has "
-                         f"{rt.subgroup_size or 'none'}")
+        subgroup = cpu_subgroups(rt)
+    elif subgroup:
+        require_subgroup_lanes(rt, "reduce: the subgroup pass")
     entry = "reduce_partial_subgroup" if subgroup else "reduce_partial"
     groups = [_partial_groups(t.size, subgroup) for t in tensors]
     partials = rt.empty((sum(groups),))

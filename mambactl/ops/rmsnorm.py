@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mambactl.ops.checks import SEGMENT_BUDGET, expect, grid_1d
+from mambactl.ops.checks import SEGMENT_BUDGET, expect, grid_1d, is_cpu
 from mambactl.ops.reduce import column_sums
 from mambactl.runtime.tensor import Tensor
 
@@ -10,7 +10,7 @@ from mambactl.runtime.tensor import Tensor
 def _per_row(rt, D: int, rows_path: bool | None) -> bool:
     """One invocation per row (the *_rows entry points): on CPU adapters, while a row's two loops of D
     iterations stay within llvmpipe's loop budget; `rows_path` forces either."""
-    return rt.info.type == "CPU" and 2 * D <= SEGMENT_BUDGET if rows_path is None else rows_path
+    return is_cpu(rt) and 2 * D <= SEGMENT_BUDGET if rows_path is None else rows_path
 
 
 def _grid(rt, entry: str, M: int, per_row: bool):

@@ -36,7 +36,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import LOOP_BUDGET, SEGMENT_BUDGET, expect, grid_1d, is_llvmpipe, segment_length, segments
+from mambactl.ops.checks import (LOOP_BUDGET, SEGMENT_BUDGET, SUBGROUP_LANES, cpu_subgroups, expect, grid_1d, is_cpu,
+                                 is_llvmpipe, require_subgroup_lanes, segment_length, segments)
 from mambactl.runtime.tensor import Tensor
 
 WORKGROUP = 128  # mirrors WG in kernels/selective_scan.wgsl
@@ -50,7 +51,6 @@ CHUNK_MULTIPLE = 8
 DEFAULT_CHUNK = 128
 PATHS = ("tiled", "direct", "subgroup")
 SUBGROUP_MAX_STATE = 16  # SG_N in the kernel: the subgroup kernels hold the state in four vec4 registers
-SUBGROUP_LANES = 8  # they broadcast from lanes 0-7 and pad Dc to whole subgroups
 SUBGROUP_SUBCHUNK = 4  # SUBCHUNK in the kernel: steps per scratch slot of the subgroup backward
 # Direct backward: invocations (B·G) to aim for when giving each several channels; enough SIMD batches for the
 # CPU's threads, and it bounds the dB / dC partials to about DIRECT_THREADS·L·N each.
@@ -192,9 +192,9 @@ def _choose_path(rt, op: str, path: str | None, nstate: int, steps: int) -> str:
         if path not in PATHS:
             raise ShapeError(f"{op}: unknown path {path!r}; one of {PATHS} or None")
         return path
-    if getattr(getattr(rt, "info", None), "type", None) != "CPU":
+    if not is_cpu(rt):
         return "tiled"
-    if nstate <= SUBGROUP_MAX_STATE and getattr(rt, "subgroup_size", 0) == SUBGROUP_LANES:
+    if nstate <= SUBGROUP_MAX_STATE and cpu_subgroups(rt):
         one = subgroup_backward_loops_per_chunk(nstate, steps) + subgroup_fixed(nstate)
         if not (is_llvmpipe(rt) and one > LOOP_BUDGET):
             return "subgroup"
@@ -207,9 +207,7 @@ def _choose_path(rt, op: str, path: str | None, nstate: int, steps: int) -> str:
 def _check_subgroup(rt, op: str, nstate: int) -> None:
     if nstate > SUBGROUP_MAX_STATE:
         raise ShapeError(f"{op}: the subgroup path holds at most {SUBGROUP_MAX_STATE} states; A_log has N = {nstate}")
-    if rt.subgroup_size != SUBGROUP_LANES:
-        raise ShapeError(f"{op}: the subgroup path needs {SUBGROUP_LANES}-lane subgroups; this adapter has "
-                         f"{rt.subgroup_size or 'none'}")
+    require_subgroup_lanes(rt, f"{op}: the subgroup path")
 
 
 def _constants(nstate: int, chunk: int) -> dict:

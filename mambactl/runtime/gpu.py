@@ -95,7 +95,7 @@ class Runtime:
                                     f"({self.info.backend}) does not offer")
             # A module's subgroup functions are compiled only for the entry points that use them (the CPU
             # adapters' kernels): every other entry gets the module without them, the code GPUs were measured with.
-            module_key = (ep.module, bool(ep.features))
+            module_key = (ep.module, "subgroup" in ep.features)
             if module_key not in self._shader_modules:
                 self._shader_modules[module_key] = self.device.create_shader_module(
                     label=ep.module, code=all_modules()[ep.module].source_for(ep.features)
