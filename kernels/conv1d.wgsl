@@ -1,7 +1,13 @@
-// Causal depthwise conv over the sequence with PyTorch's taps: x, y [B, L, C] (time-major rows),
+// Causal depthwise conv over the sequence with PyTorch's taps: x [B, L, ·] (time-major rows), y [B, L, C],
 // w [C, K] (a [C, 1, K] weight), bias [C]; y[b, t, c] = Σ_k w[c, k] · x[b, t − K + 1 + k, c] + bias[c].
+// x may be a column range of a wider matrix (Mamba's in_proj output): its rows are x_stride floats apart and
+// channel c is column x_col + c, so no column_slice copy is made; the input gradient dx is written the same way
+// into columns dx_col.. of rows dx_stride apart (the combined in_proj gradient, no column_scatter).
 
-struct Params { batch: u32, len: u32, channels: u32, taps: u32, block_rows: u32 }
+struct Params {
+    batch: u32, len: u32, channels: u32, taps: u32, block_rows: u32, seg_len: u32,
+    x_stride: u32, x_col: u32, dx_stride: u32, dx_col: u32,
+}
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
@@ -14,27 +20,31 @@ struct Params { batch: u32, len: u32, channels: u32, taps: u32, block_rows: u32 
 @group(0) @binding(8) var<storage, read_write> db_part: array<f32>;
 // Decode: conv_state [B, K − 1, C] holds the last K − 1 inputs, oldest first.
 @group(0) @binding(9) var<storage, read_write> conv_state: array<f32>;
-// The walks with SILU (ops/conv1d.py conv1d_silu, CPU adapters): the forward also writes act = SiLU(y); the
-// backward takes the gradient of act as dy + dy2 (its two consumers) and the forward's y as pre, so the add and
-// silu_backward kernels, each a pass over [B, L, C] loading two operands, are folded into the walk.
+// The walks with SILU (ops/conv1d.py conv1d_silu, Mamba's x branch): the forward writes y = SiLU(conv) instead
+// of the conv; the backward recomputes the conv from its input window and takes the gradient of SiLU's output
+// as dy (+ dy2 with TWO_GRADS: Mamba-1's activation feeds both x_proj and the scan), so the add and
+// silu_backward kernels and the conv output itself (a pass over [B, L, C] each) are folded into the walks.
 override SILU: bool = false;
-@group(0) @binding(10) var<storage, read_write> act: array<f32>;
-@group(0) @binding(11) var<storage, read> pre: array<f32>;
-@group(0) @binding(12) var<storage, read> dy2: array<f32>;
+override TWO_GRADS: bool = false;
+@group(0) @binding(10) var<storage, read> dy2: array<f32>;
 
 // As activations.wgsl's sigmoid_of, so the fused walks compute SiLU and its derivative as those kernels do.
 fn sigmoid_of(v: f32) -> f32 { return 1.0 / (1.0 + exp(-v)); }
+
+// x at (row of the [B·L] rows, channel)
+fn x_at(row: u32, c: u32) -> f32 { return x[row * p.x_stride + p.x_col + c]; }
 
 @compute @workgroup_size(256)
 fn conv1d_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.y * nwg.x * 256u + gid.x;
     if (i >= p.batch * p.len * p.channels) { return; }
     let c = i % p.channels;
-    let t = (i / p.channels) % p.len;
+    let row = i / p.channels;
+    let t = row % p.len;
     var s = bias[c];
     for (var k = 0u; k < p.taps; k++) {
         let lag = p.taps - 1u - k;
-        if (t >= lag) { s += w[c * p.taps + k] * x[i - lag * p.channels]; }
+        if (t >= lag) { s += w[c * p.taps + k] * x_at(row - lag, c); }
     }
     y[i] = s;
 }
@@ -45,13 +55,14 @@ fn conv1d_backward_input(@builtin(global_invocation_id) gid: vec3<u32>, @builtin
     let i = gid.y * nwg.x * 256u + gid.x;
     if (i >= p.batch * p.len * p.channels) { return; }
     let c = i % p.channels;
-    let t = (i / p.channels) % p.len;
+    let row = i / p.channels;
+    let t = row % p.len;
     var s = 0.0;
     for (var k = 0u; k < p.taps; k++) {
         let lead = p.taps - 1u - k;
         if (t + lead < p.len) { s += w[c * p.taps + k] * dy[i + lead * p.channels]; }
     }
-    dx[i] = s;
+    dx[row * p.dx_stride + p.dx_col + c] = s;
 }
 
 // Per row block: dw_part[block, c·K + k] = Σ_{rows in block} dy[b, t, c] · x[b, t − K + 1 + k, c] and
@@ -69,9 +80,8 @@ fn conv1d_backward_weight(@builtin(global_invocation_id) gid: vec3<u32>) {
     var s = 0.0;
     var sb = 0.0;
     for (var row = block * p.block_rows; row < end; row++) {
-        let i = row * p.channels + c;
-        let g = dy[i];
-        if (row % p.len >= lag) { s += g * x[i - lag * p.channels]; }
+        let g = dy[row * p.channels + c];
+        if (row % p.len >= lag) { s += g * x_at(row - lag, c); }
         sb += g;
     }
     dw_part[block * p.channels * p.taps + c * p.taps + k] = s;
@@ -89,11 +99,11 @@ fn conv1d_state(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
     let b = i / (p.channels * keep);
     let t = i32(p.len) - i32(keep) + i32(j);
     var v = 0.0;
-    if (t >= 0) { v = x[(b * p.len + u32(t)) * p.channels + c]; }
+    if (t >= 0) { v = x_at(b * p.len + u32(t), c); }
     conv_state[i] = v;
 }
 
-// One decoding step for x [B, C] (len = 1): y = Σ_k w[c, k] · window[k] + bias with the window =
+// One decoding step for x [B, ·] (len = 1): y = Σ_k w[c, k] · window[k] + bias with the window =
 // conv_state then x; the state then shifts by one (each thread owns one (b, c) column).
 @compute @workgroup_size(256)
 fn conv1d_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -103,7 +113,7 @@ fn conv1d_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     let b = i / p.channels;
     let keep = p.taps - 1u;
     let base = b * keep * p.channels + c;
-    let xv = x[i];
+    let xv = x_at(b, c);
     var s = bias[c] + w[c * p.taps + keep] * xv;
     for (var k = 0u; k < keep; k++) {
         s += w[c * p.taps + k] * conv_state[base + k * p.channels];
@@ -116,14 +126,16 @@ fn conv1d_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
     y[i] = s;
 }
 
-// --- CPU adapters: walks over time, K ≤ 4 ------------------------------------------------------------------------
-// On Mesa llvmpipe every storage load or store is a loop over the SIMD lanes (~1.5 ns per lane), so the kernels
-// above, one thread per output re-reading K inputs and K weights, move 2K + 1 words per output. These give one
-// invocation a (batch row, channel) that walks time with the last four inputs (or upcoming output gradients) in
-// a vec4 window and its taps in a vec4 register: 2 words per output forward, 3 per step backward, where the
-// backward also accumulates the weight and bias gradients of its column (dw_part [B, C·K], db_part [B, C],
-// summed over the batch by ops.reduce.column_sums). Taps are right-aligned in the vec4: tap k at component
-// k + 4 − K (the rest 0). Grid grid_1d(B·C, 64): invocation b·C + c.
+// --- Walks over time, K ≤ 4 (every adapter) -----------------------------------------------------------------------
+// One invocation per (time segment of seg_len steps, batch row, channel) walks its segment with the last four
+// inputs (or upcoming output gradients) in a vec4 window and its taps in a vec4 register: each input and each
+// output gradient is loaded once (the per-output kernels above load K of each), and the backward also sums the
+// weight and bias gradients of its column over the segment (dw_part [S·B, C·K], db_part [S·B, C] for S segments,
+// summed by ops.reduce.column_sums). A segment first walks the K − 1 steps before it (forward) or after it
+// (backward) only to fill its window. On GPUs short segments give enough threads (B·C·S) to cover memory latency;
+// on Mesa lavapipe, where every storage access is a loop over the SIMD lanes, one segment spans the sequence (or
+// as much of it as llvmpipe's loop budget allows). Taps are right-aligned in the vec4: tap k at component
+// k + 4 − K (the rest 0). Grid grid_1d(S·B·C, 64): invocation (s·B + b)·C + c.
 
 // Component j of the window holds the input at lag 3 − j; tap k multiplies lag K − 1 − k.
 fn taps4(c: u32) -> vec4<f32> {
@@ -132,57 +144,71 @@ fn taps4(c: u32) -> vec4<f32> {
     return v;
 }
 
+fn segments() -> u32 { return (p.len + p.seg_len - 1u) / p.seg_len; }
+
 @compute @workgroup_size(64)
 fn conv1d_forward_walk(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.y * nwg.x * 64u + gid.x;
-    if (i >= p.batch * p.channels) { return; }
+    if (i >= segments() * p.batch * p.channels) { return; }
     let c = i % p.channels;
-    let b = i / p.channels;
+    let b = (i / p.channels) % p.batch;
+    let lo = (i / (p.channels * p.batch)) * p.seg_len;
+    let end = min(p.len, lo + p.seg_len);
     let tw = taps4(c);
     let bc = bias[c];
-    var win = vec4<f32>(0.0);  // x[t − 3], x[t − 2], x[t − 1], x[t] (0 before t = 0)
-    for (var t = 0u; t < p.len; t++) {
-        let e = (b * p.len + t) * p.channels + c;
-        win = vec4<f32>(win.yzw, x[e]);
-        let v = dot(tw, win) + bc;
-        y[e] = v;
-        if (SILU) { act[e] = v * sigmoid_of(v); }
+    let row0 = b * p.len;
+    var win = vec4<f32>(0.0);  // x[t − 3], x[t − 2], x[t − 1], x[t] (0 before t = 0 and before the warm-up)
+    for (var t = lo - min(lo, p.taps - 1u); t < end; t++) {
+        win = vec4<f32>(win.yzw, x_at(row0 + t, c));
+        if (t >= lo) {
+            var v = dot(tw, win) + bc;
+            if (SILU) { v = v * sigmoid_of(v); }
+            y[(row0 + t) * p.channels + c] = v;
+        }
     }
 }
 
 @compute @workgroup_size(64)
 fn conv1d_backward_walk(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.y * nwg.x * 64u + gid.x;
-    if (i >= p.batch * p.channels) { return; }
+    if (i >= segments() * p.batch * p.channels) { return; }
     let c = i % p.channels;
-    let b = i / p.channels;
+    let b = (i / p.channels) % p.batch;
+    let part = i / p.channels;  // s·B + b: this invocation's row of dw_part and db_part
+    let lo = (part / p.batch) * p.seg_len;
+    let end = min(p.len, lo + p.seg_len);
+    let hi = min(p.len, end + p.taps - 1u);  // steps in [end, hi) only fill the window of upcoming gradients
     let tw = taps4(c);
     let back = vec4<f32>(tw.w, tw.z, tw.y, tw.x);  // dx[t] = Σ_j tap(K − 1 − j) · dy[t + j]
+    let bc = bias[c];
     let row0 = b * p.len;
     var ahead = vec4<f32>(0.0);  // dy[t], dy[t + 1], dy[t + 2], dy[t + 3] (0 past the end)
     var past = vec4<f32>(0.0);   // x[t − 3], x[t − 2], x[t − 1], x[t] (0 before t = 0)
-    for (var j = 0u; j < 3u; j++) {  // x[L − 3], x[L − 2], x[L − 1], _: one shift before the window at t = L − 1
-        let t = i32(p.len) - 3 + i32(j);
-        if (t >= 0) { past[j] = x[(row0 + u32(t)) * p.channels + c]; }
+    for (var j = 0u; j < 3u; j++) {  // x[hi − 3], x[hi − 2], x[hi − 1], _: one shift before the window at t = hi − 1
+        let t = i32(hi) - 3 + i32(j);
+        if (t >= 0) { past[j] = x_at(row0 + u32(t), c); }
     }
     var dw4 = vec4<f32>(0.0);
     var db = 0.0;
-    for (var s = p.len; s > 0u; s--) {
+    for (var s = hi; s > lo; s--) {
         let t = s - 1u;
+        var oldest = 0.0;
+        if (t >= 3u) { oldest = x_at(row0 + t - 3u, c); }
+        past = vec4<f32>(oldest, past.xyz);
         let e = (row0 + t) * p.channels + c;
         var g = dy[e];
-        if (SILU) {  // as add_forward then silu_backward (1 − σ(v) as σ(−v))
-            let v = pre[e];
-            g = (g + dy2[e]) * sigmoid_of(v) * (1.0 + v * sigmoid_of(-v));
+        if (SILU) {  // as add_forward then silu_backward (1 − σ(v) as σ(−v)) on the recomputed conv output v
+            let v = dot(tw, past) + bc;
+            if (TWO_GRADS) { g += dy2[e]; }
+            g = g * sigmoid_of(v) * (1.0 + v * sigmoid_of(-v));
         }
         ahead = vec4<f32>(g, ahead.xyz);
-        var oldest = 0.0;
-        if (t >= 3u) { oldest = x[(row0 + t - 3u) * p.channels + c]; }
-        past = vec4<f32>(oldest, past.xyz);
-        dx[e] = dot(back, ahead);
-        dw4 += g * past;
-        db += g;
+        if (t < end) {
+            dx[(row0 + t) * p.dx_stride + p.dx_col + c] = dot(back, ahead);
+            dw4 += g * past;
+            db += g;
+        }
     }
-    for (var k = 0u; k < p.taps; k++) { dw_part[b * p.channels * p.taps + c * p.taps + k] = dw4[k + 4u - p.taps]; }
-    db_part[b * p.channels + c] = db;
+    for (var k = 0u; k < p.taps; k++) { dw_part[(part * p.channels + c) * p.taps + k] = dw4[k + 4u - p.taps]; }
+    db_part[part * p.channels + c] = db;
 }

@@ -231,51 +231,98 @@ def test_rmsnorm_forward_backward(rt, rng, M, D, rows_path):
     assert rel(dw.numpy(), rdw) < REDUCTION_TOL
 
 
-@pytest.mark.parametrize("walk", [False, True], ids=["per_output", "walk"])
+def _columns_of(rng, x32, pad_left, pad_right):
+    """x32 [B, L, C] placed in columns [pad_left, pad_left + C) of a wider random matrix (as in_proj's output)."""
+    B, L, C = x32.shape
+    wide = rng.standard_normal((B, L, pad_left + C + pad_right)).astype(np.float32)
+    wide[:, :, pad_left:pad_left + C] = x32
+    return wide
+
+
+CONV_PATHS = [(False, None), (True, None), (True, 2), (True, 5)]  # (walk, steps per walk invocation)
+CONV_PATH_IDS = ["per_output", "walk", "walk_seg2", "walk_seg5"]
+
+
+@pytest.mark.parametrize("walk,segment", CONV_PATHS, ids=CONV_PATH_IDS)
 @pytest.mark.parametrize("B,L,C,K", [(1, 1, 1, 4), (2, 3, 17, 4), (1, 65, 3, 2), (3, 17, 130, 4), (2, 9, 5, 1),
                                      (2, 2, 3, 3)])
-def test_conv1d_forward_backward(rt, rng, B, L, C, K, walk):
-    """Both the per-output kernels and the walks over time (CPU adapters, K ≤ 4: L shorter than the window too)."""
+@pytest.mark.parametrize("strided", [False, True], ids=["dense", "columns"])
+def test_conv1d_forward_backward(rt, rng, B, L, C, K, walk, segment, strided):
+    """The per-output kernels and the walks over time (K ≤ 4: L shorter than the window too; segments shorter
+    than the window), reading x from columns of a wider matrix and writing dx into columns of another."""
     (x32, x), (w32, w), (b32, b), (dy32, dy) = f32(rng, B, L, C), f32(rng, C, K), f32(rng, C), f32(rng, B, L, C)
-    gx, gw = rt.from_numpy(x32), rt.from_numpy(w32)
-    assert rel(conv1d.conv1d(gx, gw, rt.from_numpy(b32), walk=walk).numpy(), ref_conv.conv1d(x, w, b)) < ELEMENTWISE_TOL
-    dx, dw, db = conv1d.conv1d_backward(gx, gw, rt.from_numpy(dy32), walk=walk)
+    gw = rt.from_numpy(w32)
+    kw = dict(walk=walk, segment=segment)
+    if strided:
+        gx, kw["x_start"] = rt.from_numpy(_columns_of(rng, x32, 3, 2)), 3
+        dx_wide = _columns_of(rng, np.zeros_like(x32), 1, 4)
+        kw_dx = dict(dx_out=(rt.from_numpy(dx_wide), 1))
+    else:
+        gx, kw_dx = rt.from_numpy(x32), {}
+    assert rel(conv1d.conv1d(gx, gw, rt.from_numpy(b32), **kw).numpy(), ref_conv.conv1d(x, w, b)) < ELEMENTWISE_TOL
+    dx, dw, db = conv1d.conv1d_backward(gx, gw, rt.from_numpy(dy32), **kw, **kw_dx)
     rdx, rdw, rdb = ref_conv.conv1d_backward(x, w, dy)
-    assert rel(dx.numpy(), rdx) < REDUCTION_TOL
+    if strided:  # the other columns of dx_out are untouched
+        dx = dx.numpy()
+        np.testing.assert_array_equal(np.delete(dx, range(1, 1 + C), axis=2), np.delete(dx_wide, range(1, 1 + C), axis=2))
+        dx = dx[:, :, 1:1 + C]
+    else:
+        dx = dx.numpy()
+    assert rel(dx, rdx) < REDUCTION_TOL
     assert rel(dw.numpy(), rdw) < REDUCTION_TOL
     assert rel(db.numpy(), rdb) < REDUCTION_TOL
 
 
-@pytest.mark.parametrize("walk", [False, True], ids=["per_output", "walk"])
+@pytest.mark.parametrize("walk,segment", CONV_PATHS, ids=CONV_PATH_IDS)
 @pytest.mark.parametrize("B,L,C,K", [(1, 1, 1, 4), (2, 3, 17, 4), (3, 17, 130, 4), (2, 9, 5, 1)])
-def test_conv1d_silu_forward_backward(rt, rng, B, L, C, K, walk):
-    """conv1d + SiLU and its backward from two gradients of the activation: fused in the walks (CPU adapters),
-    conv1d, silu, add and silu_backward kernels on the per-output path."""
+@pytest.mark.parametrize("two_grads", [False, True], ids=["one_grad", "two_grads"])
+def test_conv1d_silu_forward_backward(rt, rng, B, L, C, K, walk, segment, two_grads):
+    """SiLU(conv1d) and its backward from one or two gradients of the activation, x read from columns of a wider
+    matrix and dx written into columns of another: fused in the walks (the backward recomputes the conv), conv1d,
+    silu, add and silu_backward kernels on the per-output path."""
     (x32, x), (w32, w), (b32, b) = f32(rng, B, L, C), f32(rng, C, K), f32(rng, C)
     (da32, da), (db32, db_) = f32(rng, B, L, C), f32(rng, B, L, C)
-    gx, gw = rt.from_numpy(x32), rt.from_numpy(w32)
-    y, act = conv1d.conv1d_silu(gx, gw, rt.from_numpy(b32), walk=walk)
-    ry, ract = ref_conv.conv1d_silu(x, w, b)
-    assert rel(y.numpy(), ry) < ELEMENTWISE_TOL
-    assert rel(act.numpy(), ract) < ELEMENTWISE_TOL
-    dx, dw, dbias = conv1d.conv1d_silu_backward(gx, gw, y, rt.from_numpy(da32), rt.from_numpy(db32), walk=walk)
-    rdx, rdw, rdb = ref_conv.conv1d_silu_backward(x, w, ry, da, db_)
-    assert rel(dx.numpy(), rdx) < REDUCTION_TOL
+    gx, gw, gb = rt.from_numpy(_columns_of(rng, x32, 2, 1)), rt.from_numpy(w32), rt.from_numpy(b32)
+    kw = dict(x_start=2, walk=walk, segment=segment)
+    act = conv1d.conv1d_silu(gx, gw, gb, **kw)
+    assert rel(act.numpy(), ref_conv.conv1d_silu(x, w, b)) < ELEMENTWISE_TOL
+    dx_out = rt.from_numpy(_columns_of(rng, np.zeros_like(x32), 0, 3))
+    dx, dw, dbias = conv1d.conv1d_silu_backward(gx, gw, gb, rt.from_numpy(da32), rt.from_numpy(db32) if two_grads
+                                                else None, dx_out=(dx_out, 0), **kw)
+    rdx, rdw, rdb = ref_conv.conv1d_silu_backward(x, w, b, da, db_ if two_grads else None)
+    assert rel(dx.numpy()[:, :, :C], rdx) < REDUCTION_TOL
     assert rel(dw.numpy(), rdw) < REDUCTION_TOL
     assert rel(dbias.numpy(), rdb) < REDUCTION_TOL
+
+
+def test_conv1d_walk_accumulates_and_checks_columns(rt, rng):
+    """dw, db given are added into; a column range outside x or dx_out is a ShapeError naming the op."""
+    (x32, x), (w32, w), (b32, b), (dy32, dy) = f32(rng, 2, 7, 5), f32(rng, 5, 4), f32(rng, 5), f32(rng, 2, 7, 5)
+    gx, gw = rt.from_numpy(x32), rt.from_numpy(w32)
+    (dw0, _), (db0, _) = f32(rng, 5, 4), f32(rng, 5)
+    _, dw, db = conv1d.conv1d_backward(gx, gw, rt.from_numpy(dy32), rt.from_numpy(dw0), rt.from_numpy(db0))
+    _, rdw, rdb = ref_conv.conv1d_backward(x, w, dy)
+    assert rel(dw.numpy(), rdw + dw0) < REDUCTION_TOL
+    assert rel(db.numpy(), rdb + db0) < REDUCTION_TOL
+    with pytest.raises(ShapeError, match="conv1d: x channels"):
+        conv1d.conv1d(gx, gw, rt.from_numpy(b32), x_start=1)
+    with pytest.raises(ShapeError, match="conv1d_backward: dx_out columns"):
+        conv1d.conv1d_backward(gx, gw, rt.from_numpy(dy32), dx_out=(rt.empty((2, 7, 6)), 2))
 
 
 @pytest.mark.parametrize("K", [1, 2, 4])
 def test_conv1d_state_and_steps_continue_the_sequence(rt, rng, K):
     """The decode state after a prefill of L steps, advanced one token at a time, gives the outputs the
-    parallel conv gives at positions L, L + 1, ... (L shorter and longer than the window)."""
+    parallel conv gives at positions L, L + 1, ... (L shorter and longer than the window); x is read from columns
+    [2, 9) of wider rows, as the models pass in_proj's output."""
     for L in (1, 5):
         (x32, x), (w32, w), (b32, b) = f32(rng, 2, L + 3, 7), f32(rng, 7, K), f32(rng, 7)
+        wide = _columns_of(rng, x32, 2, 3)
         full = ref_conv.conv1d(x, w, b)
         gw, gb = rt.from_numpy(w32), rt.from_numpy(b32)
-        state = conv1d.conv1d_state(rt.from_numpy(np.ascontiguousarray(x32[:, :L])), K)
+        state = conv1d.conv1d_state(rt.from_numpy(np.ascontiguousarray(wide[:, :L])), K, x_start=2, channels=7)
         for t in range(L, L + 3):
-            y = conv1d.conv1d_step(state, rt.from_numpy(np.ascontiguousarray(x32[:, t])), gw, gb)
+            y = conv1d.conv1d_step(state, rt.from_numpy(np.ascontiguousarray(wide[:, t])), gw, gb, x_start=2)
             assert rel(y.numpy(), full[:, t]) < ELEMENTWISE_TOL
 
 

@@ -65,14 +65,14 @@ def test_conv1d(rng, K):
     assert max(check_grad(f, x, dx), check_grad(f, w, dw), check_grad(f, b, db)) < TOL
 
 
+@pytest.mark.parametrize("two_grads", [False, True])
 @pytest.mark.parametrize("K", [1, 4])
-def test_conv1d_silu(rng, K):
-    """act = SiLU(conv1d(x)) used twice: the loss Σ act·(dact + dact2)."""
+def test_conv1d_silu(rng, K, two_grads):
+    """act = SiLU(conv1d(x)), used once (loss Σ act·dact) or twice (Σ act·(dact + dact2))."""
     x, w, b = rng.normal(size=(2, 5, 3)), rng.normal(size=(3, 1, K)), rng.normal(size=3)
-    dact, dact2 = rng.normal(size=(2, 5, 3)), rng.normal(size=(2, 5, 3))
-    f = lambda: np.sum(conv1d_silu(x, w, b)[1] * dact) + np.sum(conv1d_silu(x, w, b)[1] * dact2)
-    y, _ = conv1d_silu(x, w, b)
-    dx, dw, db = conv1d_silu_backward(x, w, y, dact, dact2)
+    dact, dact2 = rng.normal(size=(2, 5, 3)), rng.normal(size=(2, 5, 3)) if two_grads else None
+    f = lambda: np.sum(conv1d_silu(x, w, b) * (dact if dact2 is None else dact + dact2))
+    dx, dw, db = conv1d_silu_backward(x, w, b, dact, dact2)
     assert max(check_grad(f, x, dx), check_grad(f, w, dw), check_grad(f, b, db)) < TOL
 
 

@@ -20,12 +20,11 @@ def mamba1_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig
     m, di, R, N = cfg.mamba1, cfg.d_inner, cfg.dt_rank, cfg.mamba1.d_state
     rt = x.runtime
     xz = linear.linear(x, p["in_proj.weight"], p.get("in_proj.bias"))
-    xs = slice.column_slice(xz, 0, di)
     z = slice.column_slice(xz, di, di)
     conv_w = p["conv1d.weight"].reshape(di, m.d_conv)
     conv_b = p["conv1d.bias"] if m.conv_bias else zeros(rt, (di,))
-    conv, u = conv1d.conv1d_silu(xs.reshape(batch, length, di), conv_w, conv_b)
-    conv, u = conv.reshape(-1, di), u.reshape(-1, di)
+    xz3 = xz.reshape(batch, length, 2 * di)  # the conv reads its x columns [0, d_inner) in place
+    u = conv1d.conv1d_silu(xz3, conv_w, conv_b, x_start=0).reshape(-1, di)
     x_dbl = linear.linear(u, p["x_proj.weight"])
     dt_in = slice.column_slice(x_dbl, 0, R)
     Bm = slice.column_slice(x_dbl, R, N)
@@ -38,7 +37,7 @@ def mamba1_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig
     )
     y = y.reshape(-1, di)
     out = linear.linear(y, p["out_proj.weight"], p.get("out_proj.bias"))
-    saved = dict(x=x, xs=xs, conv=conv, u=u, dt_in=dt_in, y=y, scan=scan_saved, conv_w=conv_w,
+    saved = dict(x=x, xz3=xz3, u=u, dt_in=dt_in, y=y, scan=scan_saved, conv_w=conv_w, conv_b=conv_b,
                  batch=batch, length=length)
     return out, saved
 
@@ -58,20 +57,20 @@ def mamba1_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfi
     conv_dw = g["conv1d.weight"].reshape(di, m.d_conv)
     conv_db = g["conv1d.bias"] if m.conv_bias else zeros(dout.runtime, (di,))
     shape3 = (s["batch"], s["length"], di)
-    dxs, _, _ = conv1d.conv1d_silu_backward(  # u fed the scan (du) and x_proj (du2)
-        s["xs"].reshape(shape3), s["conv_w"], s["conv"].reshape(shape3), du.reshape(shape3), du2.reshape(shape3),
-        dw=conv_dw, db=conv_db,
+    dxz3 = dout.runtime.empty(s["xz3"].shape)  # [dx | dz]: the conv writes its columns, dz is scattered beside
+    conv1d.conv1d_silu_backward(  # u fed the scan (du) and x_proj (du2)
+        s["xz3"], s["conv_w"], s["conv_b"], du.reshape(shape3), du2.reshape(shape3), dw=conv_dw, db=conv_db,
+        x_start=0, dx_out=(dxz3, 0),
     )
-    dxz = slice.column_concat([dxs.reshape(-1, di), dz.reshape(-1, di)])
+    dxz = slice.column_scatter(dz.reshape(-1, di), dxz3.reshape(-1, 2 * di), di)
     dx, _, _ = linear.linear_backward(s["x"], p["in_proj.weight"], dxz, dw=g["in_proj.weight"], db=g.get("in_proj.bias"))
     return dx
 
 
 def mamba1_decode_state(saved: dict, cfg: ModelConfig) -> dict:
     """The recurrent state after a parallel forward: the conv window and the scan's last state."""
-    di = cfg.d_inner
-    xs = saved["xs"].reshape(saved["batch"], saved["length"], di)
-    return {"conv": conv1d.conv1d_state(xs, cfg.mamba1.d_conv), "ssm": saved["scan"].last_state}
+    return {"conv": conv1d.conv1d_state(saved["xz3"], cfg.mamba1.d_conv, x_start=0, channels=cfg.d_inner),
+            "ssm": saved["scan"].last_state}
 
 
 def mamba1_step(p: dict, x: Tensor, state: dict, cfg: ModelConfig) -> Tensor:
@@ -79,9 +78,10 @@ def mamba1_step(p: dict, x: Tensor, state: dict, cfg: ModelConfig) -> Tensor:
     m, di, R, N = cfg.mamba1, cfg.d_inner, cfg.dt_rank, cfg.mamba1.d_state
     rt = x.runtime
     xz = linear.linear(x, p["in_proj.weight"], p.get("in_proj.bias"))
-    xs, z = slice.column_slice(xz, 0, di), slice.column_slice(xz, di, di)
+    z = slice.column_slice(xz, di, di)
     conv_b = p["conv1d.bias"] if m.conv_bias else zeros(rt, (di,))
-    u = activations.silu(conv1d.conv1d_step(state["conv"], xs, p["conv1d.weight"].reshape(di, m.d_conv), conv_b))
+    u = activations.silu(conv1d.conv1d_step(state["conv"], xz, p["conv1d.weight"].reshape(di, m.d_conv), conv_b,
+                                            x_start=0))
     x_dbl = linear.linear(u, p["x_proj.weight"])
     delta = linear.linear(slice.column_slice(x_dbl, 0, R), p["dt_proj.weight"])
     y = selective_scan_step(state["ssm"], u, delta, p["A_log"], slice.column_slice(x_dbl, R, N),

@@ -27,12 +27,11 @@ def mamba2_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig
     rt = x.runtime
     zxbcdt = linear.linear(x, p["in_proj.weight"], p.get("in_proj.bias"))
     z = slice.column_slice(zxbcdt, 0, di)
-    xBC = slice.column_slice(zxbcdt, di, conv_dim)
     dt = slice.column_slice(zxbcdt, di + conv_dim, H)
     conv_w = p["conv1d.weight"].reshape(conv_dim, m.d_conv)
     conv_b = p["conv1d.bias"] if m.conv_bias else zeros(rt, (conv_dim,))
-    conv = conv1d.conv1d(xBC.reshape(batch, length, conv_dim), conv_w, conv_b).reshape(-1, conv_dim)
-    u = activations.silu(conv)
+    zxbcdt3 = zxbcdt.reshape(batch, length, -1)  # the conv reads its xBC columns in place
+    u = conv1d.conv1d_silu(zxbcdt3, conv_w, conv_b, x_start=di).reshape(-1, conv_dim)
     xs = slice.column_slice(u, 0, di)
     Bm = slice.column_slice(u, di, G * N)
     Cm = slice.column_slice(u, di + G * N, G * N)
@@ -44,8 +43,8 @@ def mamba2_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig
     y = y.reshape(-1, di)
     yn, rstd = rmsnorm_gated(y, z, p["norm.weight"], di // G, cfg.norm_eps)
     out = linear.linear(yn, p["out_proj.weight"], p.get("out_proj.bias"))
-    saved = dict(x=x, z=z, xBC=xBC, conv=conv, y=y, rstd=rstd, yn=yn, scan=scan_saved, conv_w=conv_w,
-                 batch=batch, length=length)
+    saved = dict(x=x, z=z, zxbcdt3=zxbcdt3, y=y, rstd=rstd, yn=yn, scan=scan_saved, conv_w=conv_w,
+                 conv_b=conv_b, batch=batch, length=length)
     return out, saved
 
 
@@ -62,12 +61,14 @@ def mamba2_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfi
         s["scan"], dy.reshape(B, L, H, P), grads={"A_log": g["A_log"], "D": g["D"], "dt_bias": g["dt_bias"]},
     )
     du = slice.column_concat([dxs.reshape(-1, di), dB.reshape(-1, G * N), dC.reshape(-1, G * N)])
-    dconv = activations.silu_backward(s["conv"], du)
     conv_dw = g["conv1d.weight"].reshape(conv_dim, m.d_conv)
     conv_db = g["conv1d.bias"] if m.conv_bias else zeros(dout.runtime, (conv_dim,))
-    dxBC, _, _ = conv1d.conv1d_backward(s["xBC"].reshape(B, L, conv_dim), s["conv_w"],
-                                        dconv.reshape(B, L, conv_dim), dw=conv_dw, db=conv_db)
-    dzxbcdt = slice.column_concat([dz, dxBC.reshape(-1, conv_dim), ddt.reshape(-1, H)])
+    dzxbcdt3 = dout.runtime.empty(s["zxbcdt3"].shape)  # [dz | dxBC | ddt]: the conv writes its columns in place
+    conv1d.conv1d_silu_backward(s["zxbcdt3"], s["conv_w"], s["conv_b"], du.reshape(B, L, conv_dim), dw=conv_dw,
+                                db=conv_db, x_start=di, dx_out=(dzxbcdt3, di))
+    dzxbcdt = dzxbcdt3.reshape(B * L, -1)
+    slice.column_scatter(dz, dzxbcdt, 0)
+    slice.column_scatter(ddt.reshape(-1, H), dzxbcdt, di + conv_dim)
     dx, _, _ = linear.linear_backward(s["x"], p["in_proj.weight"], dzxbcdt, dw=g["in_proj.weight"],
                                       db=g.get("in_proj.bias"))
     return dx
@@ -75,9 +76,8 @@ def mamba2_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfi
 
 def mamba2_decode_state(saved: dict, cfg: ModelConfig) -> dict:
     """The recurrent state after a parallel forward: the conv window of xBC and the scan's last state."""
-    m, conv_dim = cfg.mamba2, cfg.mamba2_conv_dim
-    xBC = saved["xBC"].reshape(saved["batch"], saved["length"], conv_dim)
-    return {"conv": conv1d.conv1d_state(xBC, m.d_conv), "ssm": saved["scan"].last_state}
+    return {"conv": conv1d.conv1d_state(saved["zxbcdt3"], cfg.mamba2.d_conv, x_start=cfg.mamba2_d_inner,
+                                        channels=cfg.mamba2_conv_dim), "ssm": saved["scan"].last_state}
 
 
 def mamba2_step(p: dict, x: Tensor, state: dict, cfg: ModelConfig) -> Tensor:
@@ -86,11 +86,10 @@ def mamba2_step(p: dict, x: Tensor, state: dict, cfg: ModelConfig) -> Tensor:
     rt = x.runtime
     zxbcdt = linear.linear(x, p["in_proj.weight"], p.get("in_proj.bias"))
     z = slice.column_slice(zxbcdt, 0, di)
-    xBC = slice.column_slice(zxbcdt, di, conv_dim)
     dt = slice.column_slice(zxbcdt, di + conv_dim, H)
     conv_b = p["conv1d.bias"] if m.conv_bias else zeros(rt, (conv_dim,))
-    u = activations.silu(conv1d.conv1d_step(state["conv"], xBC, p["conv1d.weight"].reshape(conv_dim, m.d_conv),
-                                            conv_b))
+    u = activations.silu(conv1d.conv1d_step(state["conv"], zxbcdt, p["conv1d.weight"].reshape(conv_dim, m.d_conv),
+                                            conv_b, x_start=di))
     y = ssd_step(state["ssm"], slice.column_slice(u, 0, di), dt, p["A_log"], slice.column_slice(u, di, G * N),
                  slice.column_slice(u, di + G * N, G * N), p["D"], p["dt_bias"], dt_limit=tuple(m.dt_limit))
     yn, _ = rmsnorm_gated(y, z, p["norm.weight"], di // G, cfg.norm_eps)

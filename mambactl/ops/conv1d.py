@@ -1,121 +1,175 @@
-"""Causal depthwise conv1d with PyTorch taps (kernels/conv1d.wgsl), and conv1d followed by SiLU (Mamba's
-x branch) with its backward, which the walks (CPU adapters) fuse into one dispatch each way."""
+"""Causal depthwise conv1d with PyTorch taps (kernels/conv1d.wgsl), and conv1d followed by SiLU (Mamba's x
+branch) with its backward, each one dispatch (plus the weight-gradient sums) on every adapter for K ≤ 4.
+
+The input may be a column range of a wider matrix: x [B, L, P] with the conv's C = w.shape[0] channels in columns
+[x_start, x_start + C) (Mamba's in_proj output, read in place instead of a column_slice copy); likewise the input
+gradient can be written into columns of an existing matrix (`dx_out`, the combined in_proj gradient).
+"""
 
 from __future__ import annotations
 
+from mambactl.errors import ShapeError
 from mambactl.ops import activations
 from mambactl.ops.checks import SEGMENT_BUDGET, expect, grid_1d, is_cpu
 from mambactl.ops.reduce import column_sums
 from mambactl.runtime.tensor import Tensor
 
-
-def _dims(op: str, x: Tensor, w: Tensor):
-    expect(op, "x", x, (None, None, None))
-    B, L, C = x.shape
-    expect(op, "w", w, (C, None))
-    return B, L, C, w.shape[1]
-
-
 _BLOCK_ROWS = 256
 WALK_MAX_TAPS = 4  # the walks hold the taps and the window in vec4 registers
+# Steps per walk invocation on GPUs: B·C·L / GPU_SEGMENT threads (8·1536·32 = 393k at the 130m shape) keep
+# enough loads in flight; each segment re-walks K − 1 steps to fill its window.
+GPU_SEGMENT = 32
 
 
-def _walk(rt, L: int, K: int, walk: bool | None) -> bool:
-    """The *_walk kernels (one invocation per (batch row, channel) walking time): on CPU adapters, for K ≤ 4 and a
-    walk within llvmpipe's loop budget; `walk` forces them (True) or the per-output kernels (False)."""
+def _dims(op: str, x: Tensor, w: Tensor, x_start: int):
+    """-> (B, L, C, K, x_stride) for x [B, L, P] whose columns [x_start, x_start + C) are the conv's channels."""
+    expect(op, "w", w, (None, None))
+    C, K = w.shape
+    expect(op, "x", x, (None, None, None))
+    B, L, P = x.shape
+    if x_start < 0 or x_start + C > P:
+        raise ShapeError(f"{op}: x channels [{x_start}, {x_start + C}) outside its {P} columns (w has {C} channels)")
+    return B, L, C, K, P
+
+
+def _walk(K: int, walk: bool | None) -> bool:
+    """The *_walk kernels for K ≤ 4 (every adapter); `walk` forces them (True) or the per-output kernels (False)."""
     if walk is None:
-        return is_cpu(rt) and K <= WALK_MAX_TAPS and L + K <= SEGMENT_BUDGET
+        return K <= WALK_MAX_TAPS
+    if walk and K > WALK_MAX_TAPS:
+        raise ShapeError(f"conv1d: the walks take at most {WALK_MAX_TAPS} taps, got {K}")
     return bool(walk)
 
 
-def conv1d(x: Tensor, w: Tensor, b: Tensor, walk: bool | None = None) -> Tensor:
-    """x [B, L, C], w [C, K] (the [C, 1, K] weight flattened), b [C] -> y [B, L, C]. `walk`: see _walk."""
-    return _forward("conv1d", x, w, b, walk, silu=False)[0]
+def _segment(rt, L: int, K: int, segment: int | None) -> int:
+    """Steps per walk invocation: `segment` (tests), else GPU_SEGMENT on GPUs and the whole sequence on CPU
+    adapters, within llvmpipe's loop budget (a walk runs segment + K − 1 steps plus 2K tap loops)."""
+    if segment is None:
+        segment = min(L, SEGMENT_BUDGET - 3 * WALK_MAX_TAPS) if is_cpu(rt) else GPU_SEGMENT
+    return max(1, min(int(segment), L))
 
 
-def conv1d_silu(x: Tensor, w: Tensor, b: Tensor, walk: bool | None = None) -> tuple[Tensor, Tensor]:
-    """-> (y, SiLU(y)) with y = conv1d(x, w, b). The walk writes both in one dispatch; the per-output path runs
-    conv1d_forward then silu_forward."""
-    return _forward("conv1d_silu", x, w, b, walk, silu=True)
+def _strides(x_stride: int, C: int, x_start: int = 0, dx_stride: int | None = None, dx_col: int = 0) -> dict:
+    return dict(x_stride=x_stride, x_col=x_start, dx_stride=C if dx_stride is None else dx_stride, dx_col=dx_col)
 
 
-def _forward(op: str, x: Tensor, w: Tensor, b: Tensor, walk: bool | None, silu: bool) -> tuple[Tensor, Tensor | None]:
-    B, L, C, K = _dims(op, x, w)
+def conv1d(x: Tensor, w: Tensor, b: Tensor, *, x_start: int = 0, walk: bool | None = None,
+           segment: int | None = None) -> Tensor:
+    """x [B, L, P] (channels in columns x_start..), w [C, K] (the [C, 1, K] weight flattened), b [C]
+    -> y [B, L, C]. `walk`: see _walk; `segment`: see _segment."""
+    return _forward("conv1d", x, w, b, x_start, walk, segment, silu=False)
+
+
+def conv1d_silu(x: Tensor, w: Tensor, b: Tensor, *, x_start: int = 0, walk: bool | None = None,
+                segment: int | None = None) -> Tensor:
+    """-> SiLU(conv1d(x, w, b)) [B, L, C] in one dispatch (the walks; the per-output path runs conv1d_forward then
+    silu_forward). The backward recomputes the conv output, so it is not kept."""
+    return _forward("conv1d_silu", x, w, b, x_start, walk, segment, silu=True)
+
+
+def _forward(op: str, x: Tensor, w: Tensor, b: Tensor, x_start: int, walk: bool | None, segment: int | None,
+             silu: bool) -> Tensor:
+    B, L, C, K, P = _dims(op, x, w, x_start)
     expect(op, "b", b, (C,))
     rt = x.runtime
-    y = rt.empty(x.shape)
-    dims = dict(x=x, w=w, bias=b, y=y, batch=B, len=L, channels=C, taps=K, block_rows=0)
-    if _walk(rt, L, K, walk):
-        act = rt.empty(x.shape) if silu else y  # without SILU the walk never writes act
-        rt.run("conv1d_forward_walk", grid_1d(B * C, 64), {"SILU": silu}, act=act, **dims)
-        return y, act if silu else None
-    rt.run("conv1d_forward", grid_1d(x.size), **dims)
-    return y, activations.silu(y) if silu else None
+    y = rt.empty((B, L, C))
+    dims = dict(x=x, w=w, bias=b, y=y, batch=B, len=L, channels=C, taps=K, block_rows=0, **_strides(P, C, x_start))
+    if _walk(K, walk):
+        seg = _segment(rt, L, K, segment)
+        rt.run("conv1d_forward_walk", grid_1d(-(-L // seg) * B * C, 64), {"SILU": silu}, seg_len=seg, **dims)
+        return y
+    rt.run("conv1d_forward", grid_1d(B * L * C), seg_len=L, **dims)
+    return activations.silu(y) if silu else y
 
 
-def conv1d_backward(x: Tensor, w: Tensor, dy: Tensor, dw: Tensor | None = None, db: Tensor | None = None,
-                    walk: bool | None = None):
-    """-> (dx [B, L, C], dw [C, K], db [C]); pass dw and db together to accumulate into them. `walk`: see _walk."""
-    return _backward("conv1d_backward", x, w, dy, None, dw, db, walk)
+def conv1d_backward(x: Tensor, w: Tensor, dy: Tensor, dw: Tensor | None = None, db: Tensor | None = None, *,
+                    x_start: int = 0, dx_out: tuple[Tensor, int] | None = None, walk: bool | None = None,
+                    segment: int | None = None):
+    """-> (dx, dw [C, K], db [C]); pass dw and db together to accumulate into them. dx is [B, L, C], or with
+    `dx_out` = (matrix [B, L, Q], start) written into its columns [start, start + C) and that matrix returned."""
+    return _backward("conv1d_backward", x, w, None, dy, None, dw, db, x_start, dx_out, walk, segment)
 
 
-def conv1d_silu_backward(x: Tensor, w: Tensor, y: Tensor, dact: Tensor, dact2: Tensor, dw: Tensor | None = None,
-                         db: Tensor | None = None, walk: bool | None = None):
-    """Backward of act = SiLU(y), y = conv1d(x, w, b), where act has two consumers whose gradients are dact and
-    dact2 (x [B, L, C], y the forward's conv output) -> (dx, dw, db) as conv1d_backward. The walk folds the add
-    and silu_backward into its dispatch; the per-output path runs add_forward, silu_backward, then the conv's."""
-    return _backward("conv1d_silu_backward", x, w, dact, (y, dact2), dw, db, walk)
+def conv1d_silu_backward(x: Tensor, w: Tensor, b: Tensor, dact: Tensor, dact2: Tensor | None = None,
+                         dw: Tensor | None = None, db: Tensor | None = None, *, x_start: int = 0,
+                         dx_out: tuple[Tensor, int] | None = None, walk: bool | None = None,
+                         segment: int | None = None):
+    """Backward of act = conv1d_silu(x, w, b) whose gradient is dact (+ dact2 where act has a second consumer)
+    -> (dx, dw, db) as conv1d_backward. The walk recomputes the conv output and folds the add and silu_backward into
+    its dispatch; the per-output path runs conv1d_forward, add_forward, silu_backward, then the conv's kernels."""
+    return _backward("conv1d_silu_backward", x, w, b, dact, dact2, dw, db, x_start, dx_out, walk, segment)
 
 
-def _backward(op: str, x: Tensor, w: Tensor, dy: Tensor, silu: tuple[Tensor, Tensor] | None, dw: Tensor | None,
-              db: Tensor | None, walk: bool | None):
-    B, L, C, K = _dims(op, x, w)
-    names = ("dy",) if silu is None else ("dact", "y", "dact2")
-    for name, t in zip(names, (dy,) + (silu or ())):
-        expect(op, name, t, x.shape)
+def _backward(op: str, x: Tensor, w: Tensor, b: Tensor | None, dy: Tensor, dy2: Tensor | None, dw: Tensor | None,
+              db: Tensor | None, x_start: int, dx_out, walk: bool | None, segment: int | None):
+    B, L, C, K, P = _dims(op, x, w, x_start)
+    silu = b is not None
+    if silu:
+        expect(op, "b", b, (C,))
+    for name, t in (("dact" if silu else "dy", dy), ("dact2", dy2)):
+        if t is not None:
+            expect(op, name, t, (B, L, C))
     if dw is not None or db is not None:
         expect(op, "dw", dw, (C, K))
         expect(op, "db", db, (C,))
     rt = x.runtime
-    dx = rt.empty(x.shape)
-    dims = dict(batch=B, len=L, channels=C, taps=K, block_rows=_BLOCK_ROWS)
-    if _walk(rt, L, K, walk):  # dx and the per-batch-row partials of dw and db in one walk
-        dw_part, db_part = rt.empty((B, C * K)), rt.empty((B, C))
-        pre, dy2 = silu if silu is not None else (x, dy)  # without SILU the walk never reads them
-        rt.run("conv1d_backward_walk", grid_1d(B * C, 64), {"SILU": silu is not None}, x=x, w=w, dy=dy, dx=dx,
-               dw_part=dw_part, db_part=db_part, pre=pre, dy2=dy2, **dims)
+    if dx_out is None:
+        dx, dx_col = rt.empty((B, L, C)), 0
     else:
-        if silu is not None:
-            dy = activations.silu_backward(silu[0], activations.add(dy, silu[1]))
-        rt.run("conv1d_backward_input", grid_1d(x.size), w=w, dy=dy, dx=dx, **dims)
+        dx, dx_col = dx_out
+        expect(op, "dx_out", dx, (B, L, None))
+        if dx_col < 0 or dx_col + C > dx.shape[2]:
+            raise ShapeError(f"{op}: dx_out columns [{dx_col}, {dx_col + C}) outside its {dx.shape[2]} columns")
+    dims = dict(batch=B, len=L, channels=C, taps=K, block_rows=_BLOCK_ROWS,
+                **_strides(P, C, x_start, dx.shape[2], dx_col))
+    if _walk(K, walk):  # dx and the per-(segment, batch row) partials of dw and db in one walk
+        seg = _segment(rt, L, K, segment)
+        parts = -(-L // seg) * B
+        dw_part, db_part = rt.empty((parts, C * K)), rt.empty((parts, C))
+        # Without SILU the walk never reads bias; without TWO_GRADS never dy2.
+        rt.run("conv1d_backward_walk", grid_1d(parts * C, 64), {"SILU": silu, "TWO_GRADS": dy2 is not None},
+               x=x, w=w, bias=w if b is None else b, dy=dy, dy2=dy if dy2 is None else dy2, dx=dx, dw_part=dw_part,
+               db_part=db_part, seg_len=seg, **dims)
+    else:
+        if silu:
+            pre = _forward(op, x, w, b, x_start, False, None, silu=False)
+            dy = activations.silu_backward(pre, dy if dy2 is None else activations.add(dy, dy2))
+        rt.run("conv1d_backward_input", grid_1d(B * L * C), w=w, dy=dy, dx=dx, seg_len=L, **dims)
         blocks = -(-(B * L) // _BLOCK_ROWS)
         dw_part, db_part = rt.empty((blocks, C * K)), rt.empty((blocks, C))
         rt.run("conv1d_backward_weight", (-(-C // 64), K, blocks), x=x, dy=dy, dw_part=dw_part, db_part=db_part,
-               **dims)
+               seg_len=L, **dims)
     dw = column_sums(dw_part, None if dw is None else dw.reshape(C * K)).reshape(C, K)
     return dx, dw, column_sums(db_part, db)
 
 
-def conv1d_state(x: Tensor, taps: int) -> Tensor:
-    """x [B, L, C] -> the decoding state [B, K − 1, C]: the last K − 1 inputs, oldest first (zeros before t = 0)."""
+def conv1d_state(x: Tensor, taps: int, *, x_start: int = 0, channels: int | None = None) -> Tensor:
+    """x [B, L, P] -> the decoding state [B, K − 1, C] of channels [x_start, x_start + C) (C = `channels`, default
+    P − x_start): the last K − 1 inputs, oldest first (zeros before t = 0)."""
     expect("conv1d_state", "x", x, (None, None, None))
-    B, L, C = x.shape
+    B, L, P = x.shape
+    C = P - x_start if channels is None else channels
+    if x_start < 0 or C < 1 or x_start + C > P:
+        raise ShapeError(f"conv1d_state: channels [{x_start}, {x_start + C}) outside x's {P} columns")
     state = x.runtime.empty((B, max(taps - 1, 1), C))
     if taps > 1:
         x.runtime.run("conv1d_state", grid_1d(B * (taps - 1) * C), x=x, conv_state=state, batch=B, len=L,
-                      channels=C, taps=taps, block_rows=0)
+                      channels=C, taps=taps, block_rows=0, seg_len=L, **_strides(P, C, x_start))
     return state
 
 
-def conv1d_step(state: Tensor, x: Tensor, w: Tensor, b: Tensor) -> Tensor:
-    """One decoding step: x [B, C], w [C, K], b [C]; state [B, K − 1, C] is shifted in place. -> y [B, C]."""
+def conv1d_step(state: Tensor, x: Tensor, w: Tensor, b: Tensor, *, x_start: int = 0) -> Tensor:
+    """One decoding step: x [B, P] (channels in columns x_start..), w [C, K], b [C]; state [B, K − 1, C] is
+    shifted in place. -> y [B, C]."""
     expect("conv1d_step", "x", x, (None, None))
-    B, C = x.shape
-    expect("conv1d_step", "w", w, (C, None))
-    K = w.shape[1]
+    B, P = x.shape
+    expect("conv1d_step", "w", w, (None, None))
+    C, K = w.shape
+    if x_start < 0 or x_start + C > P:
+        raise ShapeError(f"conv1d_step: x channels [{x_start}, {x_start + C}) outside its {P} columns")
     expect("conv1d_step", "state", state, (B, max(K - 1, 1), C))
     expect("conv1d_step", "b", b, (C,))
     y = x.runtime.empty((B, C))
     x.runtime.run("conv1d_step", grid_1d(B * C), x=x, w=w, bias=b, conv_state=state, y=y, batch=B, len=1,
-                  channels=C, taps=K, block_rows=0)
+                  channels=C, taps=K, block_rows=0, seg_len=1, **_strides(P, C, x_start))
     return y

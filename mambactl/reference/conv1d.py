@@ -31,12 +31,11 @@ def conv1d_backward(x, w, dy):
 
 
 def conv1d_silu(x, w, b=None):
-    """-> (y, SiLU(y)) with y = conv1d(x, w, b)."""
-    y = conv1d(x, w, b)
-    return y, silu(y)
+    """-> SiLU(conv1d(x, w, b))."""
+    return silu(conv1d(x, w, b))
 
 
-def conv1d_silu_backward(x, w, y, dact, dact2):
-    """Backward of act = SiLU(y), y = conv1d(x, w, b), act used twice (gradients dact and dact2)
-    -> (dx, dw, db) as conv1d_backward."""
-    return conv1d_backward(x, w, silu_backward(y, dact + dact2))
+def conv1d_silu_backward(x, w, b, dact, dact2=None):
+    """Backward of act = SiLU(y), y = conv1d(x, w, b), whose gradient is dact (+ dact2 where act has a second
+    consumer) -> (dx, dw, db) as conv1d_backward."""
+    return conv1d_backward(x, w, silu_backward(conv1d(x, w, b), dact if dact2 is None else dact + dact2))
