@@ -230,3 +230,32 @@ def test_a_checkout_first_on_sys_path_runs_its_own_kernels(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True,
                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)})
     assert Path(out.stdout.strip()) == tmp_path / "kernels"
+
+
+def test_arena_views_bind_at_their_offsets(rt):
+    """Arena views: aligned starts, zero gaps, host reads and writes and kernels (silu) at the view's offset touch
+    only its elements; spans merge neighbours into one view and keep the others apart."""
+    from mambactl.ops import activations
+    from mambactl.runtime.arena import ALIGN, Arena, spans
+
+    shapes = [(3,), (70, 2), (1,), (5, 5)]
+    arena = Arena(rt, shapes)
+    views = arena.tensors
+    assert len(arena.chunks) == 1 and all(v.offset % ALIGN == 0 and v.shape == s for v, s in zip(views, shapes))
+    data = [np.arange(v.size, dtype=np.float32).reshape(v.shape) + 10 * k + 1 for k, v in enumerate(views)]
+    for v, d in zip(views, data):
+        rt.write(v, d)
+    for v, d in zip(views, data):
+        np.testing.assert_array_equal(v.numpy(), d)
+    y = activations.silu(views[1])  # a kernel reading a view at an offset
+    np.testing.assert_allclose(y.numpy(), data[1] / (1 + np.exp(-data[1].astype(np.float64))), rtol=1e-6)
+    flat = arena.chunks[0].numpy()
+    inside = np.zeros(flat.size, bool)
+    for v in views:
+        inside[v.offset // 4:v.offset // 4 + v.size] = True
+    assert not np.any(flat[~inside])
+    merged = spans(views)
+    assert len(merged) == 1 and merged[0][0] == 0 and merged[0][1][0].size == (views[-1].offset // 4 + 25)
+    loose = [rt.from_numpy(d) for d in data]
+    assert [first for first, _ in spans(views[::-1], keys=[0, 0, 1, 1])] == [3, 1]  # in layout order
+    assert [first for first, _ in spans(loose)] == [0, 1, 2, 3]

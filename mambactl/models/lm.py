@@ -18,6 +18,7 @@ from mambactl.models.mamba3 import mamba3_backward, mamba3_forward
 from mambactl.models.params import parameter_specs
 from mambactl.ops import activations, cross_entropy, embedding, linear, rmsnorm
 from mambactl.ops.fill import fill
+from mambactl.runtime.arena import Arena
 
 LAYERS = {"mamba1": (mamba1_forward, mamba1_backward), "mamba2": (mamba2_forward, mamba2_backward),
           "mamba3": (mamba3_forward, mamba3_backward), "attention": (attention_layer_forward, attention_layer_backward)}
@@ -35,13 +36,22 @@ class LanguageModel:
                 raise ShapeError(f"missing parameter {s.name} (expected shape {s.shape})")
             if tuple(weights[s.name].shape) != s.shape:
                 raise ShapeError(f"parameter {s.name} has shape {tuple(weights[s.name].shape)}, expected {s.shape}")
-        self.params = {s.name: runtime.from_numpy(np.asarray(weights[s.name], np.float32)) for s in self.specs}
-        self.grads = {s.name: runtime.empty(s.shape) for s in self.specs}
-        self.zero_grad()
+        # Parameters and gradients are views of two Arenas (runtime/arena.py) laid out alike, decayed tensors
+        # first: zeroing the gradients, their global norm and the AdamW update are then one dispatch per decay
+        # class instead of one per tensor. Names, shapes and the optimizer's per-tensor order stay as before.
+        order = sorted(self.specs, key=lambda s: s.no_decay)
+        param_arena, grad_arena = Arena(runtime, [s.shape for s in order]), Arena(runtime, [s.shape for s in order])
+        self.params = dict(zip((s.name for s in order), param_arena.tensors))
+        self.grads = dict(zip((s.name for s in order), grad_arena.tensors))
+        self._grad_chunks = grad_arena.chunks
+        for s in self.specs:
+            runtime.write(self.params[s.name], np.asarray(weights[s.name], np.float32))
+        self.params = {s.name: self.params[s.name] for s in self.specs}
+        self.grads = {s.name: self.grads[s.name] for s in self.specs}
 
     def zero_grad(self) -> None:
-        for g in self.grads.values():
-            fill(g, 0.0)
+        for chunk in self._grad_chunks:
+            fill(chunk, 0.0)
 
     def _layer(self, table: dict, i: int) -> dict:
         prefix = f"backbone.layers.{i}.mixer."

@@ -21,8 +21,8 @@ import numpy as np
 
 from mambactl.errors import ShapeError
 from mambactl.ops.checks import U32, expect, grid_1d
-from mambactl.ops.fill import zeros
 from mambactl.ops.reduce import sum_of_squares
+from mambactl.runtime.arena import Arena, spans
 from mambactl.runtime.tensor import Tensor
 
 # Words of kernels/adamw.wgsl's OptState, in order; the last four hold float32 bits.
@@ -41,12 +41,11 @@ class AdamWState:
 
     @classmethod
     def zeros(cls, params: list[Tensor]) -> "AdamWState":
-        """Fresh state for `params`: zero moments and counters, recorded on the GPU (no host write)."""
+        """Fresh state for `params`: zero moments and counters, recorded on the GPU (no host write). Where params
+        are an Arena's views (models/lm.py), the moments are views of Arenas of the same layout, so adamw_step
+        updates each run of them in one dispatch."""
         rt = params[0].runtime
-        counters = rt.empty((len(STATE_FIELDS),), np.uint32)
-        # The fill kernel writes float bits; 0.0 is all-zero bits, so it zeroes the u32 words too.
-        rt.run("fill", grid_1d(counters.size), dst=counters, n=counters.size, value=0.0)
-        return cls([zeros(rt, p.shape) for p in params], [zeros(rt, p.shape) for p in params], counters)
+        return cls(Arena.like(rt, params), Arena.like(rt, params), _zero_counters(rt))
 
     def read_counters(self) -> dict:
         """Read back (flushes): step (updates applied), skipped_steps, bad_elements (cumulative) and
@@ -68,15 +67,21 @@ class AdamWState:
         return out
 
     @classmethod
-    def from_numpy(cls, runtime, arrays: dict) -> "AdamWState":
-        """The inverse of to_numpy."""
+    def from_numpy(cls, runtime, arrays: dict, params: list[Tensor] | None = None) -> "AdamWState":
+        """The inverse of to_numpy; with `params` the moments are laid out like them (as `zeros` does)."""
         n = sum(1 for k in arrays if k.startswith("m."))
         try:
-            m = [runtime.from_numpy(np.asarray(arrays[f"m.{i}"], np.float32)) for i in range(n)]
-            v = [runtime.from_numpy(np.asarray(arrays[f"v.{i}"], np.float32)) for i in range(n)]
+            m_host = [np.asarray(arrays[f"m.{i}"], np.float32) for i in range(n)]
+            v_host = [np.asarray(arrays[f"v.{i}"], np.float32) for i in range(n)]
             counters = runtime.from_numpy(np.asarray(arrays["counters"], np.uint32))
         except KeyError as e:
             raise ShapeError(f"AdamWState.from_numpy: optimizer state lacks {e.args[0]!r}") from None
+        if params is not None and len(params) == n and all(p.shape == a.shape for p, a in zip(params, m_host)):
+            m, v = Arena.like(runtime, params), Arena.like(runtime, params)
+            for t, a in zip(m + v, m_host + v_host):
+                runtime.write(t, a)
+        else:
+            m, v = [runtime.from_numpy(a) for a in m_host], [runtime.from_numpy(a) for a in v_host]
         return cls(m, v, counters)
 
 
@@ -107,10 +112,20 @@ def adamw_step(params: list[Tensor], grads: list[Tensor], state: AdamWState, *, 
     norm_sq = sum_of_squares(grads)
     rt.run("optimizer_begin_step", (1,), norm_sq=norm_sq, state=state.counters, one_minus_beta1=om1,
            one_minus_beta2=om2, max_norm=float(max_grad_norm), guard_norm=int(bool(guard_norm)))
-    for p, g, m, v, nd in zip(params, grads, state.m, state.v, no_decay):
+    # One dispatch per run of Arena views with the same decay (the gaps between them are zero in all four and
+    # stay zero: g = m = v = 0 gives a zero step), else one per tensor.
+    for first, (p, g, m, v) in spans(params, grads, state.m, state.v, keys=no_decay):
+        nd = no_decay[first]
         if p.size == 0:
             continue
         keep = 1.0 if nd else 1.0 - lr * weight_decay
         rt.run("adamw_update", grid_1d(p.size), state=state.counters, param=p, grad=g, m=m, v=v, n=p.size,
                lr=float(lr), beta1=float(beta1), beta2=float(beta2), one_minus_beta1=om1, one_minus_beta2=om2,
                eps=float(eps), keep=float(keep), max_delta=float(max_delta))
+
+
+def _zero_counters(rt) -> Tensor:
+    counters = rt.empty((len(STATE_FIELDS),), np.uint32)
+    # The fill kernel writes float bits; 0.0 is all-zero bits, so it zeroes the u32 words too.
+    rt.run("fill", grid_1d(counters.size), dst=counters, n=counters.size, value=0.0)
+    return counters

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from mambactl.ops.checks import cpu_subgroups, expect, require_subgroup_lanes
+from mambactl.runtime.arena import spans
 from mambactl.runtime.tensor import Tensor
 
-_MAX_PARTIALS = 256  # workgroups per tensor in pass 1; each walks the tensor with a grid stride
+_MAX_PARTIALS = 1024  # workgroups per tensor in pass 1; each walks the tensor with a grid stride
 _MAX_GROUPS = 65535  # one dispatch dimension
 
 
 def _partial_groups(n: int, subgroup: bool) -> int:
     """Workgroups (= partials) for n elements: ≤ 1024 elements each. The tree kernel caps them at
-    _MAX_PARTIALS (256 threads each); the subgroup kernel's 8 lanes take 128 each, up to one dispatch
+    _MAX_PARTIALS (256 threads each: 262k threads keep enough loads in flight for a 129M-element gradient
+    arena on a large GPU); the subgroup kernel's 8 lanes take 128 each, up to one dispatch
     dimension of workgroups (so each lane walks ≤ n / 524,280 elements, far inside llvmpipe's loop budget for
     any tensor a buffer holds)."""
     return max(1, min(_MAX_GROUPS if subgroup else _MAX_PARTIALS, -(-n // 1024)))
@@ -45,8 +47,10 @@ def reduce_sum(x: Tensor, scale: float = 1.0, subgroup: bool | None = None) -> T
 
 def sum_of_squares(tensors: list[Tensor], subgroup: bool | None = None) -> Tensor:
     """-> [1] = Σ over all tensors of Σ x² (the squared global gradient norm), in a fixed order. `subgroup` as
-    in reduce_sum."""
-    return _reduce(list(tensors), True, 1.0, subgroup)
+    in reduce_sum. Consecutive views of an Arena (models/lm.py's gradients) are one pass-1 dispatch: the zero gaps
+    between them add nothing."""
+    tensors = [expect("sum_of_squares", "x", t) for t in tensors]
+    return _reduce([span for _, (span,) in spans(tensors)], True, 1.0, subgroup)
 
 
 _BLOCK_ROWS = 128

@@ -138,21 +138,31 @@ class Runtime:
                     f"{entry}: tensor {b.name!r} {t.shape} is {t.nbytes} bytes, over this device's storage binding "
                     f"limit of {self.max_binding} bytes"
                 )
-            buffers.append(t.buffer)
+            buf = t.buffer
+            # A pooled tensor binds its whole buffer; a view at an offset (an Arena's) binds its own bytes, so a
+            # small view of a large buffer stays inside the storage binding limit.
+            whole = t.offset == 0 and buf.size <= self.max_binding
+            buffers.append((buf, t.offset, buf.size if whole else max(4, t.nbytes)))
         label = None if self.gpu_times is None else (entry, constants)
         self._pending.append(("dispatch", pipe, self._bind_group(bgl, ep, buffers), offsets, groups, label))
         if len(self._pending) >= DISPATCHES_PER_SUBMIT:
             self.flush()
 
     def _bind_group(self, bgl, ep, buffers: list):
-        key = (id(bgl), *map(id, buffers))
+        """`buffers`: per binding, the uniform ring or a tensor's (buffer, byte offset, bytes bound)."""
+        key = (id(bgl), *(id(b) if not isinstance(b, tuple) else (id(b[0]), b[1], b[2]) for b in buffers))
         hit = self._bind_groups.get(key)
         if hit is None:
             if len(self._bind_groups) >= _BIND_GROUP_CACHE:
                 self._bind_groups.clear()
-            entries = [{"binding": b.number, "resource": {"buffer": buf, "offset": 0,
-                                                           "size": _UNIFORM_SLOT if b.kind == "uniform" else buf.size}}
-                       for b, buf in zip(ep.bindings, buffers)]
+            entries = []
+            for b, bound in zip(ep.bindings, buffers):
+                if b.kind == "uniform":
+                    entries.append({"binding": b.number, "resource": {"buffer": bound, "offset": 0,
+                                                                      "size": _UNIFORM_SLOT}})
+                    continue
+                buf, offset, size = bound
+                entries.append({"binding": b.number, "resource": {"buffer": buf, "offset": offset, "size": size}})
             hit = self._bind_groups[key] = (self.device.create_bind_group(layout=bgl, entries=entries), buffers)
         return hit[0]
 
@@ -169,7 +179,7 @@ class Runtime:
     def copy(self, src: Tensor, dst: Tensor, nbytes: int | None = None, src_offset: int = 0, dst_offset: int = 0) -> None:
         """Record a buffer-to-buffer copy (ordered with the dispatches around it)."""
         n = src.nbytes if nbytes is None else nbytes
-        self._pending.append(("copy", src.buffer, src_offset, dst.buffer, dst_offset, n))
+        self._pending.append(("copy", src.buffer, src.offset + src_offset, dst.buffer, dst.offset + dst_offset, n))
 
     def flush(self) -> None:
         """Submit everything recorded so far as one command buffer (compute passes split only by copies)."""
@@ -260,13 +270,13 @@ class Runtime:
         if data.size != t.size:
             raise ShapeError(f"write: array of {data.size} elements into a tensor of {t.size}")
         if data.size:
-            self.device.queue.write_buffer(t.buffer, 0, data.tobytes())
+            self.device.queue.write_buffer(t.buffer, t.offset, data.tobytes())
 
     def read(self, t: Tensor) -> np.ndarray:
         self.flush()
         if t.size == 0:
             return np.zeros(t.shape, t.dtype)
-        mem = self.device.queue.read_buffer(t.buffer, 0, t.nbytes)
+        mem = self.device.queue.read_buffer(t.buffer, t.offset, t.nbytes)
         return np.frombuffer(mem, dtype=t.dtype).reshape(t.shape).copy()
 
     def fill(self, t: Tensor, value: float) -> None:

@@ -1,4 +1,7 @@
-"""A GPU tensor: a pooled storage buffer plus a shape and a dtype (float32, int32 or uint32), row-major."""
+"""A GPU tensor: a pooled storage buffer plus a shape and a dtype (float32, int32 or uint32), row-major.
+
+A view may start at a byte offset into its owner's buffer (`Tensor.view`; kernels bind it there); the tensors of
+an `Arena` (runtime/arena.py) are such views of one buffer, so one dispatch can cover all of them."""
 
 from __future__ import annotations
 
@@ -10,15 +13,17 @@ DTYPES = (np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.uint32))
 
 
 class Tensor:
-    __slots__ = ("runtime", "buffer", "shape", "dtype", "size", "_owner")
+    __slots__ = ("runtime", "buffer", "shape", "dtype", "size", "offset", "_owner", "_packed")
 
-    def __init__(self, runtime, buffer, shape, dtype, owner: "Tensor | None" = None):
+    def __init__(self, runtime, buffer, shape, dtype, owner: "Tensor | None" = None, offset: int = 0):
         self.runtime = runtime
         self.buffer = buffer
         self.shape = tuple(int(s) for s in shape)
         self.dtype = np.dtype(dtype)
         self.size = math.prod(self.shape)  # elements; read for every binding of every dispatch, so kept
+        self.offset = int(offset)  # bytes from the buffer's start (a multiple of the storage offset alignment)
         self._owner = owner  # a view keeps its owner alive; only owners return buffers to the pool
+        self._packed = False  # an Arena's buffer: the bytes between its views are zero (runtime/arena.py)
 
     @property
     def nbytes(self) -> int:
@@ -40,7 +45,16 @@ class Tensor:
             shape = tuple(self.size // known if s == -1 else s for s in shape)
         if math.prod(shape) != self.size:
             raise ValueError(f"cannot reshape {self.shape} to {shape}")
-        return Tensor(self.runtime, self.buffer, shape, self.dtype, owner=self._owner or self)
+        return Tensor(self.runtime, self.buffer, shape, self.dtype, owner=self._owner or self, offset=self.offset)
+
+    def view(self, start: int, shape) -> "Tensor":
+        """A view of `shape` starting `start` elements into this tensor (nothing is copied). Kernels bind it at
+        its byte offset, so (offset + 4·start) must be a multiple of the device's storage offset alignment."""
+        shape = tuple(int(s) for s in shape)
+        if start < 0 or start + math.prod(shape) > self.size:
+            raise ValueError(f"view of {shape} at element {start} outside a tensor of {self.size} elements")
+        return Tensor(self.runtime, self.buffer, shape, self.dtype, owner=self._owner or self,
+                      offset=self.offset + 4 * int(start))
 
     def __repr__(self) -> str:
         return f"Tensor(shape={self.shape}, dtype={self.dtype.name})"

@@ -196,7 +196,7 @@ def _train(cfg: TrainConfig, resume: bool, quiet: bool, config_text: str | None,
     params = [lm.params[s.name] for s in specs]
     grads = [lm.grads[s.name] for s in specs]
     no_decay = [s.no_decay and not (cfg.optim.decay_embeddings and s.name == EMBED) for s in specs]
-    opt = AdamWState.from_numpy(rt, opt_arrays) if newest is not None else AdamWState.zeros(params)
+    opt = AdamWState.from_numpy(rt, opt_arrays, params) if newest is not None else AdamWState.zeros(params)
     reducer = distributed.GradReducer(dist, grads) if dist else None
 
     if main:
