@@ -1,8 +1,16 @@
 // RMSNorm over the last dim: y = x · rstd · w with rstd = 1 / sqrt(mean(x²) + eps), eps a parameter
-// (1e-5 is the Mamba default). One 64-thread workgroup per row; rows on a 2-D grid. The *_rows entry points
-// (CPU adapters) do the same with one invocation per row and no barriers.
+// (1e-5 is the Mamba default). One 64-thread workgroup per row (forward) or per block of block_rows rows
+// (backward); rows on a 2-D grid. The *_rows entry points (CPU adapters) do the same with one invocation per row
+// (forward) or per block of rows (backward) and no barriers.
+// With ADD the residual add around it is fused in (models/lm.py): the forward normalises h = x + residual and
+// writes h too (the next layer's residual stream), the backward returns dx + add_to (the gradient reaching h from
+// its other consumer), so the separate add kernels and their passes over [M, D] are gone.
+// The weight gradient's per-row terms dy·x·rstd are summed over each block's rows in place (dw_part [blocks, D],
+// each thread owning its columns, so no race), and ops.reduce.column_sums adds the blocks in a fixed order.
 
-struct Params { rows: u32, dim: u32, eps: f32 }
+override ADD: bool = false;
+
+struct Params { rows: u32, dim: u32, eps: f32, block_rows: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
@@ -12,7 +20,10 @@ struct Params { rows: u32, dim: u32, eps: f32 }
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
 @group(0) @binding(6) var<storage, read_write> rstd: array<f32>;
 @group(0) @binding(7) var<storage, read_write> dx: array<f32>;
-@group(0) @binding(8) var<storage, read_write> dw_rows: array<f32>;
+@group(0) @binding(8) var<storage, read_write> dw_part: array<f32>;
+@group(0) @binding(9) var<storage, read> residual: array<f32>;  // ADD, forward
+@group(0) @binding(10) var<storage, read_write> h: array<f32>;  // ADD, forward: x + residual
+@group(0) @binding(11) var<storage, read> add_to: array<f32>;   // ADD, backward
 
 var<workgroup> partial: array<f32, 64>;
 
@@ -29,6 +40,32 @@ fn workgroup_sum(v: f32, t: u32) -> f32 {
     return total;
 }
 
+// The normalised input at element k: x, or with ADD x + residual, which it also stores (read back by `normed_at`).
+fn input_at(k: u32) -> f32 {
+    if (ADD) {
+        let v = x[k] + residual[k];
+        h[k] = v;
+        return v;
+    }
+    return x[k];
+}
+
+fn normed_at(k: u32) -> f32 {
+    if (ADD) { return h[k]; }
+    return x[k];
+}
+
+// dx at element k (column i) of a row with rstd r and c = r³·mean(dy·w·x); dw's term is added into its block.
+fn backward_at(k: u32, i: u32, r: f32, c: f32, part: u32, first: bool) {
+    let g = dy[k];
+    let v = x[k];
+    var d = r * g * w[i] - v * c;
+    if (ADD) { d += add_to[k]; }
+    dx[k] = d;
+    let term = g * v * r;
+    if (first) { dw_part[part + i] = term; } else { dw_part[part + i] += term; }
+}
+
 @compute @workgroup_size(64)
 fn rmsnorm_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -36,27 +73,26 @@ fn rmsnorm_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
     if (row >= p.rows) { return; }  // uniform per workgroup, so the barriers below stay uniform
     let base = row * p.dim;
     var ss = 0.0;
-    for (var i = lid.x; i < p.dim; i += 64u) { let v = x[base + i]; ss += v * v; }
+    for (var i = lid.x; i < p.dim; i += 64u) { let v = input_at(base + i); ss += v * v; }
     let r = 1.0 / sqrt(workgroup_sum(ss, lid.x) / f32(p.dim) + p.eps);
-    for (var i = lid.x; i < p.dim; i += 64u) { y[base + i] = x[base + i] * r * w[i]; }
+    for (var i = lid.x; i < p.dim; i += 64u) { y[base + i] = normed_at(base + i) * r * w[i]; }
     if (lid.x == 0u) { rstd[row] = r; }
 }
 
-// dx = rstd·(dy·w) − x·rstd³·mean(dy·w·x); dw_rows = dy·x·rstd, the per-row terms of dw, which
-// ops.reduce.column_sums then sums over rows in blocks.
+// dx = rstd·(dy·w) − x·rstd³·mean(dy·w·x) (+ add_to); dw_part[block] = Σ over the block's rows of dy·x·rstd.
 @compute @workgroup_size(64)
 fn rmsnorm_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                     @builtin(local_invocation_id) lid: vec3<u32>) {
-    let row = wid.y * nwg.x + wid.x;
-    if (row >= p.rows) { return; }
-    let base = row * p.dim;
-    let r = rstd_in[row];
-    var s = 0.0;
-    for (var i = lid.x; i < p.dim; i += 64u) { s += dy[base + i] * w[i] * x[base + i]; }
-    let c = r * r * r * workgroup_sum(s, lid.x) / f32(p.dim);
-    for (var i = lid.x; i < p.dim; i += 64u) {
-        dx[base + i] = r * dy[base + i] * w[i] - x[base + i] * c;
-        dw_rows[base + i] = dy[base + i] * x[base + i] * r;
+    let block = wid.y * nwg.x + wid.x;
+    let row0 = block * p.block_rows;
+    if (row0 >= p.rows) { return; }  // uniform per workgroup, as is every row loop below
+    for (var row = row0; row < min(p.rows, row0 + p.block_rows); row++) {
+        let base = row * p.dim;
+        let r = rstd_in[row];
+        var s = 0.0;
+        for (var i = lid.x; i < p.dim; i += 64u) { s += dy[base + i] * w[i] * x[base + i]; }
+        let c = r * r * r * workgroup_sum(s, lid.x) / f32(p.dim);
+        for (var i = lid.x; i < p.dim; i += 64u) { backward_at(base + i, i, r, c, block * p.dim, row == row0); }
     }
 }
 
@@ -69,25 +105,24 @@ fn rmsnorm_forward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
     if (row >= p.rows) { return; }
     let base = row * p.dim;
     var ss = 0.0;
-    for (var i = 0u; i < p.dim; i++) { let v = x[base + i]; ss += v * v; }
+    for (var i = 0u; i < p.dim; i++) { let v = input_at(base + i); ss += v * v; }
     let r = 1.0 / sqrt(ss / f32(p.dim) + p.eps);
-    for (var i = 0u; i < p.dim; i++) { y[base + i] = x[base + i] * r * w[i]; }
+    for (var i = 0u; i < p.dim; i++) { y[base + i] = normed_at(base + i) * r * w[i]; }
     rstd[row] = r;
 }
 
+// One invocation per block of block_rows rows. Grid grid_1d(blocks, 64).
 @compute @workgroup_size(64)
 fn rmsnorm_backward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let row = gid.y * nwg.x * 64u + gid.x;
-    if (row >= p.rows) { return; }
-    let base = row * p.dim;
-    let r = rstd_in[row];
-    var s = 0.0;
-    for (var i = 0u; i < p.dim; i++) { s += dy[base + i] * w[i] * x[base + i]; }
-    let c = r * r * r * s / f32(p.dim);
-    for (var i = 0u; i < p.dim; i++) {
-        let g = dy[base + i];
-        let v = x[base + i];
-        dx[base + i] = r * g * w[i] - v * c;
-        dw_rows[base + i] = g * v * r;
+    let block = gid.y * nwg.x * 64u + gid.x;
+    let row0 = block * p.block_rows;
+    if (row0 >= p.rows) { return; }
+    for (var row = row0; row < min(p.rows, row0 + p.block_rows); row++) {
+        let base = row * p.dim;
+        let r = rstd_in[row];
+        var s = 0.0;
+        for (var i = 0u; i < p.dim; i++) { s += dy[base + i] * w[i] * x[base + i]; }
+        let c = r * r * r * s / f32(p.dim);
+        for (var i = 0u; i < p.dim; i++) { backward_at(base + i, i, r, c, block * p.dim, row == row0); }
     }
 }

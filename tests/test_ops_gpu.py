@@ -219,16 +219,29 @@ def test_linear_backward_accumulates(rt, rng):
 
 
 @pytest.mark.parametrize("rows_path", [False, True], ids=["workgroup_per_row", "invocation_per_row"])
-@pytest.mark.parametrize("M,D", [(1, 3), (3, 17), (65, 130), (4, 768)])
-def test_rmsnorm_forward_backward(rt, rng, M, D, rows_path):
+@pytest.mark.parametrize("M,D", [(1, 3), (3, 17), (65, 130), (4, 768), (1030, 5)])
+@pytest.mark.parametrize("fused", [False, True], ids=["alone", "with_residual_add"])
+def test_rmsnorm_forward_backward(rt, rng, M, D, rows_path, fused):
+    """RMSNorm alone, and add_rmsnorm (h = x + residual normalised, h written) with the backward's add_to; row
+    counts that leave a ragged last block of rows (GPU blocks of 8; 2 rows per CPU invocation at 1030), dw added
+    into a given accumulator."""
     (x32, x), (w32, w), (dy32, dy) = f32(rng, M, D), f32(rng, D), f32(rng, M, D)
+    (r32, r), (dh32, dh), (acc32, acc) = f32(rng, M, D), f32(rng, M, D), f32(rng, D)
     gx, gw = rt.from_numpy(x32), rt.from_numpy(w32)
-    y, rstd = rmsnorm.rmsnorm(gx, gw, eps=1e-5, rows_path=rows_path)
-    assert rel(y.numpy(), ref_norm.rmsnorm(x, w, 1e-5)) < ELEMENTWISE_TOL
-    dx, dw = rmsnorm.rmsnorm_backward(gx, gw, rstd, rt.from_numpy(dy32), rows_path=rows_path)
-    rdx, rdw = ref_norm.rmsnorm_backward(x, w, dy, 1e-5)
+    if fused:
+        gh, y, rstd = rmsnorm.add_rmsnorm(gx, rt.from_numpy(r32), gw, eps=1e-5, rows_path=rows_path)
+        h, ry = ref_norm.add_rmsnorm(x, r, w, 1e-5)
+        np.testing.assert_array_equal(gh.numpy(), x32 + r32)
+        h32 = x32 + r32
+    else:
+        y, rstd = rmsnorm.rmsnorm(gx, gw, eps=1e-5, rows_path=rows_path)
+        gh, h, h32, ry = gx, x, x32, ref_norm.rmsnorm(x, w, 1e-5)
+    assert rel(y.numpy(), ry) < ELEMENTWISE_TOL
+    dx, dw = rmsnorm.rmsnorm_backward(gh, gw, rstd, rt.from_numpy(dy32), dw=rt.from_numpy(acc32), rows_path=rows_path,
+                                      add_to=rt.from_numpy(dh32) if fused else None)
+    rdx, rdw = ref_norm.rmsnorm_backward(h32.astype(np.float64), w, dy, 1e-5, add_to=dh if fused else None)
     assert rel(dx.numpy(), rdx) < REDUCTION_TOL
-    assert rel(dw.numpy(), rdw) < REDUCTION_TOL
+    assert rel(dw.numpy(), rdw + acc) < REDUCTION_TOL
 
 
 def _columns_of(rng, x32, pad_left, pad_right):

@@ -24,15 +24,32 @@ def inputs(M, D, seed=0):
     (300, 40, 20),   # more rows than one weight-gradient slice
     (7, 130, 65),    # groups wider than the 64-thread workgroup
 ])
-def test_matches_reference(rt, M, D, group):
+@pytest.mark.parametrize("columns", [False, True], ids=["dense", "columns"])
+def test_matches_reference(rt, M, D, group, columns):
+    """Row counts leaving a ragged last block of the backward's 8-row blocks; with `columns` z is read from columns
+    [3, 3 + D) of a wider matrix and dz written into columns [1, 1 + D) of another (the rest left as it was)."""
     y, z, w, dout = inputs(M, D)
-    out, rstd = rmsnorm_gated(*(rt.from_numpy(a) for a in (y, z, w)), group, 1e-5)
-    dy, dz, dw = rmsnorm_gated_backward(*(rt.from_numpy(a) for a in (y, z, w)), rstd, group, rt.from_numpy(dout))
+    gy, gw = rt.from_numpy(y), rt.from_numpy(w)
+    rng = np.random.default_rng(3)
+    if columns:
+        wide = rng.standard_normal((M, D + 5)).astype(np.float32)
+        wide[:, 3:3 + D] = z
+        gz, kw = rt.from_numpy(wide), dict(z_start=3)
+        dz_wide = rng.standard_normal((M, D + 2)).astype(np.float32)
+        kw_dz = dict(dz_out=(rt.from_numpy(dz_wide), 1))
+    else:
+        gz, kw, kw_dz = rt.from_numpy(z), {}, {}
+    out, rstd = rmsnorm_gated(gy, gz, gw, group, 1e-5, **kw)
+    dy, dz, dw = rmsnorm_gated_backward(gy, gz, gw, rstd, group, rt.from_numpy(dout), **kw, **kw_dz)
+    dz = dz.numpy()
+    if columns:
+        np.testing.assert_array_equal(np.delete(dz, range(1, 1 + D), axis=1), np.delete(dz_wide, range(1, 1 + D), axis=1))
+        dz = dz[:, 1:1 + D]
     f64 = [a.astype(np.float64) for a in (y, z, w, dout)]
     assert rel(out.numpy(), ref.rmsnorm_gated(*f64[:3], group, 1e-5)) < 1e-5
     want = ref.rmsnorm_gated_backward(*f64[:3], group, f64[3], 1e-5)
-    for name, got, exp in zip(("dy", "dz", "dw"), (dy, dz, dw), want):
-        assert rel(got.numpy(), exp) < 1e-5, name
+    for name, got, exp in zip(("dy", "dz", "dw"), (dy.numpy(), dz, dw.numpy()), want):
+        assert rel(got, exp) < 1e-5, name
     assert rstd.shape == (M, D // group)
 
 
@@ -53,5 +70,7 @@ def test_shape_errors(rt):
     y, z, w, _ = (rt.from_numpy(a) for a in inputs(2, 12))
     with pytest.raises(ShapeError, match="group_size 5"):
         rmsnorm_gated(y, z, w, 5)
-    with pytest.raises(ShapeError, match="z has shape"):
+    with pytest.raises(ShapeError, match="z columns"):
         rmsnorm_gated(y, rt.from_numpy(np.zeros((2, 8), np.float32)), w, 4)
+    with pytest.raises(ShapeError, match="z has shape"):
+        rmsnorm_gated(y, rt.from_numpy(np.zeros((3, 12), np.float32)), w, 4)

@@ -9,7 +9,7 @@ from mambactl.reference.conv1d import conv1d, conv1d_backward, conv1d_silu, conv
 from mambactl.reference.cross_entropy import cross_entropy, cross_entropy_backward
 from mambactl.reference.embedding import embedding, embedding_backward
 from mambactl.reference.linear import linear, linear_backward
-from mambactl.reference.rmsnorm import rmsnorm, rmsnorm_backward
+from mambactl.reference.rmsnorm import add_rmsnorm, rmsnorm, rmsnorm_backward
 from mambactl.reference.slice import column_slice, column_slice_backward
 
 TOL = 1e-6
@@ -34,6 +34,16 @@ def test_rmsnorm(rng):
     dx, dw = rmsnorm_backward(x, w, dy, 1e-5)
     # x[0] varies on a scale of sqrt(eps): a smaller step keeps the O(step²) truncation error down
     assert max(check_grad(f, x, dx, eps=1e-7), check_grad(f, w, dw)) < TOL
+
+
+def test_add_rmsnorm(rng):
+    """h = x + r feeds the norm and another consumer (loss Σ y·dy + Σ h·dh): both inputs get dx + dh."""
+    x, r, w = rng.normal(size=(4, 6)), rng.normal(size=(4, 6)), rng.normal(size=6)
+    dy, dh = rng.normal(size=(4, 6)), rng.normal(size=(4, 6))
+    f = lambda: float(np.sum(add_rmsnorm(x, r, w)[1] * dy) + np.sum(add_rmsnorm(x, r, w)[0] * dh))
+    h, _ = add_rmsnorm(x, r, w)
+    dx, dw = rmsnorm_backward(h, w, dy, add_to=dh)
+    assert max(check_grad(f, x, dx), check_grad(f, r, dx), check_grad(f, w, dw)) < TOL
 
 
 @pytest.mark.parametrize("name", ["sigmoid", "silu", "softplus", "exp"])

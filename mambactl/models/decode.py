@@ -13,11 +13,11 @@ import numpy as np
 
 from mambactl.errors import MambactlError
 from mambactl.models.attention import attention_layer_decode_state, attention_layer_step
-from mambactl.models.lm import EMBED, NORM_F, LanguageModel
+from mambactl.models.lm import EMBED, NORM_F, LanguageModel, norm_with_residual
 from mambactl.models.mamba1 import mamba1_decode_state, mamba1_step
 from mambactl.models.mamba2 import mamba2_decode_state, mamba2_step
 from mambactl.models.mamba3 import mamba3_decode_state, mamba3_step
-from mambactl.ops import activations, embedding, linear, rmsnorm
+from mambactl.ops import embedding, linear
 
 DECODERS = {"mamba1": (mamba1_decode_state, mamba1_step), "mamba2": (mamba2_decode_state, mamba2_step),
             "mamba3": (mamba3_decode_state, mamba3_step),
@@ -46,9 +46,9 @@ class RecurrentDecoder:
             raise MambactlError("decoder: call prefill before step")
         lm, cfg = self.lm, self.lm.cfg
         gids = lm.rt.from_numpy(embedding.check_ids(np.asarray(tokens).reshape(-1), cfg.padded_vocab_size))
-        h = embedding.embedding(gids, lm.params[EMBED])
-        for i, kind in enumerate(cfg.layers):
-            xn, _ = rmsnorm.rmsnorm(h, lm.params[f"backbone.layers.{i}.norm.weight"], cfg.norm_eps)
-            h = activations.add(h, DECODERS[kind][1](lm._layer(lm.params, i), xn, self.states[i], cfg))
-        hf, _ = rmsnorm.rmsnorm(h, lm.params[NORM_F], cfg.norm_eps)
+        h, out = embedding.embedding(gids, lm.params[EMBED]), None
+        for i, kind in enumerate(cfg.layers):  # the residual add is fused into the next norm, as in LanguageModel
+            h, xn, _ = norm_with_residual(h, out, lm.params[f"backbone.layers.{i}.norm.weight"], cfg.norm_eps)
+            out = DECODERS[kind][1](lm._layer(lm.params, i), xn, self.states[i], cfg)
+        _, hf, _ = norm_with_residual(h, out, lm.params[NORM_F], cfg.norm_eps)
         return linear.linear(hf, lm.params[EMBED]).numpy()

@@ -16,9 +16,10 @@ from mambactl.models.mamba1 import mamba1_backward, mamba1_forward
 from mambactl.models.mamba2 import mamba2_backward, mamba2_forward
 from mambactl.models.mamba3 import mamba3_backward, mamba3_forward
 from mambactl.models.params import parameter_specs
-from mambactl.ops import activations, cross_entropy, embedding, linear, rmsnorm
+from mambactl.ops import cross_entropy, embedding, linear, rmsnorm
 from mambactl.ops.fill import fill
 from mambactl.runtime.arena import Arena
+from mambactl.runtime.tensor import Tensor
 
 LAYERS = {"mamba1": (mamba1_forward, mamba1_backward), "mamba2": (mamba2_forward, mamba2_backward),
           "mamba3": (mamba3_forward, mamba3_backward), "attention": (attention_layer_forward, attention_layer_backward)}
@@ -75,13 +76,13 @@ class LanguageModel:
             saved.update(targets=rt.from_numpy(targets), count=cross_entropy.count_targets(targets),
                          embedding_plan=embedding.EmbeddingGradPlan(rt, ids.reshape(-1)))
         h = embedding.embedding(gids, self.params[EMBED])
-        layers = []
+        layers, out = [], None
         for i, kind in enumerate(cfg.layers):
-            xn, rstd = rmsnorm.rmsnorm(h, self.params[f"backbone.layers.{i}.norm.weight"], cfg.norm_eps)
+            # h = h + the previous mixer's output, fused into this layer's norm
+            h, xn, rstd = norm_with_residual(h, out, self.params[f"backbone.layers.{i}.norm.weight"], cfg.norm_eps)
             out, layer_saved = LAYERS[kind][0](self._layer(self.params, i), xn, B, L, cfg)
             layers.append((h, rstd, layer_saved))
-            h = activations.add(h, out)
-        hf, rstd_f = rmsnorm.rmsnorm(h, self.params[NORM_F], cfg.norm_eps)
+        h, hf, rstd_f = norm_with_residual(h, out, self.params[NORM_F], cfg.norm_eps)
         logits = linear.linear(hf, self.params[EMBED])
         saved.update(layers=layers, h=h, rstd_f=rstd_f, hf=hf, logits=logits)
         loss = None
@@ -102,9 +103,8 @@ class LanguageModel:
         for i in reversed(range(cfg.n_layer)):
             h_in, rstd, layer_saved = s["layers"][i]
             dxn = LAYERS[cfg.layers[i]][1](self._layer(self.params, i), self._layer(self.grads, i), layer_saved, dh, cfg)
-            norm = f"backbone.layers.{i}.norm.weight"
-            dh_norm, _ = rmsnorm.rmsnorm_backward(h_in, self.params[norm], rstd, dxn, dw=self.grads[norm])
-            dh = activations.add(dh, dh_norm)
+            norm = f"backbone.layers.{i}.norm.weight"  # dh: the residual stream's gradient, added in the kernel
+            dh, _ = rmsnorm.rmsnorm_backward(h_in, self.params[norm], rstd, dxn, dw=self.grads[norm], add_to=dh)
         embedding.embedding_backward(s["embedding_plan"], dh, self.grads[EMBED])
 
     def weights_numpy(self) -> dict[str, np.ndarray]:
@@ -112,3 +112,10 @@ class LanguageModel:
 
     def grads_numpy(self) -> dict[str, np.ndarray]:
         return {k: t.numpy() for k, t in self.grads.items()}
+
+
+def norm_with_residual(h: Tensor, out: Tensor | None, w: Tensor, eps: float):
+    """-> (h + out, RMSNorm(h + out), rstd) in one pass; without `out` (before the first layer), h as it is."""
+    if out is None:
+        return (h, *rmsnorm.rmsnorm(h, w, eps))
+    return rmsnorm.add_rmsnorm(h, out, w, eps)

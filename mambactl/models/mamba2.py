@@ -26,7 +26,6 @@ def mamba2_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig
     m, di, H, P, G, N, conv_dim = _dims(cfg)
     rt = x.runtime
     zxbcdt = linear.linear(x, p["in_proj.weight"], p.get("in_proj.bias"))
-    z = slice.column_slice(zxbcdt, 0, di)
     dt = slice.column_slice(zxbcdt, di + conv_dim, H)
     conv_w = p["conv1d.weight"].reshape(conv_dim, m.d_conv)
     conv_b = p["conv1d.bias"] if m.conv_bias else zeros(rt, (conv_dim,))
@@ -41,9 +40,9 @@ def mamba2_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig
         chunk=m.chunk_size, dt_limit=tuple(m.dt_limit),
     )
     y = y.reshape(-1, di)
-    yn, rstd = rmsnorm_gated(y, z, p["norm.weight"], di // G, cfg.norm_eps)
+    yn, rstd = rmsnorm_gated(y, zxbcdt, p["norm.weight"], di // G, cfg.norm_eps, z_start=0)  # z: columns [0, di)
     out = linear.linear(yn, p["out_proj.weight"], p.get("out_proj.bias"))
-    saved = dict(x=x, z=z, zxbcdt3=zxbcdt3, y=y, rstd=rstd, yn=yn, scan=scan_saved, conv_w=conv_w,
+    saved = dict(x=x, zxbcdt=zxbcdt, zxbcdt3=zxbcdt3, y=y, rstd=rstd, yn=yn, scan=scan_saved, conv_w=conv_w,
                  conv_b=conv_b, batch=batch, length=length)
     return out, saved
 
@@ -55,19 +54,17 @@ def mamba2_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfi
     B, L = s["batch"], s["length"]
     dyn, _, _ = linear.linear_backward(s["yn"], p["out_proj.weight"], dout, dw=g["out_proj.weight"],
                                        db=g.get("out_proj.bias"))
-    dy, dz, _ = rmsnorm_gated_backward(s["y"], s["z"], p["norm.weight"], s["rstd"], di // G, dyn,
-                                       dw=g["norm.weight"])
+    dzxbcdt = dout.runtime.empty(s["zxbcdt"].shape)  # [dz | dxBC | ddt], each written into its columns in place
+    dy, _, _ = rmsnorm_gated_backward(s["y"], s["zxbcdt"], p["norm.weight"], s["rstd"], di // G, dyn,
+                                      dw=g["norm.weight"], z_start=0, dz_out=(dzxbcdt, 0))
     dxs, ddt, _, dB, dC, _, _ = ssd_scan_backward(
         s["scan"], dy.reshape(B, L, H, P), grads={"A_log": g["A_log"], "D": g["D"], "dt_bias": g["dt_bias"]},
     )
     du = slice.column_concat([dxs.reshape(-1, di), dB.reshape(-1, G * N), dC.reshape(-1, G * N)])
     conv_dw = g["conv1d.weight"].reshape(conv_dim, m.d_conv)
     conv_db = g["conv1d.bias"] if m.conv_bias else zeros(dout.runtime, (conv_dim,))
-    dzxbcdt3 = dout.runtime.empty(s["zxbcdt3"].shape)  # [dz | dxBC | ddt]: the conv writes its columns in place
     conv1d.conv1d_silu_backward(s["zxbcdt3"], s["conv_w"], s["conv_b"], du.reshape(B, L, conv_dim), dw=conv_dw,
-                                db=conv_db, x_start=di, dx_out=(dzxbcdt3, di))
-    dzxbcdt = dzxbcdt3.reshape(B * L, -1)
-    slice.column_scatter(dz, dzxbcdt, 0)
+                                db=conv_db, x_start=di, dx_out=(dzxbcdt.reshape(B, L, -1), di))
     slice.column_scatter(ddt.reshape(-1, H), dzxbcdt, di + conv_dim)
     dx, _, _ = linear.linear_backward(s["x"], p["in_proj.weight"], dzxbcdt, dw=g["in_proj.weight"],
                                       db=g.get("in_proj.bias"))
@@ -85,12 +82,11 @@ def mamba2_step(p: dict, x: Tensor, state: dict, cfg: ModelConfig) -> Tensor:
     m, di, H, P, G, N, conv_dim = _dims(cfg)
     rt = x.runtime
     zxbcdt = linear.linear(x, p["in_proj.weight"], p.get("in_proj.bias"))
-    z = slice.column_slice(zxbcdt, 0, di)
     dt = slice.column_slice(zxbcdt, di + conv_dim, H)
     conv_b = p["conv1d.bias"] if m.conv_bias else zeros(rt, (conv_dim,))
     u = activations.silu(conv1d.conv1d_step(state["conv"], zxbcdt, p["conv1d.weight"].reshape(conv_dim, m.d_conv),
                                             conv_b, x_start=di))
     y = ssd_step(state["ssm"], slice.column_slice(u, 0, di), dt, p["A_log"], slice.column_slice(u, di, G * N),
                  slice.column_slice(u, di + G * N, G * N), p["D"], p["dt_bias"], dt_limit=tuple(m.dt_limit))
-    yn, _ = rmsnorm_gated(y, z, p["norm.weight"], di // G, cfg.norm_eps)
+    yn, _ = rmsnorm_gated(y, zxbcdt, p["norm.weight"], di // G, cfg.norm_eps, z_start=0)
     return linear.linear(yn, p["out_proj.weight"], p.get("out_proj.bias"))

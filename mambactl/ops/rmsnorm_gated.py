@@ -1,58 +1,66 @@
 """Mamba-2's gated, grouped RMSNorm: out = RMSNorm_group(y · silu(z)) · w (kernels/rmsnorm_gated.wgsl).
 
 mamba_ssm's RMSNormGated with norm_before_gate=False and group_size = d_inner / ngroups (HF MambaRMSNormGated).
+z may be read from columns [z_start, z_start + D) of a wider matrix (Mamba-2's in_proj output) and dz written into
+columns of another (`dz_out`, the combined in_proj gradient), so the model makes no copy of either.
 """
 
 from __future__ import annotations
 
 from mambactl.errors import ShapeError
 from mambactl.ops.checks import expect, grid_1d
+from mambactl.ops.reduce import column_sums
 from mambactl.runtime.tensor import Tensor
 
-_SLICE_ROWS = 256  # rows per partial sum of the weight gradient
+BLOCK_ROWS = 8  # rows per backward workgroup: [M / 8, D] weight-gradient partials, M / 8 · groups workgroups
 
 
-def _check(op: str, y: Tensor, z: Tensor, w: Tensor, group_size: int) -> tuple[int, int]:
+def _check(op: str, y: Tensor, z: Tensor, w: Tensor, group_size: int, z_start: int) -> tuple[int, int, int]:
     expect(op, "y", y, (None, None))
     M, D = y.shape
-    expect(op, "z", z, (M, D))
+    expect(op, "z", z, (M, None))
+    if z_start < 0 or z_start + D > z.shape[1]:
+        raise ShapeError(f"{op}: z columns [{z_start}, {z_start + D}) outside its {z.shape[1]} columns (y has {D})")
     expect(op, "w", w, (D,))
     if group_size < 1 or D % group_size:
         raise ShapeError(f"{op}: group_size {group_size} must divide the {D} channels")
-    return M, D
+    return M, D, z.shape[1]
 
 
-def rmsnorm_gated(y: Tensor, z: Tensor, w: Tensor, group_size: int, eps: float = 1e-5) -> tuple[Tensor, Tensor]:
-    """y, z [M, D], w [D] -> (out [M, D], rstd [M, D / group_size]); rstd is saved for the backward."""
-    M, D = _check("rmsnorm_gated", y, z, w, group_size)
+def rmsnorm_gated(y: Tensor, z: Tensor, w: Tensor, group_size: int, eps: float = 1e-5, *,
+                  z_start: int = 0) -> tuple[Tensor, Tensor]:
+    """y [M, D], z [M, P] (its columns z_start..z_start + D), w [D] -> (out [M, D], rstd [M, D / group_size]);
+    rstd is saved for the backward."""
+    M, D, P = _check("rmsnorm_gated", y, z, w, group_size, z_start)
     rt = y.runtime
     out, rstd = rt.empty((M, D)), rt.empty((M, D // group_size))
     rt.run("rmsnorm_gated_forward", grid_1d(M * (D // group_size), 1), y=y, z=z, w=w, out=out, rstd=rstd,
-           rows=M, dim=D, group=group_size, slice_rows=0, slices=0, eps=eps)
+           rows=M, dim=D, group=group_size, block_rows=1, eps=eps, z_stride=P, z_col=z_start, dz_stride=D, dz_col=0)
     return out, rstd
 
 
 def rmsnorm_gated_backward(y: Tensor, z: Tensor, w: Tensor, rstd: Tensor, group_size: int, dout: Tensor,
-                           dw: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """-> (dy [M, D], dz [M, D], dw [D]); pass `dw` to accumulate into it."""
+                           dw: Tensor | None = None, *, z_start: int = 0,
+                           dz_out: tuple[Tensor, int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """-> (dy [M, D], dz, dw [D]); pass `dw` to accumulate into it. dz is [M, D], or with `dz_out` = (matrix
+    [M, Q], start) written into its columns [start, start + D) and that matrix returned."""
     op = "rmsnorm_gated_backward"
-    M, D = _check(op, y, z, w, group_size)
+    M, D, P = _check(op, y, z, w, group_size, z_start)
     expect(op, "rstd", rstd, (M, D // group_size))
     expect(op, "dout", dout, (M, D))
-    rt = y.runtime
-    slices = -(-M // _SLICE_ROWS)
-    dims = dict(rows=M, dim=D, group=group_size, slice_rows=_SLICE_ROWS, slices=slices, eps=0.0)
-    dy, dz = rt.empty((M, D)), rt.empty((M, D))
-    rt.run("rmsnorm_gated_backward", grid_1d(M * (D // group_size), 1), y=y, z=z, w=w, dout=dout, rstd_in=rstd,
-           dy=dy, dz=dz, **dims)
-    accumulate = dw is not None
-    if accumulate:
+    if dw is not None:
         expect(op, "dw", dw, (D,))
+    rt = y.runtime
+    if dz_out is None:
+        dz, dz_col = rt.empty((M, D)), 0
     else:
-        dw = rt.empty((D,))
-    dw_part = rt.empty((slices, D))
-    rt.run("rmsnorm_gated_weight_partial", (-(-D // 64), slices), y=y, z=z, dout=dout, rstd_in=rstd,
-           dw_part=dw_part, **dims)
-    rt.run("rmsnorm_gated_weight_sum", (-(-D // 64),), {"ACCUMULATE": accumulate}, dw_part_in=dw_part, dw=dw,
-           **dims)
-    return dy, dz, dw
+        dz, dz_col = dz_out
+        expect(op, "dz_out", dz, (M, None))
+        if dz_col < 0 or dz_col + D > dz.shape[1]:
+            raise ShapeError(f"{op}: dz_out columns [{dz_col}, {dz_col + D}) outside its {dz.shape[1]} columns")
+    blocks = -(-M // BLOCK_ROWS)
+    dy, dw_part = rt.empty((M, D)), rt.empty((blocks, D))
+    rt.run("rmsnorm_gated_backward", grid_1d(blocks * (D // group_size), 1), y=y, z=z, w=w, dout=dout, rstd_in=rstd,
+           dy=dy, dz=dz, dw_part=dw_part, rows=M, dim=D, group=group_size, block_rows=BLOCK_ROWS, eps=0.0,
+           z_stride=P, z_col=z_start, dz_stride=dz.shape[1], dz_col=dz_col)
+    return dy, dz, column_sums(dw_part, dw)
