@@ -1,5 +1,6 @@
 // Fused softmax cross-entropy over logits [M, V] with targets [M] (i32; ignore_index rows count 0).
-// Forward: one 256-thread workgroup per row writes lse[row] and loss[row] = lse − logit[target]
+// Forward: one 256-thread workgroup per row reads it once (online softmax) and writes lse[row] and
+// loss[row] = lse − logit[target]
 // (cross_entropy_forward_rows, for CPU adapters: one invocation per row, no barriers).
 // Backward: dlogits = (softmax − onehot) · scale on counted rows, 0 on ignored rows, where scale is
 // 1 / (number of counted rows) for the mean (cross_entropy_backward_rows: one invocation per row, CPU adapters).
@@ -14,46 +15,48 @@ struct Params { rows: u32, vocab: u32, ignore_index: i32, scale: f32 }
 @group(0) @binding(5) var<storage, read_write> loss: array<f32>;
 @group(0) @binding(6) var<storage, read_write> dlogits: array<f32>;
 
-var<workgroup> red: array<f32, 256>;
+var<workgroup> red_max: array<f32, 256>;
+var<workgroup> red_sum: array<f32, 256>;
 
-fn reduce_max(v: f32, t: u32) -> f32 {
-    red[t] = v;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s >>= 1u) {
-        if (t < s) { red[t] = max(red[t], red[t + s]); }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
+// Online softmax: a running max m and s = Σ exp(x − m), rescaled when m grows, so a row is read once.
+fn online_add(ms: vec2<f32>, v: f32) -> vec2<f32> {
+    if (v > ms.x) { return vec2<f32>(v, ms.y * exp(ms.x - v) + 1.0); }
+    return vec2<f32>(ms.x, ms.y + exp(v - ms.x));
 }
 
-fn reduce_sum(v: f32, t: u32) -> f32 {
-    red[t] = v;
-    workgroupBarrier();
-    for (var s = 128u; s > 0u; s >>= 1u) {
-        if (t < s) { red[t] += red[t + s]; }
-        workgroupBarrier();
-    }
-    let r = red[0];
-    workgroupBarrier();
-    return r;
+fn online_merge(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
+    let m = max(a.x, b.x);
+    return vec2<f32>(m, a.y * exp(a.x - m) + b.y * exp(b.x - m));
 }
 
+// Tree merge of one (max, sum) pair per thread; thread 0 gets the row's.
+fn reduce_online(v: vec2<f32>, t: u32) -> vec2<f32> {
+    red_max[t] = v.x;
+    red_sum[t] = v.y;
+    workgroupBarrier();
+    for (var s = 128u; s > 0u; s >>= 1u) {
+        if (t < s) {
+            let merged = online_merge(vec2<f32>(red_max[t], red_sum[t]), vec2<f32>(red_max[t + s], red_sum[t + s]));
+            red_max[t] = merged.x;
+            red_sum[t] = merged.y;
+        }
+        workgroupBarrier();
+    }
+    return vec2<f32>(red_max[0], red_sum[0]);
+}
+
+// One pass over the row (it was a max pass, then an exp-sum pass: twice the logits' 1.6 GB at the 130m shape).
 @compute @workgroup_size(256)
 fn cross_entropy_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                          @builtin(local_invocation_id) lid: vec3<u32>) {
     let row = wid.y * nwg.x + wid.x;
     if (row >= p.rows) { return; }  // uniform per workgroup
     let base = row * p.vocab;
-    var m = -3.0e38;
-    for (var i = lid.x; i < p.vocab; i += 256u) { m = max(m, logits[base + i]); }
-    m = reduce_max(m, lid.x);
-    var s = 0.0;
-    for (var i = lid.x; i < p.vocab; i += 256u) { s += exp(logits[base + i] - m); }
-    s = reduce_sum(s, lid.x);
+    var ms = vec2<f32>(-3.0e38, 0.0);
+    for (var i = lid.x; i < p.vocab; i += 256u) { ms = online_add(ms, logits[base + i]); }
+    ms = reduce_online(ms, lid.x);
     if (lid.x == 0u) {
-        let l = m + log(s);
+        let l = ms.x + log(ms.y);
         lse[row] = l;
         let tgt = targets[row];
         if (tgt == p.ignore_index) { loss[row] = 0.0; } else { loss[row] = l - logits[base + u32(tgt)]; }
@@ -74,21 +77,17 @@ fn cross_entropy_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builti
 }
 
 // CPU adapters (Mesa llvmpipe runs a workgroup as SIMD loops on one thread and every barrier is a coroutine
-// switch: the two tree reductions above cost ~28 µs per row there): one invocation per row walks it once with
-// an online softmax (running max m and Σ exp(x − m), rescaled when m grows). Grid grid_1d(rows, 64).
+// switch: a tree reduction costs ~14 µs per row there): one invocation per row walks it once with the same online
+// softmax. Grid grid_1d(rows, 64).
 @compute @workgroup_size(64)
 fn cross_entropy_forward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let row = gid.y * nwg.x * 64u + gid.x;
     if (row >= p.rows) { return; }
     let base = row * p.vocab;
-    var m = -3.0e38;
-    var s = 0.0;
-    for (var i = 0u; i < p.vocab; i++) {
-        let v = logits[base + i];
-        let grown = max(m, v);
-        s = s * exp(m - grown) + exp(v - grown);
-        m = grown;
-    }
+    var ms = vec2<f32>(-3.0e38, 0.0);
+    for (var i = 0u; i < p.vocab; i++) { ms = online_add(ms, logits[base + i]); }
+    let m = ms.x;
+    let s = ms.y;
     let l = m + log(s);
     lse[row] = l;
     let tgt = targets[row];
