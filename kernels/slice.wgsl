@@ -1,33 +1,56 @@
 // Column slices of row-major matrices. A column range of [M, P] is a strided gather from every row
 // (a contiguous byte copy is right only for M = 1). Scatter is the backward and builds concatenations.
+// Both move up to three consecutive column ranges in one pass (widths width, width1, width2; 0 for unused parts):
+// a slice into dst, dst1, dst2, a scatter from src, src1, src2 (a Mamba mixer splits x_proj's output into dt, B, C
+// and concatenates their gradients this way: one dispatch instead of three).
 
 override ACCUMULATE: bool = false;
 
-struct Params { rows: u32, src_cols: u32, dst_cols: u32, start: u32, width: u32 }
+struct Params { rows: u32, src_cols: u32, dst_cols: u32, start: u32, width: u32, width1: u32, width2: u32 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src: array<f32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<f32>;
+@group(0) @binding(3) var<storage, read_write> dst1: array<f32>;
+@group(0) @binding(4) var<storage, read_write> dst2: array<f32>;
+@group(0) @binding(5) var<storage, read> src1: array<f32>;
+@group(0) @binding(6) var<storage, read> src2: array<f32>;
 
-// dst [M, width] = src[:, start : start + width]
+// dst_k [M, width_k] = src[:, start + offset_k : start + offset_k + width_k], the parts side by side
 @compute @workgroup_size(256)
 fn column_slice(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.y * nwg.x * 256u + gid.x;
-    if (i >= p.rows * p.width) { return; }
-    let r = i / p.width;
-    let c = i % p.width;
-    dst[i] = src[r * p.src_cols + p.start + c];
+    let total = p.width + p.width1 + p.width2;
+    if (i >= p.rows * total) { return; }
+    let r = i / total;
+    let c = i % total;
+    let v = src[r * p.src_cols + p.start + c];
+    if (c < p.width) {
+        dst[r * p.width + c] = v;
+    } else if (c < p.width + p.width1) {
+        dst1[r * p.width1 + c - p.width] = v;
+    } else {
+        dst2[r * p.width2 + c - p.width - p.width1] = v;
+    }
 }
 
-// dst[:, start : start + width] (+)= src [M, width]
+// dst[:, start + offset_k : start + offset_k + width_k] (+)= src_k [M, width_k]
 @compute @workgroup_size(256)
 fn column_scatter(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.y * nwg.x * 256u + gid.x;
-    if (i >= p.rows * p.width) { return; }
-    let r = i / p.width;
-    let c = i % p.width;
+    let total = p.width + p.width1 + p.width2;
+    if (i >= p.rows * total) { return; }
+    let r = i / total;
+    let c = i % total;
+    var v: f32;
+    if (c < p.width) {
+        v = src[r * p.width + c];
+    } else if (c < p.width + p.width1) {
+        v = src1[r * p.width1 + c - p.width];
+    } else {
+        v = src2[r * p.width2 + c - p.width - p.width1];
+    }
     let j = r * p.dst_cols + p.start + c;
-    var v = src[i];
     if (ACCUMULATE) { v += dst[j]; }
     dst[j] = v;
 }

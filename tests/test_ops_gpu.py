@@ -358,10 +358,25 @@ def test_column_slice_and_backward(rt, rng, M, P, start, width):
     np.testing.assert_array_equal(back, ref_slice.column_slice_backward(dy, start, P))
 
 
-def test_column_concat(rt, rng):
-    parts = [f32(rng, 7, w) for w in (3, 1, 17)]
+@pytest.mark.parametrize("widths", [(3, 1, 17), (5,), (2, 9), (4, 1, 3, 8, 2)], ids=["three", "one", "two", "five"])
+def test_column_concat_and_split(rt, rng, widths):
+    """Up to three parts per pass (five take two); concat into the middle of a wider matrix, with accumulation, and
+    its inverse, the split, from a column offset."""
+    parts = [f32(rng, 7, w) for w in widths]
     got = slice.column_concat([rt.from_numpy(p32) for p32, _ in parts]).numpy()
     np.testing.assert_array_equal(got, ref_slice.column_concat([p for _, p in parts]))
+    (base32, base), total = f32(rng, 7, sum(widths) + 6), sum(widths)
+    into = slice.column_concat([rt.from_numpy(p32) for p32, _ in parts], rt.from_numpy(base32), 2, accumulate=True)
+    want = base.copy()
+    want[:, 2:2 + total] += ref_slice.column_concat([p for _, p in parts])
+    np.testing.assert_array_equal(into.numpy(), want.astype(np.float32))
+    split = slice.column_split(rt.from_numpy(base32), list(widths), 4)
+    for g, r in zip(split, ref_slice.column_split(base, widths, 4)):
+        np.testing.assert_array_equal(g.numpy(), r)
+    with pytest.raises(ShapeError, match="column_split: widths"):
+        slice.column_split(rt.from_numpy(base32), list(widths), 7)
+    with pytest.raises(ShapeError, match="column_concat: columns"):
+        slice.column_concat([rt.from_numpy(p32) for p32, _ in parts], rt.from_numpy(base32), 7)
 
 
 @pytest.mark.parametrize("T,V,D", [(1, 2, 1), (17, 5, 3), (130, 65, 17)])

@@ -26,9 +26,7 @@ def mamba1_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig
     xz3 = xz.reshape(batch, length, 2 * di)  # the conv reads its x columns [0, d_inner) in place
     u = conv1d.conv1d_silu(xz3, conv_w, conv_b, x_start=0).reshape(-1, di)
     x_dbl = linear.linear(u, p["x_proj.weight"])
-    dt_in = slice.column_slice(x_dbl, 0, R)
-    Bm = slice.column_slice(x_dbl, R, N)
-    Cm = slice.column_slice(x_dbl, R + N, N)
+    dt_in, Bm, Cm = slice.column_split(x_dbl, [R, N, N])
     delta = linear.linear(dt_in, p["dt_proj.weight"])  # dt_proj.bias is added inside the scan
     shape3 = (batch, length, di)
     y, scan_saved = selective_scan(
@@ -83,7 +81,7 @@ def mamba1_step(p: dict, x: Tensor, state: dict, cfg: ModelConfig) -> Tensor:
     u = activations.silu(conv1d.conv1d_step(state["conv"], xz, p["conv1d.weight"].reshape(di, m.d_conv), conv_b,
                                             x_start=0))
     x_dbl = linear.linear(u, p["x_proj.weight"])
-    delta = linear.linear(slice.column_slice(x_dbl, 0, R), p["dt_proj.weight"])
-    y = selective_scan_step(state["ssm"], u, delta, p["A_log"], slice.column_slice(x_dbl, R, N),
-                            slice.column_slice(x_dbl, R + N, N), p["D"], z, p["dt_proj.bias"])
+    dt_in, Bm, Cm = slice.column_split(x_dbl, [R, N, N])
+    delta = linear.linear(dt_in, p["dt_proj.weight"])
+    y = selective_scan_step(state["ssm"], u, delta, p["A_log"], Bm, Cm, p["D"], z, p["dt_proj.bias"])
     return linear.linear(y, p["out_proj.weight"], p.get("out_proj.bias"))

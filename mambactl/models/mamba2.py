@@ -31,9 +31,7 @@ def mamba2_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig
     conv_b = p["conv1d.bias"] if m.conv_bias else zeros(rt, (conv_dim,))
     zxbcdt3 = zxbcdt.reshape(batch, length, -1)  # the conv reads its xBC columns in place
     u = conv1d.conv1d_silu(zxbcdt3, conv_w, conv_b, x_start=di).reshape(-1, conv_dim)
-    xs = slice.column_slice(u, 0, di)
-    Bm = slice.column_slice(u, di, G * N)
-    Cm = slice.column_slice(u, di + G * N, G * N)
+    xs, Bm, Cm = slice.column_split(u, [di, G * N, G * N])
     y, scan_saved = ssd_scan(
         xs.reshape(batch, length, H, P), dt.reshape(batch, length, H), p["A_log"],
         Bm.reshape(batch, length, G, N), Cm.reshape(batch, length, G, N), p["D"], p["dt_bias"],
@@ -86,7 +84,7 @@ def mamba2_step(p: dict, x: Tensor, state: dict, cfg: ModelConfig) -> Tensor:
     conv_b = p["conv1d.bias"] if m.conv_bias else zeros(rt, (conv_dim,))
     u = activations.silu(conv1d.conv1d_step(state["conv"], zxbcdt, p["conv1d.weight"].reshape(conv_dim, m.d_conv),
                                             conv_b, x_start=di))
-    y = ssd_step(state["ssm"], slice.column_slice(u, 0, di), dt, p["A_log"], slice.column_slice(u, di, G * N),
-                 slice.column_slice(u, di + G * N, G * N), p["D"], p["dt_bias"], dt_limit=tuple(m.dt_limit))
+    xs, Bm, Cm = slice.column_split(u, [di, G * N, G * N])
+    y = ssd_step(state["ssm"], xs, dt, p["A_log"], Bm, Cm, p["D"], p["dt_bias"], dt_limit=tuple(m.dt_limit))
     yn, _ = rmsnorm_gated(y, zxbcdt, p["norm.weight"], di // G, cfg.norm_eps, z_start=0)
     return linear.linear(yn, p["out_proj.weight"], p.get("out_proj.bias"))

@@ -1,4 +1,5 @@
-"""Column slice / scatter / concat of row-major matrices (kernels/slice.wgsl)."""
+"""Column slice / scatter / concat of row-major matrices (kernels/slice.wgsl). Up to three consecutive column
+ranges move in one dispatch (`column_split`, `column_concat`)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,61 @@ from mambactl.ops.checks import expect, grid_1d
 from mambactl.ops.fill import zeros
 from mambactl.runtime.tensor import Tensor
 
+PARTS_PER_DISPATCH = 3  # the kernels' dst/dst1/dst2 and src/src1/src2 bindings
+
+
+def _widths(parts: list[int]) -> dict:
+    w = list(parts) + [0] * (PARTS_PER_DISPATCH - len(parts))
+    return dict(width=w[0], width1=w[1], width2=w[2])
+
+
+def column_split(x: Tensor, widths: list[int], start: int = 0) -> list[Tensor]:
+    """x [M, P] -> [x[:, start : start + w0], the next w1 columns, ...] as new [M, w_k] tensors, three per pass."""
+    expect("column_split", "x", x, (None, None))
+    M, P = x.shape
+    if not widths or min(widths) < 1 or start < 0 or start + sum(widths) > P:
+        raise ShapeError(f"column_split: widths {list(widths)} from column {start} outside a matrix of {P} columns")
+    outs = [x.runtime.empty((M, w)) for w in widths]
+    col = start
+    for k in range(0, len(widths), PARTS_PER_DISPATCH):
+        part, dsts = widths[k:k + PARTS_PER_DISPATCH], outs[k:k + PARTS_PER_DISPATCH]
+        dsts = dsts + [dsts[0]] * (PARTS_PER_DISPATCH - len(dsts))  # unused parts (width 0) are never written
+        x.runtime.run("column_slice", grid_1d(M * sum(part)), src=x, dst=dsts[0], dst1=dsts[1], dst2=dsts[2], rows=M,
+                      src_cols=P, dst_cols=part[0], start=col, **_widths(part))
+        col += sum(part)
+    return outs
+
 
 def column_slice(x: Tensor, start: int, width: int) -> Tensor:
     """x [M, P] -> x[:, start:start+width] as a new [M, width] tensor."""
     expect("column_slice", "x", x, (None, None))
-    M, P = x.shape
+    P = x.shape[1]
     if start < 0 or width < 1 or start + width > P:
         raise ShapeError(f"column_slice: columns [{start}, {start + width}) outside a matrix of {P} columns")
-    out = x.runtime.empty((M, width))
-    x.runtime.run("column_slice", grid_1d(M * width), src=x, dst=out, rows=M, src_cols=P, dst_cols=width,
-                  start=start, width=width)
+    return column_split(x, [width], start)[0]
+
+
+def column_concat(parts: list[Tensor], out: Tensor | None = None, start: int = 0,
+                  accumulate: bool = False) -> Tensor:
+    """[M, P_i]... side by side into columns start.. of `out` (a new [M, Σ P_i] matrix without it; with
+    `accumulate` added into it), three parts per pass. Returns out."""
+    for i, t in enumerate(parts):
+        expect("column_concat", f"parts[{i}]", t, (parts[0].shape[0] if i else None, None))
+    M, total = parts[0].shape[0], sum(t.shape[1] for t in parts)
+    if out is None:
+        out = parts[0].runtime.empty((M, total))
+    expect("column_concat", "out", out, (M, None))
+    if start < 0 or start + total > out.shape[1]:
+        raise ShapeError(f"column_concat: columns [{start}, {start + total}) outside a matrix of {out.shape[1]} columns")
+    col = start
+    for k in range(0, len(parts), PARTS_PER_DISPATCH):
+        group = parts[k:k + PARTS_PER_DISPATCH]
+        srcs = group + [group[0]] * (PARTS_PER_DISPATCH - len(group))  # unused parts (width 0) are never read
+        widths = [t.shape[1] for t in group]
+        out.runtime.run("column_scatter", grid_1d(M * sum(widths)), {"ACCUMULATE": accumulate}, src=srcs[0],
+                        src1=srcs[1], src2=srcs[2], dst=out, rows=M, src_cols=widths[0], dst_cols=out.shape[1],
+                        start=col, **_widths(widths))
+        col += sum(widths)
     return out
 
 
@@ -27,9 +73,7 @@ def column_scatter(src: Tensor, dst: Tensor, start: int, accumulate: bool = Fals
     expect("column_scatter", "dst", dst, (M, None))
     if start < 0 or start + W > dst.shape[1]:
         raise ShapeError(f"column_scatter: columns [{start}, {start + W}) outside a matrix of {dst.shape[1]} columns")
-    src.runtime.run("column_scatter", grid_1d(M * W), {"ACCUMULATE": accumulate}, src=src, dst=dst, rows=M,
-                    src_cols=W, dst_cols=dst.shape[1], start=start, width=W)
-    return dst
+    return column_concat([src], dst, start, accumulate)
 
 
 def column_slice_backward(dy: Tensor, start: int, total_width: int, dx: Tensor | None = None) -> Tensor:
@@ -38,14 +82,3 @@ def column_slice_backward(dy: Tensor, start: int, total_width: int, dx: Tensor |
     if dx is None:
         dx = zeros(dy.runtime, (dy.shape[0], total_width))
     return column_scatter(dy, dx, start, accumulate=True)
-
-
-def column_concat(parts: list[Tensor]) -> Tensor:
-    """[M, P_i]... -> [M, Σ P_i]; every column is written once."""
-    M = parts[0].shape[0]
-    out = parts[0].runtime.empty((M, sum(p.shape[1] for p in parts)))
-    start = 0
-    for p in parts:
-        column_scatter(p, out, start)
-        start += p.shape[1]
-    return out

@@ -13,6 +13,12 @@ def column_slice_backward(dy, start, total_width):
     return dx
 
 
+def column_split(x, widths, start=0):
+    """x [M, P] -> [x[:, start : start + w0], the next w1 columns, ...]."""
+    edges = np.cumsum([start] + list(widths))
+    return [x[:, a:b].copy() for a, b in zip(edges[:-1], edges[1:])]
+
+
 def column_concat(parts):
     """[M, P_i] ... -> [M, Σ P_i]."""
     return np.concatenate(parts, axis=1)
