@@ -276,7 +276,7 @@ def test_shape_errors(rt):
 
 def test_arena_views_step_in_one_dispatch_per_decay_run(rt, monkeypatch):
     """Parameters, gradients and (by AdamWState.zeros) moments as views of Arenas, decayed tensors first, as
-    models/lm.py lays them out: the global norm is one pass-1 dispatch, the update one dispatch per decay class,
+    models/lm.py lays them out: the global norm is one pass-1 dispatch, the update one vec4 dispatch per decay class,
     the gaps between views stay zero, and the trajectory (a planted NaN included) matches the mirror."""
     from mambactl.runtime.arena import Arena
 
@@ -303,8 +303,8 @@ def test_arena_views_step_in_one_dispatch_per_decay_run(rt, monkeypatch):
             rt.write(grads[i], g[i])
         entries.clear()
         adamw_step(params, grads, state, lr=lr, **dict(hp, guard_norm=False))
-        assert entries.count("adamw_update") == 2 and entries.count("reduce_partial" if "reduce_partial" in entries
-                                                                     else "reduce_partial_subgroup") == 1
+        assert entries.count("adamw_update_vec4") == 2 and "adamw_update" not in entries  # spans are whole slots
+        assert entries.count("reduce_partial" if "reduce_partial" in entries else "reduce_partial_subgroup") == 1
         mirror.step(g, lr=lr, **dict(hp, guard_norm=False))
     assert check_against(mirror, params, state, skip=[BAD[0]]) < TOL
     assert state.read_counters()["bad_elements"] == 1

@@ -255,7 +255,7 @@ def test_arena_views_bind_at_their_offsets(rt):
         inside[v.offset // 4:v.offset // 4 + v.size] = True
     assert not np.any(flat[~inside])
     merged = spans(views)
-    assert len(merged) == 1 and merged[0][0] == 0 and merged[0][1][0].size == (views[-1].offset // 4 + 25)
+    assert len(merged) == 1 and merged[0][0] == 0 and merged[0][1][0].size == views[-1].offset // 4 + 64  # whole slots
     loose = [rt.from_numpy(d) for d in data]
     assert [first for first, _ in spans(views[::-1], keys=[0, 0, 1, 1])] == [3, 1]  # in layout order
     assert [first for first, _ in spans(loose)] == [0, 1, 2, 3]

@@ -119,9 +119,13 @@ def adamw_step(params: list[Tensor], grads: list[Tensor], state: AdamWState, *, 
         if p.size == 0:
             continue
         keep = 1.0 if nd else 1.0 - lr * weight_decay
-        rt.run("adamw_update", grid_1d(p.size), state=state.counters, param=p, grad=g, m=m, v=v, n=p.size,
-               lr=float(lr), beta1=float(beta1), beta2=float(beta2), one_minus_beta1=om1, one_minus_beta2=om2,
-               eps=float(eps), keep=float(keep), max_delta=float(max_delta))
+        hp = dict(n=p.size, lr=float(lr), beta1=float(beta1), beta2=float(beta2), one_minus_beta1=om1,
+                  one_minus_beta2=om2, eps=float(eps), keep=float(keep), max_delta=float(max_delta))
+        if p.size % 4 == 0:
+            rt.run("adamw_update_vec4", grid_1d(p.size // 4), state=state.counters, param4=p, grad4=g, m4=m, v4=v,
+                   **hp)
+        else:
+            rt.run("adamw_update", grid_1d(p.size), state=state.counters, param=p, grad=g, m=m, v=v, **hp)
 
 
 def _zero_counters(rt) -> Tensor:

@@ -16,6 +16,7 @@ from mambactl.runtime.gpu import grid_1d
 from mambactl.runtime.tensor import Tensor
 
 ALIGN = 256  # bytes: WebGPU's largest allowed minStorageBufferOffsetAlignment, and vec4-aligned
+SLOT = ALIGN // 4  # elements: every view starts on a slot and owns whole slots
 
 
 class Arena:
@@ -24,7 +25,7 @@ class Arena:
 
     def __init__(self, runtime, shapes):
         limit = min(int(runtime.limits["max-buffer-size"]), runtime.max_binding) // ALIGN * ALIGN // 4
-        slot = ALIGN // 4
+        slot = SLOT
         placed, sizes, used = [], [], 0  # (chunk, start element) per tensor; elements per chunk
         for shape in shapes:
             n = max(1, -(-math.prod(shape) // slot)) * slot  # an empty tensor still gets a slot of its own
@@ -96,6 +97,8 @@ def spans(*lists: list[Tensor], keys: list | None = None) -> list[tuple[int, tup
         for ts in lists:
             first, last = ts[order[start]], ts[order[j - 1]]
             elements = (last.offset + last.nbytes - first.offset) // 4
+            if first._owner is not None and first._owner._packed:  # to the end of the last slot (zero), so a span's
+                elements = -(-elements // SLOT) * SLOT               # length is a multiple of 64 elements
             span.append(Tensor(first.runtime, first.buffer, (elements,), first.dtype, owner=first._owner or first,
                                offset=first.offset))
         out.append((order[start], tuple(span)))
