@@ -5,6 +5,7 @@
 // and concatenates their gradients this way: one dispatch instead of three).
 
 override ACCUMULATE: bool = false;
+override PARTS: u32 = 3u;  // parts used (1-3): a constant, so a plain slice or scatter compiles without the branches
 
 struct Params { rows: u32, src_cols: u32, dst_cols: u32, start: u32, width: u32, width1: u32, width2: u32 }
 
@@ -25,9 +26,9 @@ fn column_slice(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
     let r = i / total;
     let c = i % total;
     let v = src[r * p.src_cols + p.start + c];
-    if (c < p.width) {
+    if (PARTS == 1u || c < p.width) {
         dst[r * p.width + c] = v;
-    } else if (c < p.width + p.width1) {
+    } else if (PARTS == 2u || c < p.width + p.width1) {
         dst1[r * p.width1 + c - p.width] = v;
     } else {
         dst2[r * p.width2 + c - p.width - p.width1] = v;
@@ -43,9 +44,9 @@ fn column_scatter(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
     let r = i / total;
     let c = i % total;
     var v: f32;
-    if (c < p.width) {
+    if (PARTS == 1u || c < p.width) {
         v = src[r * p.width + c];
-    } else if (c < p.width + p.width1) {
+    } else if (PARTS == 2u || c < p.width + p.width1) {
         v = src1[r * p.width1 + c - p.width];
     } else {
         v = src2[r * p.width2 + c - p.width - p.width1];

@@ -27,7 +27,7 @@ def column_split(x: Tensor, widths: list[int], start: int = 0) -> list[Tensor]:
     for k in range(0, len(widths), PARTS_PER_DISPATCH):
         part, dsts = widths[k:k + PARTS_PER_DISPATCH], outs[k:k + PARTS_PER_DISPATCH]
         dsts = dsts + [dsts[0]] * (PARTS_PER_DISPATCH - len(dsts))  # unused parts (width 0) are never written
-        x.runtime.run("column_slice", grid_1d(M * sum(part)), src=x, dst=dsts[0], dst1=dsts[1], dst2=dsts[2], rows=M,
+        x.runtime.run("column_slice", grid_1d(M * sum(part)), {"PARTS": len(part)}, src=x, dst=dsts[0], dst1=dsts[1], dst2=dsts[2], rows=M,
                       src_cols=P, dst_cols=part[0], start=col, **_widths(part))
         col += sum(part)
     return outs
@@ -59,7 +59,7 @@ def column_concat(parts: list[Tensor], out: Tensor | None = None, start: int = 0
         group = parts[k:k + PARTS_PER_DISPATCH]
         srcs = group + [group[0]] * (PARTS_PER_DISPATCH - len(group))  # unused parts (width 0) are never read
         widths = [t.shape[1] for t in group]
-        out.runtime.run("column_scatter", grid_1d(M * sum(widths)), {"ACCUMULATE": accumulate}, src=srcs[0],
+        out.runtime.run("column_scatter", grid_1d(M * sum(widths)), {"ACCUMULATE": accumulate, "PARTS": len(group)}, src=srcs[0],
                         src1=srcs[1], src2=srcs[2], dst=out, rows=M, src_cols=widths[0], dst_cols=out.shape[1],
                         start=col, **_widths(widths))
         col += sum(widths)
