@@ -18,7 +18,8 @@ from common import commit  # first: it puts the checkout on sys.path
 
 import numpy as np  # noqa: E402
 
-from mambactl.ops import conv1d  # noqa: E402
+from mambactl.ops import adamw, conv1d, cross_entropy, fill, reduce, rmsnorm, rmsnorm_gated  # noqa: E402
+from mambactl.runtime.arena import Arena  # noqa: E402
 from mambactl.runtime.gpu import get_runtime  # noqa: E402
 
 
@@ -58,7 +59,52 @@ def conv_cases(rt, rng, B, L):
     return cases
 
 
-GROUPS = {"conv": conv_cases}
+def norm_cases(rt, rng, B, L):
+    def normal(*shape):
+        return rt.from_numpy(rng.standard_normal(shape).astype(np.float32))
+
+    M, D, Di, W = B * L, 768, 1536, 3352  # Mamba-2: z in columns [0, 1536) of the 3352-wide in_proj output
+    x, res, w, dy, dw = normal(M, D), normal(M, D), normal(D), normal(M, D), normal(D)
+    _, _, rstd = rmsnorm.add_rmsnorm(x, res, w)
+    y, zx, wg, dout, dwg = normal(M, Di), normal(M, W), normal(Di), normal(M, Di), normal(Di)
+    dzx = rt.empty((M, W))
+    _, rstd_g = rmsnorm_gated.rmsnorm_gated(y, zx, wg, Di, z_start=0)
+    return {
+        "rmsnorm fwd": lambda: rmsnorm.rmsnorm(x, w),
+        "add_rmsnorm fwd": lambda: rmsnorm.add_rmsnorm(x, res, w),
+        "rmsnorm bwd (+ dw sums)": lambda: rmsnorm.rmsnorm_backward(x, w, rstd, dy, dw),
+        "rmsnorm bwd add_to (+ dw sums)": lambda: rmsnorm.rmsnorm_backward(x, w, rstd, dy, dw, add_to=res),
+        "rmsnorm_gated fwd (z columns)": lambda: rmsnorm_gated.rmsnorm_gated(y, zx, wg, Di, z_start=0),
+        "rmsnorm_gated bwd (z, dz columns, + dw sums)": lambda: rmsnorm_gated.rmsnorm_gated_backward(
+            y, zx, wg, rstd_g, Di, dout, dwg, z_start=0, dz_out=(dzx, 0)),
+    }
+
+
+def optim_cases(rt, rng, B, L):
+    """The optimizer's passes over a 130m-sized gradient Arena (129,135,360 elements, one decay class)."""
+    n = 129_135_360 if B * L >= 8192 else 1_000_000  # small runs (lavapipe) check the code path
+    arena = [Arena(rt, [(n,)]).tensors[0] for _ in range(4)]  # params, grads, m, v
+    p, g, m, v = arena
+    rt.write(g, rng.standard_normal(n).astype(np.float32) * 1e-3)
+    state = adamw.AdamWState([m], [v], adamw._zero_counters(rt))
+    return {
+        "fill (one 129M-element arena)": lambda: fill.fill(p, 0.0),
+        "sum_of_squares": lambda: reduce.sum_of_squares([g]),
+        "adamw_step (norm + vec4 update)": lambda: adamw.adamw_step([p], [g], state, lr=1e-4, weight_decay=0.1,
+                                                                    max_grad_norm=1.0),
+    }
+
+
+def ce_cases(rt, rng, B, L):
+    M, V = B * L, 50280
+    logits = rt.from_numpy((rng.standard_normal((M, V)) * 2).astype(np.float32))
+    targets = rt.from_numpy(rng.integers(0, V, M).astype(np.int32))
+    _, lse = cross_entropy.cross_entropy(logits, targets, M)
+    return {"cross_entropy fwd": lambda: cross_entropy.cross_entropy(logits, targets, M),
+            "cross_entropy bwd": lambda: cross_entropy.cross_entropy_backward(logits, targets, lse, M)}
+
+
+GROUPS = {"conv": conv_cases, "norm": norm_cases, "optim": optim_cases, "ce": ce_cases}
 
 
 def main() -> None:
