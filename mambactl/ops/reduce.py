@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from mambactl.ops.checks import cpu_subgroups, expect, require_subgroup_lanes
 from mambactl.runtime.arena import spans
 from mambactl.runtime.tensor import Tensor
@@ -53,12 +55,13 @@ def sum_of_squares(tensors: list[Tensor], subgroup: bool | None = None) -> Tenso
     return _reduce([span for _, (span,) in spans(tensors)], True, 1.0, subgroup)
 
 
-_BLOCK_ROWS = 128
+_ONE_PASS_ROWS = 32  # up to this many rows one thread per column sums them all
 
 
 def column_sums(x: Tensor, out: Tensor | None = None) -> Tensor:
-    """x [R, n] -> [n] = Σ_r x[r, :] (added into `out` when given). Two passes over row blocks, so a tall
-    matrix (a gradient summed over B·L rows) keeps the GPU busy and the order of summation is fixed."""
+    """x [R, n] -> [n] = Σ_r x[r, :] (added into `out` when given). Two passes over blocks of ⌈√R⌉ rows (one pass
+    for R ≤ 32), so a tall matrix (a gradient summed over B·L rows) keeps the GPU busy, neither pass walks more than
+    ⌈√R⌉ rows per thread, and the order of summation is fixed."""
     expect("column_sums", "x", x, (None, None))
     R, n = x.shape
     rt = x.runtime
@@ -67,10 +70,11 @@ def column_sums(x: Tensor, out: Tensor | None = None) -> Tensor:
         expect("column_sums", "out", out, (n,))
     else:
         out = rt.empty((n,))
-    blocks = -(-R // _BLOCK_ROWS)
-    if blocks > 1:
+    if R > _ONE_PASS_ROWS:
+        block = math.isqrt(R - 1) + 1
+        blocks = -(-R // block)
         partial = rt.empty((blocks, n))
-        rt.run("column_sums", (-(-n // 64), blocks), matrix=x, sums=partial, rows=R, cols=n, block_rows=_BLOCK_ROWS)
+        rt.run("column_sums", (-(-n // 64), blocks), matrix=x, sums=partial, rows=R, cols=n, block_rows=block)
         x, R = partial, blocks
     rt.run("column_sums", (-(-n // 64), 1), {"ACCUMULATE": accumulate}, matrix=x, sums=out, rows=R, cols=n, block_rows=R)
     return out
