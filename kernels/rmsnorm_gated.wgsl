@@ -1,6 +1,6 @@
 // Mamba-2's gated, grouped RMSNorm (mamba_ssm RMSNormGated, norm_before_gate = False):
 //   u = y · silu(z),  out = u · rstd · w,  rstd = 1 / sqrt(mean(u²) + eps) over each group of `group` channels.
-// One 64-thread workgroup per (row, group) for the forward, per (block of block_rows rows, group) for the
+// One WG-thread workgroup per (row, group) for the forward, per (block of block_rows rows, group) for the
 // backward (on a 2-D grid), which also sums the weight gradient's terms dout·u·rstd over its rows in place
 // (dw_part [blocks, dim], each thread owning its columns; ops.reduce.column_sums adds the blocks in order).
 // z may be a column range of a wider matrix (Mamba-2's in_proj output: rows z_stride floats apart, z's column c at
@@ -22,7 +22,11 @@ struct Params { rows: u32, dim: u32, group: u32, block_rows: u32, eps: f32, z_st
 @group(0) @binding(10) var<storage, read_write> dz: array<f32>;
 @group(0) @binding(11) var<storage, read_write> dw_part: array<f32>;  // [blocks, dim]
 
-var<workgroup> partial: array<f32, 64>;
+// Threads per workgroup of the GPU kernels: 256, so the backward's blocks of rows (M / 8 workgroups) still fill a
+// large GPU (1,024 × 64 threads left it a quarter occupied, at ~1 TB/s).
+const WG: u32 = 256u;
+
+var<workgroup> partial: array<f32, WG>;
 
 fn sigmoid(v: f32) -> f32 { return 1.0 / (1.0 + exp(-v)); }
 
@@ -34,7 +38,7 @@ fn gated(row: u32, col: u32) -> f32 { let zv = z_at(row, col); return y[row * p.
 fn workgroup_sum(v: f32, t: u32) -> f32 {
     partial[t] = v;
     workgroupBarrier();
-    for (var s = 32u; s > 0u; s >>= 1u) {
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
         if (t < s) { partial[t] += partial[t + s]; }
         workgroupBarrier();
     }
@@ -43,7 +47,7 @@ fn workgroup_sum(v: f32, t: u32) -> f32 {
     return total;
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn rmsnorm_gated_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                          @builtin(local_invocation_id) lid: vec3<u32>) {
     let item = wid.y * nwg.x + wid.x;  // row · groups + group
@@ -52,9 +56,9 @@ fn rmsnorm_gated_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
     let row = item / groups;
     let col0 = (item % groups) * p.group;
     var ss = 0.0;
-    for (var i = lid.x; i < p.group; i += 64u) { let u = gated(row, col0 + i); ss += u * u; }
+    for (var i = lid.x; i < p.group; i += WG) { let u = gated(row, col0 + i); ss += u * u; }
     let r = 1.0 / sqrt(workgroup_sum(ss, lid.x) / f32(p.group) + p.eps);
-    for (var i = lid.x; i < p.group; i += 64u) {
+    for (var i = lid.x; i < p.group; i += WG) {
         out[row * p.dim + col0 + i] = gated(row, col0 + i) * r * w[col0 + i];
     }
     if (lid.x == 0u) { rstd[item] = r; }
@@ -62,7 +66,7 @@ fn rmsnorm_gated_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
 
 // du = r·(dout·w) − u·r³·mean(dout·w·u) over the group; dy = du·silu(z), dz = du·y·silu'(z);
 // dw_part[block, col] = Σ over the block's rows of dout·u·r.
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn rmsnorm_gated_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                           @builtin(local_invocation_id) lid: vec3<u32>) {
     let item = wid.y * nwg.x + wid.x;  // block · groups + group
@@ -75,9 +79,9 @@ fn rmsnorm_gated_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wo
         let base = row * p.dim + col0;
         let r = rstd_in[row * groups + item % groups];
         var s = 0.0;
-        for (var i = lid.x; i < p.group; i += 64u) { s += dout[base + i] * w[col0 + i] * gated(row, col0 + i); }
+        for (var i = lid.x; i < p.group; i += WG) { s += dout[base + i] * w[col0 + i] * gated(row, col0 + i); }
         let c = r * r * r * workgroup_sum(s, lid.x) / f32(p.group);
-        for (var i = lid.x; i < p.group; i += 64u) {
+        for (var i = lid.x; i < p.group; i += WG) {
             let k = base + i;
             let zv = z_at(row, col0 + i);
             let sg = sigmoid(zv);
