@@ -146,6 +146,25 @@ fn taps4(c: u32) -> vec4<f32> {
 
 fn segments() -> u32 { return (p.len + p.seg_len - 1u) / p.seg_len; }
 
+// The walks issue the loads of four steps before using them: with a store between steps the compiler keeps each
+// step's load behind the previous store, and one load in flight per thread left the GPU latency-bound.
+
+fn x_or0(row0: u32, t: u32, end: u32, c: u32) -> f32 {
+    if (t < end) { return x_at(row0 + t, c); }
+    return 0.0;
+}
+
+// Shift x into the window and store step t's output (SiLU(conv) with SILU) if t is one of this segment's.
+fn forward_step(win: ptr<function, vec4<f32>>, xv: f32, t: u32, lo: u32, end: u32, row0: u32, c: u32,
+                tw: vec4<f32>, bc: f32) {
+    *win = vec4<f32>((*win).yzw, xv);
+    if (t >= lo && t < end) {
+        var v = dot(tw, *win) + bc;
+        if (SILU) { v = v * sigmoid_of(v); }
+        y[(row0 + t) * p.channels + c] = v;
+    }
+}
+
 @compute @workgroup_size(64)
 fn conv1d_forward_walk(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.y * nwg.x * 64u + gid.x;
@@ -158,13 +177,49 @@ fn conv1d_forward_walk(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
     let bc = bias[c];
     let row0 = b * p.len;
     var win = vec4<f32>(0.0);  // x[t − 3], x[t − 2], x[t − 1], x[t] (0 before t = 0 and before the warm-up)
-    for (var t = lo - min(lo, p.taps - 1u); t < end; t++) {
-        win = vec4<f32>(win.yzw, x_at(row0 + t, c));
-        if (t >= lo) {
-            var v = dot(tw, win) + bc;
-            if (SILU) { v = v * sigmoid_of(v); }
-            y[(row0 + t) * p.channels + c] = v;
-        }
+    for (var t = lo - min(lo, p.taps - 1u); t < end; t += 4u) {
+        let x0 = x_or0(row0, t, end, c);
+        let x1 = x_or0(row0, t + 1u, end, c);
+        let x2 = x_or0(row0, t + 2u, end, c);
+        let x3 = x_or0(row0, t + 3u, end, c);
+        forward_step(&win, x0, t, lo, end, row0, c, tw, bc);
+        forward_step(&win, x1, t + 1u, lo, end, row0, c, tw, bc);
+        forward_step(&win, x2, t + 2u, lo, end, row0, c, tw, bc);
+        forward_step(&win, x3, t + 3u, lo, end, row0, c, tw, bc);
+    }
+}
+
+// Backward operands of step t (i32: the last block of four may run below lo, where they are 0 and unused):
+// x (t − 3), the output gradient and, with TWO_GRADS, its second part.
+struct BackIn { oldest: f32, g: f32, g2: f32 }
+
+fn back_in(row0: u32, t: i32, lo: u32, c: u32) -> BackIn {
+    var o = BackIn(0.0, 0.0, 0.0);
+    if (t < i32(lo)) { return o; }
+    let e = (row0 + u32(t)) * p.channels + c;
+    if (t >= 3) { o.oldest = x_at(row0 + u32(t) - 3u, c); }
+    o.g = dy[e];
+    if (TWO_GRADS) { o.g2 = dy2[e]; }
+    return o;
+}
+
+struct BackState { past: vec4<f32>, ahead: vec4<f32>, dw4: vec4<f32>, db: f32 }
+
+fn backward_step(st: ptr<function, BackState>, o: BackIn, t: i32, lo: u32, end: u32, row0: u32, c: u32,
+                 tw: vec4<f32>, back: vec4<f32>, bc: f32) {
+    if (t < i32(lo)) { return; }
+    (*st).past = vec4<f32>(o.oldest, (*st).past.xyz);
+    var g = o.g;
+    if (SILU) {  // as add_forward then silu_backward (1 − σ(v) as σ(−v)) on the recomputed conv output v
+        let v = dot(tw, (*st).past) + bc;
+        if (TWO_GRADS) { g += o.g2; }
+        g = g * sigmoid_of(v) * (1.0 + v * sigmoid_of(-v));
+    }
+    (*st).ahead = vec4<f32>(g, (*st).ahead.xyz);
+    if (u32(t) < end) {
+        dx[(row0 + u32(t)) * p.dx_stride + p.dx_col + c] = dot(back, (*st).ahead);
+        (*st).dw4 += g * (*st).past;
+        (*st).db += g;
     }
 }
 
@@ -182,33 +237,22 @@ fn conv1d_backward_walk(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
     let back = vec4<f32>(tw.w, tw.z, tw.y, tw.x);  // dx[t] = Σ_j tap(K − 1 − j) · dy[t + j]
     let bc = bias[c];
     let row0 = b * p.len;
-    var ahead = vec4<f32>(0.0);  // dy[t], dy[t + 1], dy[t + 2], dy[t + 3] (0 past the end)
-    var past = vec4<f32>(0.0);   // x[t − 3], x[t − 2], x[t − 1], x[t] (0 before t = 0)
+    // past: x[t − 3], x[t − 2], x[t − 1], x[t] (0 before t = 0); ahead: dy[t], dy[t + 1], ... (0 past the end)
+    var st = BackState(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), 0.0);
     for (var j = 0u; j < 3u; j++) {  // x[hi − 3], x[hi − 2], x[hi − 1], _: one shift before the window at t = hi − 1
         let t = i32(hi) - 3 + i32(j);
-        if (t >= 0) { past[j] = x_at(row0 + u32(t), c); }
+        if (t >= 0) { st.past[j] = x_at(row0 + u32(t), c); }
     }
-    var dw4 = vec4<f32>(0.0);
-    var db = 0.0;
-    for (var s = hi; s > lo; s--) {
-        let t = s - 1u;
-        var oldest = 0.0;
-        if (t >= 3u) { oldest = x_at(row0 + t - 3u, c); }
-        past = vec4<f32>(oldest, past.xyz);
-        let e = (row0 + t) * p.channels + c;
-        var g = dy[e];
-        if (SILU) {  // as add_forward then silu_backward (1 − σ(v) as σ(−v)) on the recomputed conv output v
-            let v = dot(tw, past) + bc;
-            if (TWO_GRADS) { g += dy2[e]; }
-            g = g * sigmoid_of(v) * (1.0 + v * sigmoid_of(-v));
-        }
-        ahead = vec4<f32>(g, ahead.xyz);
-        if (t < end) {
-            dx[(row0 + t) * p.dx_stride + p.dx_col + c] = dot(back, ahead);
-            dw4 += g * past;
-            db += g;
-        }
+    for (var t = i32(hi) - 1; t >= i32(lo); t -= 4) {
+        let o0 = back_in(row0, t, lo, c);
+        let o1 = back_in(row0, t - 1, lo, c);
+        let o2 = back_in(row0, t - 2, lo, c);
+        let o3 = back_in(row0, t - 3, lo, c);
+        backward_step(&st, o0, t, lo, end, row0, c, tw, back, bc);
+        backward_step(&st, o1, t - 1, lo, end, row0, c, tw, back, bc);
+        backward_step(&st, o2, t - 2, lo, end, row0, c, tw, back, bc);
+        backward_step(&st, o3, t - 3, lo, end, row0, c, tw, back, bc);
     }
-    for (var k = 0u; k < p.taps; k++) { dw_part[(part * p.channels + c) * p.taps + k] = dw4[k + 4u - p.taps]; }
-    db_part[part * p.channels + c] = db;
+    for (var k = 0u; k < p.taps; k++) { dw_part[(part * p.channels + c) * p.taps + k] = st.dw4[k + 4u - p.taps]; }
+    db_part[part * p.channels + c] = st.db;
 }
