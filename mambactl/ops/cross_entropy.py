@@ -46,9 +46,13 @@ def cross_entropy_backward(logits: Tensor, targets: Tensor, lse: Tensor, count: 
     rt = logits.runtime
     dlogits = rt.empty((M, V))
     per_row = _per_row(rt, V, rows_path)
-    entry, groups = ("cross_entropy_backward_rows", grid_1d(M, 64)) if per_row else ("cross_entropy_backward", grid_1d(M * V))
-    rt.run(entry, groups, logits=logits, targets=targets, lse_in=lse, dlogits=dlogits, rows=M, vocab=V,
-           ignore_index=ignore_index, scale=1.0 / max(count, 1))
+    params = dict(targets=targets, lse_in=lse, rows=M, vocab=V, ignore_index=ignore_index, scale=1.0 / max(count, 1))
+    if per_row:
+        rt.run("cross_entropy_backward_rows", grid_1d(M, 64), logits=logits, dlogits=dlogits, **params)
+    elif V % 4 == 0:  # a row of 4k logits is a whole number of vec4s
+        rt.run("cross_entropy_backward_vec4", grid_1d(M * V // 4), logits4=logits, dlogits4=dlogits, **params)
+    else:
+        rt.run("cross_entropy_backward", grid_1d(M * V), logits=logits, dlogits=dlogits, **params)
     return dlogits
 
 
