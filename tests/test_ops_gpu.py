@@ -348,29 +348,32 @@ def test_conv1d_taps_follow_pytorch(rt):
     np.testing.assert_array_equal(y[0, :, 0], [0, 0, 3, 2, 1])
 
 
+@pytest.mark.parametrize("rows_path", [False, True], ids=["per_element", "per_row"])
 @pytest.mark.parametrize("M,P,start,width", [(1, 5, 1, 3), (3, 17, 0, 17), (65, 130, 64, 66)])
-def test_column_slice_and_backward(rt, rng, M, P, start, width):
+def test_column_slice_and_backward(rt, rng, M, P, start, width, rows_path):
     x32, x = f32(rng, M, P)
-    got = slice.column_slice(rt.from_numpy(x32), start, width).numpy()
+    got = slice.column_slice(rt.from_numpy(x32), start, width, rows_path=rows_path).numpy()
     np.testing.assert_array_equal(got, ref_slice.column_slice(x, start, width))
     dy32, dy = f32(rng, M, width)
-    back = slice.column_slice_backward(rt.from_numpy(dy32), start, P).numpy()
+    back = slice.column_slice_backward(rt.from_numpy(dy32), start, P, rows_path=rows_path).numpy()
     np.testing.assert_array_equal(back, ref_slice.column_slice_backward(dy, start, P))
 
 
+@pytest.mark.parametrize("rows_path", [False, True], ids=["per_element", "per_row"])
 @pytest.mark.parametrize("widths", [(3, 1, 17), (5,), (2, 9), (4, 1, 3, 8, 2)], ids=["three", "one", "two", "five"])
-def test_column_concat_and_split(rt, rng, widths):
+def test_column_concat_and_split(rt, rng, widths, rows_path):
     """Up to three parts per pass (five take two); concat into the middle of a wider matrix, with accumulation, and
     its inverse, the split, from a column offset."""
     parts = [f32(rng, 7, w) for w in widths]
-    got = slice.column_concat([rt.from_numpy(p32) for p32, _ in parts]).numpy()
+    got = slice.column_concat([rt.from_numpy(p32) for p32, _ in parts], rows_path=rows_path).numpy()
     np.testing.assert_array_equal(got, ref_slice.column_concat([p for _, p in parts]))
     (base32, base), total = f32(rng, 7, sum(widths) + 6), sum(widths)
-    into = slice.column_concat([rt.from_numpy(p32) for p32, _ in parts], rt.from_numpy(base32), 2, accumulate=True)
+    into = slice.column_concat([rt.from_numpy(p32) for p32, _ in parts], rt.from_numpy(base32), 2, accumulate=True,
+                               rows_path=rows_path)
     want = base.copy()
     want[:, 2:2 + total] += ref_slice.column_concat([p for _, p in parts])
     np.testing.assert_array_equal(into.numpy(), want.astype(np.float32))
-    split = slice.column_split(rt.from_numpy(base32), list(widths), 4)
+    split = slice.column_split(rt.from_numpy(base32), list(widths), 4, rows_path=rows_path)
     for g, r in zip(split, ref_slice.column_split(base, widths, 4)):
         np.testing.assert_array_equal(g.numpy(), r)
     with pytest.raises(ShapeError, match="column_split: widths"):

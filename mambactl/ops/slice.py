@@ -4,11 +4,23 @@ ranges move in one dispatch (`column_split`, `column_concat`)."""
 from __future__ import annotations
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import expect, grid_1d
+from mambactl.ops.checks import SEGMENT_BUDGET, expect, grid_1d, is_cpu
 from mambactl.ops.fill import zeros
 from mambactl.runtime.tensor import Tensor
 
 PARTS_PER_DISPATCH = 3  # the kernels' dst/dst1/dst2 and src/src1/src2 bindings
+
+
+def _per_row(rt, total: int, rows_path: bool | None) -> bool:
+    """The *_rows kernels (one invocation per row walking its columns): on CPU adapters, while a row's columns stay
+    within llvmpipe's loop budget; `rows_path` forces either (tests)."""
+    return is_cpu(rt) and total <= SEGMENT_BUDGET if rows_path is None else bool(rows_path)
+
+
+def _launch(rt, entry: str, M: int, widths: list[int], rows_path: bool | None):
+    if _per_row(rt, sum(widths), rows_path):
+        return entry + "_rows", grid_1d(M, 64)
+    return entry, grid_1d(M * sum(widths))
 
 
 def _widths(parts: list[int]) -> dict:
@@ -16,8 +28,9 @@ def _widths(parts: list[int]) -> dict:
     return dict(width=w[0], width1=w[1], width2=w[2])
 
 
-def column_split(x: Tensor, widths: list[int], start: int = 0) -> list[Tensor]:
-    """x [M, P] -> [x[:, start : start + w0], the next w1 columns, ...] as new [M, w_k] tensors, three per pass."""
+def column_split(x: Tensor, widths: list[int], start: int = 0, rows_path: bool | None = None) -> list[Tensor]:
+    """x [M, P] -> [x[:, start : start + w0], the next w1 columns, ...] as new [M, w_k] tensors, three per pass.
+    `rows_path`: see _per_row."""
     expect("column_split", "x", x, (None, None))
     M, P = x.shape
     if not widths or min(widths) < 1 or start < 0 or start + sum(widths) > P:
@@ -27,25 +40,26 @@ def column_split(x: Tensor, widths: list[int], start: int = 0) -> list[Tensor]:
     for k in range(0, len(widths), PARTS_PER_DISPATCH):
         part, dsts = widths[k:k + PARTS_PER_DISPATCH], outs[k:k + PARTS_PER_DISPATCH]
         dsts = dsts + [dsts[0]] * (PARTS_PER_DISPATCH - len(dsts))  # unused parts (width 0) are never written
-        x.runtime.run("column_slice", grid_1d(M * sum(part)), {"PARTS": len(part)}, src=x, dst=dsts[0], dst1=dsts[1], dst2=dsts[2], rows=M,
-                      src_cols=P, dst_cols=part[0], start=col, **_widths(part))
+        x.runtime.run(*_launch(x.runtime, "column_slice", M, part, rows_path), {"PARTS": len(part)}, src=x,
+                      dst=dsts[0], dst1=dsts[1], dst2=dsts[2], rows=M, src_cols=P, dst_cols=part[0], start=col,
+                      **_widths(part))
         col += sum(part)
     return outs
 
 
-def column_slice(x: Tensor, start: int, width: int) -> Tensor:
-    """x [M, P] -> x[:, start:start+width] as a new [M, width] tensor."""
+def column_slice(x: Tensor, start: int, width: int, rows_path: bool | None = None) -> Tensor:
+    """x [M, P] -> x[:, start:start+width] as a new [M, width] tensor. `rows_path`: see _per_row."""
     expect("column_slice", "x", x, (None, None))
     P = x.shape[1]
     if start < 0 or width < 1 or start + width > P:
         raise ShapeError(f"column_slice: columns [{start}, {start + width}) outside a matrix of {P} columns")
-    return column_split(x, [width], start)[0]
+    return column_split(x, [width], start, rows_path)[0]
 
 
-def column_concat(parts: list[Tensor], out: Tensor | None = None, start: int = 0,
-                  accumulate: bool = False) -> Tensor:
+def column_concat(parts: list[Tensor], out: Tensor | None = None, start: int = 0, accumulate: bool = False,
+                  rows_path: bool | None = None) -> Tensor:
     """[M, P_i]... side by side into columns start.. of `out` (a new [M, Σ P_i] matrix without it; with
-    `accumulate` added into it), three parts per pass. Returns out."""
+    `accumulate` added into it), three parts per pass. Returns out. `rows_path`: see _per_row."""
     for i, t in enumerate(parts):
         expect("column_concat", f"parts[{i}]", t, (parts[0].shape[0] if i else None, None))
     M, total = parts[0].shape[0], sum(t.shape[1] for t in parts)
@@ -59,26 +73,29 @@ def column_concat(parts: list[Tensor], out: Tensor | None = None, start: int = 0
         group = parts[k:k + PARTS_PER_DISPATCH]
         srcs = group + [group[0]] * (PARTS_PER_DISPATCH - len(group))  # unused parts (width 0) are never read
         widths = [t.shape[1] for t in group]
-        out.runtime.run("column_scatter", grid_1d(M * sum(widths)), {"ACCUMULATE": accumulate, "PARTS": len(group)}, src=srcs[0],
+        out.runtime.run(*_launch(out.runtime, "column_scatter", M, widths, rows_path),
+                        {"ACCUMULATE": accumulate, "PARTS": len(group)}, src=srcs[0],
                         src1=srcs[1], src2=srcs[2], dst=out, rows=M, src_cols=widths[0], dst_cols=out.shape[1],
                         start=col, **_widths(widths))
         col += sum(widths)
     return out
 
 
-def column_scatter(src: Tensor, dst: Tensor, start: int, accumulate: bool = False) -> Tensor:
-    """dst[:, start:start+W] = src [M, W] (or += with accumulate). Returns dst."""
+def column_scatter(src: Tensor, dst: Tensor, start: int, accumulate: bool = False,
+                   rows_path: bool | None = None) -> Tensor:
+    """dst[:, start:start+W] = src [M, W] (or += with accumulate). Returns dst. `rows_path`: see _per_row."""
     expect("column_scatter", "src", src, (None, None))
     M, W = src.shape
     expect("column_scatter", "dst", dst, (M, None))
     if start < 0 or start + W > dst.shape[1]:
         raise ShapeError(f"column_scatter: columns [{start}, {start + W}) outside a matrix of {dst.shape[1]} columns")
-    return column_concat([src], dst, start, accumulate)
+    return column_concat([src], dst, start, accumulate, rows_path)
 
 
-def column_slice_backward(dy: Tensor, start: int, total_width: int, dx: Tensor | None = None) -> Tensor:
+def column_slice_backward(dy: Tensor, start: int, total_width: int, dx: Tensor | None = None,
+                          rows_path: bool | None = None) -> Tensor:
     """Gradient of column_slice: dy [M, W] lands in columns [start, start+W) of dx [M, total_width].
     Without `dx` a zeroed matrix is made; with it, dy is added in place."""
     if dx is None:
         dx = zeros(dy.runtime, (dy.shape[0], total_width))
-    return column_scatter(dy, dx, start, accumulate=True)
+    return column_scatter(dy, dx, start, accumulate=True, rows_path=rows_path)
