@@ -48,7 +48,7 @@ def conv_cases(rt, rng, B, L):
         dact, dact2 = normal(B, L, C), normal(B, L, C) if two else None
         dw, db = normal(C, 4), normal(C)
         dxz = rt.empty((B, L, width))
-        for seg in (8, 16, 32, 64, 128, None):
+        for seg in SEGMENTS:
             walk = seg is not None
             label = f"{arch} conv1d_silu {'walk seg ' + str(seg) if walk else 'per-output'}"
             kw = dict(x_start=start, walk=walk, segment=seg)
@@ -104,6 +104,7 @@ def ce_cases(rt, rng, B, L):
             "cross_entropy bwd": lambda: cross_entropy.cross_entropy_backward(logits, targets, lse, M)}
 
 
+SEGMENTS = [8, 16, 32, 64, 128, None]  # walk segment lengths; None: the per-output kernels (--segments sets it)
 GROUPS = {"conv": conv_cases, "norm": norm_cases, "optim": optim_cases, "ce": ce_cases}
 
 
@@ -113,8 +114,11 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--only", default=",".join(GROUPS))
+    p.add_argument("--segments", default=None, help="conv walk segments, e.g. 32,64,128 (0: the per-output path)")
     p.add_argument("--device", default=None)
     a = p.parse_args()
+    if a.segments:
+        SEGMENTS[:] = [int(v) or None for v in a.segments.split(",")]
     rt = get_runtime(a.device)
     if "timestamp-query" not in rt.features:
         raise SystemExit(f"{rt.info.name} has no timestamp-query feature")
