@@ -456,3 +456,17 @@ def test_column_sums(rt, rng, R, n):
     (x32, x), (acc32, acc) = f32(rng, R, n), f32(rng, n)
     assert rel(reduce.column_sums(rt.from_numpy(x32)).numpy(), x.sum(0)) < REDUCTION_TOL
     assert rel(reduce.column_sums(rt.from_numpy(x32), rt.from_numpy(acc32)).numpy(), acc + x.sum(0)) < REDUCTION_TOL
+
+
+def test_conv1d_walks_past_the_software_adapters_loop_budget(rt, rng):
+    """L = 70,000 > llvmpipe's 65,535 loop iterations per invocation: on CPU adapters the walks split the sequence
+    into segments within the budget (inside one dispatch), so SiLU(conv) and its backward still match."""
+    B, L, C, K = 1, 70_000, 3, 4
+    (x32, x), (w32, w), (b32, b), (da32, da) = f32(rng, B, L, C), f32(rng, C, K), f32(rng, C), f32(rng, B, L, C)
+    gx, gw, gb = rt.from_numpy(x32), rt.from_numpy(w32), rt.from_numpy(b32)
+    assert rel(conv1d.conv1d_silu(gx, gw, gb).numpy(), ref_conv.conv1d_silu(x, w, b)) < ELEMENTWISE_TOL
+    dx, dw, db = conv1d.conv1d_silu_backward(gx, gw, gb, rt.from_numpy(da32))
+    rdx, rdw, rdb = ref_conv.conv1d_silu_backward(x, w, b, da)
+    assert rel(dx.numpy(), rdx) < REDUCTION_TOL
+    assert rel(dw.numpy(), rdw) < REDUCTION_TOL
+    assert rel(db.numpy(), rdb) < REDUCTION_TOL
