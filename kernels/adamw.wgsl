@@ -1,6 +1,7 @@
 // AdamW with global-norm clipping, a trust region and a NaN/Inf guard, entirely on the GPU.
 // Per step: optimizer_begin_step (one thread) reads the squared global gradient norm and decides, on the
-// GPU, whether the step happens and with which clip scale; then one adamw_update per parameter tensor.
+// GPU, whether the step happens and with which clip scale; then one adamw_update (adamw_update_vec4 where the
+// length is a multiple of 4) per span of parameters (ops/adamw.py: a run of Arena views, else one tensor).
 // The host never has to read anything back, so a training step needs no round trip.
 // Exact CPU mirror: mambactl/reference/adamw.py.
 

@@ -2,7 +2,8 @@
 
 One `adamw_step` records: the squared global gradient norm (ops.reduce.sum_of_squares), one
 `optimizer_begin_step` dispatch that decides on the GPU whether the step happens and with which clip
-scale, and one `adamw_update` dispatch per parameter tensor. Nothing is flushed or read back; the trainer
+scale, and one `adamw_update` (vec4 where the length allows) per span: a run of parameters that are neighbouring
+views of an Arena (runtime/arena.py) with the same decay, as models/lm.py lays them out, else one tensor. Nothing is flushed or read back; the trainer
 calls `AdamWState.read_counters()` only when it logs. The exact CPU mirror is mambactl/reference/adamw.py.
 
 Two guards, both leaving weights and moments untouched (the old engine updated the moments anyway):
