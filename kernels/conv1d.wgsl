@@ -6,7 +6,7 @@
 
 struct Params {
     batch: u32, len: u32, channels: u32, taps: u32, block_rows: u32, seg_len: u32,
-    x_stride: u32, x_col: u32, dx_stride: u32, dx_col: u32,
+    x_stride: u32, x_col: u32, dx_stride: u32, dx_col: u32, split1: u32, split2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -22,11 +22,36 @@ struct Params {
 @group(0) @binding(9) var<storage, read_write> conv_state: array<f32>;
 // The walks with SILU (ops/conv1d.py conv1d_silu, Mamba's x branch): the forward writes y = SiLU(conv) instead
 // of the conv; the backward recomputes the conv from its input window and takes the gradient of SiLU's output
-// as dy (+ dy2 with TWO_GRADS: Mamba-1's activation feeds both x_proj and the scan), so the add and
+// as dy (+ dy_other with TWO_GRADS: Mamba-1's activation feeds both x_proj and the scan), so the add and
 // silu_backward kernels and the conv output itself (a pass over [B, L, C] each) are folded into the walks.
 override SILU: bool = false;
 override TWO_GRADS: bool = false;
-@group(0) @binding(10) var<storage, read> dy2: array<f32>;
+@group(0) @binding(10) var<storage, read> dy_other: array<f32>;
+// The walks' y and dy in PARTS tensors by channel ranges [0, split1), [split1, split2), [split2, C) (y, y1, y2 and
+// dy, dy1, dy2, each [B, L, its width]): Mamba-2's conv output is the SSD's x, B and C and their gradients come
+// back apart, so no split or concat pass is made for them. One part: split1 = C.
+override PARTS: u32 = 1u;
+@group(0) @binding(11) var<storage, read_write> y1: array<f32>;
+@group(0) @binding(12) var<storage, read_write> y2: array<f32>;
+@group(0) @binding(13) var<storage, read> dy1: array<f32>;
+@group(0) @binding(14) var<storage, read> dy2: array<f32>;
+
+// Where channel c of row `row` lives in its part (the part is fixed per walk invocation, so the branches are uniform).
+fn store_part(row: u32, c: u32, v: f32) {
+    if (PARTS == 1u || c < p.split1) {
+        y[row * p.split1 + c] = v;
+    } else if (PARTS == 2u || c < p.split2) {
+        y1[row * (p.split2 - p.split1) + c - p.split1] = v;
+    } else {
+        y2[row * (p.channels - p.split2) + c - p.split2] = v;
+    }
+}
+
+fn load_part(row: u32, c: u32) -> f32 {
+    if (PARTS == 1u || c < p.split1) { return dy[row * p.split1 + c]; }
+    if (PARTS == 2u || c < p.split2) { return dy1[row * (p.split2 - p.split1) + c - p.split1]; }
+    return dy2[row * (p.channels - p.split2) + c - p.split2];
+}
 
 // As activations.wgsl's sigmoid_of, so the fused walks compute SiLU and its derivative as those kernels do.
 fn sigmoid_of(v: f32) -> f32 { return 1.0 / (1.0 + exp(-v)); }
@@ -161,7 +186,7 @@ fn forward_step(win: ptr<function, vec4<f32>>, xv: f32, t: u32, lo: u32, end: u3
     if (t >= lo && t < end) {
         var v = dot(tw, *win) + bc;
         if (SILU) { v = v * sigmoid_of(v); }
-        y[(row0 + t) * p.channels + c] = v;
+        store_part(row0 + t, c, v);
     }
 }
 
@@ -190,16 +215,16 @@ fn conv1d_forward_walk(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
 }
 
 // Backward operands of step t (i32: the last block of four may run below lo, where they are 0 and unused):
-// x (t − 3), the output gradient and, with TWO_GRADS, its second part.
+// x (t − 3), the output gradient and, with TWO_GRADS, the other consumer's.
 struct BackIn { oldest: f32, g: f32, g2: f32 }
 
 fn back_in(row0: u32, t: i32, lo: u32, c: u32) -> BackIn {
     var o = BackIn(0.0, 0.0, 0.0);
     if (t < i32(lo)) { return o; }
-    let e = (row0 + u32(t)) * p.channels + c;
-    if (t >= 3) { o.oldest = x_at(row0 + u32(t) - 3u, c); }
-    o.g = dy[e];
-    if (TWO_GRADS) { o.g2 = dy2[e]; }
+    let row = row0 + u32(t);
+    if (t >= 3) { o.oldest = x_at(row - 3u, c); }
+    o.g = load_part(row, c);
+    if (TWO_GRADS) { o.g2 = dy_other[row * p.channels + c]; }
     return o;
 }
 

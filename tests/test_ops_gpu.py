@@ -308,6 +308,31 @@ def test_conv1d_silu_forward_backward(rt, rng, B, L, C, K, walk, segment, two_gr
     assert rel(dbias.numpy(), rdb) < REDUCTION_TOL
 
 
+@pytest.mark.parametrize("walk,segment", CONV_PATHS, ids=CONV_PATH_IDS)
+@pytest.mark.parametrize("parts", [(5, 2, 6), (9, 4), (13,)], ids=["three", "two", "one"])
+def test_conv1d_silu_in_parts(rt, rng, parts, walk, segment):
+    """SiLU(conv1d) written as separate tensors per channel range and its backward reading the gradients of the
+    ranges where they are (Mamba-2's x, B, C): the same numbers as the whole."""
+    B, L, C, K = 2, 11, sum(parts), 4
+    (x32, x), (w32, w), (b32, b), (da32, da) = f32(rng, B, L, C), f32(rng, C, K), f32(rng, C), f32(rng, B, L, C)
+    gx, gw, gb = rt.from_numpy(_columns_of(rng, x32, 1, 2)), rt.from_numpy(w32), rt.from_numpy(b32)
+    kw = dict(x_start=1, walk=walk, segment=segment)
+    outs = conv1d.conv1d_silu(gx, gw, gb, parts=list(parts), **kw)
+    edges = np.cumsum((0,) + parts)
+    act = ref_conv.conv1d_silu(x, w, b)
+    assert [o.shape for o in outs] == [(B, L, n) for n in parts]
+    for o, lo, hi in zip(outs, edges[:-1], edges[1:]):
+        assert rel(o.numpy(), act[:, :, lo:hi]) < ELEMENTWISE_TOL
+    pieces = [rt.from_numpy(np.ascontiguousarray(da32[:, :, lo:hi])) for lo, hi in zip(edges[:-1], edges[1:])]
+    dx, dw, dbias = conv1d.conv1d_silu_backward(gx, gw, gb, pieces, **kw)
+    rdx, rdw, rdb = ref_conv.conv1d_silu_backward(x, w, b, da)
+    assert rel(dx.numpy(), rdx) < REDUCTION_TOL
+    assert rel(dw.numpy(), rdw) < REDUCTION_TOL
+    assert rel(dbias.numpy(), rdb) < REDUCTION_TOL
+    with pytest.raises(ShapeError, match="conv1d_silu: parts"):
+        conv1d.conv1d_silu(gx, gw, gb, parts=[C, 1], **kw)
+
+
 def test_conv1d_walk_accumulates_and_checks_columns(rt, rng):
     """dw, db given are added into; a column range outside x or dx_out is a ShapeError naming the op."""
     (x32, x), (w32, w), (b32, b), (dy32, dy) = f32(rng, 2, 7, 5), f32(rng, 5, 4), f32(rng, 5), f32(rng, 2, 7, 5)

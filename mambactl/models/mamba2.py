@@ -29,9 +29,8 @@ def mamba2_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig
     dt = slice.column_slice(zxbcdt, di + conv_dim, H)
     conv_w = p["conv1d.weight"].reshape(conv_dim, m.d_conv)
     conv_b = p["conv1d.bias"] if m.conv_bias else zeros(rt, (conv_dim,))
-    zxbcdt3 = zxbcdt.reshape(batch, length, -1)  # the conv reads its xBC columns in place
-    u = conv1d.conv1d_silu(zxbcdt3, conv_w, conv_b, x_start=di).reshape(-1, conv_dim)
-    xs, Bm, Cm = slice.column_split(u, [di, G * N, G * N])
+    zxbcdt3 = zxbcdt.reshape(batch, length, -1)  # the conv reads its xBC columns in place, writes x, B, C apart
+    xs, Bm, Cm = conv1d.conv1d_silu(zxbcdt3, conv_w, conv_b, x_start=di, parts=[di, G * N, G * N])
     y, scan_saved = ssd_scan(
         xs.reshape(batch, length, H, P), dt.reshape(batch, length, H), p["A_log"],
         Bm.reshape(batch, length, G, N), Cm.reshape(batch, length, G, N), p["D"], p["dt_bias"],
@@ -58,11 +57,11 @@ def mamba2_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfi
     dxs, ddt, _, dB, dC, _, _ = ssd_scan_backward(
         s["scan"], dy.reshape(B, L, H, P), grads={"A_log": g["A_log"], "D": g["D"], "dt_bias": g["dt_bias"]},
     )
-    du = slice.column_concat([dxs.reshape(-1, di), dB.reshape(-1, G * N), dC.reshape(-1, G * N)])
     conv_dw = g["conv1d.weight"].reshape(conv_dim, m.d_conv)
     conv_db = g["conv1d.bias"] if m.conv_bias else zeros(dout.runtime, (conv_dim,))
-    conv1d.conv1d_silu_backward(s["zxbcdt3"], s["conv_w"], s["conv_b"], du.reshape(B, L, conv_dim), dw=conv_dw,
-                                db=conv_db, x_start=di, dx_out=(dzxbcdt.reshape(B, L, -1), di))
+    du = [dxs.reshape(B, L, di), dB.reshape(B, L, G * N), dC.reshape(B, L, G * N)]  # read in place by the walk
+    conv1d.conv1d_silu_backward(s["zxbcdt3"], s["conv_w"], s["conv_b"], du, dw=conv_dw, db=conv_db, x_start=di,
+                                dx_out=(dzxbcdt.reshape(B, L, -1), di))
     slice.column_scatter(ddt.reshape(-1, H), dzxbcdt, di + conv_dim)
     dx, _, _ = linear.linear_backward(s["x"], p["in_proj.weight"], dzxbcdt, dw=g["in_proj.weight"],
                                       db=g.get("in_proj.bias"))

@@ -12,6 +12,7 @@ from mambactl.errors import ShapeError
 from mambactl.ops import activations
 from mambactl.ops.checks import SEGMENT_BUDGET, expect, grid_1d, is_cpu
 from mambactl.ops.reduce import column_sums
+from mambactl.ops.slice import column_concat, column_split
 from mambactl.runtime.tensor import Tensor
 
 _BLOCK_ROWS = 256
@@ -50,8 +51,18 @@ def _segment(rt, L: int, K: int, segment: int | None) -> int:
     return max(1, min(int(segment), L))
 
 
-def _strides(x_stride: int, C: int, x_start: int = 0, dx_stride: int | None = None, dx_col: int = 0) -> dict:
-    return dict(x_stride=x_stride, x_col=x_start, dx_stride=C if dx_stride is None else dx_stride, dx_col=dx_col)
+def _strides(x_stride: int, C: int, x_start: int = 0, dx_stride: int | None = None, dx_col: int = 0,
+             parts: list[int] | None = None) -> dict:
+    """The kernels' layout uniforms; `parts`: the walks' y / dy channel widths (split1, split2 their bounds)."""
+    split1 = C if parts is None else parts[0]
+    split2 = C if parts is None or len(parts) < 3 else parts[0] + parts[1]
+    return dict(x_stride=x_stride, x_col=x_start, dx_stride=C if dx_stride is None else dx_stride, dx_col=dx_col,
+                split1=split1, split2=split2)
+
+
+def _check_parts(op: str, parts: list[int] | None, C: int) -> None:
+    if parts is not None and (not 1 <= len(parts) <= 3 or min(parts) < 1 or sum(parts) != C):
+        raise ShapeError(f"{op}: parts {list(parts)} must be 1-3 widths adding up to the {C} channels")
 
 
 def conv1d(x: Tensor, w: Tensor, b: Tensor, *, x_start: int = 0, walk: bool | None = None,
@@ -61,26 +72,36 @@ def conv1d(x: Tensor, w: Tensor, b: Tensor, *, x_start: int = 0, walk: bool | No
     return _forward("conv1d", x, w, b, x_start, walk, segment, silu=False)
 
 
-def conv1d_silu(x: Tensor, w: Tensor, b: Tensor, *, x_start: int = 0, walk: bool | None = None,
-                segment: int | None = None) -> Tensor:
+def conv1d_silu(x: Tensor, w: Tensor, b: Tensor, *, x_start: int = 0, parts: list[int] | None = None,
+                walk: bool | None = None, segment: int | None = None):
     """-> SiLU(conv1d(x, w, b)) [B, L, C] in one dispatch (the walks; the per-output path runs conv1d_forward then
-    silu_forward). The backward recomputes the conv output, so it is not kept."""
-    return _forward("conv1d_silu", x, w, b, x_start, walk, segment, silu=True)
+    silu_forward). The backward recomputes the conv output, so it is not kept. With `parts` (1-3 channel widths
+    adding up to C) the output comes as that many tensors [B, L, width], one per channel range (Mamba-2's x, B, C),
+    written by the walk itself."""
+    return _forward("conv1d_silu", x, w, b, x_start, walk, segment, silu=True, parts=parts)
 
 
 def _forward(op: str, x: Tensor, w: Tensor, b: Tensor, x_start: int, walk: bool | None, segment: int | None,
-             silu: bool) -> Tensor:
+             silu: bool, parts: list[int] | None = None):
     B, L, C, K, P = _dims(op, x, w, x_start)
     expect(op, "b", b, (C,))
+    _check_parts(op, parts, C)
     rt = x.runtime
-    y = rt.empty((B, L, C))
-    dims = dict(x=x, w=w, bias=b, y=y, batch=B, len=L, channels=C, taps=K, block_rows=0, **_strides(P, C, x_start))
     if _walk(K, walk):
+        outs = [rt.empty((B, L, n)) for n in (parts or [C])]
+        ys = outs + [outs[0]] * (3 - len(outs))  # unused parts are never written
         seg = _segment(rt, L, K, segment)
-        rt.run("conv1d_forward_walk", grid_1d(-(-L // seg) * B * C, 64), {"SILU": silu}, seg_len=seg, **dims)
+        rt.run("conv1d_forward_walk", grid_1d(-(-L // seg) * B * C, 64), {"SILU": silu, "PARTS": len(outs)}, x=x,
+               w=w, bias=b, y=ys[0], y1=ys[1], y2=ys[2], batch=B, len=L, channels=C, taps=K, block_rows=0,
+               seg_len=seg, **_strides(P, C, x_start, parts=parts))
+        return outs if parts is not None else outs[0]
+    y = rt.empty((B, L, C))
+    rt.run("conv1d_forward", grid_1d(B * L * C), x=x, w=w, bias=b, y=y, batch=B, len=L, channels=C, taps=K,
+           block_rows=0, seg_len=L, **_strides(P, C, x_start))
+    y = activations.silu(y) if silu else y
+    if parts is None:
         return y
-    rt.run("conv1d_forward", grid_1d(B * L * C), seg_len=L, **dims)
-    return activations.silu(y) if silu else y
+    return [t.reshape(B, L, -1) for t in column_split(y.reshape(B * L, C), list(parts))]
 
 
 def conv1d_backward(x: Tensor, w: Tensor, dy: Tensor, dw: Tensor | None = None, db: Tensor | None = None, *,
@@ -91,25 +112,31 @@ def conv1d_backward(x: Tensor, w: Tensor, dy: Tensor, dw: Tensor | None = None, 
     return _backward("conv1d_backward", x, w, None, dy, None, dw, db, x_start, dx_out, walk, segment)
 
 
-def conv1d_silu_backward(x: Tensor, w: Tensor, b: Tensor, dact: Tensor, dact2: Tensor | None = None,
+def conv1d_silu_backward(x: Tensor, w: Tensor, b: Tensor, dact, dact2: Tensor | None = None,
                          dw: Tensor | None = None, db: Tensor | None = None, *, x_start: int = 0,
                          dx_out: tuple[Tensor, int] | None = None, walk: bool | None = None,
                          segment: int | None = None):
     """Backward of act = conv1d_silu(x, w, b) whose gradient is dact (+ dact2 where act has a second consumer)
-    -> (dx, dw, db) as conv1d_backward. The walk recomputes the conv output and folds the add and silu_backward into
-    its dispatch; the per-output path runs conv1d_forward, add_forward, silu_backward, then the conv's kernels."""
+    -> (dx, dw, db) as conv1d_backward. dact may be a list of 1-3 tensors [B, L, width], the gradients of the channel
+    ranges side by side (as conv1d_silu's `parts`), which the walk reads where they are. The walk recomputes the conv
+    output and folds the add and silu_backward into its dispatch; the per-output path runs conv1d_forward,
+    add_forward, silu_backward, then the conv's kernels."""
     return _backward("conv1d_silu_backward", x, w, b, dact, dact2, dw, db, x_start, dx_out, walk, segment)
 
 
-def _backward(op: str, x: Tensor, w: Tensor, b: Tensor | None, dy: Tensor, dy2: Tensor | None, dw: Tensor | None,
+def _backward(op: str, x: Tensor, w: Tensor, b: Tensor | None, dy, dy2: Tensor | None, dw: Tensor | None,
               db: Tensor | None, x_start: int, dx_out, walk: bool | None, segment: int | None):
     B, L, C, K, P = _dims(op, x, w, x_start)
     silu = b is not None
     if silu:
         expect(op, "b", b, (C,))
-    for name, t in (("dact" if silu else "dy", dy), ("dact2", dy2)):
-        if t is not None:
-            expect(op, name, t, (B, L, C))
+    dys = list(dy) if isinstance(dy, (list, tuple)) else [dy]
+    parts = [t.shape[-1] for t in dys] if isinstance(dy, (list, tuple)) else None
+    for i, t in enumerate(dys):
+        expect(op, ("dact" if silu else "dy") + (f"[{i}]" if parts else ""), t, (B, L, None if parts else C))
+    _check_parts(op, parts, C)
+    if dy2 is not None:
+        expect(op, "dact2", dy2, (B, L, C))
     if dw is not None or db is not None:
         expect(op, "dw", dw, (C, K))
         expect(op, "db", db, (C,))
@@ -121,17 +148,20 @@ def _backward(op: str, x: Tensor, w: Tensor, b: Tensor | None, dy: Tensor, dy2: 
         expect(op, "dx_out", dx, (B, L, None))
         if dx_col < 0 or dx_col + C > dx.shape[2]:
             raise ShapeError(f"{op}: dx_out columns [{dx_col}, {dx_col + C}) outside its {dx.shape[2]} columns")
-    dims = dict(batch=B, len=L, channels=C, taps=K, block_rows=_BLOCK_ROWS,
-                **_strides(P, C, x_start, dx.shape[2], dx_col))
+    dims = dict(batch=B, len=L, channels=C, taps=K, block_rows=_BLOCK_ROWS)
     if _walk(K, walk):  # dx and the per-(segment, batch row) partials of dw and db in one walk
         seg = _segment(rt, L, K, segment)
-        parts = -(-L // seg) * B
-        dw_part, db_part = rt.empty((parts, C * K)), rt.empty((parts, C))
-        # Without SILU the walk never reads bias; without TWO_GRADS never dy2.
-        rt.run("conv1d_backward_walk", grid_1d(parts * C, 64), {"SILU": silu, "TWO_GRADS": dy2 is not None},
-               x=x, w=w, bias=w if b is None else b, dy=dy, dy2=dy if dy2 is None else dy2, dx=dx, dw_part=dw_part,
-               db_part=db_part, seg_len=seg, **dims)
+        rows = -(-L // seg) * B
+        dw_part, db_part = rt.empty((rows, C * K)), rt.empty((rows, C))
+        srcs = dys + [dys[0]] * (3 - len(dys))  # unused parts are never read; without TWO_GRADS nor is dy_other,
+        rt.run("conv1d_backward_walk", grid_1d(rows * C, 64),  # and without SILU bias
+               {"SILU": silu, "TWO_GRADS": dy2 is not None, "PARTS": len(dys)}, x=x, w=w, bias=w if b is None else b,
+               dy=srcs[0], dy1=srcs[1], dy2=srcs[2], dy_other=dys[0] if dy2 is None else dy2, dx=dx,
+               dw_part=dw_part, db_part=db_part, seg_len=seg, **dims,
+               **_strides(P, C, x_start, dx.shape[2], dx_col, parts=parts))
     else:
+        dy = dys[0] if parts is None else column_concat([t.reshape(B * L, -1) for t in dys]).reshape(B, L, C)
+        dims.update(_strides(P, C, x_start, dx.shape[2], dx_col))
         if silu:
             pre = _forward(op, x, w, b, x_start, False, None, silu=False)
             dy = activations.silu_backward(pre, dy if dy2 is None else activations.add(dy, dy2))
