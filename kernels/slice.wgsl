@@ -56,6 +56,59 @@ fn column_scatter(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wo
     dst[j] = v;
 }
 
+// The same with four columns per thread as vec4 loads and stores, where every width, the start and the row
+// lengths are multiples of 4 (ops/slice.py checks; Mamba-1's z and dz, 1536 columns at 1536 of 3072, are): a quarter
+// of the threads and of the index arithmetic. Widths and offsets are in vec4s (p.* / 4) here.
+@group(0) @binding(7) var<storage, read> src4: array<vec4<f32>>;
+@group(0) @binding(8) var<storage, read_write> dst4: array<vec4<f32>>;
+@group(0) @binding(9) var<storage, read_write> dst4_1: array<vec4<f32>>;
+@group(0) @binding(10) var<storage, read_write> dst4_2: array<vec4<f32>>;
+@group(0) @binding(11) var<storage, read> src4_1: array<vec4<f32>>;
+@group(0) @binding(12) var<storage, read> src4_2: array<vec4<f32>>;
+
+@compute @workgroup_size(256)
+fn column_slice_vec4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * 256u + gid.x;
+    let w0 = p.width / 4u;
+    let w1 = p.width1 / 4u;
+    let w2 = p.width2 / 4u;
+    let total = w0 + w1 + w2;
+    if (i >= p.rows * total) { return; }
+    let r = i / total;
+    let c = i % total;
+    let v = src4[r * (p.src_cols / 4u) + p.start / 4u + c];
+    if (PARTS == 1u || c < w0) {
+        dst4[r * w0 + c] = v;
+    } else if (PARTS == 2u || c < w0 + w1) {
+        dst4_1[r * w1 + c - w0] = v;
+    } else {
+        dst4_2[r * w2 + c - w0 - w1] = v;
+    }
+}
+
+@compute @workgroup_size(256)
+fn column_scatter_vec4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * 256u + gid.x;
+    let w0 = p.width / 4u;
+    let w1 = p.width1 / 4u;
+    let w2 = p.width2 / 4u;
+    let total = w0 + w1 + w2;
+    if (i >= p.rows * total) { return; }
+    let r = i / total;
+    let c = i % total;
+    var v: vec4<f32>;
+    if (PARTS == 1u || c < w0) {
+        v = src4[r * w0 + c];
+    } else if (PARTS == 2u || c < w0 + w1) {
+        v = src4_1[r * w1 + c - w0];
+    } else {
+        v = src4_2[r * w2 + c - w0 - w1];
+    }
+    let j = r * (p.dst_cols / 4u) + p.start / 4u + c;
+    if (ACCUMULATE) { v += dst4[j]; }
+    dst4[j] = v;
+}
+
 // CPU adapters (Mesa lavapipe, where a division per element is a scalar loop over the SIMD lanes): one invocation
 // per row walks its columns, 40% faster than one per element there (measured, 512 × 128 of 256 columns). The
 // part of column c is found by comparing, as above. Grid grid_1d(rows, 64).

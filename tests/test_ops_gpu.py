@@ -374,7 +374,7 @@ def test_conv1d_taps_follow_pytorch(rt):
 
 
 @pytest.mark.parametrize("rows_path", [False, True], ids=["per_element", "per_row"])
-@pytest.mark.parametrize("M,P,start,width", [(1, 5, 1, 3), (3, 17, 0, 17), (65, 130, 64, 66)])
+@pytest.mark.parametrize("M,P,start,width", [(1, 5, 1, 3), (3, 17, 0, 17), (65, 130, 64, 66), (9, 24, 8, 12)])
 def test_column_slice_and_backward(rt, rng, M, P, start, width, rows_path):
     x32, x = f32(rng, M, P)
     got = slice.column_slice(rt.from_numpy(x32), start, width, rows_path=rows_path).numpy()
@@ -385,26 +385,27 @@ def test_column_slice_and_backward(rt, rng, M, P, start, width, rows_path):
 
 
 @pytest.mark.parametrize("rows_path", [False, True], ids=["per_element", "per_row"])
-@pytest.mark.parametrize("widths", [(3, 1, 17), (5,), (2, 9), (4, 1, 3, 8, 2)], ids=["three", "one", "two", "five"])
+@pytest.mark.parametrize("widths", [(3, 1, 17), (5,), (2, 9), (4, 1, 3, 8, 2), (8, 4, 12), (4,)],
+                         ids=["three", "one", "two", "five", "vec4_three", "vec4_one"])
 def test_column_concat_and_split(rt, rng, widths, rows_path):
     """Up to three parts per pass (five take two); concat into the middle of a wider matrix, with accumulation, and
-    its inverse, the split, from a column offset."""
+    its inverse, the split, from a column offset (all multiples of 4 for the vec4 cases: the vec4 kernels)."""
     parts = [f32(rng, 7, w) for w in widths]
     got = slice.column_concat([rt.from_numpy(p32) for p32, _ in parts], rows_path=rows_path).numpy()
     np.testing.assert_array_equal(got, ref_slice.column_concat([p for _, p in parts]))
-    (base32, base), total = f32(rng, 7, sum(widths) + 6), sum(widths)
-    into = slice.column_concat([rt.from_numpy(p32) for p32, _ in parts], rt.from_numpy(base32), 2, accumulate=True,
+    (base32, base), total = f32(rng, 7, sum(widths) + 8), sum(widths)
+    into = slice.column_concat([rt.from_numpy(p32) for p32, _ in parts], rt.from_numpy(base32), 4, accumulate=True,
                                rows_path=rows_path)
     want = base.copy()
-    want[:, 2:2 + total] += ref_slice.column_concat([p for _, p in parts])
+    want[:, 4:4 + total] += ref_slice.column_concat([p for _, p in parts])
     np.testing.assert_array_equal(into.numpy(), want.astype(np.float32))
     split = slice.column_split(rt.from_numpy(base32), list(widths), 4, rows_path=rows_path)
     for g, r in zip(split, ref_slice.column_split(base, widths, 4)):
         np.testing.assert_array_equal(g.numpy(), r)
     with pytest.raises(ShapeError, match="column_split: widths"):
-        slice.column_split(rt.from_numpy(base32), list(widths), 7)
+        slice.column_split(rt.from_numpy(base32), list(widths), 9)
     with pytest.raises(ShapeError, match="column_concat: columns"):
-        slice.column_concat([rt.from_numpy(p32) for p32, _ in parts], rt.from_numpy(base32), 7)
+        slice.column_concat([rt.from_numpy(p32) for p32, _ in parts], rt.from_numpy(base32), 9)
 
 
 @pytest.mark.parametrize("T,V,D", [(1, 2, 1), (17, 5, 3), (130, 65, 17)])

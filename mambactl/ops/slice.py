@@ -17,10 +17,22 @@ def _per_row(rt, total: int, rows_path: bool | None) -> bool:
     return is_cpu(rt) and total <= SEGMENT_BUDGET if rows_path is None else bool(rows_path)
 
 
-def _launch(rt, entry: str, M: int, widths: list[int], rows_path: bool | None):
+def _launch(rt, entry: str, M: int, widths: list[int], rows_path: bool | None, aligned: bool):
+    """-> (entry point, grid, whether it takes the vec4 bindings): per row on CPU adapters, else per element, four
+    at a time where every width and offset is a multiple of 4 (`aligned`)."""
     if _per_row(rt, sum(widths), rows_path):
-        return entry + "_rows", grid_1d(M, 64)
-    return entry, grid_1d(M * sum(widths))
+        return entry + "_rows", grid_1d(M, 64), False
+    if aligned and all(w % 4 == 0 for w in widths):
+        return entry + "_vec4", grid_1d(M * sum(widths) // 4), True
+    return entry, grid_1d(M * sum(widths)), False
+
+
+_VEC4_NAMES = {"src": "src4", "src1": "src4_1", "src2": "src4_2", "dst": "dst4", "dst1": "dst4_1", "dst2": "dst4_2"}
+
+
+def _bind(names: tuple[str, ...], vec4: bool, tensors: list[Tensor]) -> dict:
+    """The kernels' buffers by name (the vec4 entry points' own bindings when vec4)."""
+    return dict(zip((_VEC4_NAMES[n] for n in names) if vec4 else names, tensors))
 
 
 def _widths(parts: list[int]) -> dict:
@@ -40,9 +52,9 @@ def column_split(x: Tensor, widths: list[int], start: int = 0, rows_path: bool |
     for k in range(0, len(widths), PARTS_PER_DISPATCH):
         part, dsts = widths[k:k + PARTS_PER_DISPATCH], outs[k:k + PARTS_PER_DISPATCH]
         dsts = dsts + [dsts[0]] * (PARTS_PER_DISPATCH - len(dsts))  # unused parts (width 0) are never written
-        x.runtime.run(*_launch(x.runtime, "column_slice", M, part, rows_path), {"PARTS": len(part)}, src=x,
-                      dst=dsts[0], dst1=dsts[1], dst2=dsts[2], rows=M, src_cols=P, dst_cols=part[0], start=col,
-                      **_widths(part))
+        entry, grid, vec4 = _launch(x.runtime, "column_slice", M, part, rows_path, P % 4 == 0 and col % 4 == 0)
+        x.runtime.run(entry, grid, {"PARTS": len(part)}, **_bind(("src", "dst", "dst1", "dst2"), vec4, [x] + dsts),
+                      rows=M, src_cols=P, dst_cols=part[0], start=col, **_widths(part))
         col += sum(part)
     return outs
 
@@ -73,10 +85,11 @@ def column_concat(parts: list[Tensor], out: Tensor | None = None, start: int = 0
         group = parts[k:k + PARTS_PER_DISPATCH]
         srcs = group + [group[0]] * (PARTS_PER_DISPATCH - len(group))  # unused parts (width 0) are never read
         widths = [t.shape[1] for t in group]
-        out.runtime.run(*_launch(out.runtime, "column_scatter", M, widths, rows_path),
-                        {"ACCUMULATE": accumulate, "PARTS": len(group)}, src=srcs[0],
-                        src1=srcs[1], src2=srcs[2], dst=out, rows=M, src_cols=widths[0], dst_cols=out.shape[1],
-                        start=col, **_widths(widths))
+        entry, grid, vec4 = _launch(out.runtime, "column_scatter", M, widths, rows_path,
+                                    out.shape[1] % 4 == 0 and col % 4 == 0)
+        out.runtime.run(entry, grid, {"ACCUMULATE": accumulate, "PARTS": len(group)},
+                        **_bind(("src", "src1", "src2", "dst"), vec4, srcs + [out]), rows=M, src_cols=widths[0],
+                        dst_cols=out.shape[1], start=col, **_widths(widths))
         col += sum(widths)
     return out
 
