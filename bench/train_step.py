@@ -7,6 +7,9 @@ Each step: zero the gradients, forward with the loss, backward, `adamw_step` (cl
 the decayed set), on a fresh random token batch; then `rt.sync()` (flush + wait for the GPU). The clock runs
 from just before the step to just after its sync, so a step's time is everything it costs the host and the
 GPU; warm-up steps (pipeline compilation, first allocations) are excluded and the median step is reported.
+Then the same number of steps run streamed, as `mambactl train` runs them between two log points (and as the
+peer script times its steps): each step flushed to the GPU, one sync after the last, so the host records step
+n + 1 while the GPU runs step n; the streamed step time is that total over the steps.
 
 With --peer IMPL (hf | hf-mambapy | mambapy | ssm) and torch importable, the PyTorch peer of
 ../shared/bench/peer_torch.py runs the same shape in a subprocess *before* our measurement (so the two never
@@ -155,6 +158,12 @@ def main(argv=None) -> int:
         if a.progress:
             print(f"step {len(times)}: {times[-1] * 1e3:.1f} ms", file=sys.stderr, flush=True)
     submits = (rt.submits - submits0) / max(1, a.steps)
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        loss = step()
+        rt.flush()
+    rt.sync()
+    streamed = (time.perf_counter() - t0) / max(1, a.steps)
     last_loss = float(loss.numpy()[0]) if loss is not None else None
     counters = opt.read_counters()
 
@@ -172,6 +181,8 @@ def main(argv=None) -> int:
         "step_ms_min": round(min(times) * 1e3, 3) if times else None,
         "step_ms_max": round(max(times) * 1e3, 3) if times else None,
         "tokens_per_s": round(tokens / med, 1) if times else None,
+        "streamed_step_ms": round(streamed * 1e3, 3) if a.steps else None,
+        "streamed_tokens_per_s": round(tokens / streamed, 1) if a.steps else None,
         "submits_per_step": submits,
         "loss_first": first_loss,
         "loss_last": last_loss,
@@ -183,6 +194,7 @@ def main(argv=None) -> int:
         result["peer"] = peer
         if result["tokens_per_s"] and peer.get("tokens_per_s"):
             result["ratio_vs_peer"] = round(result["tokens_per_s"] / peer["tokens_per_s"], 4)
+            result["streamed_ratio_vs_peer"] = round(result["streamed_tokens_per_s"] / peer["tokens_per_s"], 4)
 
     rows = [
         ("device", f"{info.name} ({info.backend}, {info.type})"),
@@ -192,13 +204,16 @@ def main(argv=None) -> int:
         ("step (median)", f"{result['step_ms']:.2f} ms  (min {result['step_ms_min']}, max {result['step_ms_max']}, "
                           f"{a.steps} timed, {a.warmup} warm-up in {warm_s:.1f} s)"),
         ("tokens/s", f"{result['tokens_per_s']:,.0f}"),
+        ("streamed", f"{result['streamed_step_ms']:.2f} ms per step, {result['streamed_tokens_per_s']:,.0f} tokens/s "
+                     f"({a.steps} steps, one sync)" if a.steps else "-"),
         ("submits/step", f"{submits:g}"),
         ("loss", f"{first_loss} -> {last_loss}"),
     ]
     if peer is not None:
         if "tokens_per_s" in peer:
             rows.append((f"peer {peer['impl']} ({peer['device']})", f"{peer['tokens_per_s']:,.0f} tokens/s"))
-            rows.append(("ratio ours/peer", f"{result.get('ratio_vs_peer', float('nan')):.3f}"))
+            rows.append(("ratio ours/peer", f"{result.get('ratio_vs_peer', float('nan')):.3f} synced, "
+                                            f"{result.get('streamed_ratio_vs_peer', float('nan')):.3f} streamed"))
         else:
             rows.append((f"peer {peer['impl']}", peer["error"]))
     report(rows, result, a.out)
