@@ -4,15 +4,19 @@
 //   y_t = (C_t·h_t + D u_t) · silu(z_t).
 //
 // Threads: one per (batch b, channel d, state n). A workgroup of WG threads owns one batch row and CH channels
-// (thread = c·N + n; CH is a power of two ≤ WG / N, so it divides WG) and walks time in order, so h is a
-// register carried from step to step and no workgroup of a dispatch depends on another.
+// (thread = c·NP + n, NP = N rounded up to a power of two, so a channel's lanes are an aligned block of NP
+// threads; lanes n ≥ N of it hold no state; CH·NP ≤ WG) and walks time in order, so h is a register carried
+// from step to step and no workgroup of a dispatch depends on another.
 // Time goes in tiles of T steps: a tile's inputs are staged in workgroup memory by all threads at once (so
-// their memory latency is paid once per tile, not per step), and the sums across threads (over n for y, du,
-// ddelta; over the workgroup's channels for dB, dC) run once per tile, so a tile costs a few barriers.
-// N, CH and T are pipeline constants (the workgroup arrays are sized by them); the wrapper picks T so that
-// workgroup memory stays within WebGPU's guaranteed 16 KiB.
-// Speed (H200, B 8, L 1024, Dc 1536, N 16, T 8): forward ≈ 1.2 ms, backward ≈ 3.7 ms. The forward is bound by
-// global-load latency at each tile's staging (stubbing the loads out halves it), not by barriers or exp.
+// their memory latency is paid once per tile, not per step; PREFETCH loads the next tile's into registers
+// while this one runs, so it is not paid on the critical path at all). Sums over n (for y, du, ddelta, dz)
+// run either through workgroup memory once per tile (a barrier and a pass over (step, channel) items) or,
+// with LANE_SUM, at each step as a subgroupShuffleXor butterfly within the channel's NP lanes (NP ≤ the
+// subgroup's lanes; needs lanes numbered as the threads, as on NVIDIA and lavapipe), which takes the forward
+// to one barrier per tile with BUFS = 2 staging buffers. Sums over the workgroup's channels (dB, dC) always
+// go through workgroup memory once per tile.
+// N, NP, CH, T, PF, BUFS, PREFETCH and LANE_SUM are pipeline constants (the workgroup arrays are sized by
+// them); the wrapper picks T so that workgroup memory stays within WebGPU's guaranteed 16 KiB.
 // Memory: the forward saves only the state entering each chunk of `chunk` steps, states [B, n_chunks, Dc, N].
 // The backward walks the chunks last to first: it recomputes the tile entry states of a chunk into
 // tile_states (per workgroup, chunk / T states per thread), then for each tile, last to first, the tile's
@@ -23,9 +27,15 @@
 
 const WG: u32 = 128u;  // mirrored by the wrapper (mambactl/ops/selective_scan.py)
 
-override N: u32 = 16u;  // state size
-override CH: u32 = 8u;  // channels per workgroup
-override T: u32 = 8u;   // steps per tile; divides chunk
+override N: u32 = 16u;   // state size
+override NP: u32 = 16u;  // N rounded up to a power of two: threads per channel
+override CH: u32 = 8u;   // channels per workgroup (CH·NP ≤ WG)
+override T: u32 = 8u;    // steps per tile; divides chunk
+override PF: u32 = 1u;   // items per thread of a staged tile: ceil(T·max(CH, N) / WG), at most 4
+override BUFS: u32 = 1u; // staging buffers (2: a tile is staged while the last one is still being read)
+override PREFETCH: bool = false;  // load the next tile's inputs into registers during this tile
+override LANE_SUM: bool = false;  // sums over n by subgroup butterflies (NP ≤ subgroup lanes)
+override TERM_STEPS: u32 = 8u;  // steps of state_terms: T, or 1 where nothing reads it (the LANE_SUM forward)
 override ACCUMULATE: bool = false;
 
 // Segments (Mesa llvmpipe caps one invocation's loop iterations at 65,535 in total, so there the wrapper splits
@@ -73,23 +83,25 @@ struct StepParams { batch: u32, channels: u32, nstate: u32 }
 @group(0) @binding(29) var<storage, read_write> state: array<f32>;
 @group(0) @binding(30) var<storage, read_write> carry: array<f32>;  // [B, Dc / CH, WG, 4]: backward segments
 
-// Per (step of the tile, channel of the workgroup), index s·CH + c.
-var<workgroup> dt_tile: array<f32, T * CH>;        // Δ_t
-var<workgroup> u_tile: array<f32, T * CH>;         // u_t
-var<workgroup> z_tile: array<f32, T * CH>;         // z_t
-var<workgroup> dyg_tile: array<f32, T * CH>;       // dy'_t = dy_t·silu(z_t): the gradient reaching y before the gate
-var<workgroup> dzg_tile: array<f32, T * CH>;       // dy_t·silu'(z_t): dz_t is this times the ungated y_t
-var<workgroup> dsoftplus_tile: array<f32, T * CH>; // ∂Δ_t/∂delta_t
-// Per (step of the tile, state), index s·N + n.
-var<workgroup> B_tile: array<f32, T * N>;
-var<workgroup> C_tile: array<f32, T * N>;
+// Per (buffer, step of the tile, channel of the workgroup), index buf·T·CH + s·CH + c.
+var<workgroup> dt_tile: array<f32, BUFS * T * CH>;        // Δ_t
+var<workgroup> u_tile: array<f32, BUFS * T * CH>;         // u_t
+var<workgroup> z_tile: array<f32, BUFS * T * CH>;         // z_t
+var<workgroup> dyg_tile: array<f32, BUFS * T * CH>;       // dy'_t = dy_t·silu(z_t): the gradient reaching y before the gate
+var<workgroup> dzg_tile: array<f32, BUFS * T * CH>;       // dy_t·silu'(z_t): dz_t is this times the ungated y_t
+var<workgroup> dsoftplus_tile: array<f32, BUFS * T * CH>; // ∂Δ_t/∂delta_t
+// Per (buffer, step of the tile, state), index buf·T·N + s·N + n.
+var<workgroup> B_tile: array<f32, BUFS * T * N>;
+var<workgroup> C_tile: array<f32, BUFS * T * N>;
 // Per (step of the tile, channel, state), index s·CH·(N + 1) + c·(N + 1) + n: padding each channel's row by
 // one word puts the N values of one channel, and the same n of consecutive channels, in distinct banks.
-// state_terms holds C_t·h_t in the forward; in the backward first h_t, then (the adjoint pass overwrites
-// step t once it is past it) g_t·exp(Δ_t A)·h_{t−1}·A. Both hold at least WG words
-// (T ≥ 4 and CH·(N + 1) ≥ WG / 2).
-var<workgroup> state_terms: array<f32, T * CH * (N + 1u)>;
-var<workgroup> adjoint: array<f32, T * CH * (N + 1u)>;  // g_t
+// Without LANE_SUM, state_terms holds C_t·h_t in the forward; in the backward first h_t, then (the adjoint
+// pass overwrites step t once it is past it) g_t·exp(Δ_t A)·h_{t−1}·A, and adjoint holds g_t. With LANE_SUM
+// (backward only) a thread reads only its own words until the channel sums: state_terms holds h_t, then
+// h_t·dy'_t (the dC term), and adjoint g_t·Δ_t·u_t (the dB term). In the backward both hold at least WG
+// words (T ≥ 4 and CH·(N + 1) ≥ WG / 2).
+var<workgroup> state_terms: array<f32, TERM_STEPS * CH * (N + 1u)>;
+var<workgroup> adjoint: array<f32, T * CH * (N + 1u)>;
 
 fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 
@@ -110,44 +122,74 @@ fn softplus(x: f32) -> f32 {
 // Row of a [B, L, Dc] tensor.
 fn row_index(b: u32, t: u32, d: u32) -> u32 { return (b * p.len + t) * p.channels + d; }
 
-// Stage what advancing the state over steps [t0, t0 + steps) needs: Δ, u and B. Channels past Dc are left
-// alone (no thread reads them).
-fn load_step_inputs(b: u32, d0: u32, t0: u32, steps: u32, thread: u32) {
-    for (var i = thread; i < steps * CH; i += WG) {
+// Σ over the NP lanes of a channel (a butterfly; every lane gets the same sum, bit for bit, as a + b = b + a).
+fn lane_sum(v: f32) -> f32 {
+    var s = v;
+    for (var m = NP / 2u; m > 0u; m >>= 1u) { s += subgroupShuffleXor(s, m); }
+    return s;
+}
+
+// One tile's inputs as loaded from memory, item k of a thread in component k (items thread + k·WG of the
+// tile's (step, channel) and (step, state) lists): held in registers between the loads and `stage`, so that
+// with PREFETCH the loads of the next tile are in flight while this one computes. h: the tile's entry state
+// (backward).
+struct Staged { x: vec4<f32>, u: vec4<f32>, z: vec4<f32>, dy: vec4<f32>, b: vec4<f32>, c: vec4<f32>, h: f32 }
+
+// Load what steps [t0, t0 + steps) need: delta + bias, u and B always; C with `with_c`; z with `with_z`.
+// Channels past Dc are left alone (no thread reads them).
+fn fetch(b: u32, d0: u32, t0: u32, steps: u32, thread: u32, with_c: bool, with_z: bool) -> Staged {
+    var staged: Staged;
+    for (var k = 0u; k < PF; k++) {
+        let i = thread + k * WG;
         let d = d0 + i % CH;
-        if (d < p.channels) {
+        if (i < steps * CH && d < p.channels) {
             let row = row_index(b, t0 + i / CH, d);
-            dt_tile[i] = softplus(delta[row] + delta_bias[d]);
-            u_tile[i] = u[row];
+            staged.x[k] = delta[row] + delta_bias[d];
+            staged.u[k] = u[row];
+            if (with_z) { staged.z[k] = z[row]; }
+        }
+        if (i < steps * N) {
+            staged.b[k] = B[(b * p.len + t0) * N + i];
+            if (with_c) { staged.c[k] = C[(b * p.len + t0) * N + i]; }
         }
     }
-    for (var i = thread; i < steps * N; i += WG) { B_tile[i] = B[(b * p.len + t0) * N + i]; }
+    return staged;
 }
 
-fn load_C(b: u32, t0: u32, steps: u32, thread: u32) {
-    for (var i = thread; i < steps * N; i += WG) { C_tile[i] = C[(b * p.len + t0) * N + i]; }
-}
-
-fn load_z(b: u32, d0: u32, t0: u32, steps: u32, thread: u32) {
-    for (var i = thread; i < steps * CH; i += WG) {
+// The backward's fetch: everything, dy and the tile's entry state h (tile j of the chunk) included.
+fn fetch_grad(b: u32, d0: u32, t0: u32, steps: u32, thread: u32, h_slot: u32, owns_state: bool) -> Staged {
+    var staged = fetch(b, d0, t0, steps, thread, true, true);
+    for (var k = 0u; k < PF; k++) {
+        let i = thread + k * WG;
         let d = d0 + i % CH;
-        if (d < p.channels) { z_tile[i] = z[row_index(b, t0 + i / CH, d)]; }
+        if (i < steps * CH && d < p.channels) { staged.dy[k] = dy[row_index(b, t0 + i / CH, d)]; }
     }
+    if (owns_state) { staged.h = tile_states[h_slot]; }
+    return staged;
 }
 
-// Stage the backward's per-(step, channel) factors: dy through the gate, and the gate's and softplus's
-// derivatives.
-fn load_grad_factors(b: u32, d0: u32, t0: u32, steps: u32, thread: u32) {
-    for (var i = thread; i < steps * CH; i += WG) {
-        let d = d0 + i % CH;
-        if (d < p.channels) {
-            let row = row_index(b, t0 + i / CH, d);
-            let zv = z[row];
-            let gate = sigmoid(zv);
-            dyg_tile[i] = dy[row] * zv * gate;
-            dzg_tile[i] = dy[row] * gate * (1.0 + zv * sigmoid(-zv));  // 1 − σ(z) = σ(−z), no cancellation
-            let x = delta[row] + delta_bias[d];
-            dsoftplus_tile[i] = select(sigmoid(x), 1.0, x > 20.0);
+// Write a fetched tile into staging buffer `buf`: Δ, u, B, and C, z (forward) or the backward's
+// per-(step, channel) factors (`grad`): dy through the gate, and the gate's and softplus's derivatives.
+fn stage(staged: Staged, d0: u32, steps: u32, thread: u32, buf: u32, with_c: bool, with_z: bool, grad: bool) {
+    for (var k = 0u; k < PF; k++) {
+        let i = thread + k * WG;
+        if (i < steps * CH && d0 + i % CH < p.channels) {
+            let j = buf * T * CH + i;
+            let x = staged.x[k];
+            dt_tile[j] = softplus(x);
+            u_tile[j] = staged.u[k];
+            if (with_z) { z_tile[j] = staged.z[k]; }
+            if (grad) {
+                let zv = staged.z[k];
+                let gate = sigmoid(zv);
+                dyg_tile[j] = staged.dy[k] * zv * gate;
+                dzg_tile[j] = staged.dy[k] * gate * (1.0 + zv * sigmoid(-zv));  // 1 − σ(z) = σ(−z), no cancellation
+                dsoftplus_tile[j] = select(sigmoid(x), 1.0, x > 20.0);
+            }
+        }
+        if (i < steps * N) {
+            B_tile[buf * T * N + i] = staged.b[k];
+            if (with_c) { C_tile[buf * T * N + i] = staged.c[k]; }
         }
     }
 }
@@ -158,43 +200,65 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
     let b = wid.y;
     let d0 = wid.x * CH;
     let thread = lid.x;
-    let c = thread / N;
-    let n = thread % N;
-    let owns_state = c < CH && d0 + c < p.channels;
-    let slot = c * (N + 1u) + n;
+    let c = thread / NP;
+    let n = thread % NP;
+    let owns_channel = c < CH && d0 + c < p.channels;
+    let owns_state = owns_channel && n < N;
+    let cc = min(c, CH - 1u);  // in-range indices for the lanes that own nothing (their sums are not stored)
+    let nn = min(n, N - 1u);
+    let slot = cc * (N + 1u) + nn;
     let stride = CH * (N + 1u);  // state_terms per step
     var a = 0.0;
     if (owns_state) { a = -exp(A_log[(d0 + c) * N + n]); }
     var h = 0.0;
     if (owns_state && p.seg_begin > 0u) { h = last_state[(b * p.channels + d0 + c) * N + n]; }
+    var staged: Staged;
+    if (PREFETCH) { staged = fetch(b, d0, p.seg_begin, min(T, p.len - p.seg_begin), thread, true, true); }
+    var buf = 0u;
     for (var t0 = p.seg_begin; t0 < p.seg_end; t0 += T) {
         if (owns_state && t0 % p.chunk == 0u) {
             states[((b * p.nchunks + t0 / p.chunk) * p.channels + d0 + c) * N + n] = h;
         }
         let steps = min(T, p.len - t0);
-        load_step_inputs(b, d0, t0, steps, thread);
-        load_C(b, t0, steps, thread);
-        load_z(b, d0, t0, steps, thread);
+        if (!PREFETCH) { staged = fetch(b, d0, t0, steps, thread, true, true); }
+        stage(staged, d0, steps, thread, buf, true, true, false);
         workgroupBarrier();
-        if (owns_state) {
-            for (var s = 0u; s < steps; s++) {
-                let dt = dt_tile[s * CH + c];
-                h = exp(dt * a) * h + dt * u_tile[s * CH + c] * B_tile[s * N + n];
-                state_terms[s * stride + slot] = C_tile[s * N + n] * h;
+        let next = t0 + T;
+        if (PREFETCH && next < p.seg_end) { staged = fetch(b, d0, next, min(T, p.len - next), thread, true, true); }
+        let o = buf * T * CH;
+        let ob = buf * T * N;
+        for (var s = 0u; s < steps; s++) {
+            let dt = dt_tile[o + s * CH + cc];
+            let uv = u_tile[o + s * CH + cc];
+            h = exp(dt * a) * h + dt * uv * B_tile[ob + s * N + nn];
+            let term = C_tile[ob + s * N + nn] * h;
+            if (LANE_SUM) {
+                let sum_ch = lane_sum(select(0.0, term, n < N));
+                if (owns_channel && n == s % NP) {
+                    let zv = z_tile[o + s * CH + c];
+                    y[row_index(b, t0 + s, d0 + c)] = (D[d0 + c] * uv + sum_ch) * zv * sigmoid(zv);
+                }
+            } else if (owns_state) {
+                state_terms[s * stride + slot] = term;
             }
         }
-        workgroupBarrier();
-        for (var i = thread; i < steps * CH; i += WG) {
-            let s = i / CH;
-            let cc = i % CH;
-            if (d0 + cc < p.channels) {
-                var acc = D[d0 + cc] * u_tile[i];
-                for (var m = 0u; m < N; m++) { acc += state_terms[s * stride + cc * (N + 1u) + m]; }
-                let zv = z_tile[i];
-                y[row_index(b, t0 + s, d0 + cc)] = acc * zv * sigmoid(zv);
+        if (!LANE_SUM) {
+            workgroupBarrier();
+            for (var i = thread; i < steps * CH; i += WG) {
+                let s = i / CH;
+                let ci = i % CH;
+                if (d0 + ci < p.channels) {
+                    var acc = D[d0 + ci] * u_tile[o + i];
+                    for (var m = 0u; m < N; m++) { acc += state_terms[s * stride + ci * (N + 1u) + m]; }
+                    let zv = z_tile[o + i];
+                    y[row_index(b, t0 + s, d0 + ci)] = acc * zv * sigmoid(zv);
+                }
             }
         }
-        workgroupBarrier();  // the next tile overwrites the staged inputs
+        // The next tile overwrites the staged inputs (and state_terms): with two buffers and lane sums, the
+        // next tile's barrier already orders that after every thread's reads of this one.
+        if (BUFS == 1u || !LANE_SUM) { workgroupBarrier(); }
+        buf = (buf + 1u) % BUFS;
     }
     // The final state seeds recurrent decoding after a parallel prefill.
     if (owns_state) { last_state[(b * p.channels + d0 + c) * N + n] = h; }
@@ -228,10 +292,13 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     let b = wid.y;
     let d0 = wid.x * CH;
     let thread = lid.x;
-    let c = thread / N;
-    let n = thread % N;
-    let owns_state = c < CH && d0 + c < p.channels;
-    let slot = c * (N + 1u) + n;
+    let c = thread / NP;
+    let n = thread % NP;
+    let owns_channel = c < CH && d0 + c < p.channels;
+    let owns_state = owns_channel && n < N;
+    let cc = min(c, CH - 1u);
+    let nn = min(n, N - 1u);
+    let slot = cc * (N + 1u) + nn;
     let stride = CH * (N + 1u);
     let nch = min(CH, p.channels - d0);  // channels of this workgroup inside Dc
     var a = 0.0;
@@ -245,112 +312,182 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     var d_bias = 0.0;  // Σ ddelta over the same items: ∂loss/∂delta_bias
     let ci = ((b * nwg.x + wid.x) * WG + thread) * 4u;
     if (p.kc_hi < p.nchunks) { g = carry[ci]; da = carry[ci + 1u]; d_skip = carry[ci + 2u]; d_bias = carry[ci + 3u]; }
+    var staged: Staged;
+    var buf = 0u;
     for (var k = min(p.kc_hi, p.nchunks); k > p.kc_lo; k--) {
         let chunk_start = (k - 1u) * p.chunk;
         let ntiles = (min(p.chunk, p.len - chunk_start) + T - 1u) / T;
         // Entry state of every tile of the chunk, recomputed from the chunk's saved entry state.
         var h = 0.0;
         if (owns_state) { h = saved_states[((b * p.nchunks + k - 1u) * p.channels + d0 + c) * N + n]; }
+        if (PREFETCH) { staged = fetch(b, d0, chunk_start, min(T, p.len - chunk_start), thread, false, false); }
         for (var j = 0u; j < ntiles; j++) {
             let t0 = chunk_start + j * T;
             let steps = min(T, p.len - t0);
             if (owns_state) { tile_states[scratch + j * WG] = h; }
-            load_step_inputs(b, d0, t0, steps, thread);
+            if (!PREFETCH) { staged = fetch(b, d0, t0, steps, thread, false, false); }
+            stage(staged, d0, steps, thread, buf, false, false, false);
             workgroupBarrier();
-            if (owns_state) {
-                for (var s = 0u; s < steps; s++) {
-                    let dt = dt_tile[s * CH + c];
-                    h = exp(dt * a) * h + dt * u_tile[s * CH + c] * B_tile[s * N + n];
-                }
+            if (PREFETCH && j + 1u < ntiles) {
+                staged = fetch(b, d0, t0 + T, min(T, p.len - t0 - T), thread, false, false);
             }
-            workgroupBarrier();
+            let o = buf * T * CH;
+            let ob = buf * T * N;
+            for (var s = 0u; s < steps; s++) {
+                let dt = dt_tile[o + s * CH + cc];
+                h = exp(dt * a) * h + dt * u_tile[o + s * CH + cc] * B_tile[ob + s * N + nn];
+            }
+            if (BUFS == 1u) { workgroupBarrier(); }
+            buf = (buf + 1u) % BUFS;
+        }
+        let last = chunk_start + (ntiles - 1u) * T;
+        if (PREFETCH) {
+            staged = fetch_grad(b, d0, last, min(T, p.len - last), thread, scratch + (ntiles - 1u) * WG, owns_state);
         }
         for (var j = ntiles; j > 0u; j--) {
             let t0 = chunk_start + (j - 1u) * T;
             let steps = min(T, p.len - t0);
-            var h_entry = 0.0;
-            if (owns_state) { h_entry = tile_states[scratch + (j - 1u) * WG]; }
-            load_step_inputs(b, d0, t0, steps, thread);
-            load_C(b, t0, steps, thread);
-            load_grad_factors(b, d0, t0, steps, thread);
-            workgroupBarrier();
-            if (owns_state) {
-                var ht = h_entry;
-                for (var s = 0u; s < steps; s++) {
-                    let dt = dt_tile[s * CH + c];
-                    ht = exp(dt * a) * ht + dt * u_tile[s * CH + c] * B_tile[s * N + n];
-                    state_terms[s * stride + slot] = ht;
-                }
+            if (!PREFETCH) {
+                staged = fetch_grad(b, d0, t0, steps, thread, scratch + (j - 1u) * WG, owns_state);
             }
+            let h_entry = staged.h;
+            stage(staged, d0, steps, thread, buf, true, false, true);
             workgroupBarrier();
-            // From h_t: dz (needs the ungated y_t) per (step, channel) and dC per (step, state).
-            for (var i = thread; i < steps * CH; i += WG) {
-                let s = i / CH;
-                let cc = i % CH;
-                if (cc < nch) {
-                    var acc = D[d0 + cc] * u_tile[i];
-                    for (var m = 0u; m < N; m++) {
-                        acc += C_tile[s * N + m] * state_terms[s * stride + cc * (N + 1u) + m];
-                    }
-                    dz[row_index(b, t0 + s, d0 + cc)] = acc * dzg_tile[i];
-                }
+            if (PREFETCH && j > 1u) {
+                staged = fetch_grad(b, d0, t0 - T, T, thread, scratch + (j - 2u) * WG, owns_state);
             }
-            for (var i = thread; i < steps * N; i += WG) {
-                let s = i / N;
-                let m = i % N;
-                var acc = 0.0;
-                for (var cc = 0u; cc < nch; cc++) {
-                    acc += state_terms[s * stride + cc * (N + 1u) + m] * dyg_tile[s * CH + cc];
-                }
-                dC_part[(part_row * p.len + t0) * N + i] = acc;
+            let o = buf * T * CH;
+            let ob = buf * T * N;
+            var ht = h_entry;
+            for (var s = 0u; s < steps; s++) {
+                let dt = dt_tile[o + s * CH + cc];
+                ht = exp(dt * a) * ht + dt * u_tile[o + s * CH + cc] * B_tile[ob + s * N + nn];
+                if (owns_state) { state_terms[s * stride + slot] = ht; }
             }
-            workgroupBarrier();
-            // The adjoint, last step to first. Step s reads h_{s−1} before step s − 1 overwrites its slot.
-            if (owns_state) {
+            if (LANE_SUM) {
+                // The adjoint, last step to first, each thread on its own words of state_terms (so no barrier
+                // since the recompute): step s reads h_{s−1} before step s − 1 overwrites its slot.
                 for (var s = steps; s > 0u; s--) {
                     let si = s - 1u;
-                    g += dyg_tile[si * CH + c] * C_tile[si * N + n];
-                    let dt = dt_tile[si * CH + c];
-                    let decay = exp(dt * a);
+                    var hs = 0.0;
                     var h_prev = h_entry;
-                    if (si > 0u) { h_prev = state_terms[(si - 1u) * stride + slot]; }
+                    if (owns_state) {
+                        hs = state_terms[si * stride + slot];
+                        if (si > 0u) { h_prev = state_terms[(si - 1u) * stride + slot]; }
+                    }
+                    let dyg = dyg_tile[o + si * CH + cc];
+                    let cs = C_tile[ob + si * N + nn];
+                    g += dyg * cs;
+                    let dt = dt_tile[o + si * CH + cc];
+                    let uv = u_tile[o + si * CH + cc];
+                    let decay = exp(dt * a);
                     let gh = g * decay * h_prev;  // ∂loss/∂(Δ_t A)
                     da += gh * dt;
-                    state_terms[si * stride + slot] = gh * a;
-                    adjoint[si * stride + slot] = g;
+                    let yc = lane_sum(select(0.0, cs * hs, n < N));                       // C_t·h_t
+                    let gb = lane_sum(select(0.0, g * B_tile[ob + si * N + nn], n < N));  // ∂loss/∂(Δ_t u_t)
+                    let gha = lane_sum(gh * a);  // Σ_n g_t[n] exp(Δ_t A[n]) h_{t−1}[n] A[n] (a = 0 past N)
+                    if (owns_state) {
+                        state_terms[si * stride + slot] = hs * dyg;   // dC term
+                        adjoint[si * stride + slot] = g * dt * uv;    // dB term
+                    }
+                    if (owns_channel && n == si % NP) {
+                        let row = row_index(b, t0 + si, d0 + c);
+                        let skip = D[d0 + c];
+                        dz[row] = (skip * uv + yc) * dzg_tile[o + si * CH + c];
+                        du[row] = skip * dyg + dt * gb;
+                        let dx = (gha + uv * gb) * dsoftplus_tile[o + si * CH + c];
+                        ddelta[row] = dx;
+                        d_skip += dyg * uv;
+                        d_bias += dx;
+                    }
                     g *= decay;
                 }
-            }
-            workgroupBarrier();
-            // du, ddelta per (step, channel); dB per (step, state).
-            for (var i = thread; i < steps * CH; i += WG) {
-                let s = i / CH;
-                let cc = i % CH;
-                if (cc < nch) {
-                    var gb = 0.0;   // Σ_n g_t[n] B_t[n] = ∂loss/∂(Δ_t u_t)
-                    var gha = 0.0;  // Σ_n g_t[n] exp(Δ_t A[n]) h_{t−1}[n] A[n]
-                    for (var m = 0u; m < N; m++) {
-                        gb += adjoint[s * stride + cc * (N + 1u) + m] * B_tile[s * N + m];
-                        gha += state_terms[s * stride + cc * (N + 1u) + m];
+                workgroupBarrier();
+                // dB and dC per (step, state): the sums over the workgroup's channels.
+                for (var i = thread; i < steps * N; i += WG) {
+                    let s = i / N;
+                    let m = i % N;
+                    var acc_b = 0.0;
+                    var acc_c = 0.0;
+                    for (var ch = 0u; ch < nch; ch++) {
+                        acc_b += adjoint[s * stride + ch * (N + 1u) + m];
+                        acc_c += state_terms[s * stride + ch * (N + 1u) + m];
                     }
-                    let row = row_index(b, t0 + s, d0 + cc);
-                    du[row] = D[d0 + cc] * dyg_tile[i] + dt_tile[i] * gb;
-                    let dx = (gha + u_tile[i] * gb) * dsoftplus_tile[i];
-                    ddelta[row] = dx;
-                    d_skip += dyg_tile[i] * u_tile[i];
-                    d_bias += dx;
+                    dB_part[(part_row * p.len + t0) * N + i] = acc_b;
+                    dC_part[(part_row * p.len + t0) * N + i] = acc_c;
                 }
-            }
-            for (var i = thread; i < steps * N; i += WG) {
-                let s = i / N;
-                let m = i % N;
-                var acc = 0.0;
-                for (var cc = 0u; cc < nch; cc++) {
-                    acc += adjoint[s * stride + cc * (N + 1u) + m] * dt_tile[s * CH + cc] * u_tile[s * CH + cc];
+            } else {
+                workgroupBarrier();
+                // From h_t: dz (needs the ungated y_t) per (step, channel) and dC per (step, state).
+                for (var i = thread; i < steps * CH; i += WG) {
+                    let s = i / CH;
+                    let ch = i % CH;
+                    if (ch < nch) {
+                        var acc = D[d0 + ch] * u_tile[o + i];
+                        for (var m = 0u; m < N; m++) {
+                            acc += C_tile[ob + s * N + m] * state_terms[s * stride + ch * (N + 1u) + m];
+                        }
+                        dz[row_index(b, t0 + s, d0 + ch)] = acc * dzg_tile[o + i];
+                    }
                 }
-                dB_part[(part_row * p.len + t0) * N + i] = acc;
+                for (var i = thread; i < steps * N; i += WG) {
+                    let s = i / N;
+                    let m = i % N;
+                    var acc = 0.0;
+                    for (var ch = 0u; ch < nch; ch++) {
+                        acc += state_terms[s * stride + ch * (N + 1u) + m] * dyg_tile[o + s * CH + ch];
+                    }
+                    dC_part[(part_row * p.len + t0) * N + i] = acc;
+                }
+                workgroupBarrier();
+                // The adjoint, last step to first. Step s reads h_{s−1} before step s − 1 overwrites its slot.
+                if (owns_state) {
+                    for (var s = steps; s > 0u; s--) {
+                        let si = s - 1u;
+                        g += dyg_tile[o + si * CH + c] * C_tile[ob + si * N + n];
+                        let dt = dt_tile[o + si * CH + c];
+                        let decay = exp(dt * a);
+                        var h_prev = h_entry;
+                        if (si > 0u) { h_prev = state_terms[(si - 1u) * stride + slot]; }
+                        let gh = g * decay * h_prev;  // ∂loss/∂(Δ_t A)
+                        da += gh * dt;
+                        state_terms[si * stride + slot] = gh * a;
+                        adjoint[si * stride + slot] = g;
+                        g *= decay;
+                    }
+                }
+                workgroupBarrier();
+                // du, ddelta per (step, channel); dB per (step, state).
+                for (var i = thread; i < steps * CH; i += WG) {
+                    let s = i / CH;
+                    let ch = i % CH;
+                    if (ch < nch) {
+                        var gb = 0.0;   // Σ_n g_t[n] B_t[n] = ∂loss/∂(Δ_t u_t)
+                        var gha = 0.0;  // Σ_n g_t[n] exp(Δ_t A[n]) h_{t−1}[n] A[n]
+                        for (var m = 0u; m < N; m++) {
+                            gb += adjoint[s * stride + ch * (N + 1u) + m] * B_tile[ob + s * N + m];
+                            gha += state_terms[s * stride + ch * (N + 1u) + m];
+                        }
+                        let row = row_index(b, t0 + s, d0 + ch);
+                        du[row] = D[d0 + ch] * dyg_tile[o + i] + dt_tile[o + i] * gb;
+                        let dx = (gha + u_tile[o + i] * gb) * dsoftplus_tile[o + i];
+                        ddelta[row] = dx;
+                        d_skip += dyg_tile[o + i] * u_tile[o + i];
+                        d_bias += dx;
+                    }
+                }
+                for (var i = thread; i < steps * N; i += WG) {
+                    let s = i / N;
+                    let m = i % N;
+                    var acc = 0.0;
+                    for (var ch = 0u; ch < nch; ch++) {
+                        acc += adjoint[s * stride + ch * (N + 1u) + m] * dt_tile[o + s * CH + ch] * u_tile[o + s * CH + ch];
+                    }
+                    dB_part[(part_row * p.len + t0) * N + i] = acc;
+                }
             }
             workgroupBarrier();  // the next tile overwrites the staged inputs and terms
+            buf = (buf + 1u) % BUFS;
         }
     }
     if (p.kc_lo > 0u) {  // uniform: more chunks follow in another dispatch
@@ -361,15 +498,21 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         return;
     }
     if (owns_state) { param_part[(b * p.channels + d0 + c) * (N + 2u) + n] = da * a; }  // ∂/∂A_log = ∂/∂A · A
-    // Thread i summed the (step, channel) items of channel i % CH (CH divides WG): add the WG / CH partials
-    // of each channel in workgroup memory.
+    // Add each channel's partials of ∂/∂D and ∂/∂delta_bias in workgroup memory: with LANE_SUM channel c's are
+    // at its NP threads, else (thread i summed the (step, channel) items of channel i % CH; CH divides WG) at
+    // threads c, c + CH, ….
     state_terms[thread] = d_skip;
     adjoint[thread] = d_bias;
     workgroupBarrier();
     if (thread < nch) {
         var skip = 0.0;
         var bias = 0.0;
-        for (var i = thread; i < WG; i += CH) { skip += state_terms[i]; bias += adjoint[i]; }
+        let parts = select(WG / CH, NP, LANE_SUM);
+        for (var j = 0u; j < parts; j++) {
+            let i = select(thread + j * CH, thread * NP + j, LANE_SUM);
+            skip += state_terms[i];
+            bias += adjoint[i];
+        }
         let base = (b * p.channels + d0 + thread) * (N + 2u) + N;
         param_part[base] = skip;
         param_part[base + 1u] = bias;

@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
+from mambactl.ops import selective_scan as scan
 from mambactl.ops.selective_scan import (PATHS, SUBGROUP_LANES, SUBGROUP_MAX_STATE, channels_per_group,
                                          direct_per_thread, selective_scan, selective_scan_backward,
-                                         selective_scan_step, subgroup_groups, tile_steps)
+                                         lane_sums_fit, selective_scan_step, subgroup_groups, tile_steps)
 from mambactl.reference import selective_scan as ref
 from mambactl.reference.activations import softplus, softplus_backward
 
@@ -85,6 +86,41 @@ def test_matches_reference(rt, path, batch, length, channels, nstate, chunk):
     for name, got, want in zip(GRADS, grads, grads_ref):
         assert got.shape == want.shape, name
         assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
+
+
+TILED_VARIANTS = [{"PREFETCH": 1}, {"LANE_SUM": 1}, {"BUFS": 2, "PREFETCH": 1},
+                  {"LANE_SUM": 1, "PREFETCH": 1, "BUFS": 2}, {"T": 16, "LANE_SUM": 1, "PREFETCH": 1, "BUFS": 2}]
+
+
+@pytest.mark.parametrize("variant", TILED_VARIANTS, ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()))
+@pytest.mark.parametrize("batch,length,channels,nstate,chunk", [
+    (2, 63, 9, 5, 16),     # N = 5: 8 lanes per channel, 3 of them without a state; L not a multiple of the tile
+    (2, 65, 70, 16, 32),   # channels not a multiple of the 8 per workgroup
+    (1, 50, 37, 3, 32),    # N = 3: 32 channels of 4 lanes; a second, partial workgroup
+    (1, 17, 3, 128, 16),   # N = 128: 4 staged items per thread
+])
+def test_tiled_variants_match_reference(rt, monkeypatch, variant, batch, length, channels, nstate, chunk):
+    """The tiled kernels' pipeline-constant variants (register prefetch of the next tile, lane sums over n,
+    double staging buffers, longer tiles) match the reference, and their dispatch segments are bit-identical
+    to one dispatch."""
+    if variant.get("LANE_SUM") and not lane_sums_fit(rt, nstate):
+        pytest.skip(f"{scan.lanes_per_channel(nstate)} lanes per channel do not fit this adapter's subgroups")
+    if chunk % variant.get("T", 4) or scan.items_per_thread(nstate, variant.get("T", 4)) > scan.MAX_ITEMS:
+        pytest.skip("the tile does not divide the chunk or stages too many items")
+    monkeypatch.setattr(scan, "TILED_VARIANT", dict(variant))
+    x = make_inputs(batch, length, channels, nstate, seed=12)
+    dy = np.random.default_rng(13).standard_normal((batch, length, channels)).astype(np.float32)
+    y, grads, _ = run_gpu(rt, x, dy, chunk, path="tiled")
+    y_ref, grads_ref = reference(x, dy)
+    assert rel_err(y, y_ref) < 1e-4
+    for name, got, want in zip(GRADS, grads, grads_ref):
+        assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
+    args = [rt.from_numpy(x[k]) for k in NAMES]
+    y2, saved = selective_scan(*args, chunk=chunk, segment=1, path="tiled")
+    g2 = selective_scan_backward(saved, rt.from_numpy(dy), segment=1, path="tiled")
+    assert np.array_equal(y2.numpy(), y)
+    for name, a, b in zip(GRADS, grads, g2):
+        assert np.array_equal(a, b.numpy()), name
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -48,6 +48,7 @@ TILES = (16, 8, 4)  # steps per tile, largest first
 # slower (fewer workgroups resident per SM), so the tile is sized to this on every device.
 WORKGROUP_MEMORY = 16384
 CHUNK_MULTIPLE = 8
+MAX_ITEMS = 4  # staged items per thread: the vec4 registers of Staged in the kernel
 DEFAULT_CHUNK = 128
 PATHS = ("tiled", "direct", "subgroup")
 SUBGROUP_MAX_STATE = 16  # SG_N in the kernel: the subgroup kernels hold the state in four vec4 registers
@@ -76,21 +77,36 @@ class ScanSaved:
     last_state: Tensor  # [B, Dc, N]: the state after the last step (to continue recurrently)
 
 
+def lanes_per_channel(nstate: int) -> int:
+    """NP: threads per channel in the tiled kernels, N rounded up to a power of two (a channel's lanes are an
+    aligned block, so subgroup butterflies over them stay inside the channel)."""
+    return 1 << (int(nstate) - 1).bit_length()
+
+
 def channels_per_group(nstate: int) -> int:
-    """Channels per workgroup: the largest power of two ≤ min(128 / N, 32), so it divides the workgroup."""
-    ch = 1
-    while ch * 2 <= min(WORKGROUP // nstate, MAX_CHANNELS_PER_GROUP):
-        ch *= 2
-    return ch
+    """Channels per workgroup: min(128 / NP, 32), a power of two that divides the workgroup (the same as the
+    largest power of two ≤ min(128 / N, 32))."""
+    return min(WORKGROUP // lanes_per_channel(nstate), MAX_CHANNELS_PER_GROUP)
 
 
-def tile_steps(nstate: int, chunk: int) -> int:
-    """Steps per tile: the largest of TILES that divides `chunk` and whose workgroup memory (the kernel's
-    six [T, CH] tiles, two [T, N] tiles and two [T, CH·(N + 1)] tiles of f32) fits WORKGROUP_MEMORY;
-    T = 4 always does (N ≤ 128, chunk a multiple of 8)."""
+def items_per_thread(nstate: int, tile: int) -> int:
+    """PF: a thread's items of a staged tile's (step, channel) and (step, state) lists."""
+    return -(-tile * max(channels_per_group(nstate), nstate) // WORKGROUP)
+
+
+def tile_memory(nstate: int, tile: int, buffers: int = 1) -> int:
+    """Bytes of workgroup memory of the tiled kernels: per buffer six [T, CH] and two [T, N] staging tiles,
+    and two [T, CH·(N + 1)] tiles of terms."""
     ch = channels_per_group(nstate)
-    return next(t for t in TILES
-                if chunk % t == 0 and 4 * t * (6 * ch + 2 * nstate + 2 * ch * (nstate + 1)) <= WORKGROUP_MEMORY)
+    return 4 * tile * (buffers * (6 * ch + 2 * nstate) + 2 * ch * (nstate + 1))
+
+
+def tile_steps(nstate: int, chunk: int, buffers: int = 1) -> int:
+    """Steps per tile: the largest of TILES that divides `chunk`, whose workgroup memory fits WORKGROUP_MEMORY
+    and whose staged items fit the kernels' 4 registers per thread (PF ≤ MAX_ITEMS); T = 4 always does
+    (N ≤ 128, chunk a multiple of 8)."""
+    return next(t for t in TILES if chunk % t == 0 and tile_memory(nstate, t, buffers) <= WORKGROUP_MEMORY
+                and items_per_thread(nstate, t) <= MAX_ITEMS)
 
 
 def _check_inputs(op: str, u, delta, A_log, B, C, D, z, delta_bias) -> tuple[int, int, int, int]:
@@ -117,25 +133,30 @@ def _scan_params(batch: int, length: int, channels: int, chunk: int) -> dict:
                 seg_end=length, kc_lo=0, kc_hi=nchunks)
 
 
-# Loop iterations per invocation (upper bounds, no unrolling assumed), for Mesa llvmpipe's budget of 65,535
-# (mambactl/ops/checks.py), per tile of T steps: a[items] = ceil(T·CH / WG) passes over (step, channel) items,
-# s[items] = ceil(T·N / WG) over (step, state) items.
+# Loop iterations per invocation (upper bounds, no unrolling assumed, either LANE_SUM choice), for Mesa
+# llvmpipe's budget of 65,535 (mambactl/ops/checks.py), per tile of T steps: PF items per fetch and per stage,
+# a[items] = ceil(T·CH / WG) passes over (step, channel) items, s[items] = ceil(T·N / WG) over (step, state)
+# items, log2(NP) per lane sum.
 def _tile_passes(nstate: int, tile: int) -> tuple[int, int]:
     ch = channels_per_group(nstate)
     return -(-tile * ch // WORKGROUP), -(-tile * nstate // WORKGROUP)
 
 
 def forward_loops_per_tile(nstate: int, tile: int) -> int:
-    a, st = _tile_passes(nstate, tile)
-    return 1 + (a + st) + st + a + tile + a * (1 + nstate)
+    a, _ = _tile_passes(nstate, tile)
+    butterfly = lanes_per_channel(nstate).bit_length() - 1
+    return 1 + 2 * items_per_thread(nstate, tile) + tile * (1 + butterfly) + a * (1 + nstate)
 
 
 def backward_loops_per_tile(nstate: int, tile: int) -> int:
     a, st = _tile_passes(nstate, tile)
     ch = channels_per_group(nstate)
-    recompute = 1 + (a + st) + tile
-    adjoint = 1 + (a + st) + st + a + tile + 2 * a * (1 + nstate) + 2 * st * (1 + ch) + tile
-    return recompute + adjoint
+    butterfly = lanes_per_channel(nstate).bit_length() - 1
+    staging = 1 + 2 * items_per_thread(nstate, tile)
+    walk = staging + tile
+    lane_sums = tile * (1 + 3 * butterfly) + st * (1 + ch)
+    workgroup_sums = 2 * a * (1 + nstate) + 2 * st * (1 + ch) + tile
+    return walk + staging + tile + lane_sums + workgroup_sums
 
 
 def direct_forward_loops_per_step(nstate: int) -> int:
@@ -210,8 +231,38 @@ def _check_subgroup(rt, op: str, nstate: int) -> None:
     require_subgroup_lanes(rt, f"{op}: the subgroup path")
 
 
-def _constants(nstate: int, chunk: int) -> dict:
-    return {"N": nstate, "CH": channels_per_group(nstate), "T": tile_steps(nstate, chunk)}
+# Overrides of the tiled kernels' choices, by pipeline-constant name (PREFETCH, LANE_SUM, BUFS, T): one process
+# times several variants (bench/scan.py --variant), tests run each. Empty: the defaults below.
+TILED_VARIANT: dict = {}
+DEFAULT_PREFETCH = False
+DEFAULT_LANE_SUM = False
+DEFAULT_BUFS = 1
+
+
+def lane_sums_fit(rt, nstate: int) -> bool:
+    """Whether a channel's NP lanes fit in one subgroup (the tiled kernels' LANE_SUM)."""
+    return "subgroup" in rt.features and lanes_per_channel(nstate) <= rt.subgroup_size
+
+
+def _constants(rt, op: str, nstate: int, chunk: int) -> dict:
+    v = dict(TILED_VARIANT)
+    unknown = set(v) - {"PREFETCH", "LANE_SUM", "BUFS", "T"}
+    if unknown:
+        raise ShapeError(f"{op}: unknown tiled variant constants {sorted(unknown)}")
+    lane_sum = bool(v.get("LANE_SUM", DEFAULT_LANE_SUM and lane_sums_fit(rt, nstate)))
+    if lane_sum and not lane_sums_fit(rt, nstate):
+        raise ShapeError(f"{op}: LANE_SUM needs {lanes_per_channel(nstate)} lanes per subgroup; this adapter has "
+                         f"{rt.subgroup_size or 'no subgroups'}")
+    bufs = int(v.get("BUFS", DEFAULT_BUFS))
+    if bufs not in (1, 2):
+        raise ShapeError(f"{op}: BUFS is {bufs}; 1 or 2")
+    tile = int(v["T"]) if "T" in v else tile_steps(nstate, chunk, bufs)
+    if chunk % tile or items_per_thread(nstate, tile) > MAX_ITEMS or tile < 4:
+        raise ShapeError(f"{op}: T = {tile} must divide chunk {chunk}, be at least 4 and stage at most "
+                         f"{MAX_ITEMS} items per thread")
+    return {"N": nstate, "NP": lanes_per_channel(nstate), "CH": channels_per_group(nstate), "T": tile,
+            "PF": items_per_thread(nstate, tile), "BUFS": bufs, "PREFETCH": bool(v.get("PREFETCH", DEFAULT_PREFETCH)),
+            "LANE_SUM": lane_sum, "TERM_STEPS": tile}
 
 
 def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor,
@@ -229,7 +280,6 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
     if chunk < CHUNK_MULTIPLE or chunk % CHUNK_MULTIPLE:
         raise ShapeError(f"{op}: chunk is {chunk}; it must be a positive multiple of {CHUNK_MULTIPLE}")
     rt = u.runtime
-    constants = _constants(nstate, chunk)
     params = _scan_params(batch, length, channels, chunk)
     y = rt.empty(u.shape)
     states = rt.empty((batch, params["nchunks"], channels, nstate))
@@ -255,12 +305,14 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
                    u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states,
                    last_state=last_state, ngroups=0, per_thread=0, **params)
         return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
+    constants = _constants(rt, op, nstate, chunk)
     tile = constants["T"]
     seg = segment_length(rt, op, tuple(u.shape), length, -(-forward_loops_per_tile(nstate, tile) // tile), 64,
                          multiple=tile, segment=segment)
     for t0, t1 in segments(length, seg):
         params.update(seg_begin=t0, seg_end=t1)
-        rt.run("selective_scan_forward", (-(-channels // constants["CH"]), batch), constants, u=u, delta=delta,
+        rt.run("selective_scan_forward", (-(-channels // constants["CH"]), batch),
+               dict(constants, TERM_STEPS=1 if constants["LANE_SUM"] else tile), u=u, delta=delta,
                A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states, last_state=last_state,
                **params)
     return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
@@ -353,7 +405,7 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
                    param_part=param_part, tile_states=scratch, carry=carry, ngroups=groups, per_thread=per,
                    **params)
     else:
-        constants = _constants(nstate, s.chunk)
+        constants = _constants(rt, op, nstate, s.chunk)
         groups, tile = -(-channels // constants["CH"]), constants["T"]
         dB_part = rt.empty((groups, batch, length, nstate))
         dC_part = rt.empty((groups, batch, length, nstate))
