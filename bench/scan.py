@@ -8,7 +8,7 @@ times every dispatch with GPU timestamps (`Runtime.gpu_times`, needs `timestamp-
 entry point's median over the repeats, and one JSON line follows. `--tile` restricts the tiled kernels' steps per
 tile to T (the wrapper's TILES; default: its choice). Copied into another checkout (the measured tree first on
 sys.path, as bench/common.py arranges), it times that checkout's kernels. Each `--variant` (pipeline constants
-of the tiled kernels: PREFETCH, LANE_SUM, BUFS, T; `ops.selective_scan.TILED_VARIANT`) is timed after the
+of the tiled kernels: PREFETCH, LANE_SUM, BUFS, T; `ops.selective_scan.TILED_VARIANT`; and `chunk`) is timed after the
 defaults in the same process, one table and one JSON line each.
 """
 
@@ -56,14 +56,17 @@ def main() -> None:
     dy = normal(B, L, Dc)
     grads = {"A_log": normal(Dc, N), "D": normal(Dc), "delta_bias": normal(Dc)}
 
+    chunk = a.chunk
+
     def once():
         y, saved = scan.selective_scan(x["u"], x["delta"], x["A_log"], x["B"], x["C"], x["D"], x["z"],
-                                       x["delta_bias"], chunk=a.chunk, path=a.path)
+                                       x["delta_bias"], chunk=chunk, path=a.path)
         return y, scan.selective_scan_backward(saved, dy, grads, path=a.path)
 
     for variant in variants:
+        chunk = variant.get("chunk", a.chunk)
         scan.TILED_VARIANT.clear()
-        scan.TILED_VARIANT.update(variant)
+        scan.TILED_VARIANT.update({k: v for k, v in variant.items() if k != "chunk"})
         try:
             once()  # compile the pipelines, fill the pool
             rt.sync()
@@ -84,13 +87,13 @@ def main() -> None:
         med = {k: float(np.median(v)) for k, v in samples.items()}
         fwd = sum(v for k, v in med.items() if "forward" in k)
         total = sum(med.values())
-        print(f"{rt.info.name}: B {B}, L {L}, Dc {Dc}, N {N}, chunk {a.chunk}, tile {a.tile or 'auto'}, "
+        print(f"{rt.info.name}: B {B}, L {L}, Dc {Dc}, N {N}, chunk {chunk}, tile {a.tile or 'auto'}, "
               f"path {a.path or 'auto'}, variant {variant or 'defaults'}")
         for k, v in sorted(med.items(), key=lambda kv: -kv[1]):
             print(f"  {k:40s} {v:8.3f} ms")
         print(f"  forward {fwd:.3f} ms, backward {total - fwd:.3f} ms, total {total:.3f} ms per layer")
         print(json.dumps({"bench": "scan", "commit": commit(), "device": rt.info.name, "B": B, "L": L, "Dc": Dc,
-                          "N": N, "chunk": a.chunk, "tile": a.tile, "path": a.path or "auto", "variant": variant,
+                          "N": N, "chunk": chunk, "tile": a.tile, "path": a.path or "auto", "variant": variant,
                           "repeats": a.repeats, "ms": {k: round(v, 4) for k, v in med.items()},
                           "forward_ms": round(fwd, 4), "backward_ms": round(total - fwd, 4)}))
     scan.TILED_VARIANT.clear()

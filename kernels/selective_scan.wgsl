@@ -317,29 +317,29 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     for (var k = min(p.kc_hi, p.nchunks); k > p.kc_lo; k--) {
         let chunk_start = (k - 1u) * p.chunk;
         let ntiles = (min(p.chunk, p.len - chunk_start) + T - 1u) / T;
-        // Entry state of every tile of the chunk, recomputed from the chunk's saved entry state.
+        // Entry state of every tile of the chunk, recomputed from the chunk's saved entry state (the walk stops
+        // at the last tile's entry: its exit state is not needed; all tiles before it are whole).
         var h = 0.0;
         if (owns_state) { h = saved_states[((b * p.nchunks + k - 1u) * p.channels + d0 + c) * N + n]; }
-        if (PREFETCH) { staged = fetch(b, d0, chunk_start, min(T, p.len - chunk_start), thread, false, false); }
-        for (var j = 0u; j < ntiles; j++) {
+        let walked = ntiles - 1u;
+        if (PREFETCH && walked > 0u) { staged = fetch(b, d0, chunk_start, T, thread, false, false); }
+        for (var j = 0u; j < walked; j++) {
             let t0 = chunk_start + j * T;
-            let steps = min(T, p.len - t0);
             if (owns_state) { tile_states[scratch + j * WG] = h; }
-            if (!PREFETCH) { staged = fetch(b, d0, t0, steps, thread, false, false); }
-            stage(staged, d0, steps, thread, buf, false, false, false);
+            if (!PREFETCH) { staged = fetch(b, d0, t0, T, thread, false, false); }
+            stage(staged, d0, T, thread, buf, false, false, false);
             workgroupBarrier();
-            if (PREFETCH && j + 1u < ntiles) {
-                staged = fetch(b, d0, t0 + T, min(T, p.len - t0 - T), thread, false, false);
-            }
+            if (PREFETCH && j + 1u < walked) { staged = fetch(b, d0, t0 + T, T, thread, false, false); }
             let o = buf * T * CH;
             let ob = buf * T * N;
-            for (var s = 0u; s < steps; s++) {
+            for (var s = 0u; s < T; s++) {
                 let dt = dt_tile[o + s * CH + cc];
                 h = exp(dt * a) * h + dt * u_tile[o + s * CH + cc] * B_tile[ob + s * N + nn];
             }
             if (BUFS == 1u) { workgroupBarrier(); }
             buf = (buf + 1u) % BUFS;
         }
+        if (owns_state) { tile_states[scratch + walked * WG] = h; }
         let last = chunk_start + (ntiles - 1u) * T;
         if (PREFETCH) {
             staged = fetch_grad(b, d0, last, min(T, p.len - last), thread, scratch + (ntiles - 1u) * WG, owns_state);
