@@ -3,20 +3,23 @@
 //   Δ = softplus(delta + delta_bias), A = −exp(A_log), h_t = exp(Δ_t A) h_{t−1} + Δ_t B_t u_t,
 //   y_t = (C_t·h_t + D u_t) · silu(z_t).
 //
-// Threads: one per (batch b, channel d, state n). A workgroup of WG threads owns one batch row and CH channels
-// (thread = c·NP + n, NP = N rounded up to a power of two, so a channel's lanes are an aligned block of NP
-// threads; lanes n ≥ N of it hold no state; CH·NP ≤ WG) and walks time in order, so h is a register carried
+// Threads: LP = NP / SPT per (batch b, channel d), NP = N rounded up to a power of two; each holds SPT states
+// of the channel (its lane l < LP holds states l, l + LP, …, components of vec4 registers; states ≥ N are
+// padding that no sum sees). A workgroup of WG threads owns one batch row and CH channels (thread = c·LP + l,
+// so a channel's lanes are an aligned block; CH·LP ≤ WG) and walks time in order, so h is a register carried
 // from step to step and no workgroup of a dispatch depends on another.
 // Time goes in tiles of T steps: a tile's inputs are staged in workgroup memory by all threads at once (so
 // their memory latency is paid once per tile, not per step; PREFETCH loads the next tile's into registers
 // while this one runs, so it is not paid on the critical path at all). Sums over n (for y, du, ddelta, dz)
 // run either through workgroup memory once per tile (a barrier and a pass over (step, channel) items) or,
-// with LANE_SUM, at each step as a subgroupShuffleXor butterfly within the channel's NP lanes (NP ≤ the
+// with LANE_SUM, at each step as an in-thread sum and a subgroupShuffleXor butterfly within the channel's LP
+// lanes (LP ≤ the
 // subgroup's lanes; needs lanes numbered as the threads, as on NVIDIA and lavapipe), which takes the forward
 // to one barrier per tile with BUFS = 2 staging buffers. Sums over the workgroup's channels (dB, dC) always
 // go through workgroup memory once per tile.
-// N, NP, CH, T, PF, BUFS, PREFETCH and LANE_SUM are pipeline constants (the workgroup arrays are sized by
-// them); the wrapper picks T so that workgroup memory stays within WebGPU's guaranteed 16 KiB.
+// N, NP, SPT, LP, CH, T, PF, BUFS, PREFETCH and LANE_SUM are pipeline constants (the workgroup arrays are
+// sized by them); the wrapper picks T so that workgroup memory stays within WebGPU's guaranteed 16 KiB
+// (SPT = 1) or the device's limit.
 // Memory: the forward saves only the state entering each chunk of `chunk` steps, states [B, n_chunks, Dc, N].
 // The backward walks the chunks last to first: it recomputes the tile entry states of a chunk into
 // tile_states (per workgroup, chunk / T states per thread), then for each tile, last to first, the tile's
@@ -26,15 +29,18 @@
 // so results are deterministic and there are no atomics.
 
 const WG: u32 = 128u;  // mirrored by the wrapper (mambactl/ops/selective_scan.py)
+const CARRY: u32 = 10u;  // carry words per backward thread: g, ∂/∂A (4 each), ∂/∂D, ∂/∂delta_bias
 
 override N: u32 = 16u;   // state size
-override NP: u32 = 16u;  // N rounded up to a power of two: threads per channel
-override CH: u32 = 8u;   // channels per workgroup (CH·NP ≤ WG)
+override NP: u32 = 16u;  // N rounded up to a power of two
+override SPT: u32 = 1u;  // states per thread: 1, 2 or 4 (≤ NP)
+override LP: u32 = 16u;  // threads per channel, NP / SPT
+override CH: u32 = 8u;   // channels per workgroup (CH·LP ≤ WG)
 override T: u32 = 8u;    // steps per tile; divides chunk
 override PF: u32 = 1u;   // items per thread of a staged tile: ceil(T·max(CH, N) / WG), at most 4
 override BUFS: u32 = 1u; // staging buffers (2: a tile is staged while the last one is still being read)
 override PREFETCH: bool = false;  // load the next tile's inputs into registers during this tile
-override LANE_SUM: bool = false;  // sums over n by subgroup butterflies (NP ≤ subgroup lanes)
+override LANE_SUM: bool = false;  // sums over n by subgroup butterflies (LP ≤ subgroup lanes)
 override TERM_STEPS: u32 = 8u;  // steps of state_terms: T, or 1 where nothing reads it (the LANE_SUM forward)
 override ACCUMULATE: bool = false;
 
@@ -69,7 +75,7 @@ struct StepParams { batch: u32, channels: u32, nstate: u32 }
 @group(0) @binding(17) var<storage, read_write> dC_part: array<f32>;  // [Dc / CH, B, L, N]
 // [B, Dc, N + 2]: per batch row, ∂loss/∂A_log[d, :], then ∂loss/∂D[d], then ∂loss/∂delta_bias[d]
 @group(0) @binding(18) var<storage, read_write> param_part: array<f32>;
-@group(0) @binding(19) var<storage, read_write> tile_states: array<f32>;  // [B, Dc / CH, tiles per chunk, WG]
+@group(0) @binding(19) var<storage, read_write> tile_states: array<f32>;  // [B, Dc / CH, tiles per chunk, SPT, WG]
 @group(0) @binding(20) var<uniform> q: SumParams;
 @group(0) @binding(21) var<storage, read> part: array<f32>;
 @group(0) @binding(22) var<storage, read_write> total: array<f32>;
@@ -81,7 +87,7 @@ struct StepParams { batch: u32, channels: u32, nstate: u32 }
 // Decode: one step for a batch of single tokens, u, delta, z, y [B, Dc], B_t, C_t [B, N], state [B, Dc, N].
 @group(0) @binding(28) var<uniform> st: StepParams;
 @group(0) @binding(29) var<storage, read_write> state: array<f32>;
-@group(0) @binding(30) var<storage, read_write> carry: array<f32>;  // [B, Dc / CH, WG, 4]: backward segments
+@group(0) @binding(30) var<storage, read_write> carry: array<f32>;  // [B, Dc / CH, WG, CARRY]: backward segments
 
 // Per (buffer, step of the tile, channel of the workgroup), index buf·T·CH + s·CH + c.
 var<workgroup> dt_tile: array<f32, BUFS * T * CH>;        // Δ_t
@@ -122,18 +128,55 @@ fn softplus(x: f32) -> f32 {
 // Row of a [B, L, Dc] tensor.
 fn row_index(b: u32, t: u32, d: u32) -> u32 { return (b * p.len + t) * p.channels + d; }
 
-// Σ over the NP lanes of a channel (a butterfly; every lane gets the same sum, bit for bit, as a + b = b + a).
+// Σ over the LP lanes of a channel (a butterfly; every lane gets the same sum, bit for bit, as a + b = b + a).
 fn lane_sum(v: f32) -> f32 {
     var s = v;
-    for (var m = NP / 2u; m > 0u; m >>= 1u) { s += subgroupShuffleXor(s, m); }
+    for (var m = LP / 2u; m > 0u; m >>= 1u) { s += subgroupShuffleXor(s, m); }
     return s;
+}
+
+// A thread's states: component j < SPT of its vec4 registers is state l + j·LP of its channel (the other
+// components stay 0). mask: 1 where that state exists (j < SPT and l + j·LP < N).
+fn state_mask(l: u32) -> vec4<f32> {
+    var m = vec4<f32>(0.0);
+    for (var j = 0u; j < SPT; j++) { m[j] = select(0.0, 1.0, l + j * LP < N); }
+    return m;
+}
+// B_t or C_t of step s of buffer buf (base = buf·T·N + s·N) at the thread's states (clamped past N).
+fn b_states(base: u32, l: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var j = 0u; j < SPT; j++) { v[j] = B_tile[base + min(l + j * LP, N - 1u)]; }
+    return v;
+}
+fn c_states(base: u32, l: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var j = 0u; j < SPT; j++) { v[j] = C_tile[base + min(l + j * LP, N - 1u)]; }
+    return v;
+}
+// The thread's words of a (step, channel) row of state_terms / adjoint (base = s·CH·(N + 1) + c·(N + 1)):
+// states past N are neither stored nor loaded (their words belong to the next channel).
+fn terms_load(base: u32, l: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var j = 0u; j < SPT; j++) { if (l + j * LP < N) { v[j] = state_terms[base + l + j * LP]; } }
+    return v;
+}
+fn terms_store(base: u32, l: u32, v: vec4<f32>) {
+    for (var j = 0u; j < SPT; j++) { if (l + j * LP < N) { state_terms[base + l + j * LP] = v[j]; } }
+}
+fn adjoint_store(base: u32, l: u32, v: vec4<f32>) {
+    for (var j = 0u; j < SPT; j++) { if (l + j * LP < N) { adjoint[base + l + j * LP] = v[j]; } }
+}
+fn adjoint_load(base: u32, l: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var j = 0u; j < SPT; j++) { if (l + j * LP < N) { v[j] = adjoint[base + l + j * LP]; } }
+    return v;
 }
 
 // One tile's inputs as loaded from memory, item k of a thread in component k (items thread + k·WG of the
 // tile's (step, channel) and (step, state) lists): held in registers between the loads and `stage`, so that
 // with PREFETCH the loads of the next tile are in flight while this one computes. h: the tile's entry state
 // (backward).
-struct Staged { x: vec4<f32>, u: vec4<f32>, z: vec4<f32>, dy: vec4<f32>, b: vec4<f32>, c: vec4<f32>, h: f32 }
+struct Staged { x: vec4<f32>, u: vec4<f32>, z: vec4<f32>, dy: vec4<f32>, b: vec4<f32>, c: vec4<f32>, h: vec4<f32> }
 
 // Load what steps [t0, t0 + steps) need: delta + bias, u and B always; C with `with_c`; z with `with_z`.
 // Channels past Dc are left alone (no thread reads them).
@@ -156,15 +199,15 @@ fn fetch(b: u32, d0: u32, t0: u32, steps: u32, thread: u32, with_c: bool, with_z
     return staged;
 }
 
-// The backward's fetch: everything, dy and the tile's entry state h (tile j of the chunk) included.
-fn fetch_grad(b: u32, d0: u32, t0: u32, steps: u32, thread: u32, h_slot: u32, owns_state: bool) -> Staged {
+// The backward's fetch: everything, dy and the tile's entry state h (at h_slot + j·WG for state j) included.
+fn fetch_grad(b: u32, d0: u32, t0: u32, steps: u32, thread: u32, h_slot: u32, mask: vec4<f32>) -> Staged {
     var staged = fetch(b, d0, t0, steps, thread, true, true);
     for (var k = 0u; k < PF; k++) {
         let i = thread + k * WG;
         let d = d0 + i % CH;
         if (i < steps * CH && d < p.channels) { staged.dy[k] = dy[row_index(b, t0 + i / CH, d)]; }
     }
-    if (owns_state) { staged.h = tile_states[h_slot]; }
+    for (var j = 0u; j < SPT; j++) { if (mask[j] > 0.0) { staged.h[j] = tile_states[h_slot + j * WG]; } }
     return staged;
 }
 
@@ -200,24 +243,28 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
     let b = wid.y;
     let d0 = wid.x * CH;
     let thread = lid.x;
-    let c = thread / NP;
-    let n = thread % NP;
+    let c = thread / LP;
+    let l = thread % LP;
     let owns_channel = c < CH && d0 + c < p.channels;
-    let owns_state = owns_channel && n < N;
     let cc = min(c, CH - 1u);  // in-range indices for the lanes that own nothing (their sums are not stored)
-    let nn = min(n, N - 1u);
-    let slot = cc * (N + 1u) + nn;
+    let mask = select(vec4<f32>(0.0), state_mask(l), owns_channel);
     let stride = CH * (N + 1u);  // state_terms per step
-    var a = 0.0;
-    if (owns_state) { a = -exp(A_log[(d0 + c) * N + n]); }
-    var h = 0.0;
-    if (owns_state && p.seg_begin > 0u) { h = last_state[(b * p.channels + d0 + c) * N + n]; }
+    let sb = (b * p.channels + d0 + c) * N + l;  // [B, Dc, N] index of the thread's first state
+    var a = vec4<f32>(0.0);
+    var h = vec4<f32>(0.0);
+    for (var j = 0u; j < SPT; j++) {
+        if (mask[j] > 0.0) {
+            a[j] = -exp(A_log[(d0 + c) * N + l + j * LP]);
+            if (p.seg_begin > 0u) { h[j] = last_state[sb + j * LP]; }
+        }
+    }
     var staged: Staged;
     if (PREFETCH) { staged = fetch(b, d0, p.seg_begin, min(T, p.len - p.seg_begin), thread, true, true); }
     var buf = 0u;
     for (var t0 = p.seg_begin; t0 < p.seg_end; t0 += T) {
-        if (owns_state && t0 % p.chunk == 0u) {
-            states[((b * p.nchunks + t0 / p.chunk) * p.channels + d0 + c) * N + n] = h;
+        if (t0 % p.chunk == 0u) {
+            let cb = ((b * p.nchunks + t0 / p.chunk) * p.channels + d0 + c) * N + l;
+            for (var j = 0u; j < SPT; j++) { if (mask[j] > 0.0) { states[cb + j * LP] = h[j]; } }
         }
         let steps = min(T, p.len - t0);
         if (!PREFETCH) { staged = fetch(b, d0, t0, steps, thread, true, true); }
@@ -230,16 +277,16 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
         for (var s = 0u; s < steps; s++) {
             let dt = dt_tile[o + s * CH + cc];
             let uv = u_tile[o + s * CH + cc];
-            h = exp(dt * a) * h + dt * uv * B_tile[ob + s * N + nn];
-            let term = C_tile[ob + s * N + nn] * h;
+            h = exp(dt * a) * h + (dt * uv) * b_states(ob + s * N, l);
+            let term = c_states(ob + s * N, l) * mask * h;
             if (LANE_SUM) {
-                let sum_ch = lane_sum(select(0.0, term, n < N));
-                if (owns_channel && n == s % NP) {
+                let sum_ch = lane_sum(term.x + term.y + term.z + term.w);
+                if (owns_channel && l == s % LP) {
                     let zv = z_tile[o + s * CH + c];
                     y[row_index(b, t0 + s, d0 + c)] = (D[d0 + c] * uv + sum_ch) * zv * sigmoid(zv);
                 }
-            } else if (owns_state) {
-                state_terms[s * stride + slot] = term;
+            } else if (owns_channel) {
+                terms_store(s * stride + cc * (N + 1u), l, term);
             }
         }
         if (!LANE_SUM) {
@@ -261,7 +308,7 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
         buf = (buf + 1u) % BUFS;
     }
     // The final state seeds recurrent decoding after a parallel prefill.
-    if (owns_state) { last_state[(b * p.channels + d0 + c) * N + n] = h; }
+    for (var j = 0u; j < SPT; j++) { if (mask[j] > 0.0) { last_state[sb + j * LP] = h[j]; } }
 }
 
 // One recurrent step per (batch row, channel), walking its N states in `state` (read and updated):
@@ -292,26 +339,32 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     let b = wid.y;
     let d0 = wid.x * CH;
     let thread = lid.x;
-    let c = thread / NP;
-    let n = thread % NP;
+    let c = thread / LP;
+    let l = thread % LP;
     let owns_channel = c < CH && d0 + c < p.channels;
-    let owns_state = owns_channel && n < N;
     let cc = min(c, CH - 1u);
-    let nn = min(n, N - 1u);
-    let slot = cc * (N + 1u) + nn;
+    let mask = select(vec4<f32>(0.0), state_mask(l), owns_channel);
     let stride = CH * (N + 1u);
+    let row_c = cc * (N + 1u);  // the channel's words in a step of state_terms / adjoint
     let nch = min(CH, p.channels - d0);  // channels of this workgroup inside Dc
-    var a = 0.0;
-    if (owns_state) { a = -exp(A_log[(d0 + c) * N + n]); }
+    var a = vec4<f32>(0.0);
+    for (var j = 0u; j < SPT; j++) { if (mask[j] > 0.0) { a[j] = -exp(A_log[(d0 + c) * N + l + j * LP]); } }
     let tiles_per_chunk = (min(p.chunk, p.len) + T - 1u) / T;
-    let scratch = (b * nwg.x + wid.x) * tiles_per_chunk * WG + thread;
+    // tile_states [B, Dc / CH, tiles per chunk, SPT, WG]: the thread's entry state j of tile i at
+    // scratch + (i·SPT + j)·WG.
+    let scratch = (b * nwg.x + wid.x) * tiles_per_chunk * SPT * WG + thread;
     let part_row = wid.x * p.batch + b;  // this workgroup's slice of dB_part / dC_part
-    var g = 0.0;       // g_t = ∂loss/∂h_t, carried backwards over tiles and chunks
-    var da = 0.0;      // Σ_t g_t exp(Δ_t A) h_{t−1} Δ_t = ∂loss/∂A[d, n] for this batch row
+    var g = vec4<f32>(0.0);   // g_t = ∂loss/∂h_t, carried backwards over tiles and chunks
+    var da = vec4<f32>(0.0);  // Σ_t g_t exp(Δ_t A) h_{t−1} Δ_t = ∂loss/∂A[d, n] for this batch row
     var d_skip = 0.0;  // Σ dy'·u over this thread's (step, channel) items: ∂loss/∂D
     var d_bias = 0.0;  // Σ ddelta over the same items: ∂loss/∂delta_bias
-    let ci = ((b * nwg.x + wid.x) * WG + thread) * 4u;
-    if (p.kc_hi < p.nchunks) { g = carry[ci]; da = carry[ci + 1u]; d_skip = carry[ci + 2u]; d_bias = carry[ci + 3u]; }
+    let ci = ((b * nwg.x + wid.x) * WG + thread) * CARRY;
+    if (p.kc_hi < p.nchunks) {
+        g = vec4<f32>(carry[ci], carry[ci + 1u], carry[ci + 2u], carry[ci + 3u]);
+        da = vec4<f32>(carry[ci + 4u], carry[ci + 5u], carry[ci + 6u], carry[ci + 7u]);
+        d_skip = carry[ci + 8u];
+        d_bias = carry[ci + 9u];
+    }
     var staged: Staged;
     var buf = 0u;
     for (var k = min(p.kc_hi, p.nchunks); k > p.kc_lo; k--) {
@@ -319,78 +372,75 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         let ntiles = (min(p.chunk, p.len - chunk_start) + T - 1u) / T;
         // Entry state of every tile of the chunk, recomputed from the chunk's saved entry state (the walk stops
         // at the last tile's entry: its exit state is not needed; all tiles before it are whole).
-        var h = 0.0;
-        if (owns_state) { h = saved_states[((b * p.nchunks + k - 1u) * p.channels + d0 + c) * N + n]; }
+        var h = vec4<f32>(0.0);
+        let sb = ((b * p.nchunks + k - 1u) * p.channels + d0 + c) * N + l;
+        for (var j = 0u; j < SPT; j++) { if (mask[j] > 0.0) { h[j] = saved_states[sb + j * LP]; } }
         let walked = ntiles - 1u;
         if (PREFETCH && walked > 0u) { staged = fetch(b, d0, chunk_start, T, thread, false, false); }
-        for (var j = 0u; j < walked; j++) {
-            let t0 = chunk_start + j * T;
-            if (owns_state) { tile_states[scratch + j * WG] = h; }
+        for (var i = 0u; i < walked; i++) {
+            let t0 = chunk_start + i * T;
+            for (var j = 0u; j < SPT; j++) { if (mask[j] > 0.0) { tile_states[scratch + (i * SPT + j) * WG] = h[j]; } }
             if (!PREFETCH) { staged = fetch(b, d0, t0, T, thread, false, false); }
             stage(staged, d0, T, thread, buf, false, false, false);
             workgroupBarrier();
-            if (PREFETCH && j + 1u < walked) { staged = fetch(b, d0, t0 + T, T, thread, false, false); }
+            if (PREFETCH && i + 1u < walked) { staged = fetch(b, d0, t0 + T, T, thread, false, false); }
             let o = buf * T * CH;
             let ob = buf * T * N;
             for (var s = 0u; s < T; s++) {
                 let dt = dt_tile[o + s * CH + cc];
-                h = exp(dt * a) * h + dt * u_tile[o + s * CH + cc] * B_tile[ob + s * N + nn];
+                h = exp(dt * a) * h + (dt * u_tile[o + s * CH + cc]) * b_states(ob + s * N, l);
             }
             if (BUFS == 1u) { workgroupBarrier(); }
             buf = (buf + 1u) % BUFS;
         }
-        if (owns_state) { tile_states[scratch + walked * WG] = h; }
-        let last = chunk_start + (ntiles - 1u) * T;
-        if (PREFETCH) {
-            staged = fetch_grad(b, d0, last, min(T, p.len - last), thread, scratch + (ntiles - 1u) * WG, owns_state);
-        }
-        for (var j = ntiles; j > 0u; j--) {
-            let t0 = chunk_start + (j - 1u) * T;
+        for (var j = 0u; j < SPT; j++) { if (mask[j] > 0.0) { tile_states[scratch + (walked * SPT + j) * WG] = h[j]; } }
+        let last = chunk_start + walked * T;
+        if (PREFETCH) { staged = fetch_grad(b, d0, last, min(T, p.len - last), thread, scratch + walked * SPT * WG, mask); }
+        for (var i = ntiles; i > 0u; i--) {
+            let t0 = chunk_start + (i - 1u) * T;
             let steps = min(T, p.len - t0);
-            if (!PREFETCH) {
-                staged = fetch_grad(b, d0, t0, steps, thread, scratch + (j - 1u) * WG, owns_state);
-            }
+            if (!PREFETCH) { staged = fetch_grad(b, d0, t0, steps, thread, scratch + (i - 1u) * SPT * WG, mask); }
             let h_entry = staged.h;
             stage(staged, d0, steps, thread, buf, true, false, true);
             workgroupBarrier();
-            if (PREFETCH && j > 1u) {
-                staged = fetch_grad(b, d0, t0 - T, T, thread, scratch + (j - 2u) * WG, owns_state);
+            if (PREFETCH && i > 1u) {
+                staged = fetch_grad(b, d0, t0 - T, T, thread, scratch + (i - 2u) * SPT * WG, mask);
             }
             let o = buf * T * CH;
             let ob = buf * T * N;
             var ht = h_entry;
             for (var s = 0u; s < steps; s++) {
                 let dt = dt_tile[o + s * CH + cc];
-                ht = exp(dt * a) * ht + dt * u_tile[o + s * CH + cc] * B_tile[ob + s * N + nn];
-                if (owns_state) { state_terms[s * stride + slot] = ht; }
+                ht = exp(dt * a) * ht + (dt * u_tile[o + s * CH + cc]) * b_states(ob + s * N, l);
+                if (owns_channel) { terms_store(s * stride + row_c, l, ht); }
             }
             if (LANE_SUM) {
                 // The adjoint, last step to first, each thread on its own words of state_terms (so no barrier
-                // since the recompute): step s reads h_{s−1} before step s − 1 overwrites its slot.
+                // since the recompute): step s reads h_{s−1} before step s − 1 overwrites its words.
                 for (var s = steps; s > 0u; s--) {
                     let si = s - 1u;
-                    var hs = 0.0;
+                    var hs = vec4<f32>(0.0);
                     var h_prev = h_entry;
-                    if (owns_state) {
-                        hs = state_terms[si * stride + slot];
-                        if (si > 0u) { h_prev = state_terms[(si - 1u) * stride + slot]; }
+                    if (owns_channel) {
+                        hs = terms_load(si * stride + row_c, l);
+                        if (si > 0u) { h_prev = terms_load((si - 1u) * stride + row_c, l); }
                     }
                     let dyg = dyg_tile[o + si * CH + cc];
-                    let cs = C_tile[ob + si * N + nn];
+                    let cs = c_states(ob + si * N, l) * mask;
                     g += dyg * cs;
                     let dt = dt_tile[o + si * CH + cc];
                     let uv = u_tile[o + si * CH + cc];
                     let decay = exp(dt * a);
                     let gh = g * decay * h_prev;  // ∂loss/∂(Δ_t A)
                     da += gh * dt;
-                    let yc = lane_sum(select(0.0, cs * hs, n < N));                       // C_t·h_t
-                    let gb = lane_sum(select(0.0, g * B_tile[ob + si * N + nn], n < N));  // ∂loss/∂(Δ_t u_t)
-                    let gha = lane_sum(gh * a);  // Σ_n g_t[n] exp(Δ_t A[n]) h_{t−1}[n] A[n] (a = 0 past N)
-                    if (owns_state) {
-                        state_terms[si * stride + slot] = hs * dyg;   // dC term
-                        adjoint[si * stride + slot] = g * dt * uv;    // dB term
+                    let yc = lane_sum(dot(cs, hs));                                    // C_t·h_t
+                    let gb = lane_sum(dot(g * mask, b_states(ob + si * N, l)));        // ∂loss/∂(Δ_t u_t)
+                    let gha = lane_sum(dot(gh, a));  // Σ_n g_t[n] exp(Δ_t A[n]) h_{t−1}[n] A[n] (a = 0 past N)
+                    if (owns_channel) {
+                        terms_store(si * stride + row_c, l, hs * dyg);       // dC term
+                        adjoint_store(si * stride + row_c, l, g * (dt * uv));  // dB term
                     }
-                    if (owns_channel && n == si % NP) {
+                    if (owns_channel && l == si % LP) {
                         let row = row_index(b, t0 + si, d0 + c);
                         let skip = D[d0 + c];
                         dz[row] = (skip * uv + yc) * dzg_tile[o + si * CH + c];
@@ -440,19 +490,19 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                     dC_part[(part_row * p.len + t0) * N + i] = acc;
                 }
                 workgroupBarrier();
-                // The adjoint, last step to first. Step s reads h_{s−1} before step s − 1 overwrites its slot.
-                if (owns_state) {
+                // The adjoint, last step to first. Step s reads h_{s−1} before step s − 1 overwrites its words.
+                if (owns_channel) {
                     for (var s = steps; s > 0u; s--) {
                         let si = s - 1u;
-                        g += dyg_tile[o + si * CH + c] * C_tile[ob + si * N + n];
+                        g += dyg_tile[o + si * CH + c] * c_states(ob + si * N, l) * mask;
                         let dt = dt_tile[o + si * CH + c];
                         let decay = exp(dt * a);
                         var h_prev = h_entry;
-                        if (si > 0u) { h_prev = state_terms[(si - 1u) * stride + slot]; }
+                        if (si > 0u) { h_prev = terms_load((si - 1u) * stride + row_c, l); }
                         let gh = g * decay * h_prev;  // ∂loss/∂(Δ_t A)
                         da += gh * dt;
-                        state_terms[si * stride + slot] = gh * a;
-                        adjoint[si * stride + slot] = g;
+                        terms_store(si * stride + row_c, l, gh * a);
+                        adjoint_store(si * stride + row_c, l, g);
                         g *= decay;
                     }
                 }
@@ -491,15 +541,18 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         }
     }
     if (p.kc_lo > 0u) {  // uniform: more chunks follow in another dispatch
-        carry[ci] = g;
-        carry[ci + 1u] = da;
-        carry[ci + 2u] = d_skip;
-        carry[ci + 3u] = d_bias;
+        for (var j = 0u; j < 4u; j++) {
+            carry[ci + j] = g[j];
+            carry[ci + 4u + j] = da[j];
+        }
+        carry[ci + 8u] = d_skip;
+        carry[ci + 9u] = d_bias;
         return;
     }
-    if (owns_state) { param_part[(b * p.channels + d0 + c) * (N + 2u) + n] = da * a; }  // ∂/∂A_log = ∂/∂A · A
+    let pb = (b * p.channels + d0 + c) * (N + 2u) + l;
+    for (var j = 0u; j < SPT; j++) { if (mask[j] > 0.0) { param_part[pb + j * LP] = da[j] * a[j]; } }  // ∂/∂A_log = ∂/∂A · A
     // Add each channel's partials of ∂/∂D and ∂/∂delta_bias in workgroup memory: with LANE_SUM channel c's are
-    // at its NP threads, else (thread i summed the (step, channel) items of channel i % CH; CH divides WG) at
+    // at its LP threads, else (thread i summed the (step, channel) items of channel i % CH; CH divides WG) at
     // threads c, c + CH, ….
     state_terms[thread] = d_skip;
     adjoint[thread] = d_bias;
@@ -507,9 +560,9 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     if (thread < nch) {
         var skip = 0.0;
         var bias = 0.0;
-        let parts = select(WG / CH, NP, LANE_SUM);
+        let parts = select(WG / CH, LP, LANE_SUM);
         for (var j = 0u; j < parts; j++) {
-            let i = select(thread + j * CH, thread * NP + j, LANE_SUM);
+            let i = select(thread + j * CH, thread * LP + j, LANE_SUM);
             skip += state_terms[i];
             bias += adjoint[i];
         }

@@ -89,7 +89,8 @@ def test_matches_reference(rt, path, batch, length, channels, nstate, chunk):
 
 
 TILED_VARIANTS = [{"PREFETCH": 1}, {"LANE_SUM": 1}, {"BUFS": 2, "PREFETCH": 1},
-                  {"LANE_SUM": 1, "PREFETCH": 1, "BUFS": 2}, {"T": 16, "LANE_SUM": 1, "PREFETCH": 1, "BUFS": 2}]
+                  {"LANE_SUM": 1, "PREFETCH": 1, "BUFS": 2}, {"T": 16, "LANE_SUM": 1, "PREFETCH": 1, "BUFS": 2},
+                  {"SPT": 4}, {"SPT": 2, "LANE_SUM": 1, "PREFETCH": 1, "BUFS": 2}, {"SPT": 4, "LANE_SUM": 1}]
 
 
 @pytest.mark.parametrize("variant", TILED_VARIANTS, ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()))
@@ -101,11 +102,12 @@ TILED_VARIANTS = [{"PREFETCH": 1}, {"LANE_SUM": 1}, {"BUFS": 2, "PREFETCH": 1},
 ])
 def test_tiled_variants_match_reference(rt, monkeypatch, variant, batch, length, channels, nstate, chunk):
     """The tiled kernels' pipeline-constant variants (register prefetch of the next tile, lane sums over n,
-    double staging buffers, longer tiles) match the reference, and their dispatch segments are bit-identical
+    double staging buffers, longer tiles, several states per thread) match the reference, and their dispatch segments are bit-identical
     to one dispatch."""
-    if variant.get("LANE_SUM") and not lane_sums_fit(rt, nstate):
-        pytest.skip(f"{scan.lanes_per_channel(nstate)} lanes per channel do not fit this adapter's subgroups")
-    if chunk % variant.get("T", 4) or scan.items_per_thread(nstate, variant.get("T", 4)) > scan.MAX_ITEMS:
+    spt = variant.get("SPT", 1)
+    if variant.get("LANE_SUM") and not lane_sums_fit(rt, nstate, spt):
+        pytest.skip("a channel's lanes do not fit this adapter's subgroups")
+    if chunk % variant.get("T", 4) or scan.items_per_thread(nstate, variant.get("T", 4), spt) > scan.MAX_ITEMS:
         pytest.skip("the tile does not divide the chunk or stages too many items")
     monkeypatch.setattr(scan, "TILED_VARIANT", dict(variant))
     x = make_inputs(batch, length, channels, nstate, seed=12)

@@ -48,6 +48,7 @@ TILES = (16, 8, 4)  # steps per tile, largest first
 # slower (fewer workgroups resident per SM), so the tile is sized to this on every device.
 WORKGROUP_MEMORY = 16384
 CHUNK_MULTIPLE = 8
+CARRY_WORDS = 10  # CARRY in the kernel: a backward thread's carried sums between segments
 MAX_ITEMS = 4  # staged items per thread: the vec4 registers of Staged in the kernel
 DEFAULT_CHUNK = 128
 PATHS = ("tiled", "direct", "subgroup")
@@ -78,35 +79,45 @@ class ScanSaved:
 
 
 def lanes_per_channel(nstate: int) -> int:
-    """NP: threads per channel in the tiled kernels, N rounded up to a power of two (a channel's lanes are an
-    aligned block, so subgroup butterflies over them stay inside the channel)."""
+    """NP: N rounded up to a power of two (the tiled kernels' threads of a channel times its states per
+    thread; a channel's lanes are an aligned block, so subgroup butterflies over them stay inside it)."""
     return 1 << (int(nstate) - 1).bit_length()
 
 
-def channels_per_group(nstate: int) -> int:
-    """Channels per workgroup: min(128 / NP, 32), a power of two that divides the workgroup (the same as the
-    largest power of two ≤ min(128 / N, 32))."""
-    return min(WORKGROUP // lanes_per_channel(nstate), MAX_CHANNELS_PER_GROUP)
+def states_per_thread(nstate: int, spt: int = 1) -> int:
+    """SPT of the tiled kernels, at most NP."""
+    return min(int(spt), lanes_per_channel(nstate))
 
 
-def items_per_thread(nstate: int, tile: int) -> int:
+def channels_per_group(nstate: int, spt: int = 1) -> int:
+    """Channels per workgroup: min(128 / LP, 32) with LP = NP / SPT threads per channel, a power of two that
+    divides the workgroup (for SPT = 1 the same as the largest power of two ≤ min(128 / N, 32))."""
+    lanes = lanes_per_channel(nstate) // states_per_thread(nstate, spt)
+    return min(WORKGROUP // lanes, MAX_CHANNELS_PER_GROUP)
+
+
+def items_per_thread(nstate: int, tile: int, spt: int = 1) -> int:
     """PF: a thread's items of a staged tile's (step, channel) and (step, state) lists."""
-    return -(-tile * max(channels_per_group(nstate), nstate) // WORKGROUP)
+    return -(-tile * max(channels_per_group(nstate, spt), nstate) // WORKGROUP)
 
 
-def tile_memory(nstate: int, tile: int, buffers: int = 1) -> int:
+def tile_memory(nstate: int, tile: int, buffers: int = 1, spt: int = 1) -> int:
     """Bytes of workgroup memory of the tiled kernels: per buffer six [T, CH] and two [T, N] staging tiles,
     and two [T, CH·(N + 1)] tiles of terms."""
-    ch = channels_per_group(nstate)
+    ch = channels_per_group(nstate, spt)
     return 4 * tile * (buffers * (6 * ch + 2 * nstate) + 2 * ch * (nstate + 1))
 
 
-def tile_steps(nstate: int, chunk: int, buffers: int = 1) -> int:
-    """Steps per tile: the largest of TILES that divides `chunk`, whose workgroup memory fits WORKGROUP_MEMORY
-    and whose staged items fit the kernels' 4 registers per thread (PF ≤ MAX_ITEMS); T = 4 always does
-    (N ≤ 128, chunk a multiple of 8)."""
-    return next(t for t in TILES if chunk % t == 0 and tile_memory(nstate, t, buffers) <= WORKGROUP_MEMORY
-                and items_per_thread(nstate, t) <= MAX_ITEMS)
+def tile_steps(nstate: int, chunk: int, buffers: int = 1, spt: int = 1, memory: int = WORKGROUP_MEMORY) -> int:
+    """Steps per tile: the largest of TILES that divides `chunk`, whose workgroup memory fits `memory`
+    and whose staged items fit the kernels' 4 registers per thread (PF ≤ MAX_ITEMS); T = 4 always does at
+    SPT = 1 (N ≤ 128, chunk a multiple of 8)."""
+    fits = [t for t in TILES if chunk % t == 0 and tile_memory(nstate, t, buffers, spt) <= memory
+            and items_per_thread(nstate, t, spt) <= MAX_ITEMS]
+    if not fits:
+        raise ShapeError(f"selective_scan: no tile of {TILES} fits {memory} bytes of workgroup memory at N = {nstate}, "
+                         f"{spt} states per thread")
+    return fits[0]
 
 
 def _check_inputs(op: str, u, delta, A_log, B, C, D, z, delta_bias) -> tuple[int, int, int, int]:
@@ -137,26 +148,28 @@ def _scan_params(batch: int, length: int, channels: int, chunk: int) -> dict:
 # llvmpipe's budget of 65,535 (mambactl/ops/checks.py), per tile of T steps: PF items per fetch and per stage,
 # a[items] = ceil(T·CH / WG) passes over (step, channel) items, s[items] = ceil(T·N / WG) over (step, state)
 # items, log2(NP) per lane sum.
-def _tile_passes(nstate: int, tile: int) -> tuple[int, int]:
-    ch = channels_per_group(nstate)
+def _tile_passes(nstate: int, tile: int, spt: int = 1) -> tuple[int, int]:
+    ch = channels_per_group(nstate, spt)
     return -(-tile * ch // WORKGROUP), -(-tile * nstate // WORKGROUP)
 
 
-def forward_loops_per_tile(nstate: int, tile: int) -> int:
-    a, _ = _tile_passes(nstate, tile)
+def forward_loops_per_tile(nstate: int, tile: int, spt: int = 1) -> int:
+    a, _ = _tile_passes(nstate, tile, spt)
     butterfly = lanes_per_channel(nstate).bit_length() - 1
-    return 1 + 2 * items_per_thread(nstate, tile) + tile * (1 + butterfly) + a * (1 + nstate)
+    per_step = 1 + butterfly + 3 * spt  # the step, the lane sum, B_t, C_t and the terms at the thread's states
+    return 1 + 2 * items_per_thread(nstate, tile, spt) + spt + tile * per_step + a * (1 + nstate)
 
 
-def backward_loops_per_tile(nstate: int, tile: int) -> int:
-    a, st = _tile_passes(nstate, tile)
-    ch = channels_per_group(nstate)
+def backward_loops_per_tile(nstate: int, tile: int, spt: int = 1) -> int:
+    a, st = _tile_passes(nstate, tile, spt)
+    ch = channels_per_group(nstate, spt)
     butterfly = lanes_per_channel(nstate).bit_length() - 1
-    staging = 1 + 2 * items_per_thread(nstate, tile)
-    walk = staging + tile
-    lane_sums = tile * (1 + 3 * butterfly) + st * (1 + ch)
-    workgroup_sums = 2 * a * (1 + nstate) + 2 * st * (1 + ch) + tile
-    return walk + staging + tile + lane_sums + workgroup_sums
+    staging = 1 + 2 * items_per_thread(nstate, tile, spt) + 3 * spt
+    walk = staging + tile * (1 + spt)
+    recompute = tile * (1 + 2 * spt)
+    lane_sums = tile * (1 + 3 * butterfly + 6 * spt) + st * (1 + ch)
+    workgroup_sums = 2 * a * (1 + nstate) + 2 * st * (1 + ch) + tile * (1 + 4 * spt)
+    return walk + staging + recompute + lane_sums + workgroup_sums
 
 
 def direct_forward_loops_per_step(nstate: int) -> int:
@@ -231,38 +244,49 @@ def _check_subgroup(rt, op: str, nstate: int) -> None:
     require_subgroup_lanes(rt, f"{op}: the subgroup path")
 
 
-# Overrides of the tiled kernels' choices, by pipeline-constant name (PREFETCH, LANE_SUM, BUFS, T): one process
-# times several variants (bench/scan.py --variant), tests run each. Empty: the defaults below.
+# Overrides of the tiled kernels' choices, by pipeline-constant name (PREFETCH, LANE_SUM, BUFS, SPT, T): one
+# process times several variants (bench/scan.py --variant), tests run each. Empty: the defaults below.
 TILED_VARIANT: dict = {}
 DEFAULT_PREFETCH = False
 DEFAULT_LANE_SUM = False
 DEFAULT_BUFS = 1
+DEFAULT_SPT = 1
 
 
-def lane_sums_fit(rt, nstate: int) -> bool:
-    """Whether a channel's NP lanes fit in one subgroup (the tiled kernels' LANE_SUM)."""
-    return "subgroup" in rt.features and lanes_per_channel(nstate) <= rt.subgroup_size
+def lane_sums_fit(rt, nstate: int, spt: int = 1) -> bool:
+    """Whether a channel's LP = NP / SPT lanes fit in one subgroup (the tiled kernels' LANE_SUM)."""
+    lanes = lanes_per_channel(nstate) // states_per_thread(nstate, spt)
+    return "subgroup" in rt.features and lanes <= rt.subgroup_size
 
 
 def _constants(rt, op: str, nstate: int, chunk: int) -> dict:
     v = dict(TILED_VARIANT)
-    unknown = set(v) - {"PREFETCH", "LANE_SUM", "BUFS", "T"}
+    unknown = set(v) - {"PREFETCH", "LANE_SUM", "BUFS", "SPT", "T"}
     if unknown:
         raise ShapeError(f"{op}: unknown tiled variant constants {sorted(unknown)}")
-    lane_sum = bool(v.get("LANE_SUM", DEFAULT_LANE_SUM and lane_sums_fit(rt, nstate)))
-    if lane_sum and not lane_sums_fit(rt, nstate):
-        raise ShapeError(f"{op}: LANE_SUM needs {lanes_per_channel(nstate)} lanes per subgroup; this adapter has "
+    spt = states_per_thread(nstate, int(v.get("SPT", DEFAULT_SPT)))
+    if spt not in (1, 2, 4):
+        raise ShapeError(f"{op}: SPT is {spt}; 1, 2 or 4 states per thread")
+    lanes = lanes_per_channel(nstate) // spt
+    lane_sum = bool(v.get("LANE_SUM", DEFAULT_LANE_SUM and lane_sums_fit(rt, nstate, spt)))
+    if lane_sum and not lane_sums_fit(rt, nstate, spt):
+        raise ShapeError(f"{op}: LANE_SUM needs {lanes} lanes per subgroup; this adapter has "
                          f"{rt.subgroup_size or 'no subgroups'}")
     bufs = int(v.get("BUFS", DEFAULT_BUFS))
     if bufs not in (1, 2):
         raise ShapeError(f"{op}: BUFS is {bufs}; 1 or 2")
-    tile = int(v["T"]) if "T" in v else tile_steps(nstate, chunk, bufs)
-    if chunk % tile or items_per_thread(nstate, tile) > MAX_ITEMS or tile < 4:
+    # Several states per thread put 4× the channels in a workgroup: their terms take more than WebGPU's
+    # guaranteed 16 KiB, so those take what the device has.
+    memory = WORKGROUP_MEMORY if spt == 1 else int(rt.limits.get("max-compute-workgroup-storage-size",
+                                                                  WORKGROUP_MEMORY))
+    tile = int(v["T"]) if "T" in v else tile_steps(nstate, chunk, bufs, spt, memory)
+    if chunk % tile or items_per_thread(nstate, tile, spt) > MAX_ITEMS or tile < 4:
         raise ShapeError(f"{op}: T = {tile} must divide chunk {chunk}, be at least 4 and stage at most "
                          f"{MAX_ITEMS} items per thread")
-    return {"N": nstate, "NP": lanes_per_channel(nstate), "CH": channels_per_group(nstate), "T": tile,
-            "PF": items_per_thread(nstate, tile), "BUFS": bufs, "PREFETCH": bool(v.get("PREFETCH", DEFAULT_PREFETCH)),
-            "LANE_SUM": lane_sum, "TERM_STEPS": tile}
+    return {"N": nstate, "NP": lanes_per_channel(nstate), "SPT": spt, "LP": lanes,
+            "CH": channels_per_group(nstate, spt), "T": tile, "PF": items_per_thread(nstate, tile, spt),
+            "BUFS": bufs, "PREFETCH": bool(v.get("PREFETCH", DEFAULT_PREFETCH)), "LANE_SUM": lane_sum,
+            "TERM_STEPS": tile}
 
 
 def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor,
@@ -307,7 +331,8 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
         return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
     constants = _constants(rt, op, nstate, chunk)
     tile = constants["T"]
-    seg = segment_length(rt, op, tuple(u.shape), length, -(-forward_loops_per_tile(nstate, tile) // tile), 64,
+    seg = segment_length(rt, op, tuple(u.shape), length,
+                         -(-forward_loops_per_tile(nstate, tile, constants["SPT"]) // tile), 64,
                          multiple=tile, segment=segment)
     for t0, t1 in segments(length, seg):
         params.update(seg_begin=t0, seg_end=t1)
@@ -409,10 +434,11 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
         groups, tile = -(-channels // constants["CH"]), constants["T"]
         dB_part = rt.empty((groups, batch, length, nstate))
         dC_part = rt.empty((groups, batch, length, nstate))
-        tile_states = rt.empty((batch, groups, -(-min(s.chunk, length) // tile), WORKGROUP))
-        per_chunk = -(-min(s.chunk, length) // tile) * backward_loops_per_tile(nstate, tile)
+        spt = constants["SPT"]
+        tile_states = rt.empty((batch, groups, -(-min(s.chunk, length) // tile), spt, WORKGROUP))
+        per_chunk = -(-min(s.chunk, length) // tile) * backward_loops_per_tile(nstate, tile, spt)
         seg = segment_length(rt, op, tuple(s.u.shape), nchunks, per_chunk, 4 * WORKGROUP, segment=segment)
-        carry = rt.empty((batch, groups, WORKGROUP, 4))
+        carry = rt.empty((batch, groups, WORKGROUP, CARRY_WORDS))
         for hi in range(nchunks, 0, -seg):
             params.update(kc_lo=max(0, hi - seg), kc_hi=hi)
             rt.run("selective_scan_backward", (groups, batch), constants, u=s.u, delta=s.delta, A_log=s.A_log,
