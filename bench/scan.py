@@ -9,7 +9,7 @@ entry point's median over the repeats, and one JSON line follows. `--tile` restr
 tile to T (the wrapper's TILES; default: its choice). Copied into another checkout (the measured tree first on
 sys.path, as bench/common.py arranges), it times that checkout's kernels. Each `--variant` (pipeline constants
 of the tiled kernels: PREFETCH, LANE_SUM, BUFS, T; `ops.selective_scan.TILED_VARIANT`; and `chunk`) is timed after the
-defaults in the same process, one table and one JSON line each.
+defaults in the same process (round robin over the repeats), one table and one JSON line each.
 """
 
 from __future__ import annotations
@@ -63,18 +63,27 @@ def main() -> None:
                                        x["delta_bias"], chunk=chunk, path=a.path)
         return y, scan.selective_scan_backward(saved, dy, grads, path=a.path)
 
-    for variant in variants:
+    def select(variant):
+        nonlocal chunk
         chunk = variant.get("chunk", a.chunk)
         scan.TILED_VARIANT.clear()
         scan.TILED_VARIANT.update({k: v for k, v in variant.items() if k != "chunk"})
+
+    usable = []
+    for variant in variants:
+        select(variant)
         try:
             once()  # compile the pipelines, fill the pool
             rt.sync()
+            usable.append(variant)
         except Exception as e:  # noqa: BLE001 - a variant the device refuses is reported, the others still run
             print(f"variant {variant}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
-            continue
-        samples: dict = collections.defaultdict(list)
-        for _ in range(a.repeats):
+    # Round robin: each repeat times every variant once, so load from other work on a shared device spreads
+    # over all of them instead of landing on the last ones.
+    samples = [collections.defaultdict(list) for _ in usable]
+    for _ in range(a.repeats):
+        for variant, got in zip(usable, samples):
+            select(variant)
             rt.gpu_times = []
             once()
             rt.sync()
@@ -83,8 +92,10 @@ def main() -> None:
                 per[entry] += ns * 1e-6
             rt.gpu_times = None
             for k, v in per.items():
-                samples[k].append(v)
-        med = {k: float(np.median(v)) for k, v in samples.items()}
+                got[k].append(v)
+    for variant, got in zip(usable, samples):
+        select(variant)
+        med = {k: float(np.median(v)) for k, v in got.items()}
         fwd = sum(v for k, v in med.items() if "forward" in k)
         total = sum(med.values())
         print(f"{rt.info.name}: B {B}, L {L}, Dc {Dc}, N {N}, chunk {chunk}, tile {a.tile or 'auto'}, "

@@ -213,13 +213,17 @@ fn fetch_grad(b: u32, d0: u32, t0: u32, steps: u32, thread: u32, h_slot: u32, ma
 
 // Write a fetched tile into staging buffer `buf`: Δ, u, B, and C, z (forward) or the backward's
 // per-(step, channel) factors (`grad`): dy through the gate, and the gate's and softplus's derivatives.
+// Steps past `steps` (the last tile of a length that T does not divide) are staged as Δ = u = B = C = dy = 0,
+// so the loops over a tile's steps run T times (a constant trip count, which the compiler can unroll and
+// interleave) and a padded step leaves h, g and every sum as they are; the kernels store nothing for it.
 fn stage(staged: Staged, d0: u32, steps: u32, thread: u32, buf: u32, with_c: bool, with_z: bool, grad: bool) {
     for (var k = 0u; k < PF; k++) {
         let i = thread + k * WG;
-        if (i < steps * CH && d0 + i % CH < p.channels) {
+        if (i < T * CH && d0 + i % CH < p.channels) {
+            let live = i < steps * CH;
             let j = buf * T * CH + i;
             let x = staged.x[k];
-            dt_tile[j] = softplus(x);
+            dt_tile[j] = select(0.0, softplus(x), live);
             u_tile[j] = staged.u[k];
             if (with_z) { z_tile[j] = staged.z[k]; }
             if (grad) {
@@ -227,10 +231,10 @@ fn stage(staged: Staged, d0: u32, steps: u32, thread: u32, buf: u32, with_c: boo
                 let gate = sigmoid(zv);
                 dyg_tile[j] = staged.dy[k] * zv * gate;
                 dzg_tile[j] = staged.dy[k] * gate * (1.0 + zv * sigmoid(-zv));  // 1 − σ(z) = σ(−z), no cancellation
-                dsoftplus_tile[j] = select(sigmoid(x), 1.0, x > 20.0);
+                dsoftplus_tile[j] = select(0.0, select(sigmoid(x), 1.0, x > 20.0), live);
             }
         }
-        if (i < steps * N) {
+        if (i < T * N) {
             B_tile[buf * T * N + i] = staged.b[k];
             if (with_c) { C_tile[buf * T * N + i] = staged.c[k]; }
         }
@@ -274,14 +278,14 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
         if (PREFETCH && next < p.seg_end) { staged = fetch(b, d0, next, min(T, p.len - next), thread, true, true); }
         let o = buf * T * CH;
         let ob = buf * T * N;
-        for (var s = 0u; s < steps; s++) {
+        for (var s = 0u; s < T; s++) {
             let dt = dt_tile[o + s * CH + cc];
             let uv = u_tile[o + s * CH + cc];
-            h = exp(dt * a) * h + (dt * uv) * b_states(ob + s * N, l);
+            h = select(h, exp(dt * a) * h + (dt * uv) * b_states(ob + s * N, l), s < steps);
             let term = c_states(ob + s * N, l) * mask * h;
             if (LANE_SUM) {
                 let sum_ch = lane_sum(term.x + term.y + term.z + term.w);
-                if (owns_channel && l == s % LP) {
+                if (owns_channel && l == s % LP && s < steps) {
                     let zv = z_tile[o + s * CH + c];
                     y[row_index(b, t0 + s, d0 + c)] = (D[d0 + c] * uv + sum_ch) * zv * sigmoid(zv);
                 }
@@ -409,15 +413,15 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
             let o = buf * T * CH;
             let ob = buf * T * N;
             var ht = h_entry;
-            for (var s = 0u; s < steps; s++) {
+            for (var s = 0u; s < T; s++) {
                 let dt = dt_tile[o + s * CH + cc];
-                ht = exp(dt * a) * ht + (dt * u_tile[o + s * CH + cc]) * b_states(ob + s * N, l);
+                ht = select(ht, exp(dt * a) * ht + (dt * u_tile[o + s * CH + cc]) * b_states(ob + s * N, l), s < steps);
                 if (owns_channel) { terms_store(s * stride + row_c, l, ht); }
             }
             if (LANE_SUM) {
                 // The adjoint, last step to first, each thread on its own words of state_terms (so no barrier
                 // since the recompute): step s reads h_{s−1} before step s − 1 overwrites its words.
-                for (var s = steps; s > 0u; s--) {
+                for (var s = T; s > 0u; s--) {
                     let si = s - 1u;
                     var hs = vec4<f32>(0.0);
                     var h_prev = h_entry;
@@ -440,7 +444,7 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                         terms_store(si * stride + row_c, l, hs * dyg);       // dC term
                         adjoint_store(si * stride + row_c, l, g * (dt * uv));  // dB term
                     }
-                    if (owns_channel && l == si % LP) {
+                    if (owns_channel && l == si % LP && si < steps) {
                         let row = row_index(b, t0 + si, d0 + c);
                         let skip = D[d0 + c];
                         dz[row] = (skip * uv + yc) * dzg_tile[o + si * CH + c];
@@ -450,7 +454,7 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                         d_skip += dyg * uv;
                         d_bias += dx;
                     }
-                    g *= decay;
+                    g = select(g, g * decay, si < steps);
                 }
                 workgroupBarrier();
                 // dB and dC per (step, state): the sums over the workgroup's channels.
@@ -492,7 +496,7 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                 workgroupBarrier();
                 // The adjoint, last step to first. Step s reads h_{s−1} before step s − 1 overwrites its words.
                 if (owns_channel) {
-                    for (var s = steps; s > 0u; s--) {
+                    for (var s = T; s > 0u; s--) {
                         let si = s - 1u;
                         g += dyg_tile[o + si * CH + c] * c_states(ob + si * N, l) * mask;
                         let dt = dt_tile[o + si * CH + c];
@@ -503,7 +507,7 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                         da += gh * dt;
                         terms_store(si * stride + row_c, l, gh * a);
                         adjoint_store(si * stride + row_c, l, g);
-                        g *= decay;
+                        g = select(g, g * decay, si < steps);
                     }
                 }
                 workgroupBarrier();
