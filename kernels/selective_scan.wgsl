@@ -136,109 +136,116 @@ fn lane_sum(v: f32) -> f32 {
 }
 
 // A thread's states: component j < SPT of its vec4 registers is state l + j·LP of its channel (the other
-// components stay 0). mask: 1 where that state exists (j < SPT and l + j·LP < N).
+// components stay 0). Every per-state access below is written out per component (no vector or array indexed
+// by a loop counter: those can land in local memory). mask: 1 where that state exists (l + j·LP < N).
+fn state_ok(l: u32, j: u32) -> bool { return SPT > j && l + j * LP < N; }
 fn state_mask(l: u32) -> vec4<f32> {
-    var m = vec4<f32>(0.0);
-    for (var j = 0u; j < SPT; j++) { m[j] = select(0.0, 1.0, l + j * LP < N); }
-    return m;
+    return vec4<f32>(select(0.0, 1.0, state_ok(l, 0u)), select(0.0, 1.0, state_ok(l, 1u)),
+                     select(0.0, 1.0, state_ok(l, 2u)), select(0.0, 1.0, state_ok(l, 3u)));
 }
+fn state_at(l: u32, j: u32) -> u32 { return min(l + j * LP, N - 1u); }
 // B_t or C_t of step s of buffer buf (base = buf·T·N + s·N) at the thread's states (clamped past N).
 fn b_states(base: u32, l: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var j = 0u; j < SPT; j++) { v[j] = B_tile[base + min(l + j * LP, N - 1u)]; }
-    return v;
+    return vec4<f32>(B_tile[base + state_at(l, 0u)], select(0.0, B_tile[base + state_at(l, 1u)], SPT > 1u),
+                     select(0.0, B_tile[base + state_at(l, 2u)], SPT > 2u),
+                     select(0.0, B_tile[base + state_at(l, 3u)], SPT > 3u));
 }
 fn c_states(base: u32, l: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var j = 0u; j < SPT; j++) { v[j] = C_tile[base + min(l + j * LP, N - 1u)]; }
-    return v;
+    return vec4<f32>(C_tile[base + state_at(l, 0u)], select(0.0, C_tile[base + state_at(l, 1u)], SPT > 1u),
+                     select(0.0, C_tile[base + state_at(l, 2u)], SPT > 2u),
+                     select(0.0, C_tile[base + state_at(l, 3u)], SPT > 3u));
 }
 // The thread's words of a (step, channel) row of state_terms / adjoint (base = s·CH·(N + 1) + c·(N + 1)):
 // states past N are neither stored nor loaded (their words belong to the next channel).
 fn terms_load(base: u32, l: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
-    for (var j = 0u; j < SPT; j++) { if (l + j * LP < N) { v[j] = state_terms[base + l + j * LP]; } }
+    if (SPT > 0u) { if (state_ok(l, 0u)) { v.x = state_terms[base + l + 0u * LP]; } } if (SPT > 1u) { if (state_ok(l, 1u)) { v.y = state_terms[base + l + 1u * LP]; } } if (SPT > 2u) { if (state_ok(l, 2u)) { v.z = state_terms[base + l + 2u * LP]; } } if (SPT > 3u) { if (state_ok(l, 3u)) { v.w = state_terms[base + l + 3u * LP]; } }
     return v;
 }
 fn terms_store(base: u32, l: u32, v: vec4<f32>) {
-    for (var j = 0u; j < SPT; j++) { if (l + j * LP < N) { state_terms[base + l + j * LP] = v[j]; } }
+    if (SPT > 0u) { if (state_ok(l, 0u)) { state_terms[base + l + 0u * LP] = v.x; } } if (SPT > 1u) { if (state_ok(l, 1u)) { state_terms[base + l + 1u * LP] = v.y; } } if (SPT > 2u) { if (state_ok(l, 2u)) { state_terms[base + l + 2u * LP] = v.z; } } if (SPT > 3u) { if (state_ok(l, 3u)) { state_terms[base + l + 3u * LP] = v.w; } }
 }
 fn adjoint_store(base: u32, l: u32, v: vec4<f32>) {
-    for (var j = 0u; j < SPT; j++) { if (l + j * LP < N) { adjoint[base + l + j * LP] = v[j]; } }
-}
-fn adjoint_load(base: u32, l: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var j = 0u; j < SPT; j++) { if (l + j * LP < N) { v[j] = adjoint[base + l + j * LP]; } }
-    return v;
+    if (SPT > 0u) { if (state_ok(l, 0u)) { adjoint[base + l + 0u * LP] = v.x; } } if (SPT > 1u) { if (state_ok(l, 1u)) { adjoint[base + l + 1u * LP] = v.y; } } if (SPT > 2u) { if (state_ok(l, 2u)) { adjoint[base + l + 2u * LP] = v.z; } } if (SPT > 3u) { if (state_ok(l, 3u)) { adjoint[base + l + 3u * LP] = v.w; } }
 }
 
-// One tile's inputs as loaded from memory, item k of a thread in component k (items thread + k·WG of the
-// tile's (step, channel) and (step, state) lists): held in registers between the loads and `stage`, so that
-// with PREFETCH the loads of the next tile are in flight while this one computes. h: the tile's entry state
-// (backward).
-struct Staged { x: vec4<f32>, u: vec4<f32>, z: vec4<f32>, dy: vec4<f32>, b: vec4<f32>, c: vec4<f32>, h: vec4<f32> }
+// One tile's inputs as loaded from memory: item k (< PF) of a thread is item thread + k·WG of the tile's
+// (step, channel) and (step, state) lists, in member i<k> (members, not an indexed array, so they stay in
+// registers): held between the loads and `stage`, so that with PREFETCH the loads of the next tile are in
+// flight while this one computes. h: the tile's entry state (backward).
+struct Item { x: f32, u: f32, z: f32, dy: f32, b: f32, c: f32 }
+struct Staged { i0: Item, i1: Item, i2: Item, i3: Item, h: vec4<f32> }
 
-// Load what steps [t0, t0 + steps) need: delta + bias, u and B always; C with `with_c`; z with `with_z`.
-// Channels past Dc are left alone (no thread reads them).
+// Load item i of what steps [t0, t0 + steps) need: delta + bias, u and B always; C with `with_c`; z with
+// `with_z`. Channels past Dc are left alone (no thread reads them).
+fn fetch_item(b: u32, d0: u32, t0: u32, steps: u32, i: u32, with_c: bool, with_z: bool) -> Item {
+    var it: Item;
+    let d = d0 + i % CH;
+    if (i < steps * CH && d < p.channels) {
+        let row = row_index(b, t0 + i / CH, d);
+        it.x = delta[row] + delta_bias[d];
+        it.u = u[row];
+        if (with_z) { it.z = z[row]; }
+    }
+    if (i < steps * N) {
+        it.b = B[(b * p.len + t0) * N + i];
+        if (with_c) { it.c = C[(b * p.len + t0) * N + i]; }
+    }
+    return it;
+}
+
 fn fetch(b: u32, d0: u32, t0: u32, steps: u32, thread: u32, with_c: bool, with_z: bool) -> Staged {
     var staged: Staged;
-    for (var k = 0u; k < PF; k++) {
-        let i = thread + k * WG;
-        let d = d0 + i % CH;
-        if (i < steps * CH && d < p.channels) {
-            let row = row_index(b, t0 + i / CH, d);
-            staged.x[k] = delta[row] + delta_bias[d];
-            staged.u[k] = u[row];
-            if (with_z) { staged.z[k] = z[row]; }
-        }
-        if (i < steps * N) {
-            staged.b[k] = B[(b * p.len + t0) * N + i];
-            if (with_c) { staged.c[k] = C[(b * p.len + t0) * N + i]; }
-        }
-    }
+    staged.i0 = fetch_item(b, d0, t0, steps, thread, with_c, with_z);
+    if (PF > 1u) { staged.i1 = fetch_item(b, d0, t0, steps, thread + WG, with_c, with_z); }
+    if (PF > 2u) { staged.i2 = fetch_item(b, d0, t0, steps, thread + 2u * WG, with_c, with_z); }
+    if (PF > 3u) { staged.i3 = fetch_item(b, d0, t0, steps, thread + 3u * WG, with_c, with_z); }
     return staged;
+}
+
+fn dy_item(b: u32, d0: u32, t0: u32, steps: u32, i: u32) -> f32 {
+    let d = d0 + i % CH;
+    if (i < steps * CH && d < p.channels) { return dy[row_index(b, t0 + i / CH, d)]; }
+    return 0.0;
 }
 
 // The backward's fetch: everything, dy and the tile's entry state h (at h_slot + j·WG for state j) included.
 fn fetch_grad(b: u32, d0: u32, t0: u32, steps: u32, thread: u32, h_slot: u32, mask: vec4<f32>) -> Staged {
     var staged = fetch(b, d0, t0, steps, thread, true, true);
-    for (var k = 0u; k < PF; k++) {
-        let i = thread + k * WG;
-        let d = d0 + i % CH;
-        if (i < steps * CH && d < p.channels) { staged.dy[k] = dy[row_index(b, t0 + i / CH, d)]; }
-    }
-    for (var j = 0u; j < SPT; j++) { if (mask[j] > 0.0) { staged.h[j] = tile_states[h_slot + j * WG]; } }
+    staged.i0.dy = dy_item(b, d0, t0, steps, thread);
+    if (PF > 1u) { staged.i1.dy = dy_item(b, d0, t0, steps, thread + WG); }
+    if (PF > 2u) { staged.i2.dy = dy_item(b, d0, t0, steps, thread + 2u * WG); }
+    if (PF > 3u) { staged.i3.dy = dy_item(b, d0, t0, steps, thread + 3u * WG); }
+    if (SPT > 0u) { if (mask.x > 0.0) { staged.h.x = tile_states[h_slot + 0u * WG]; } } if (SPT > 1u) { if (mask.y > 0.0) { staged.h.y = tile_states[h_slot + 1u * WG]; } } if (SPT > 2u) { if (mask.z > 0.0) { staged.h.z = tile_states[h_slot + 2u * WG]; } } if (SPT > 3u) { if (mask.w > 0.0) { staged.h.w = tile_states[h_slot + 3u * WG]; } }
     return staged;
 }
 
-// Write a fetched tile into staging buffer `buf`: Δ, u, B, and C, z (forward) or the backward's
+// Write fetched item i into staging buffer `buf`: Δ, u, B, and C, z (forward) or the backward's
 // per-(step, channel) factors (`grad`): dy through the gate, and the gate's and softplus's derivatives.
-// Steps past `steps` (the last tile of a length that T does not divide) are staged as Δ = u = B = C = dy = 0,
-// so the loops over a tile's steps run T times (a constant trip count, which the compiler can unroll and
-// interleave) and a padded step leaves h, g and every sum as they are; the kernels store nothing for it.
-fn stage(staged: Staged, d0: u32, steps: u32, thread: u32, buf: u32, with_c: bool, with_z: bool, grad: bool) {
-    for (var k = 0u; k < PF; k++) {
-        let i = thread + k * WG;
-        if (i < T * CH && d0 + i % CH < p.channels) {
-            let live = i < steps * CH;
-            let j = buf * T * CH + i;
-            let x = staged.x[k];
-            dt_tile[j] = select(0.0, softplus(x), live);
-            u_tile[j] = staged.u[k];
-            if (with_z) { z_tile[j] = staged.z[k]; }
-            if (grad) {
-                let zv = staged.z[k];
-                let gate = sigmoid(zv);
-                dyg_tile[j] = staged.dy[k] * zv * gate;
-                dzg_tile[j] = staged.dy[k] * gate * (1.0 + zv * sigmoid(-zv));  // 1 − σ(z) = σ(−z), no cancellation
-                dsoftplus_tile[j] = select(0.0, select(sigmoid(x), 1.0, x > 20.0), live);
-            }
-        }
-        if (i < T * N) {
-            B_tile[buf * T * N + i] = staged.b[k];
-            if (with_c) { C_tile[buf * T * N + i] = staged.c[k]; }
+fn stage_item(it: Item, d0: u32, steps: u32, i: u32, buf: u32, with_c: bool, with_z: bool, grad: bool) {
+    if (i < steps * CH && d0 + i % CH < p.channels) {
+        let j = buf * T * CH + i;
+        dt_tile[j] = softplus(it.x);
+        u_tile[j] = it.u;
+        if (with_z) { z_tile[j] = it.z; }
+        if (grad) {
+            let gate = sigmoid(it.z);
+            dyg_tile[j] = it.dy * it.z * gate;
+            dzg_tile[j] = it.dy * gate * (1.0 + it.z * sigmoid(-it.z));  // 1 − σ(z) = σ(−z), no cancellation
+            dsoftplus_tile[j] = select(sigmoid(it.x), 1.0, it.x > 20.0);
         }
     }
+    if (i < steps * N) {
+        B_tile[buf * T * N + i] = it.b;
+        if (with_c) { C_tile[buf * T * N + i] = it.c; }
+    }
+}
+
+fn stage(staged: Staged, d0: u32, steps: u32, thread: u32, buf: u32, with_c: bool, with_z: bool, grad: bool) {
+    stage_item(staged.i0, d0, steps, thread, buf, with_c, with_z, grad);
+    if (PF > 1u) { stage_item(staged.i1, d0, steps, thread + WG, buf, with_c, with_z, grad); }
+    if (PF > 2u) { stage_item(staged.i2, d0, steps, thread + 2u * WG, buf, with_c, with_z, grad); }
+    if (PF > 3u) { stage_item(staged.i3, d0, steps, thread + 3u * WG, buf, with_c, with_z, grad); }
 }
 
 // Grid (Dc / CH, B).
@@ -256,19 +263,14 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
     let sb = (b * p.channels + d0 + c) * N + l;  // [B, Dc, N] index of the thread's first state
     var a = vec4<f32>(0.0);
     var h = vec4<f32>(0.0);
-    for (var j = 0u; j < SPT; j++) {
-        if (mask[j] > 0.0) {
-            a[j] = -exp(A_log[(d0 + c) * N + l + j * LP]);
-            if (p.seg_begin > 0u) { h[j] = last_state[sb + j * LP]; }
-        }
-    }
+    if (SPT > 0u) { if (mask.x > 0.0) { a.x = -exp(A_log[(d0 + c) * N + l + 0u * LP]); if (p.seg_begin > 0u) { h.x = last_state[sb + 0u * LP]; } } } if (SPT > 1u) { if (mask.y > 0.0) { a.y = -exp(A_log[(d0 + c) * N + l + 1u * LP]); if (p.seg_begin > 0u) { h.y = last_state[sb + 1u * LP]; } } } if (SPT > 2u) { if (mask.z > 0.0) { a.z = -exp(A_log[(d0 + c) * N + l + 2u * LP]); if (p.seg_begin > 0u) { h.z = last_state[sb + 2u * LP]; } } } if (SPT > 3u) { if (mask.w > 0.0) { a.w = -exp(A_log[(d0 + c) * N + l + 3u * LP]); if (p.seg_begin > 0u) { h.w = last_state[sb + 3u * LP]; } } }
     var staged: Staged;
     if (PREFETCH) { staged = fetch(b, d0, p.seg_begin, min(T, p.len - p.seg_begin), thread, true, true); }
     var buf = 0u;
     for (var t0 = p.seg_begin; t0 < p.seg_end; t0 += T) {
         if (t0 % p.chunk == 0u) {
             let cb = ((b * p.nchunks + t0 / p.chunk) * p.channels + d0 + c) * N + l;
-            for (var j = 0u; j < SPT; j++) { if (mask[j] > 0.0) { states[cb + j * LP] = h[j]; } }
+            if (SPT > 0u) { if (mask.x > 0.0) { states[cb + 0u * LP] = h.x; } } if (SPT > 1u) { if (mask.y > 0.0) { states[cb + 1u * LP] = h.y; } } if (SPT > 2u) { if (mask.z > 0.0) { states[cb + 2u * LP] = h.z; } } if (SPT > 3u) { if (mask.w > 0.0) { states[cb + 3u * LP] = h.w; } }
         }
         let steps = min(T, p.len - t0);
         if (!PREFETCH) { staged = fetch(b, d0, t0, steps, thread, true, true); }
@@ -278,14 +280,14 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
         if (PREFETCH && next < p.seg_end) { staged = fetch(b, d0, next, min(T, p.len - next), thread, true, true); }
         let o = buf * T * CH;
         let ob = buf * T * N;
-        for (var s = 0u; s < T; s++) {
+        for (var s = 0u; s < steps; s++) {
             let dt = dt_tile[o + s * CH + cc];
             let uv = u_tile[o + s * CH + cc];
-            h = select(h, exp(dt * a) * h + (dt * uv) * b_states(ob + s * N, l), s < steps);
+            h = exp(dt * a) * h + (dt * uv) * b_states(ob + s * N, l);
             let term = c_states(ob + s * N, l) * mask * h;
             if (LANE_SUM) {
                 let sum_ch = lane_sum(term.x + term.y + term.z + term.w);
-                if (owns_channel && l == s % LP && s < steps) {
+                if (owns_channel && l == s % LP) {
                     let zv = z_tile[o + s * CH + c];
                     y[row_index(b, t0 + s, d0 + c)] = (D[d0 + c] * uv + sum_ch) * zv * sigmoid(zv);
                 }
@@ -312,7 +314,7 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
         buf = (buf + 1u) % BUFS;
     }
     // The final state seeds recurrent decoding after a parallel prefill.
-    for (var j = 0u; j < SPT; j++) { if (mask[j] > 0.0) { last_state[sb + j * LP] = h[j]; } }
+    if (SPT > 0u) { if (mask.x > 0.0) { last_state[sb + 0u * LP] = h.x; } } if (SPT > 1u) { if (mask.y > 0.0) { last_state[sb + 1u * LP] = h.y; } } if (SPT > 2u) { if (mask.z > 0.0) { last_state[sb + 2u * LP] = h.z; } } if (SPT > 3u) { if (mask.w > 0.0) { last_state[sb + 3u * LP] = h.w; } }
 }
 
 // One recurrent step per (batch row, channel), walking its N states in `state` (read and updated):
@@ -352,7 +354,7 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     let row_c = cc * (N + 1u);  // the channel's words in a step of state_terms / adjoint
     let nch = min(CH, p.channels - d0);  // channels of this workgroup inside Dc
     var a = vec4<f32>(0.0);
-    for (var j = 0u; j < SPT; j++) { if (mask[j] > 0.0) { a[j] = -exp(A_log[(d0 + c) * N + l + j * LP]); } }
+    if (SPT > 0u) { if (mask.x > 0.0) { a.x = -exp(A_log[(d0 + c) * N + l + 0u * LP]); } } if (SPT > 1u) { if (mask.y > 0.0) { a.y = -exp(A_log[(d0 + c) * N + l + 1u * LP]); } } if (SPT > 2u) { if (mask.z > 0.0) { a.z = -exp(A_log[(d0 + c) * N + l + 2u * LP]); } } if (SPT > 3u) { if (mask.w > 0.0) { a.w = -exp(A_log[(d0 + c) * N + l + 3u * LP]); } }
     let tiles_per_chunk = (min(p.chunk, p.len) + T - 1u) / T;
     // tile_states [B, Dc / CH, tiles per chunk, SPT, WG]: the thread's entry state j of tile i at
     // scratch + (i·SPT + j)·WG.
@@ -378,12 +380,12 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         // at the last tile's entry: its exit state is not needed; all tiles before it are whole).
         var h = vec4<f32>(0.0);
         let sb = ((b * p.nchunks + k - 1u) * p.channels + d0 + c) * N + l;
-        for (var j = 0u; j < SPT; j++) { if (mask[j] > 0.0) { h[j] = saved_states[sb + j * LP]; } }
+        if (SPT > 0u) { if (mask.x > 0.0) { h.x = saved_states[sb + 0u * LP]; } } if (SPT > 1u) { if (mask.y > 0.0) { h.y = saved_states[sb + 1u * LP]; } } if (SPT > 2u) { if (mask.z > 0.0) { h.z = saved_states[sb + 2u * LP]; } } if (SPT > 3u) { if (mask.w > 0.0) { h.w = saved_states[sb + 3u * LP]; } }
         let walked = ntiles - 1u;
         if (PREFETCH && walked > 0u) { staged = fetch(b, d0, chunk_start, T, thread, false, false); }
         for (var i = 0u; i < walked; i++) {
             let t0 = chunk_start + i * T;
-            for (var j = 0u; j < SPT; j++) { if (mask[j] > 0.0) { tile_states[scratch + (i * SPT + j) * WG] = h[j]; } }
+            if (SPT > 0u) { if (mask.x > 0.0) { tile_states[scratch + (i * SPT + 0u) * WG] = h.x; } } if (SPT > 1u) { if (mask.y > 0.0) { tile_states[scratch + (i * SPT + 1u) * WG] = h.y; } } if (SPT > 2u) { if (mask.z > 0.0) { tile_states[scratch + (i * SPT + 2u) * WG] = h.z; } } if (SPT > 3u) { if (mask.w > 0.0) { tile_states[scratch + (i * SPT + 3u) * WG] = h.w; } }
             if (!PREFETCH) { staged = fetch(b, d0, t0, T, thread, false, false); }
             stage(staged, d0, T, thread, buf, false, false, false);
             workgroupBarrier();
@@ -397,7 +399,7 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
             if (BUFS == 1u) { workgroupBarrier(); }
             buf = (buf + 1u) % BUFS;
         }
-        for (var j = 0u; j < SPT; j++) { if (mask[j] > 0.0) { tile_states[scratch + (walked * SPT + j) * WG] = h[j]; } }
+        if (SPT > 0u) { if (mask.x > 0.0) { tile_states[scratch + (walked * SPT + 0u) * WG] = h.x; } } if (SPT > 1u) { if (mask.y > 0.0) { tile_states[scratch + (walked * SPT + 1u) * WG] = h.y; } } if (SPT > 2u) { if (mask.z > 0.0) { tile_states[scratch + (walked * SPT + 2u) * WG] = h.z; } } if (SPT > 3u) { if (mask.w > 0.0) { tile_states[scratch + (walked * SPT + 3u) * WG] = h.w; } }
         let last = chunk_start + walked * T;
         if (PREFETCH) { staged = fetch_grad(b, d0, last, min(T, p.len - last), thread, scratch + walked * SPT * WG, mask); }
         for (var i = ntiles; i > 0u; i--) {
@@ -413,15 +415,15 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
             let o = buf * T * CH;
             let ob = buf * T * N;
             var ht = h_entry;
-            for (var s = 0u; s < T; s++) {
+            for (var s = 0u; s < steps; s++) {
                 let dt = dt_tile[o + s * CH + cc];
-                ht = select(ht, exp(dt * a) * ht + (dt * u_tile[o + s * CH + cc]) * b_states(ob + s * N, l), s < steps);
+                ht = exp(dt * a) * ht + (dt * u_tile[o + s * CH + cc]) * b_states(ob + s * N, l);
                 if (owns_channel) { terms_store(s * stride + row_c, l, ht); }
             }
             if (LANE_SUM) {
                 // The adjoint, last step to first, each thread on its own words of state_terms (so no barrier
                 // since the recompute): step s reads h_{s−1} before step s − 1 overwrites its words.
-                for (var s = T; s > 0u; s--) {
+                for (var s = steps; s > 0u; s--) {
                     let si = s - 1u;
                     var hs = vec4<f32>(0.0);
                     var h_prev = h_entry;
@@ -444,7 +446,7 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                         terms_store(si * stride + row_c, l, hs * dyg);       // dC term
                         adjoint_store(si * stride + row_c, l, g * (dt * uv));  // dB term
                     }
-                    if (owns_channel && l == si % LP && si < steps) {
+                    if (owns_channel && l == si % LP) {
                         let row = row_index(b, t0 + si, d0 + c);
                         let skip = D[d0 + c];
                         dz[row] = (skip * uv + yc) * dzg_tile[o + si * CH + c];
@@ -454,7 +456,7 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                         d_skip += dyg * uv;
                         d_bias += dx;
                     }
-                    g = select(g, g * decay, si < steps);
+                    g *= decay;
                 }
                 workgroupBarrier();
                 // dB and dC per (step, state): the sums over the workgroup's channels.
@@ -496,7 +498,7 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                 workgroupBarrier();
                 // The adjoint, last step to first. Step s reads h_{s−1} before step s − 1 overwrites its words.
                 if (owns_channel) {
-                    for (var s = T; s > 0u; s--) {
+                    for (var s = steps; s > 0u; s--) {
                         let si = s - 1u;
                         g += dyg_tile[o + si * CH + c] * c_states(ob + si * N, l) * mask;
                         let dt = dt_tile[o + si * CH + c];
@@ -507,7 +509,7 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                         da += gh * dt;
                         terms_store(si * stride + row_c, l, gh * a);
                         adjoint_store(si * stride + row_c, l, g);
-                        g = select(g, g * decay, si < steps);
+                        g *= decay;
                     }
                 }
                 workgroupBarrier();
@@ -545,16 +547,15 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         }
     }
     if (p.kc_lo > 0u) {  // uniform: more chunks follow in another dispatch
-        for (var j = 0u; j < 4u; j++) {
-            carry[ci + j] = g[j];
-            carry[ci + 4u + j] = da[j];
-        }
+        carry[ci] = g.x; carry[ci + 1u] = g.y; carry[ci + 2u] = g.z; carry[ci + 3u] = g.w;
+        carry[ci + 4u] = da.x; carry[ci + 5u] = da.y; carry[ci + 6u] = da.z; carry[ci + 7u] = da.w;
         carry[ci + 8u] = d_skip;
         carry[ci + 9u] = d_bias;
         return;
     }
     let pb = (b * p.channels + d0 + c) * (N + 2u) + l;
-    for (var j = 0u; j < SPT; j++) { if (mask[j] > 0.0) { param_part[pb + j * LP] = da[j] * a[j]; } }  // ∂/∂A_log = ∂/∂A · A
+    // ∂/∂A_log = ∂/∂A · A
+    if (SPT > 0u) { if (mask.x > 0.0) { param_part[pb + 0u * LP] = da.x * a.x; } } if (SPT > 1u) { if (mask.y > 0.0) { param_part[pb + 1u * LP] = da.y * a.y; } } if (SPT > 2u) { if (mask.z > 0.0) { param_part[pb + 2u * LP] = da.z * a.z; } } if (SPT > 3u) { if (mask.w > 0.0) { param_part[pb + 3u * LP] = da.w * a.w; } }
     // Add each channel's partials of ∂/∂D and ∂/∂delta_bias in workgroup memory: with LANE_SUM channel c's are
     // at its LP threads, else (thread i summed the (step, channel) items of channel i % CH; CH divides WG) at
     // threads c, c + CH, ….

@@ -244,7 +244,8 @@ def _check_subgroup(rt, op: str, nstate: int) -> None:
     require_subgroup_lanes(rt, f"{op}: the subgroup path")
 
 
-# Overrides of the tiled kernels' choices, by pipeline-constant name (PREFETCH, LANE_SUM, BUFS, SPT, T): one
+# Overrides of the tiled kernels' choices, by pipeline-constant name (PREFETCH, LANE_SUM, BUFS, SPT, T; FT: the
+# forward's T): one
 # process times several variants (bench/scan.py --variant), tests run each. Empty: the defaults below.
 TILED_VARIANT: dict = {}
 DEFAULT_PREFETCH = False
@@ -259,8 +260,12 @@ def lane_sums_fit(rt, nstate: int, spt: int = 1) -> bool:
     return "subgroup" in rt.features and lanes <= rt.subgroup_size
 
 
-def _constants(rt, op: str, nstate: int, chunk: int) -> dict:
+def _constants(rt, op: str, nstate: int, chunk: int, forward: bool = False) -> dict:
+    """The tiled kernels' pipeline constants; `forward`: the forward's (FT, a variant, overrides its T)."""
     v = dict(TILED_VARIANT)
+    if forward and "FT" in v:
+        v["T"] = v["FT"]
+    v.pop("FT", None)
     unknown = set(v) - {"PREFETCH", "LANE_SUM", "BUFS", "SPT", "T"}
     if unknown:
         raise ShapeError(f"{op}: unknown tiled variant constants {sorted(unknown)}")
@@ -329,7 +334,7 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
                    u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states,
                    last_state=last_state, ngroups=0, per_thread=0, **params)
         return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
-    constants = _constants(rt, op, nstate, chunk)
+    constants = _constants(rt, op, nstate, chunk, forward=True)
     tile = constants["T"]
     seg = segment_length(rt, op, tuple(u.shape), length,
                          -(-forward_loops_per_tile(nstate, tile, constants["SPT"]) // tile), 64,
