@@ -98,6 +98,7 @@ TILED_VARIANTS = [{"PREFETCH": 1}, {"LANE_SUM": 1}, {"BUFS": 2, "PREFETCH": 1},
     (2, 63, 9, 5, 16),     # N = 5: 8 lanes per channel, 3 of them without a state; L not a multiple of the tile
     (2, 65, 70, 16, 32),   # channels not a multiple of the 8 per workgroup
     (1, 50, 37, 3, 32),    # N = 3: 32 channels of 4 lanes; a second, partial workgroup
+    (2, 70, 6, 20, 32),    # N = 20: 32 lanes of states, 12 of them padding
     (1, 17, 3, 128, 16),   # N = 128: 4 staged items per thread
 ])
 def test_tiled_variants_match_reference(rt, monkeypatch, variant, batch, length, channels, nstate, chunk):
