@@ -41,6 +41,8 @@ override PF: u32 = 1u;   // items per thread of a staged tile: ceil(T·max(CH, N
 override BUFS: u32 = 1u; // staging buffers (2: a tile is staged while the last one is still being read)
 override PREFETCH: bool = false;  // load the next tile's inputs into registers during this tile
 override LANE_SUM: bool = false;  // sums over n by subgroup butterflies (LP ≤ subgroup lanes)
+override SPLIT: bool = false;  // backward without LANE_SUM: g·exp(Δ A)·h_{t−1}·A in its own array, a barrier less
+override GH_STEPS: u32 = 1u;    // steps of gh_terms: T with SPLIT, else 1 (unused)
 override TERM_STEPS: u32 = 8u;  // steps of state_terms: T, or 1 where nothing reads it (the LANE_SUM forward)
 override ACCUMULATE: bool = false;
 
@@ -108,6 +110,9 @@ var<workgroup> C_tile: array<f32, BUFS * T * N>;
 // words (T ≥ 4 and CH·(N + 1) ≥ WG / 2).
 var<workgroup> state_terms: array<f32, TERM_STEPS * CH * (N + 1u)>;
 var<workgroup> adjoint: array<f32, T * CH * (N + 1u)>;
+// With SPLIT the backward's adjoint pass writes g_t·exp(Δ_t A)·h_{t−1}·A here instead of over h_t in
+// state_terms, so it need not wait for the passes that read h_t.
+var<workgroup> gh_terms: array<f32, GH_STEPS * CH * (N + 1u)>;
 
 fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 
@@ -164,6 +169,9 @@ fn terms_load(base: u32, l: u32) -> vec4<f32> {
 }
 fn terms_store(base: u32, l: u32, v: vec4<f32>) {
     if (SPT > 0u) { if (state_ok(l, 0u)) { state_terms[base + l + 0u * LP] = v.x; } } if (SPT > 1u) { if (state_ok(l, 1u)) { state_terms[base + l + 1u * LP] = v.y; } } if (SPT > 2u) { if (state_ok(l, 2u)) { state_terms[base + l + 2u * LP] = v.z; } } if (SPT > 3u) { if (state_ok(l, 3u)) { state_terms[base + l + 3u * LP] = v.w; } }
+}
+fn gh_store(base: u32, l: u32, v: vec4<f32>) {
+    if (SPT > 0u) { if (state_ok(l, 0u)) { gh_terms[base + l + 0u * LP] = v.x; } } if (SPT > 1u) { if (state_ok(l, 1u)) { gh_terms[base + l + 1u * LP] = v.y; } } if (SPT > 2u) { if (state_ok(l, 2u)) { gh_terms[base + l + 2u * LP] = v.z; } } if (SPT > 3u) { if (state_ok(l, 3u)) { gh_terms[base + l + 3u * LP] = v.w; } }
 }
 fn adjoint_store(base: u32, l: u32, v: vec4<f32>) {
     if (SPT > 0u) { if (state_ok(l, 0u)) { adjoint[base + l + 0u * LP] = v.x; } } if (SPT > 1u) { if (state_ok(l, 1u)) { adjoint[base + l + 1u * LP] = v.y; } } if (SPT > 2u) { if (state_ok(l, 2u)) { adjoint[base + l + 2u * LP] = v.z; } } if (SPT > 3u) { if (state_ok(l, 3u)) { adjoint[base + l + 3u * LP] = v.w; } }
@@ -495,7 +503,7 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                     }
                     dC_part[(part_row * p.len + t0) * N + i] = acc;
                 }
-                workgroupBarrier();
+                if (!SPLIT) { workgroupBarrier(); }
                 // The adjoint, last step to first. Step s reads h_{s−1} before step s − 1 overwrites its words.
                 if (owns_channel) {
                     for (var s = steps; s > 0u; s--) {
@@ -507,7 +515,11 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                         if (si > 0u) { h_prev = terms_load((si - 1u) * stride + row_c, l); }
                         let gh = g * decay * h_prev;  // ∂loss/∂(Δ_t A)
                         da += gh * dt;
-                        terms_store(si * stride + row_c, l, gh * a);
+                        if (SPLIT) {
+                            gh_store(si * stride + row_c, l, gh * a);
+                        } else {
+                            terms_store(si * stride + row_c, l, gh * a);
+                        }
                         adjoint_store(si * stride + row_c, l, g);
                         g *= decay;
                     }
@@ -522,7 +534,11 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
                         var gha = 0.0;  // Σ_n g_t[n] exp(Δ_t A[n]) h_{t−1}[n] A[n]
                         for (var m = 0u; m < N; m++) {
                             gb += adjoint[s * stride + ch * (N + 1u) + m] * B_tile[ob + s * N + m];
-                            gha += state_terms[s * stride + ch * (N + 1u) + m];
+                            if (SPLIT) {
+                                gha += gh_terms[s * stride + ch * (N + 1u) + m];
+                            } else {
+                                gha += state_terms[s * stride + ch * (N + 1u) + m];
+                            }
                         }
                         let row = row_index(b, t0 + s, d0 + ch);
                         du[row] = D[d0 + ch] * dyg_tile[o + i] + dt_tile[o + i] * gb;

@@ -90,7 +90,8 @@ def test_matches_reference(rt, path, batch, length, channels, nstate, chunk):
 
 TILED_VARIANTS = [{"PREFETCH": 1}, {"LANE_SUM": 1}, {"BUFS": 2, "PREFETCH": 1},
                   {"LANE_SUM": 1, "PREFETCH": 1, "BUFS": 2}, {"T": 16, "LANE_SUM": 1, "PREFETCH": 1, "BUFS": 2},
-                  {"SPT": 4}, {"SPT": 2, "LANE_SUM": 1, "PREFETCH": 1, "BUFS": 2}, {"SPT": 4, "LANE_SUM": 1}]
+                  {"SPT": 4}, {"SPT": 2, "LANE_SUM": 1, "PREFETCH": 1, "BUFS": 2}, {"SPT": 4, "LANE_SUM": 1},
+                  {"SPLIT": 1, "BUFS": 2}, {"SPLIT": 1, "SPT": 2}]
 
 
 @pytest.mark.parametrize("variant", TILED_VARIANTS, ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()))

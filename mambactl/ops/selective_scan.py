@@ -101,18 +101,19 @@ def items_per_thread(nstate: int, tile: int, spt: int = 1) -> int:
     return -(-tile * max(channels_per_group(nstate, spt), nstate) // WORKGROUP)
 
 
-def tile_memory(nstate: int, tile: int, buffers: int = 1, spt: int = 1) -> int:
+def tile_memory(nstate: int, tile: int, buffers: int = 1, spt: int = 1, split: bool = False) -> int:
     """Bytes of workgroup memory of the tiled kernels: per buffer six [T, CH] and two [T, N] staging tiles,
-    and two [T, CH·(N + 1)] tiles of terms."""
+    and two (three with SPLIT) [T, CH·(N + 1)] tiles of terms."""
     ch = channels_per_group(nstate, spt)
-    return 4 * tile * (buffers * (6 * ch + 2 * nstate) + 2 * ch * (nstate + 1))
+    return 4 * tile * (buffers * (6 * ch + 2 * nstate) + (3 if split else 2) * ch * (nstate + 1))
 
 
-def tile_steps(nstate: int, chunk: int, buffers: int = 1, spt: int = 1, memory: int = WORKGROUP_MEMORY) -> int:
+def tile_steps(nstate: int, chunk: int, buffers: int = 1, spt: int = 1, memory: int = WORKGROUP_MEMORY,
+               split: bool = False) -> int:
     """Steps per tile: the largest of TILES that divides `chunk`, whose workgroup memory fits `memory`
     and whose staged items fit the kernels' 4 registers per thread (PF ≤ MAX_ITEMS); T = 4 always does at
     SPT = 1 (N ≤ 128, chunk a multiple of 8)."""
-    fits = [t for t in TILES if chunk % t == 0 and tile_memory(nstate, t, buffers, spt) <= memory
+    fits = [t for t in TILES if chunk % t == 0 and tile_memory(nstate, t, buffers, spt, split) <= memory
             and items_per_thread(nstate, t, spt) <= MAX_ITEMS]
     if not fits:
         raise ShapeError(f"selective_scan: no tile of {TILES} fits {memory} bytes of workgroup memory at N = {nstate}, "
@@ -244,7 +245,7 @@ def _check_subgroup(rt, op: str, nstate: int) -> None:
     require_subgroup_lanes(rt, f"{op}: the subgroup path")
 
 
-# Overrides of the tiled kernels' choices, by pipeline-constant name (PREFETCH, LANE_SUM, BUFS, SPT, T; FT: the
+# Overrides of the tiled kernels' choices, by pipeline-constant name (PREFETCH, LANE_SUM, BUFS, SPT, SPLIT, T; FT: the
 # forward's T): one
 # process times several variants (bench/scan.py --variant), tests run each. Empty: the defaults below.
 TILED_VARIANT: dict = {}
@@ -252,6 +253,7 @@ DEFAULT_PREFETCH = False
 DEFAULT_LANE_SUM = False
 DEFAULT_BUFS = 1
 DEFAULT_SPT = 1
+DEFAULT_SPLIT = False
 
 
 def lane_sums_fit(rt, nstate: int, spt: int = 1) -> bool:
@@ -266,7 +268,7 @@ def _constants(rt, op: str, nstate: int, chunk: int, forward: bool = False) -> d
     if forward and "FT" in v:
         v["T"] = v["FT"]
     v.pop("FT", None)
-    unknown = set(v) - {"PREFETCH", "LANE_SUM", "BUFS", "SPT", "T"}
+    unknown = set(v) - {"PREFETCH", "LANE_SUM", "BUFS", "SPT", "SPLIT", "T"}
     if unknown:
         raise ShapeError(f"{op}: unknown tiled variant constants {sorted(unknown)}")
     spt = states_per_thread(nstate, int(v.get("SPT", DEFAULT_SPT)))
@@ -277,6 +279,7 @@ def _constants(rt, op: str, nstate: int, chunk: int, forward: bool = False) -> d
     if lane_sum and not lane_sums_fit(rt, nstate, spt):
         raise ShapeError(f"{op}: LANE_SUM needs {lanes} lanes per subgroup; this adapter has "
                          f"{rt.subgroup_size or 'no subgroups'}")
+    split = bool(v.get("SPLIT", DEFAULT_SPLIT)) and not lane_sum
     bufs = int(v.get("BUFS", DEFAULT_BUFS))
     if bufs not in (1, 2):
         raise ShapeError(f"{op}: BUFS is {bufs}; 1 or 2")
@@ -284,14 +287,14 @@ def _constants(rt, op: str, nstate: int, chunk: int, forward: bool = False) -> d
     # guaranteed 16 KiB, so those take what the device has.
     memory = WORKGROUP_MEMORY if spt == 1 else int(rt.limits.get("max-compute-workgroup-storage-size",
                                                                   WORKGROUP_MEMORY))
-    tile = int(v["T"]) if "T" in v else tile_steps(nstate, chunk, bufs, spt, memory)
+    tile = int(v["T"]) if "T" in v else tile_steps(nstate, chunk, bufs, spt, memory, split)
     if chunk % tile or items_per_thread(nstate, tile, spt) > MAX_ITEMS or tile < 4:
         raise ShapeError(f"{op}: T = {tile} must divide chunk {chunk}, be at least 4 and stage at most "
                          f"{MAX_ITEMS} items per thread")
     return {"N": nstate, "NP": lanes_per_channel(nstate), "SPT": spt, "LP": lanes,
             "CH": channels_per_group(nstate, spt), "T": tile, "PF": items_per_thread(nstate, tile, spt),
             "BUFS": bufs, "PREFETCH": bool(v.get("PREFETCH", DEFAULT_PREFETCH)), "LANE_SUM": lane_sum,
-            "TERM_STEPS": tile}
+            "SPLIT": split, "GH_STEPS": tile if split else 1, "TERM_STEPS": tile}
 
 
 def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor,
