@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import time
 
 from common import commit  # first: it puts the checkout on sys.path
 
@@ -38,6 +39,8 @@ def main() -> None:
     p.add_argument("--path", default=None, choices=list(scan.PATHS))
     p.add_argument("--variant", action="append", default=[],
                    help="NAME=VALUE[,NAME=VALUE...]: tiled-kernel constants to time after the defaults")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="stop starting repeats (rounds) after this much wall time; report what was timed")
     p.add_argument("--device", default=None)
     a = p.parse_args()
     variants = [{}] + [{k: int(v) for k, v in (kv.split("=") for kv in spec.split(","))} for spec in a.variant]
@@ -69,6 +72,7 @@ def main() -> None:
         scan.TILED_VARIANT.clear()
         scan.TILED_VARIANT.update({k: v for k, v in variant.items() if k != "chunk"})
 
+    start = time.perf_counter()
     usable = []
     for variant in variants:
         select(variant)
@@ -81,7 +85,10 @@ def main() -> None:
     # Round robin: each repeat times every variant once, so load from other work on a shared device spreads
     # over all of them instead of landing on the last ones.
     samples = [collections.defaultdict(list) for _ in usable]
-    for _ in range(a.repeats):
+    for rnd in range(a.repeats):
+        if a.max_seconds is not None and rnd > 0 and time.perf_counter() - start > a.max_seconds:
+            print(f"stopped after {rnd} repeats ({a.max_seconds} s)")
+            break
         for variant, got in zip(usable, samples):
             select(variant)
             rt.gpu_times = []
