@@ -1,6 +1,6 @@
 """The Mamba-1 selective scan alone: GPU time per call of each dispatch of the forward and the backward.
 
-    python bench/scan.py [--batch 8] [--seq 1024] [--channels 1536] [--d-state 16] [--chunk 128] [--repeats 5]
+    python bench/scan.py [--batch 8] [--seq 1024] [--channels 1536] [--d-state 16] [--chunk C] [--repeats 5]
         [--tile T] [--path tiled|direct|subgroup] [--variant NAME=VALUE[,NAME=VALUE...]]... [--device D]
 
 Each repeat records one forward and one backward (with the parameter gradients accumulated, as in training) and
@@ -8,7 +8,7 @@ times every dispatch with GPU timestamps (`Runtime.gpu_times`, needs `timestamp-
 entry point's median over the repeats, and one JSON line follows. `--tile` restricts the tiled kernels' steps per
 tile to T (the wrapper's TILES; default: its choice). Copied into another checkout (the measured tree first on
 sys.path, as bench/common.py arranges), it times that checkout's kernels. Each `--variant` (pipeline constants
-of the tiled kernels: PREFETCH, LANE_SUM, BUFS, T; `ops.selective_scan.TILED_VARIANT`; and `chunk`) is timed after the
+of the tiled kernels: SPT, LANE_SUM, T; `ops.selective_scan.TILED_VARIANT`; and `chunk`) is timed after the
 defaults in the same process (round robin over the repeats), one table and one JSON line each.
 """
 
@@ -33,7 +33,7 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--channels", type=int, default=1536)
     p.add_argument("--d-state", type=int, default=16)
-    p.add_argument("--chunk", type=int, default=scan.DEFAULT_CHUNK)
+    p.add_argument("--chunk", type=int, default=None, help="steps between saved states (default: the wrapper's)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--tile", type=int, default=None, help="the tiled kernels' steps per tile")
     p.add_argument("--path", default=None, choices=list(scan.PATHS))

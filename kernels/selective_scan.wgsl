@@ -8,18 +8,19 @@
 // padding that no sum sees). A workgroup of WG threads owns one batch row and CH channels (thread = c·LP + l,
 // so a channel's lanes are an aligned block; CH·LP ≤ WG) and walks time in order, so h is a register carried
 // from step to step and no workgroup of a dispatch depends on another.
-// Time goes in tiles of T steps: a tile's inputs are staged in workgroup memory by all threads at once (so
-// their memory latency is paid once per tile, not per step; PREFETCH loads the next tile's into registers
-// while this one runs, so it is not paid on the critical path at all). Sums over n (for y, du, ddelta, dz)
-// run either through workgroup memory once per tile (a barrier and a pass over (step, channel) items) or,
-// with LANE_SUM, at each step as an in-thread sum and a subgroupShuffleXor butterfly within the channel's LP
-// lanes (LP ≤ the
-// subgroup's lanes; needs lanes numbered as the threads, as on NVIDIA and lavapipe), which takes the forward
-// to one barrier per tile with BUFS = 2 staging buffers. Sums over the workgroup's channels (dB, dC) always
-// go through workgroup memory once per tile.
-// N, NP, SPT, LP, CH, T, PF, BUFS, PREFETCH and LANE_SUM are pipeline constants (the workgroup arrays are
-// sized by them); the wrapper picks T so that workgroup memory stays within WebGPU's guaranteed 16 KiB
-// (SPT = 1) or the device's limit.
+// Time goes in tiles of T steps: a tile's inputs are loaded by all threads at once (one batch of loads per
+// thread, so their latency is paid once per tile) and staged in workgroup memory. The forward sums over n
+// either through workgroup memory once per tile (a barrier and a pass over (step, channel) items) or, with
+// LANE_SUM, at each step in-thread and by a subgroupShuffleXor butterfly within the channel's LP lanes (LP ≤
+// the subgroup's lanes; needs lanes numbered as the threads, as on NVIDIA and lavapipe). The backward sums
+// over n and over the workgroup's channels (dB, dC) through workgroup memory once per tile.
+// Measured (H200, B 8, L 1024, Dc 1536, N 16, GPU timestamps, bench/scan.py): the forward with SPT = 4 and
+// LANE_SUM (T 8) 0.49 ms, with SPT = 1 and workgroup sums 0.68 ms; the backward (SPT = 1, T 8) 2.35 / 2.46 /
+// 2.59 ms at chunk 8 / 16 / 128. Anything that added registers or workgroup memory measured slower there:
+// prefetching the next tile into registers, two staging buffers, a third terms array to drop a barrier, lane
+// sums or several states per thread in the backward, T = 16, step loops of constant trip count.
+// N, NP, SPT, LP, CH, T, PF, LANE_SUM and TERM_STEPS are pipeline constants (the workgroup arrays are sized
+// by them); the wrapper keeps workgroup memory within WebGPU's guaranteed 16 KiB.
 // Memory: the forward saves only the state entering each chunk of `chunk` steps, states [B, n_chunks, Dc, N].
 // The backward walks the chunks last to first: it recomputes the tile entry states of a chunk into
 // tile_states (per workgroup, chunk / T states per thread), then for each tile, last to first, the tile's
@@ -38,11 +39,7 @@ override LP: u32 = 16u;  // threads per channel, NP / SPT
 override CH: u32 = 8u;   // channels per workgroup (CH·LP ≤ WG)
 override T: u32 = 8u;    // steps per tile; divides chunk
 override PF: u32 = 1u;   // items per thread of a staged tile: ceil(T·max(CH, N) / WG), at most 4
-override BUFS: u32 = 1u; // staging buffers (2: a tile is staged while the last one is still being read)
-override PREFETCH: bool = false;  // load the next tile's inputs into registers during this tile
-override LANE_SUM: bool = false;  // sums over n by subgroup butterflies (LP ≤ subgroup lanes)
-override SPLIT: bool = false;  // backward without LANE_SUM: g·exp(Δ A)·h_{t−1}·A in its own array, a barrier less
-override GH_STEPS: u32 = 1u;    // steps of gh_terms: T with SPLIT, else 1 (unused)
+override LANE_SUM: bool = false;  // the forward's sums over n by subgroup butterflies (LP ≤ subgroup lanes)
 override TERM_STEPS: u32 = 8u;  // steps of state_terms: T, or 1 where nothing reads it (the LANE_SUM forward)
 override ACCUMULATE: bool = false;
 
@@ -91,28 +88,23 @@ struct StepParams { batch: u32, channels: u32, nstate: u32 }
 @group(0) @binding(29) var<storage, read_write> state: array<f32>;
 @group(0) @binding(30) var<storage, read_write> carry: array<f32>;  // [B, Dc / CH, WG, CARRY]: backward segments
 
-// Per (buffer, step of the tile, channel of the workgroup), index buf·T·CH + s·CH + c.
-var<workgroup> dt_tile: array<f32, BUFS * T * CH>;        // Δ_t
-var<workgroup> u_tile: array<f32, BUFS * T * CH>;         // u_t
-var<workgroup> z_tile: array<f32, BUFS * T * CH>;         // z_t
-var<workgroup> dyg_tile: array<f32, BUFS * T * CH>;       // dy'_t = dy_t·silu(z_t): the gradient reaching y before the gate
-var<workgroup> dzg_tile: array<f32, BUFS * T * CH>;       // dy_t·silu'(z_t): dz_t is this times the ungated y_t
-var<workgroup> dsoftplus_tile: array<f32, BUFS * T * CH>; // ∂Δ_t/∂delta_t
-// Per (buffer, step of the tile, state), index buf·T·N + s·N + n.
-var<workgroup> B_tile: array<f32, BUFS * T * N>;
-var<workgroup> C_tile: array<f32, BUFS * T * N>;
+// Per (step of the tile, channel of the workgroup), index s·CH + c.
+var<workgroup> dt_tile: array<f32, T * CH>;        // Δ_t
+var<workgroup> u_tile: array<f32, T * CH>;         // u_t
+var<workgroup> z_tile: array<f32, T * CH>;         // z_t
+var<workgroup> dyg_tile: array<f32, T * CH>;       // dy'_t = dy_t·silu(z_t): the gradient reaching y before the gate
+var<workgroup> dzg_tile: array<f32, T * CH>;       // dy_t·silu'(z_t): dz_t is this times the ungated y_t
+var<workgroup> dsoftplus_tile: array<f32, T * CH>; // ∂Δ_t/∂delta_t
+// Per (step of the tile, state), index s·N + n.
+var<workgroup> B_tile: array<f32, T * N>;
+var<workgroup> C_tile: array<f32, T * N>;
 // Per (step of the tile, channel, state), index s·CH·(N + 1) + c·(N + 1) + n: padding each channel's row by
 // one word puts the N values of one channel, and the same n of consecutive channels, in distinct banks.
 // Without LANE_SUM, state_terms holds C_t·h_t in the forward; in the backward first h_t, then (the adjoint
-// pass overwrites step t once it is past it) g_t·exp(Δ_t A)·h_{t−1}·A, and adjoint holds g_t. With LANE_SUM
-// (backward only) a thread reads only its own words until the channel sums: state_terms holds h_t, then
-// h_t·dy'_t (the dC term), and adjoint g_t·Δ_t·u_t (the dB term). In the backward both hold at least WG
-// words (T ≥ 4 and CH·(N + 1) ≥ WG / 2).
+// pass overwrites step t once it is past it) g_t·exp(Δ_t A)·h_{t−1}·A, and adjoint holds g_t. In the
+// backward both hold at least WG words (T ≥ 4 and CH·(N + 1) ≥ WG / 2).
 var<workgroup> state_terms: array<f32, TERM_STEPS * CH * (N + 1u)>;
 var<workgroup> adjoint: array<f32, T * CH * (N + 1u)>;
-// With SPLIT the backward's adjoint pass writes g_t·exp(Δ_t A)·h_{t−1}·A here instead of over h_t in
-// state_terms, so it need not wait for the passes that read h_t.
-var<workgroup> gh_terms: array<f32, GH_STEPS * CH * (N + 1u)>;
 
 fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 
@@ -149,7 +141,7 @@ fn state_mask(l: u32) -> vec4<f32> {
                      select(0.0, 1.0, state_ok(l, 2u)), select(0.0, 1.0, state_ok(l, 3u)));
 }
 fn state_at(l: u32, j: u32) -> u32 { return min(l + j * LP, N - 1u); }
-// B_t or C_t of step s of buffer buf (base = buf·T·N + s·N) at the thread's states (clamped past N).
+// B_t or C_t of step s (base = s·N) at the thread's states (clamped past N).
 fn b_states(base: u32, l: u32) -> vec4<f32> {
     return vec4<f32>(B_tile[base + state_at(l, 0u)], select(0.0, B_tile[base + state_at(l, 1u)], SPT > 1u),
                      select(0.0, B_tile[base + state_at(l, 2u)], SPT > 2u),
@@ -164,23 +156,28 @@ fn c_states(base: u32, l: u32) -> vec4<f32> {
 // states past N are neither stored nor loaded (their words belong to the next channel).
 fn terms_load(base: u32, l: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
-    if (SPT > 0u) { if (state_ok(l, 0u)) { v.x = state_terms[base + l + 0u * LP]; } } if (SPT > 1u) { if (state_ok(l, 1u)) { v.y = state_terms[base + l + 1u * LP]; } } if (SPT > 2u) { if (state_ok(l, 2u)) { v.z = state_terms[base + l + 2u * LP]; } } if (SPT > 3u) { if (state_ok(l, 3u)) { v.w = state_terms[base + l + 3u * LP]; } }
+    if (SPT > 0u) { if (state_ok(l, 0u)) { v.x = state_terms[base + l + 0u * LP]; } }
+    if (SPT > 1u) { if (state_ok(l, 1u)) { v.y = state_terms[base + l + 1u * LP]; } }
+    if (SPT > 2u) { if (state_ok(l, 2u)) { v.z = state_terms[base + l + 2u * LP]; } }
+    if (SPT > 3u) { if (state_ok(l, 3u)) { v.w = state_terms[base + l + 3u * LP]; } }
     return v;
 }
 fn terms_store(base: u32, l: u32, v: vec4<f32>) {
-    if (SPT > 0u) { if (state_ok(l, 0u)) { state_terms[base + l + 0u * LP] = v.x; } } if (SPT > 1u) { if (state_ok(l, 1u)) { state_terms[base + l + 1u * LP] = v.y; } } if (SPT > 2u) { if (state_ok(l, 2u)) { state_terms[base + l + 2u * LP] = v.z; } } if (SPT > 3u) { if (state_ok(l, 3u)) { state_terms[base + l + 3u * LP] = v.w; } }
-}
-fn gh_store(base: u32, l: u32, v: vec4<f32>) {
-    if (SPT > 0u) { if (state_ok(l, 0u)) { gh_terms[base + l + 0u * LP] = v.x; } } if (SPT > 1u) { if (state_ok(l, 1u)) { gh_terms[base + l + 1u * LP] = v.y; } } if (SPT > 2u) { if (state_ok(l, 2u)) { gh_terms[base + l + 2u * LP] = v.z; } } if (SPT > 3u) { if (state_ok(l, 3u)) { gh_terms[base + l + 3u * LP] = v.w; } }
+    if (SPT > 0u) { if (state_ok(l, 0u)) { state_terms[base + l + 0u * LP] = v.x; } }
+    if (SPT > 1u) { if (state_ok(l, 1u)) { state_terms[base + l + 1u * LP] = v.y; } }
+    if (SPT > 2u) { if (state_ok(l, 2u)) { state_terms[base + l + 2u * LP] = v.z; } }
+    if (SPT > 3u) { if (state_ok(l, 3u)) { state_terms[base + l + 3u * LP] = v.w; } }
 }
 fn adjoint_store(base: u32, l: u32, v: vec4<f32>) {
-    if (SPT > 0u) { if (state_ok(l, 0u)) { adjoint[base + l + 0u * LP] = v.x; } } if (SPT > 1u) { if (state_ok(l, 1u)) { adjoint[base + l + 1u * LP] = v.y; } } if (SPT > 2u) { if (state_ok(l, 2u)) { adjoint[base + l + 2u * LP] = v.z; } } if (SPT > 3u) { if (state_ok(l, 3u)) { adjoint[base + l + 3u * LP] = v.w; } }
+    if (SPT > 0u) { if (state_ok(l, 0u)) { adjoint[base + l + 0u * LP] = v.x; } }
+    if (SPT > 1u) { if (state_ok(l, 1u)) { adjoint[base + l + 1u * LP] = v.y; } }
+    if (SPT > 2u) { if (state_ok(l, 2u)) { adjoint[base + l + 2u * LP] = v.z; } }
+    if (SPT > 3u) { if (state_ok(l, 3u)) { adjoint[base + l + 3u * LP] = v.w; } }
 }
 
 // One tile's inputs as loaded from memory: item k (< PF) of a thread is item thread + k·WG of the tile's
 // (step, channel) and (step, state) lists, in member i<k> (members, not an indexed array, so they stay in
-// registers): held between the loads and `stage`, so that with PREFETCH the loads of the next tile are in
-// flight while this one computes. h: the tile's entry state (backward).
+// registers): all of a tile's loads are issued before any is staged. h: the tile's entry state (backward).
 struct Item { x: f32, u: f32, z: f32, dy: f32, b: f32, c: f32 }
 struct Staged { i0: Item, i1: Item, i2: Item, i3: Item, h: vec4<f32> }
 
@@ -224,15 +221,18 @@ fn fetch_grad(b: u32, d0: u32, t0: u32, steps: u32, thread: u32, h_slot: u32, ma
     if (PF > 1u) { staged.i1.dy = dy_item(b, d0, t0, steps, thread + WG); }
     if (PF > 2u) { staged.i2.dy = dy_item(b, d0, t0, steps, thread + 2u * WG); }
     if (PF > 3u) { staged.i3.dy = dy_item(b, d0, t0, steps, thread + 3u * WG); }
-    if (SPT > 0u) { if (mask.x > 0.0) { staged.h.x = tile_states[h_slot + 0u * WG]; } } if (SPT > 1u) { if (mask.y > 0.0) { staged.h.y = tile_states[h_slot + 1u * WG]; } } if (SPT > 2u) { if (mask.z > 0.0) { staged.h.z = tile_states[h_slot + 2u * WG]; } } if (SPT > 3u) { if (mask.w > 0.0) { staged.h.w = tile_states[h_slot + 3u * WG]; } }
+    if (SPT > 0u) { if (mask.x > 0.0) { staged.h.x = tile_states[h_slot + 0u * WG]; } }
+    if (SPT > 1u) { if (mask.y > 0.0) { staged.h.y = tile_states[h_slot + 1u * WG]; } }
+    if (SPT > 2u) { if (mask.z > 0.0) { staged.h.z = tile_states[h_slot + 2u * WG]; } }
+    if (SPT > 3u) { if (mask.w > 0.0) { staged.h.w = tile_states[h_slot + 3u * WG]; } }
     return staged;
 }
 
-// Write fetched item i into staging buffer `buf`: Δ, u, B, and C, z (forward) or the backward's
+// Write fetched item i into workgroup memory: Δ, u, B, and C, z (forward) or the backward's
 // per-(step, channel) factors (`grad`): dy through the gate, and the gate's and softplus's derivatives.
-fn stage_item(it: Item, d0: u32, steps: u32, i: u32, buf: u32, with_c: bool, with_z: bool, grad: bool) {
+fn stage_item(it: Item, d0: u32, steps: u32, i: u32, with_c: bool, with_z: bool, grad: bool) {
     if (i < steps * CH && d0 + i % CH < p.channels) {
-        let j = buf * T * CH + i;
+        let j = i;
         dt_tile[j] = softplus(it.x);
         u_tile[j] = it.u;
         if (with_z) { z_tile[j] = it.z; }
@@ -244,16 +244,16 @@ fn stage_item(it: Item, d0: u32, steps: u32, i: u32, buf: u32, with_c: bool, wit
         }
     }
     if (i < steps * N) {
-        B_tile[buf * T * N + i] = it.b;
-        if (with_c) { C_tile[buf * T * N + i] = it.c; }
+        B_tile[i] = it.b;
+        if (with_c) { C_tile[i] = it.c; }
     }
 }
 
-fn stage(staged: Staged, d0: u32, steps: u32, thread: u32, buf: u32, with_c: bool, with_z: bool, grad: bool) {
-    stage_item(staged.i0, d0, steps, thread, buf, with_c, with_z, grad);
-    if (PF > 1u) { stage_item(staged.i1, d0, steps, thread + WG, buf, with_c, with_z, grad); }
-    if (PF > 2u) { stage_item(staged.i2, d0, steps, thread + 2u * WG, buf, with_c, with_z, grad); }
-    if (PF > 3u) { stage_item(staged.i3, d0, steps, thread + 3u * WG, buf, with_c, with_z, grad); }
+fn stage(staged: Staged, d0: u32, steps: u32, thread: u32, with_c: bool, with_z: bool, grad: bool) {
+    stage_item(staged.i0, d0, steps, thread, with_c, with_z, grad);
+    if (PF > 1u) { stage_item(staged.i1, d0, steps, thread + WG, with_c, with_z, grad); }
+    if (PF > 2u) { stage_item(staged.i2, d0, steps, thread + 2u * WG, with_c, with_z, grad); }
+    if (PF > 3u) { stage_item(staged.i3, d0, steps, thread + 3u * WG, with_c, with_z, grad); }
 }
 
 // Grid (Dc / CH, B).
@@ -271,32 +271,36 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
     let sb = (b * p.channels + d0 + c) * N + l;  // [B, Dc, N] index of the thread's first state
     var a = vec4<f32>(0.0);
     var h = vec4<f32>(0.0);
-    if (SPT > 0u) { if (mask.x > 0.0) { a.x = -exp(A_log[(d0 + c) * N + l + 0u * LP]); if (p.seg_begin > 0u) { h.x = last_state[sb + 0u * LP]; } } } if (SPT > 1u) { if (mask.y > 0.0) { a.y = -exp(A_log[(d0 + c) * N + l + 1u * LP]); if (p.seg_begin > 0u) { h.y = last_state[sb + 1u * LP]; } } } if (SPT > 2u) { if (mask.z > 0.0) { a.z = -exp(A_log[(d0 + c) * N + l + 2u * LP]); if (p.seg_begin > 0u) { h.z = last_state[sb + 2u * LP]; } } } if (SPT > 3u) { if (mask.w > 0.0) { a.w = -exp(A_log[(d0 + c) * N + l + 3u * LP]); if (p.seg_begin > 0u) { h.w = last_state[sb + 3u * LP]; } } }
-    var staged: Staged;
-    if (PREFETCH) { staged = fetch(b, d0, p.seg_begin, min(T, p.len - p.seg_begin), thread, true, true); }
-    var buf = 0u;
+    if (SPT > 0u) { if (mask.x > 0.0) { a.x = -exp(A_log[(d0 + c) * N + l + 0u * LP]); } }
+    if (SPT > 1u) { if (mask.y > 0.0) { a.y = -exp(A_log[(d0 + c) * N + l + 1u * LP]); } }
+    if (SPT > 2u) { if (mask.z > 0.0) { a.z = -exp(A_log[(d0 + c) * N + l + 2u * LP]); } }
+    if (SPT > 3u) { if (mask.w > 0.0) { a.w = -exp(A_log[(d0 + c) * N + l + 3u * LP]); } }
+    if (p.seg_begin > 0u) {
+        if (SPT > 0u) { if (mask.x > 0.0) { h.x = last_state[sb + 0u * LP]; } }
+        if (SPT > 1u) { if (mask.y > 0.0) { h.y = last_state[sb + 1u * LP]; } }
+        if (SPT > 2u) { if (mask.z > 0.0) { h.z = last_state[sb + 2u * LP]; } }
+        if (SPT > 3u) { if (mask.w > 0.0) { h.w = last_state[sb + 3u * LP]; } }
+    }
     for (var t0 = p.seg_begin; t0 < p.seg_end; t0 += T) {
         if (t0 % p.chunk == 0u) {
             let cb = ((b * p.nchunks + t0 / p.chunk) * p.channels + d0 + c) * N + l;
-            if (SPT > 0u) { if (mask.x > 0.0) { states[cb + 0u * LP] = h.x; } } if (SPT > 1u) { if (mask.y > 0.0) { states[cb + 1u * LP] = h.y; } } if (SPT > 2u) { if (mask.z > 0.0) { states[cb + 2u * LP] = h.z; } } if (SPT > 3u) { if (mask.w > 0.0) { states[cb + 3u * LP] = h.w; } }
+            if (SPT > 0u) { if (mask.x > 0.0) { states[cb + 0u * LP] = h.x; } }
+            if (SPT > 1u) { if (mask.y > 0.0) { states[cb + 1u * LP] = h.y; } }
+            if (SPT > 2u) { if (mask.z > 0.0) { states[cb + 2u * LP] = h.z; } }
+            if (SPT > 3u) { if (mask.w > 0.0) { states[cb + 3u * LP] = h.w; } }
         }
         let steps = min(T, p.len - t0);
-        if (!PREFETCH) { staged = fetch(b, d0, t0, steps, thread, true, true); }
-        stage(staged, d0, steps, thread, buf, true, true, false);
+        stage(fetch(b, d0, t0, steps, thread, true, true), d0, steps, thread, true, true, false);
         workgroupBarrier();
-        let next = t0 + T;
-        if (PREFETCH && next < p.seg_end) { staged = fetch(b, d0, next, min(T, p.len - next), thread, true, true); }
-        let o = buf * T * CH;
-        let ob = buf * T * N;
         for (var s = 0u; s < steps; s++) {
-            let dt = dt_tile[o + s * CH + cc];
-            let uv = u_tile[o + s * CH + cc];
-            h = exp(dt * a) * h + (dt * uv) * b_states(ob + s * N, l);
-            let term = c_states(ob + s * N, l) * mask * h;
+            let dt = dt_tile[s * CH + cc];
+            let uv = u_tile[s * CH + cc];
+            h = exp(dt * a) * h + (dt * uv) * b_states(s * N, l);
+            let term = c_states(s * N, l) * mask * h;
             if (LANE_SUM) {
                 let sum_ch = lane_sum(term.x + term.y + term.z + term.w);
                 if (owns_channel && l == s % LP) {
-                    let zv = z_tile[o + s * CH + c];
+                    let zv = z_tile[s * CH + c];
                     y[row_index(b, t0 + s, d0 + c)] = (D[d0 + c] * uv + sum_ch) * zv * sigmoid(zv);
                 }
             } else if (owns_channel) {
@@ -309,20 +313,20 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
                 let s = i / CH;
                 let ci = i % CH;
                 if (d0 + ci < p.channels) {
-                    var acc = D[d0 + ci] * u_tile[o + i];
+                    var acc = D[d0 + ci] * u_tile[i];
                     for (var m = 0u; m < N; m++) { acc += state_terms[s * stride + ci * (N + 1u) + m]; }
-                    let zv = z_tile[o + i];
+                    let zv = z_tile[i];
                     y[row_index(b, t0 + s, d0 + ci)] = acc * zv * sigmoid(zv);
                 }
             }
         }
-        // The next tile overwrites the staged inputs (and state_terms): with two buffers and lane sums, the
-        // next tile's barrier already orders that after every thread's reads of this one.
-        if (BUFS == 1u || !LANE_SUM) { workgroupBarrier(); }
-        buf = (buf + 1u) % BUFS;
+        workgroupBarrier();  // the next tile overwrites the staged inputs (and state_terms)
     }
     // The final state seeds recurrent decoding after a parallel prefill.
-    if (SPT > 0u) { if (mask.x > 0.0) { last_state[sb + 0u * LP] = h.x; } } if (SPT > 1u) { if (mask.y > 0.0) { last_state[sb + 1u * LP] = h.y; } } if (SPT > 2u) { if (mask.z > 0.0) { last_state[sb + 2u * LP] = h.z; } } if (SPT > 3u) { if (mask.w > 0.0) { last_state[sb + 3u * LP] = h.w; } }
+    if (SPT > 0u) { if (mask.x > 0.0) { last_state[sb + 0u * LP] = h.x; } }
+    if (SPT > 1u) { if (mask.y > 0.0) { last_state[sb + 1u * LP] = h.y; } }
+    if (SPT > 2u) { if (mask.z > 0.0) { last_state[sb + 2u * LP] = h.z; } }
+    if (SPT > 3u) { if (mask.w > 0.0) { last_state[sb + 3u * LP] = h.w; } }
 }
 
 // One recurrent step per (batch row, channel), walking its N states in `state` (read and updated):
@@ -362,7 +366,10 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     let row_c = cc * (N + 1u);  // the channel's words in a step of state_terms / adjoint
     let nch = min(CH, p.channels - d0);  // channels of this workgroup inside Dc
     var a = vec4<f32>(0.0);
-    if (SPT > 0u) { if (mask.x > 0.0) { a.x = -exp(A_log[(d0 + c) * N + l + 0u * LP]); } } if (SPT > 1u) { if (mask.y > 0.0) { a.y = -exp(A_log[(d0 + c) * N + l + 1u * LP]); } } if (SPT > 2u) { if (mask.z > 0.0) { a.z = -exp(A_log[(d0 + c) * N + l + 2u * LP]); } } if (SPT > 3u) { if (mask.w > 0.0) { a.w = -exp(A_log[(d0 + c) * N + l + 3u * LP]); } }
+    if (SPT > 0u) { if (mask.x > 0.0) { a.x = -exp(A_log[(d0 + c) * N + l + 0u * LP]); } }
+    if (SPT > 1u) { if (mask.y > 0.0) { a.y = -exp(A_log[(d0 + c) * N + l + 1u * LP]); } }
+    if (SPT > 2u) { if (mask.z > 0.0) { a.z = -exp(A_log[(d0 + c) * N + l + 2u * LP]); } }
+    if (SPT > 3u) { if (mask.w > 0.0) { a.w = -exp(A_log[(d0 + c) * N + l + 3u * LP]); } }
     let tiles_per_chunk = (min(p.chunk, p.len) + T - 1u) / T;
     // tile_states [B, Dc / CH, tiles per chunk, SPT, WG]: the thread's entry state j of tile i at
     // scratch + (i·SPT + j)·WG.
@@ -379,8 +386,6 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         d_skip = carry[ci + 8u];
         d_bias = carry[ci + 9u];
     }
-    var staged: Staged;
-    var buf = 0u;
     for (var k = min(p.kc_hi, p.nchunks); k > p.kc_lo; k--) {
         let chunk_start = (k - 1u) * p.chunk;
         let ntiles = (min(p.chunk, p.len - chunk_start) + T - 1u) / T;
@@ -388,178 +393,111 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         // at the last tile's entry: its exit state is not needed; all tiles before it are whole).
         var h = vec4<f32>(0.0);
         let sb = ((b * p.nchunks + k - 1u) * p.channels + d0 + c) * N + l;
-        if (SPT > 0u) { if (mask.x > 0.0) { h.x = saved_states[sb + 0u * LP]; } } if (SPT > 1u) { if (mask.y > 0.0) { h.y = saved_states[sb + 1u * LP]; } } if (SPT > 2u) { if (mask.z > 0.0) { h.z = saved_states[sb + 2u * LP]; } } if (SPT > 3u) { if (mask.w > 0.0) { h.w = saved_states[sb + 3u * LP]; } }
+        if (SPT > 0u) { if (mask.x > 0.0) { h.x = saved_states[sb + 0u * LP]; } }
+        if (SPT > 1u) { if (mask.y > 0.0) { h.y = saved_states[sb + 1u * LP]; } }
+        if (SPT > 2u) { if (mask.z > 0.0) { h.z = saved_states[sb + 2u * LP]; } }
+        if (SPT > 3u) { if (mask.w > 0.0) { h.w = saved_states[sb + 3u * LP]; } }
         let walked = ntiles - 1u;
-        if (PREFETCH && walked > 0u) { staged = fetch(b, d0, chunk_start, T, thread, false, false); }
         for (var i = 0u; i < walked; i++) {
             let t0 = chunk_start + i * T;
-            if (SPT > 0u) { if (mask.x > 0.0) { tile_states[scratch + (i * SPT + 0u) * WG] = h.x; } } if (SPT > 1u) { if (mask.y > 0.0) { tile_states[scratch + (i * SPT + 1u) * WG] = h.y; } } if (SPT > 2u) { if (mask.z > 0.0) { tile_states[scratch + (i * SPT + 2u) * WG] = h.z; } } if (SPT > 3u) { if (mask.w > 0.0) { tile_states[scratch + (i * SPT + 3u) * WG] = h.w; } }
-            if (!PREFETCH) { staged = fetch(b, d0, t0, T, thread, false, false); }
-            stage(staged, d0, T, thread, buf, false, false, false);
+            if (SPT > 0u) { if (mask.x > 0.0) { tile_states[scratch + (i * SPT + 0u) * WG] = h.x; } }
+            if (SPT > 1u) { if (mask.y > 0.0) { tile_states[scratch + (i * SPT + 1u) * WG] = h.y; } }
+            if (SPT > 2u) { if (mask.z > 0.0) { tile_states[scratch + (i * SPT + 2u) * WG] = h.z; } }
+            if (SPT > 3u) { if (mask.w > 0.0) { tile_states[scratch + (i * SPT + 3u) * WG] = h.w; } }
+            stage(fetch(b, d0, t0, T, thread, false, false), d0, T, thread, false, false, false);
             workgroupBarrier();
-            if (PREFETCH && i + 1u < walked) { staged = fetch(b, d0, t0 + T, T, thread, false, false); }
-            let o = buf * T * CH;
-            let ob = buf * T * N;
             for (var s = 0u; s < T; s++) {
-                let dt = dt_tile[o + s * CH + cc];
-                h = exp(dt * a) * h + (dt * u_tile[o + s * CH + cc]) * b_states(ob + s * N, l);
+                let dt = dt_tile[s * CH + cc];
+                h = exp(dt * a) * h + (dt * u_tile[s * CH + cc]) * b_states(s * N, l);
             }
-            if (BUFS == 1u) { workgroupBarrier(); }
-            buf = (buf + 1u) % BUFS;
+            workgroupBarrier();
         }
-        if (SPT > 0u) { if (mask.x > 0.0) { tile_states[scratch + (walked * SPT + 0u) * WG] = h.x; } } if (SPT > 1u) { if (mask.y > 0.0) { tile_states[scratch + (walked * SPT + 1u) * WG] = h.y; } } if (SPT > 2u) { if (mask.z > 0.0) { tile_states[scratch + (walked * SPT + 2u) * WG] = h.z; } } if (SPT > 3u) { if (mask.w > 0.0) { tile_states[scratch + (walked * SPT + 3u) * WG] = h.w; } }
-        let last = chunk_start + walked * T;
-        if (PREFETCH) { staged = fetch_grad(b, d0, last, min(T, p.len - last), thread, scratch + walked * SPT * WG, mask); }
+        if (SPT > 0u) { if (mask.x > 0.0) { tile_states[scratch + (walked * SPT + 0u) * WG] = h.x; } }
+        if (SPT > 1u) { if (mask.y > 0.0) { tile_states[scratch + (walked * SPT + 1u) * WG] = h.y; } }
+        if (SPT > 2u) { if (mask.z > 0.0) { tile_states[scratch + (walked * SPT + 2u) * WG] = h.z; } }
+        if (SPT > 3u) { if (mask.w > 0.0) { tile_states[scratch + (walked * SPT + 3u) * WG] = h.w; } }
         for (var i = ntiles; i > 0u; i--) {
             let t0 = chunk_start + (i - 1u) * T;
             let steps = min(T, p.len - t0);
-            if (!PREFETCH) { staged = fetch_grad(b, d0, t0, steps, thread, scratch + (i - 1u) * SPT * WG, mask); }
+            let staged = fetch_grad(b, d0, t0, steps, thread, scratch + (i - 1u) * SPT * WG, mask);
             let h_entry = staged.h;
-            stage(staged, d0, steps, thread, buf, true, false, true);
+            stage(staged, d0, steps, thread, true, false, true);
             workgroupBarrier();
-            if (PREFETCH && i > 1u) {
-                staged = fetch_grad(b, d0, t0 - T, T, thread, scratch + (i - 2u) * SPT * WG, mask);
-            }
-            let o = buf * T * CH;
-            let ob = buf * T * N;
             var ht = h_entry;
             for (var s = 0u; s < steps; s++) {
-                let dt = dt_tile[o + s * CH + cc];
-                ht = exp(dt * a) * ht + (dt * u_tile[o + s * CH + cc]) * b_states(ob + s * N, l);
+                let dt = dt_tile[s * CH + cc];
+                ht = exp(dt * a) * ht + (dt * u_tile[s * CH + cc]) * b_states(s * N, l);
                 if (owns_channel) { terms_store(s * stride + row_c, l, ht); }
             }
-            if (LANE_SUM) {
-                // The adjoint, last step to first, each thread on its own words of state_terms (so no barrier
-                // since the recompute): step s reads h_{s−1} before step s − 1 overwrites its words.
-                for (var s = steps; s > 0u; s--) {
-                    let si = s - 1u;
-                    var hs = vec4<f32>(0.0);
-                    var h_prev = h_entry;
-                    if (owns_channel) {
-                        hs = terms_load(si * stride + row_c, l);
-                        if (si > 0u) { h_prev = terms_load((si - 1u) * stride + row_c, l); }
+            workgroupBarrier();
+            // From h_t: dz (needs the ungated y_t) per (step, channel) and dC per (step, state).
+            for (var i = thread; i < steps * CH; i += WG) {
+                let s = i / CH;
+                let ch = i % CH;
+                if (ch < nch) {
+                    var acc = D[d0 + ch] * u_tile[i];
+                    for (var m = 0u; m < N; m++) {
+                        acc += C_tile[s * N + m] * state_terms[s * stride + ch * (N + 1u) + m];
                     }
-                    let dyg = dyg_tile[o + si * CH + cc];
-                    let cs = c_states(ob + si * N, l) * mask;
-                    g += dyg * cs;
-                    let dt = dt_tile[o + si * CH + cc];
-                    let uv = u_tile[o + si * CH + cc];
-                    let decay = exp(dt * a);
-                    let gh = g * decay * h_prev;  // ∂loss/∂(Δ_t A)
-                    da += gh * dt;
-                    let yc = lane_sum(dot(cs, hs));                                    // C_t·h_t
-                    let gb = lane_sum(dot(g * mask, b_states(ob + si * N, l)));        // ∂loss/∂(Δ_t u_t)
-                    let gha = lane_sum(dot(gh, a));  // Σ_n g_t[n] exp(Δ_t A[n]) h_{t−1}[n] A[n] (a = 0 past N)
-                    if (owns_channel) {
-                        terms_store(si * stride + row_c, l, hs * dyg);       // dC term
-                        adjoint_store(si * stride + row_c, l, g * (dt * uv));  // dB term
-                    }
-                    if (owns_channel && l == si % LP) {
-                        let row = row_index(b, t0 + si, d0 + c);
-                        let skip = D[d0 + c];
-                        dz[row] = (skip * uv + yc) * dzg_tile[o + si * CH + c];
-                        du[row] = skip * dyg + dt * gb;
-                        let dx = (gha + uv * gb) * dsoftplus_tile[o + si * CH + c];
-                        ddelta[row] = dx;
-                        d_skip += dyg * uv;
-                        d_bias += dx;
-                    }
-                    g *= decay;
-                }
-                workgroupBarrier();
-                // dB and dC per (step, state): the sums over the workgroup's channels.
-                for (var i = thread; i < steps * N; i += WG) {
-                    let s = i / N;
-                    let m = i % N;
-                    var acc_b = 0.0;
-                    var acc_c = 0.0;
-                    for (var ch = 0u; ch < nch; ch++) {
-                        acc_b += adjoint[s * stride + ch * (N + 1u) + m];
-                        acc_c += state_terms[s * stride + ch * (N + 1u) + m];
-                    }
-                    dB_part[(part_row * p.len + t0) * N + i] = acc_b;
-                    dC_part[(part_row * p.len + t0) * N + i] = acc_c;
-                }
-            } else {
-                workgroupBarrier();
-                // From h_t: dz (needs the ungated y_t) per (step, channel) and dC per (step, state).
-                for (var i = thread; i < steps * CH; i += WG) {
-                    let s = i / CH;
-                    let ch = i % CH;
-                    if (ch < nch) {
-                        var acc = D[d0 + ch] * u_tile[o + i];
-                        for (var m = 0u; m < N; m++) {
-                            acc += C_tile[ob + s * N + m] * state_terms[s * stride + ch * (N + 1u) + m];
-                        }
-                        dz[row_index(b, t0 + s, d0 + ch)] = acc * dzg_tile[o + i];
-                    }
-                }
-                for (var i = thread; i < steps * N; i += WG) {
-                    let s = i / N;
-                    let m = i % N;
-                    var acc = 0.0;
-                    for (var ch = 0u; ch < nch; ch++) {
-                        acc += state_terms[s * stride + ch * (N + 1u) + m] * dyg_tile[o + s * CH + ch];
-                    }
-                    dC_part[(part_row * p.len + t0) * N + i] = acc;
-                }
-                if (!SPLIT) { workgroupBarrier(); }
-                // The adjoint, last step to first. Step s reads h_{s−1} before step s − 1 overwrites its words.
-                if (owns_channel) {
-                    for (var s = steps; s > 0u; s--) {
-                        let si = s - 1u;
-                        g += dyg_tile[o + si * CH + c] * c_states(ob + si * N, l) * mask;
-                        let dt = dt_tile[o + si * CH + c];
-                        let decay = exp(dt * a);
-                        var h_prev = h_entry;
-                        if (si > 0u) { h_prev = terms_load((si - 1u) * stride + row_c, l); }
-                        let gh = g * decay * h_prev;  // ∂loss/∂(Δ_t A)
-                        da += gh * dt;
-                        if (SPLIT) {
-                            gh_store(si * stride + row_c, l, gh * a);
-                        } else {
-                            terms_store(si * stride + row_c, l, gh * a);
-                        }
-                        adjoint_store(si * stride + row_c, l, g);
-                        g *= decay;
-                    }
-                }
-                workgroupBarrier();
-                // du, ddelta per (step, channel); dB per (step, state).
-                for (var i = thread; i < steps * CH; i += WG) {
-                    let s = i / CH;
-                    let ch = i % CH;
-                    if (ch < nch) {
-                        var gb = 0.0;   // Σ_n g_t[n] B_t[n] = ∂loss/∂(Δ_t u_t)
-                        var gha = 0.0;  // Σ_n g_t[n] exp(Δ_t A[n]) h_{t−1}[n] A[n]
-                        for (var m = 0u; m < N; m++) {
-                            gb += adjoint[s * stride + ch * (N + 1u) + m] * B_tile[ob + s * N + m];
-                            if (SPLIT) {
-                                gha += gh_terms[s * stride + ch * (N + 1u) + m];
-                            } else {
-                                gha += state_terms[s * stride + ch * (N + 1u) + m];
-                            }
-                        }
-                        let row = row_index(b, t0 + s, d0 + ch);
-                        du[row] = D[d0 + ch] * dyg_tile[o + i] + dt_tile[o + i] * gb;
-                        let dx = (gha + u_tile[o + i] * gb) * dsoftplus_tile[o + i];
-                        ddelta[row] = dx;
-                        d_skip += dyg_tile[o + i] * u_tile[o + i];
-                        d_bias += dx;
-                    }
-                }
-                for (var i = thread; i < steps * N; i += WG) {
-                    let s = i / N;
-                    let m = i % N;
-                    var acc = 0.0;
-                    for (var ch = 0u; ch < nch; ch++) {
-                        acc += adjoint[s * stride + ch * (N + 1u) + m] * dt_tile[o + s * CH + ch] * u_tile[o + s * CH + ch];
-                    }
-                    dB_part[(part_row * p.len + t0) * N + i] = acc;
+                    dz[row_index(b, t0 + s, d0 + ch)] = acc * dzg_tile[i];
                 }
             }
+            for (var i = thread; i < steps * N; i += WG) {
+                let s = i / N;
+                let m = i % N;
+                var acc = 0.0;
+                for (var ch = 0u; ch < nch; ch++) {
+                    acc += state_terms[s * stride + ch * (N + 1u) + m] * dyg_tile[s * CH + ch];
+                }
+                dC_part[(part_row * p.len + t0) * N + i] = acc;
+            }
+            workgroupBarrier();
+            // The adjoint, last step to first. Step s reads h_{s−1} before step s − 1 overwrites its words.
+            if (owns_channel) {
+                for (var s = steps; s > 0u; s--) {
+                    let si = s - 1u;
+                    g += dyg_tile[si * CH + c] * c_states(si * N, l) * mask;
+                    let dt = dt_tile[si * CH + c];
+                    let decay = exp(dt * a);
+                    var h_prev = h_entry;
+                    if (si > 0u) { h_prev = terms_load((si - 1u) * stride + row_c, l); }
+                    let gh = g * decay * h_prev;  // ∂loss/∂(Δ_t A)
+                    da += gh * dt;
+                    terms_store(si * stride + row_c, l, gh * a);
+                    adjoint_store(si * stride + row_c, l, g);
+                    g *= decay;
+                }
+            }
+            workgroupBarrier();
+            // du, ddelta per (step, channel); dB per (step, state).
+            for (var i = thread; i < steps * CH; i += WG) {
+                let s = i / CH;
+                let ch = i % CH;
+                if (ch < nch) {
+                    var gb = 0.0;   // Σ_n g_t[n] B_t[n] = ∂loss/∂(Δ_t u_t)
+                    var gha = 0.0;  // Σ_n g_t[n] exp(Δ_t A[n]) h_{t−1}[n] A[n]
+                    for (var m = 0u; m < N; m++) {
+                        gb += adjoint[s * stride + ch * (N + 1u) + m] * B_tile[s * N + m];
+                        gha += state_terms[s * stride + ch * (N + 1u) + m];
+                    }
+                    let row = row_index(b, t0 + s, d0 + ch);
+                    du[row] = D[d0 + ch] * dyg_tile[i] + dt_tile[i] * gb;
+                    let dx = (gha + u_tile[i] * gb) * dsoftplus_tile[i];
+                    ddelta[row] = dx;
+                    d_skip += dyg_tile[i] * u_tile[i];
+                    d_bias += dx;
+                }
+            }
+            for (var i = thread; i < steps * N; i += WG) {
+                let s = i / N;
+                let m = i % N;
+                var acc = 0.0;
+                for (var ch = 0u; ch < nch; ch++) {
+                    acc += adjoint[s * stride + ch * (N + 1u) + m] * dt_tile[s * CH + ch] * u_tile[s * CH + ch];
+                }
+                dB_part[(part_row * p.len + t0) * N + i] = acc;
+            }
             workgroupBarrier();  // the next tile overwrites the staged inputs and terms
-            buf = (buf + 1u) % BUFS;
         }
     }
     if (p.kc_lo > 0u) {  // uniform: more chunks follow in another dispatch
@@ -571,22 +509,19 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     }
     let pb = (b * p.channels + d0 + c) * (N + 2u) + l;
     // ∂/∂A_log = ∂/∂A · A
-    if (SPT > 0u) { if (mask.x > 0.0) { param_part[pb + 0u * LP] = da.x * a.x; } } if (SPT > 1u) { if (mask.y > 0.0) { param_part[pb + 1u * LP] = da.y * a.y; } } if (SPT > 2u) { if (mask.z > 0.0) { param_part[pb + 2u * LP] = da.z * a.z; } } if (SPT > 3u) { if (mask.w > 0.0) { param_part[pb + 3u * LP] = da.w * a.w; } }
-    // Add each channel's partials of ∂/∂D and ∂/∂delta_bias in workgroup memory: with LANE_SUM channel c's are
-    // at its LP threads, else (thread i summed the (step, channel) items of channel i % CH; CH divides WG) at
-    // threads c, c + CH, ….
+    if (SPT > 0u) { if (mask.x > 0.0) { param_part[pb + 0u * LP] = da.x * a.x; } }
+    if (SPT > 1u) { if (mask.y > 0.0) { param_part[pb + 1u * LP] = da.y * a.y; } }
+    if (SPT > 2u) { if (mask.z > 0.0) { param_part[pb + 2u * LP] = da.z * a.z; } }
+    if (SPT > 3u) { if (mask.w > 0.0) { param_part[pb + 3u * LP] = da.w * a.w; } }
+    // Add each channel's partials of ∂/∂D and ∂/∂delta_bias in workgroup memory (thread i summed the
+    // (step, channel) items of channel i % CH; CH divides WG).
     state_terms[thread] = d_skip;
     adjoint[thread] = d_bias;
     workgroupBarrier();
     if (thread < nch) {
         var skip = 0.0;
         var bias = 0.0;
-        let parts = select(WG / CH, LP, LANE_SUM);
-        for (var j = 0u; j < parts; j++) {
-            let i = select(thread + j * CH, thread * LP + j, LANE_SUM);
-            skip += state_terms[i];
-            bias += adjoint[i];
-        }
+        for (var i = thread; i < WG; i += CH) { skip += state_terms[i]; bias += adjoint[i]; }
         let base = (b * p.channels + d0 + thread) * (N + 2u) + N;
         param_part[base] = skip;
         param_part[base + 1u] = bias;

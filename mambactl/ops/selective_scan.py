@@ -6,12 +6,14 @@ layout, with A passed as A_log:
     Δ = softplus(delta + delta_bias),  A = −exp(A_log),
     h_t = exp(Δ_t A) h_{t−1} + Δ_t B_t u_t,  y_t = (C_t·h_t + D u_t) · silu(z_t).
 
-Memory: the forward keeps the state entering each chunk of `chunk` steps ([B, ceil(L / chunk), Dc, N]); the
-backward recomputes the states in between. Its transient buffers are the tile entry states of one chunk
-([B, Dc / CH, ceil(min(chunk, L) / T), 128]) and the per-workgroup partials of dB and dC
-(2 × [Dc / CH, B, L, N]), where CH, the channels per workgroup, is min(128 / N, 32) rounded down to a power
-of two (8 for N = 16), and T, the steps per tile, is the largest of 16, 8, 4 that divides `chunk` and keeps
-workgroup memory within 16 KiB (8 for N = 16).
+Memory: the forward keeps the state entering each chunk of `chunk` steps ([B, ceil(L / chunk), Dc, N]; chunk
+16 on the tiled path by default, 128 on the others); the backward recomputes the states in between. Its
+transient buffers are the tile entry states of one chunk ([B, Dc / CH, ceil(min(chunk, L) / T), 1, 128]) and
+the per-workgroup partials of dB and dC (2 × [Dc / CH, B, L, N]), where CH, the channels per workgroup, is
+min(128 / N, 32) rounded down to a power of two (8 for N = 16), and T, the steps per tile, is the largest of
+16, 8, 4 that divides `chunk` and keeps workgroup memory within 16 KiB (8 for N = 16). The tiled forward holds
+4 states per thread and sums over n by subgroup butterflies where a channel's N / 4 lanes (N rounded up to a
+power of two) fit a subgroup (CH = 32 at N = 16), else 1 state per thread and sums in workgroup memory.
 
 CPU adapters (`rt.info.type == "CPU"`, e.g. Mesa llvmpipe) take barrier-free kernels instead (`path="direct"`;
 `path="tiled"` / `"direct"` forces either): one invocation per (batch row, channel) walks time with its N states
@@ -51,6 +53,11 @@ CHUNK_MULTIPLE = 8
 CARRY_WORDS = 10  # CARRY in the kernel: a backward thread's carried sums between segments
 MAX_ITEMS = 4  # staged items per thread: the vec4 registers of Staged in the kernel
 DEFAULT_CHUNK = 128
+# The tiled path's default chunk: its backward recomputes a chunk's tile entry states by walking all of the
+# chunk's tiles but the last, so shorter chunks walk less (H200, B 8, L 1024, Dc 1536, N 16: backward 2.59 /
+# 2.52 / 2.46 / 2.35 ms at chunk 128 / 32 / 16 / 8) for more saved states (16: 50 MB per such layer in
+# [B, L / 16, Dc, N], against 6 MB at 128).
+TILED_CHUNK = 16
 PATHS = ("tiled", "direct", "subgroup")
 SUBGROUP_MAX_STATE = 16  # SG_N in the kernel: the subgroup kernels hold the state in four vec4 registers
 SUBGROUP_SUBCHUNK = 4  # SUBCHUNK in the kernel: steps per scratch slot of the subgroup backward
@@ -101,23 +108,24 @@ def items_per_thread(nstate: int, tile: int, spt: int = 1) -> int:
     return -(-tile * max(channels_per_group(nstate, spt), nstate) // WORKGROUP)
 
 
-def tile_memory(nstate: int, tile: int, buffers: int = 1, spt: int = 1, split: bool = False) -> int:
-    """Bytes of workgroup memory of the tiled kernels: per buffer six [T, CH] and two [T, N] staging tiles,
-    and two (three with SPLIT) [T, CH·(N + 1)] tiles of terms."""
+def tile_memory(nstate: int, tile: int, spt: int = 1, lane_sum: bool = False) -> int:
+    """Bytes of workgroup memory of the tiled kernels: six [T, CH] and two [T, N] staging tiles, and two
+    [T, CH·(N + 1)] tiles of terms; the LANE_SUM forward reads neither (one step of state_terms is declared)."""
     ch = channels_per_group(nstate, spt)
-    return 4 * tile * (buffers * (6 * ch + 2 * nstate) + (3 if split else 2) * ch * (nstate + 1))
+    terms = ch * (nstate + 1) * (1 if lane_sum else 2 * tile)
+    return 4 * (tile * (6 * ch + 2 * nstate) + terms)
 
 
-def tile_steps(nstate: int, chunk: int, buffers: int = 1, spt: int = 1, memory: int = WORKGROUP_MEMORY,
-               split: bool = False) -> int:
-    """Steps per tile: the largest of TILES that divides `chunk`, whose workgroup memory fits `memory`
-    and whose staged items fit the kernels' 4 registers per thread (PF ≤ MAX_ITEMS); T = 4 always does at
-    SPT = 1 (N ≤ 128, chunk a multiple of 8)."""
-    fits = [t for t in TILES if chunk % t == 0 and tile_memory(nstate, t, buffers, spt, split) <= memory
+def tile_steps(nstate: int, chunk: int, spt: int = 1, lane_sum: bool = False,
+               memory: int = WORKGROUP_MEMORY) -> int:
+    """Steps per tile: the largest of TILES that divides `chunk`, whose workgroup memory fits `memory` and
+    whose staged items fit the kernels' 4 registers per thread (PF ≤ MAX_ITEMS); T = 4 always does at SPT = 1
+    or with LANE_SUM (N ≤ 128, chunk a multiple of 8)."""
+    fits = [t for t in TILES if chunk % t == 0 and tile_memory(nstate, t, spt, lane_sum) <= memory
             and items_per_thread(nstate, t, spt) <= MAX_ITEMS]
     if not fits:
-        raise ShapeError(f"selective_scan: no tile of {TILES} fits {memory} bytes of workgroup memory at N = {nstate}, "
-                         f"{spt} states per thread")
+        raise ShapeError(f"selective_scan: no tile of {TILES} fits {memory} bytes of workgroup memory at "
+                         f"N = {nstate}, {spt} states per thread")
     return fits[0]
 
 
@@ -145,7 +153,8 @@ def _scan_params(batch: int, length: int, channels: int, chunk: int) -> dict:
                 seg_end=length, kc_lo=0, kc_hi=nchunks)
 
 
-# Loop iterations per invocation (upper bounds, no unrolling assumed, either LANE_SUM choice), for Mesa
+# Loop iterations per invocation (upper bounds, no unrolling assumed, either LANE_SUM choice, SPT of them per
+# per-state helper), for Mesa
 # llvmpipe's budget of 65,535 (mambactl/ops/checks.py), per tile of T steps: PF items per fetch and per stage,
 # a[items] = ceil(T·CH / WG) passes over (step, channel) items, s[items] = ceil(T·N / WG) over (step, state)
 # items, log2(NP) per lane sum.
@@ -164,13 +173,11 @@ def forward_loops_per_tile(nstate: int, tile: int, spt: int = 1) -> int:
 def backward_loops_per_tile(nstate: int, tile: int, spt: int = 1) -> int:
     a, st = _tile_passes(nstate, tile, spt)
     ch = channels_per_group(nstate, spt)
-    butterfly = lanes_per_channel(nstate).bit_length() - 1
     staging = 1 + 2 * items_per_thread(nstate, tile, spt) + 3 * spt
     walk = staging + tile * (1 + spt)
     recompute = tile * (1 + 2 * spt)
-    lane_sums = tile * (1 + 3 * butterfly + 6 * spt) + st * (1 + ch)
-    workgroup_sums = 2 * a * (1 + nstate) + 2 * st * (1 + ch) + tile * (1 + 4 * spt)
-    return walk + staging + recompute + lane_sums + workgroup_sums
+    sums = 2 * a * (1 + nstate) + 2 * st * (1 + ch) + tile * (1 + 4 * spt)
+    return walk + staging + recompute + sums
 
 
 def direct_forward_loops_per_step(nstate: int) -> int:
@@ -245,78 +252,73 @@ def _check_subgroup(rt, op: str, nstate: int) -> None:
     require_subgroup_lanes(rt, f"{op}: the subgroup path")
 
 
-# Overrides of the tiled kernels' choices, by pipeline-constant name (PREFETCH, LANE_SUM, BUFS, SPT, SPLIT, T; FT: the
-# forward's T): one
-# process times several variants (bench/scan.py --variant), tests run each. Empty: the defaults below.
+# Overrides of the tiled kernels' choices, by pipeline-constant name (SPT, LANE_SUM, T): one process times
+# several variants (bench/scan.py --variant), tests run each. Empty: the defaults of `_constants`.
 TILED_VARIANT: dict = {}
-DEFAULT_PREFETCH = False
-DEFAULT_LANE_SUM = False
-DEFAULT_BUFS = 1
-DEFAULT_SPT = 1
-DEFAULT_SPLIT = False
+# The forward's default where a channel's lanes fit a subgroup: 4 states per thread, sums over n by lane
+# butterflies (H200, N 16: 0.49 ms per layer, 0.68 with SPT = 1 and workgroup sums). The backward keeps one
+# state per thread and workgroup sums (2.6 ms; 3.3-5.8 ms with more states per thread or lane sums).
+FORWARD_SPT = 4
 
 
 def lane_sums_fit(rt, nstate: int, spt: int = 1) -> bool:
-    """Whether a channel's LP = NP / SPT lanes fit in one subgroup (the tiled kernels' LANE_SUM)."""
+    """Whether a channel's LP = NP / SPT lanes fit in one subgroup (the tiled forward's LANE_SUM)."""
     lanes = lanes_per_channel(nstate) // states_per_thread(nstate, spt)
     return "subgroup" in rt.features and lanes <= rt.subgroup_size
 
 
-def _constants(rt, op: str, nstate: int, chunk: int, forward: bool = False) -> dict:
-    """The tiled kernels' pipeline constants; `forward`: the forward's (FT, a variant, overrides its T)."""
+def _constants(rt, op: str, nstate: int, chunk: int, forward: bool) -> dict:
+    """The tiled forward's (`forward`) or backward's pipeline constants: the defaults, or TILED_VARIANT's."""
     v = dict(TILED_VARIANT)
-    if forward and "FT" in v:
-        v["T"] = v["FT"]
-    v.pop("FT", None)
-    unknown = set(v) - {"PREFETCH", "LANE_SUM", "BUFS", "SPT", "SPLIT", "T"}
+    unknown = set(v) - {"SPT", "LANE_SUM", "T"}
     if unknown:
         raise ShapeError(f"{op}: unknown tiled variant constants {sorted(unknown)}")
-    spt = states_per_thread(nstate, int(v.get("SPT", DEFAULT_SPT)))
+    fits = forward and lane_sums_fit(rt, nstate, FORWARD_SPT)
+    spt = states_per_thread(nstate, int(v.get("SPT", FORWARD_SPT if fits else 1)))
     if spt not in (1, 2, 4):
         raise ShapeError(f"{op}: SPT is {spt}; 1, 2 or 4 states per thread")
     lanes = lanes_per_channel(nstate) // spt
-    lane_sum = bool(v.get("LANE_SUM", DEFAULT_LANE_SUM and lane_sums_fit(rt, nstate, spt)))
+    lane_sum = forward and bool(v.get("LANE_SUM", lane_sums_fit(rt, nstate, spt)))
     if lane_sum and not lane_sums_fit(rt, nstate, spt):
         raise ShapeError(f"{op}: LANE_SUM needs {lanes} lanes per subgroup; this adapter has "
                          f"{rt.subgroup_size or 'no subgroups'}")
-    split = bool(v.get("SPLIT", DEFAULT_SPLIT)) and not lane_sum
-    bufs = int(v.get("BUFS", DEFAULT_BUFS))
-    if bufs not in (1, 2):
-        raise ShapeError(f"{op}: BUFS is {bufs}; 1 or 2")
-    # Several states per thread put 4× the channels in a workgroup: their terms take more than WebGPU's
-    # guaranteed 16 KiB, so those take what the device has.
-    memory = WORKGROUP_MEMORY if spt == 1 else int(rt.limits.get("max-compute-workgroup-storage-size",
-                                                                  WORKGROUP_MEMORY))
-    tile = int(v["T"]) if "T" in v else tile_steps(nstate, chunk, bufs, spt, memory, split)
+    # Several states per thread with workgroup sums (variants only) put 4x the channels' terms in a workgroup:
+    # those take what the device has.
+    memory = WORKGROUP_MEMORY
+    if spt > 1 and not lane_sum:
+        memory = int(rt.limits.get("max-compute-workgroup-storage-size", WORKGROUP_MEMORY))
+    tile = int(v["T"]) if "T" in v else tile_steps(nstate, chunk, spt, lane_sum, memory)
     if chunk % tile or items_per_thread(nstate, tile, spt) > MAX_ITEMS or tile < 4:
         raise ShapeError(f"{op}: T = {tile} must divide chunk {chunk}, be at least 4 and stage at most "
                          f"{MAX_ITEMS} items per thread")
     return {"N": nstate, "NP": lanes_per_channel(nstate), "SPT": spt, "LP": lanes,
             "CH": channels_per_group(nstate, spt), "T": tile, "PF": items_per_thread(nstate, tile, spt),
-            "BUFS": bufs, "PREFETCH": bool(v.get("PREFETCH", DEFAULT_PREFETCH)), "LANE_SUM": lane_sum,
-            "SPLIT": split, "GH_STEPS": tile if split else 1, "TERM_STEPS": tile}
+            "LANE_SUM": lane_sum, "TERM_STEPS": 1 if lane_sum else tile}
 
 
 def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor,
-                   delta_bias: Tensor, chunk: int = DEFAULT_CHUNK, segment: int | None = None,
+                   delta_bias: Tensor, chunk: int | None = None, segment: int | None = None,
                    path: str | None = None) -> tuple[Tensor, ScanSaved]:
     """u, delta, z [B, L, Dc]; A_log [Dc, N]; B, C [B, L, N]; D, delta_bias [Dc] -> (y [B, L, Dc], saved).
 
-    `chunk` (a positive multiple of 8) is the number of steps between saved states. `segment`: steps per dispatch
+    `chunk` (a positive multiple of 8) is the number of steps between saved states; None: TILED_CHUNK on the
+    tiled path, DEFAULT_CHUNK on the others. `segment`: steps per dispatch
     (rounded up to a tile; h carried in last_state). None: one dispatch, except on Mesa llvmpipe, whose
     per-invocation loop budget sets it (mambactl/ops/checks.py). `path`: "tiled" (GPUs), "direct" (CPU adapters)
     or None (by the adapter type); the direct forward's segments are not rounded to a tile.
     """
     op = "selective_scan"
     batch, length, channels, nstate = _check_inputs(op, u, delta, A_log, B, C, D, z, delta_bias)
-    if chunk < CHUNK_MULTIPLE or chunk % CHUNK_MULTIPLE:
+    if chunk is not None and (chunk < CHUNK_MULTIPLE or chunk % CHUNK_MULTIPLE):
         raise ShapeError(f"{op}: chunk is {chunk}; it must be a positive multiple of {CHUNK_MULTIPLE}")
     rt = u.runtime
+    chosen = _choose_path(rt, op, path, nstate, min(chunk or DEFAULT_CHUNK, length))
+    if chunk is None:
+        chunk = TILED_CHUNK if chosen == "tiled" else DEFAULT_CHUNK
     params = _scan_params(batch, length, channels, chunk)
     y = rt.empty(u.shape)
     states = rt.empty((batch, params["nchunks"], channels, nstate))
     last_state = rt.empty((batch, channels, nstate))
-    chosen = _choose_path(rt, op, path, nstate, min(chunk, length))
     if chosen == "subgroup":
         _check_subgroup(rt, op, nstate)
         seg = segment_length(rt, op, tuple(u.shape), length, subgroup_forward_loops_per_step(nstate),
@@ -337,15 +339,14 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
                    u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states,
                    last_state=last_state, ngroups=0, per_thread=0, **params)
         return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
-    constants = _constants(rt, op, nstate, chunk, forward=True)
+    constants = _constants(rt, op, nstate, chunk, True)
     tile = constants["T"]
     seg = segment_length(rt, op, tuple(u.shape), length,
                          -(-forward_loops_per_tile(nstate, tile, constants["SPT"]) // tile), 64,
                          multiple=tile, segment=segment)
     for t0, t1 in segments(length, seg):
         params.update(seg_begin=t0, seg_end=t1)
-        rt.run("selective_scan_forward", (-(-channels // constants["CH"]), batch),
-               dict(constants, TERM_STEPS=1 if constants["LANE_SUM"] else tile), u=u, delta=delta,
+        rt.run("selective_scan_forward", (-(-channels // constants["CH"]), batch), constants, u=u, delta=delta,
                A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states, last_state=last_state,
                **params)
     return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
@@ -438,7 +439,7 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
                    param_part=param_part, tile_states=scratch, carry=carry, ngroups=groups, per_thread=per,
                    **params)
     else:
-        constants = _constants(rt, op, nstate, s.chunk)
+        constants = _constants(rt, op, nstate, s.chunk, False)
         groups, tile = -(-channels // constants["CH"]), constants["T"]
         dB_part = rt.empty((groups, batch, length, nstate))
         dC_part = rt.empty((groups, batch, length, nstate))
