@@ -15,8 +15,8 @@
 // the subgroup's lanes; needs lanes numbered as the threads, as on NVIDIA and lavapipe). The backward sums
 // over n and over the workgroup's channels (dB, dC) through workgroup memory once per tile.
 // Measured (H200, B 8, L 1024, Dc 1536, N 16, GPU timestamps, bench/scan.py): the forward with SPT = 4 and
-// LANE_SUM (T 8) 0.49 ms, with SPT = 1 and workgroup sums 0.68 ms; the backward (SPT = 1, T 8) 2.35 / 2.46 /
-// 2.59 ms at chunk 8 / 16 / 128. Anything that added registers or workgroup memory measured slower there:
+// LANE_SUM (T 8) 0.49 ms, with SPT = 1 and workgroup sums 0.68 ms; the backward's dispatches (SPT = 1, T 8;
+// with the dB / dC and parameter sums) 2.35 / 2.46 / 2.59 ms at chunk 8 / 16 / 128. Anything that added registers or workgroup memory measured slower there:
 // prefetching the next tile into registers, two staging buffers, a third terms array to drop a barrier, lane
 // sums or several states per thread in the backward, T = 16, step loops of constant trip count.
 // N, NP, SPT, LP, CH, T, PF, LANE_SUM and TERM_STEPS are pipeline constants (the workgroup arrays are sized

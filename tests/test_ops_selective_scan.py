@@ -222,6 +222,28 @@ def test_direct_path_choice(rt, monkeypatch):
         selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), path="fast")
 
 
+def test_forward_without_subgroups_takes_the_direct_path(rt, monkeypatch):
+    """On a GPU without the subgroup feature the tiled forward (whose entry point uses subgroup operations) is
+    not compiled: the forward takes the direct kernel, the backward stays tiled, and forcing the tiled forward
+    is refused."""
+    monkeypatch.setattr(scan, "is_cpu", lambda rt: False)
+    monkeypatch.setattr(rt, "features", tuple(f for f in rt.features if f != "subgroup"))
+    x = make_inputs(2, 19, 5, 4, seed=14)
+    dy = np.random.default_rng(15).standard_normal((2, 19, 5)).astype(np.float32)
+    entries = []
+    run = rt.run
+    monkeypatch.setattr(rt, "run", lambda entry, *a, **k: (entries.append(entry), run(entry, *a, **k)))
+    y, grads, saved = run_gpu(rt, x, dy, chunk=8)
+    assert {"selective_scan_forward_direct", "selective_scan_backward"} <= set(entries)
+    assert "selective_scan_forward" not in entries
+    y_ref, grads_ref = reference(x, dy)
+    assert rel_err(y, y_ref) < 1e-4
+    for name, got, want in zip(GRADS, grads, grads_ref):
+        assert rel_err(got, want) < 1e-4, name
+    with pytest.raises(ShapeError, match="subgroup feature"):
+        selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), path="tiled")
+
+
 def test_tile_choice():
     assert [tile_steps(n, 128) for n in (1, 4, 16, 20, 128)] == [8, 4, 8, 16, 4]
     assert tile_steps(20, 24) == 8

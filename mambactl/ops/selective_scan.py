@@ -13,7 +13,8 @@ the per-workgroup partials of dB and dC (2 × [Dc / CH, B, L, N]), where CH, the
 min(128 / N, 32) rounded down to a power of two (8 for N = 16), and T, the steps per tile, is the largest of
 16, 8, 4 that divides `chunk` and keeps workgroup memory within 16 KiB (8 for N = 16). The tiled forward holds
 4 states per thread and sums over n by subgroup butterflies where a channel's N / 4 lanes (N rounded up to a
-power of two) fit a subgroup (CH = 32 at N = 16), else 1 state per thread and sums in workgroup memory.
+power of two) fit a subgroup (CH = 32 at N = 16), else 1 state per thread and sums in workgroup memory; its
+entry point uses subgroup operations, so adapters without the `subgroup` feature take the direct forward.
 
 CPU adapters (`rt.info.type == "CPU"`, e.g. Mesa llvmpipe) take barrier-free kernels instead (`path="direct"`;
 `path="tiled"` / `"direct"` forces either): one invocation per (batch row, channel) walks time with its N states
@@ -54,8 +55,8 @@ CARRY_WORDS = 10  # CARRY in the kernel: a backward thread's carried sums betwee
 MAX_ITEMS = 4  # staged items per thread: the vec4 registers of Staged in the kernel
 DEFAULT_CHUNK = 128
 # The tiled path's default chunk: its backward recomputes a chunk's tile entry states by walking all of the
-# chunk's tiles but the last, so shorter chunks walk less (H200, B 8, L 1024, Dc 1536, N 16: backward 2.59 /
-# 2.52 / 2.46 / 2.35 ms at chunk 128 / 32 / 16 / 8) for more saved states (16: 50 MB per such layer in
+# chunk's tiles but the last, so shorter chunks walk less (H200, B 8, L 1024, Dc 1536, N 16: the backward's
+# dispatches 2.59 / 2.52 / 2.46 / 2.35 ms at chunk 128 / 32 / 16 / 8) for more saved states (16: 50 MB per layer in
 # [B, L / 16, Dc, N], against 6 MB at 128).
 TILED_CHUNK = 16
 PATHS = ("tiled", "direct", "subgroup")
@@ -313,6 +314,12 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
         raise ShapeError(f"{op}: chunk is {chunk}; it must be a positive multiple of {CHUNK_MULTIPLE}")
     rt = u.runtime
     chosen = _choose_path(rt, op, path, nstate, min(chunk or DEFAULT_CHUNK, length))
+    if chosen == "tiled" and "subgroup" not in rt.features:
+        # The tiled forward's entry point uses subgroup operations (its lane sums; kernels.py leaves it out of
+        # the module elsewhere); the direct forward uses none and saves the same states.
+        if path == "tiled":
+            raise ShapeError(f"{op}: the tiled forward needs the adapter's subgroup feature")
+        chosen = "direct"
     if chunk is None:
         chunk = TILED_CHUNK if chosen == "tiled" else DEFAULT_CHUNK
     params = _scan_params(batch, length, channels, chunk)
