@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
+from mambactl.ops import selective_scan as scan
 from mambactl.ops.selective_scan import (PATHS, SUBGROUP_LANES, SUBGROUP_MAX_STATE, channels_per_group,
                                          direct_per_thread, selective_scan, selective_scan_backward,
-                                         selective_scan_step, subgroup_groups, tile_steps)
+                                         lane_sums_fit, selective_scan_step, subgroup_groups, tile_steps)
 from mambactl.reference import selective_scan as ref
 from mambactl.reference.activations import softplus, softplus_backward
 
@@ -85,6 +86,44 @@ def test_matches_reference(rt, path, batch, length, channels, nstate, chunk):
     for name, got, want in zip(GRADS, grads, grads_ref):
         assert got.shape == want.shape, name
         assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
+
+
+TILED_VARIANTS = [{"SPT": 1, "LANE_SUM": 0}, {"SPT": 1, "LANE_SUM": 1}, {"SPT": 2, "LANE_SUM": 1},
+                  {"SPT": 4, "LANE_SUM": 0}, {"SPT": 1, "T": 16}, {"SPT": 4, "LANE_SUM": 1, "T": 4}]
+
+
+@pytest.mark.parametrize("variant", TILED_VARIANTS, ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()))
+@pytest.mark.parametrize("batch,length,channels,nstate,chunk", [
+    (2, 63, 9, 5, 16),     # N = 5: 8 lanes per channel, 3 of them without a state; L not a multiple of the tile
+    (2, 65, 70, 16, 32),   # channels not a multiple of the 8 per workgroup
+    (1, 50, 37, 3, 32),    # N = 3: 32 channels of 4 lanes; a second, partial workgroup
+    (2, 70, 6, 20, 32),    # N = 20: 32 lanes of states, 12 of them padding
+    (1, 17, 3, 128, 16),   # N = 128: 4 staged items per thread
+])
+def test_tiled_variants_match_reference(rt, monkeypatch, variant, batch, length, channels, nstate, chunk):
+    """The tiled kernels' pipeline-constant variants (states per thread, the forward's lane sums over n, tile
+    lengths; the defaults are 4 states per thread and lane sums in the forward where they fit, 1 state per
+    thread and workgroup sums in the backward) match the reference, and their dispatch segments are bit-identical
+    to one dispatch."""
+    spt = variant["SPT"]
+    if variant.get("LANE_SUM") and not lane_sums_fit(rt, nstate, spt):
+        pytest.skip("a channel's lanes do not fit this adapter's subgroups")
+    if chunk % variant.get("T", 4) or scan.items_per_thread(nstate, variant.get("T", 4), spt) > scan.MAX_ITEMS:
+        pytest.skip("the tile does not divide the chunk or stages too many items")
+    monkeypatch.setattr(scan, "TILED_VARIANT", dict(variant))
+    x = make_inputs(batch, length, channels, nstate, seed=12)
+    dy = np.random.default_rng(13).standard_normal((batch, length, channels)).astype(np.float32)
+    y, grads, _ = run_gpu(rt, x, dy, chunk, path="tiled")
+    y_ref, grads_ref = reference(x, dy)
+    assert rel_err(y, y_ref) < 1e-4
+    for name, got, want in zip(GRADS, grads, grads_ref):
+        assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
+    args = [rt.from_numpy(x[k]) for k in NAMES]
+    y2, saved = selective_scan(*args, chunk=chunk, segment=1, path="tiled")
+    g2 = selective_scan_backward(saved, rt.from_numpy(dy), segment=1, path="tiled")
+    assert np.array_equal(y2.numpy(), y)
+    for name, a, b in zip(GRADS, grads, g2):
+        assert np.array_equal(a, b.numpy()), name
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -181,6 +220,28 @@ def test_direct_path_choice(rt, monkeypatch):
     assert [subgroup_groups(c) for c in (1, 8, 9, 128)] == [1, 1, 2, 16]
     with pytest.raises(ShapeError, match="unknown path"):
         selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), path="fast")
+
+
+def test_forward_without_subgroups_takes_the_direct_path(rt, monkeypatch):
+    """On a GPU without the subgroup feature the tiled forward (whose entry point uses subgroup operations) is
+    not compiled: the forward takes the direct kernel, the backward stays tiled, and forcing the tiled forward
+    is refused."""
+    monkeypatch.setattr(scan, "is_cpu", lambda rt: False)
+    monkeypatch.setattr(rt, "features", tuple(f for f in rt.features if f != "subgroup"))
+    x = make_inputs(2, 19, 5, 4, seed=14)
+    dy = np.random.default_rng(15).standard_normal((2, 19, 5)).astype(np.float32)
+    entries = []
+    run = rt.run
+    monkeypatch.setattr(rt, "run", lambda entry, *a, **k: (entries.append(entry), run(entry, *a, **k)))
+    y, grads, saved = run_gpu(rt, x, dy, chunk=8)
+    assert {"selective_scan_forward_direct", "selective_scan_backward"} <= set(entries)
+    assert "selective_scan_forward" not in entries
+    y_ref, grads_ref = reference(x, dy)
+    assert rel_err(y, y_ref) < 1e-4
+    for name, got, want in zip(GRADS, grads, grads_ref):
+        assert rel_err(got, want) < 1e-4, name
+    with pytest.raises(ShapeError, match="subgroup feature"):
+        selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), path="tiled")
 
 
 def test_tile_choice():

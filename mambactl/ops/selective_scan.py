@@ -6,12 +6,15 @@ layout, with A passed as A_log:
     Δ = softplus(delta + delta_bias),  A = −exp(A_log),
     h_t = exp(Δ_t A) h_{t−1} + Δ_t B_t u_t,  y_t = (C_t·h_t + D u_t) · silu(z_t).
 
-Memory: the forward keeps the state entering each chunk of `chunk` steps ([B, ceil(L / chunk), Dc, N]); the
-backward recomputes the states in between. Its transient buffers are the tile entry states of one chunk
-([B, Dc / CH, ceil(min(chunk, L) / T), 128]) and the per-workgroup partials of dB and dC
-(2 × [Dc / CH, B, L, N]), where CH, the channels per workgroup, is min(128 / N, 32) rounded down to a power
-of two (8 for N = 16), and T, the steps per tile, is the largest of 16, 8, 4 that divides `chunk` and keeps
-workgroup memory within 16 KiB (8 for N = 16).
+Memory: the forward keeps the state entering each chunk of `chunk` steps ([B, ceil(L / chunk), Dc, N]; chunk
+16 on the tiled path by default, 128 on the others); the backward recomputes the states in between. Its
+transient buffers are the tile entry states of one chunk ([B, Dc / CH, ceil(min(chunk, L) / T), 1, 128]) and
+the per-workgroup partials of dB and dC (2 × [Dc / CH, B, L, N]), where CH, the channels per workgroup, is
+min(128 / N, 32) rounded down to a power of two (8 for N = 16), and T, the steps per tile, is the largest of
+16, 8, 4 that divides `chunk` and keeps workgroup memory within 16 KiB (8 for N = 16). The tiled forward holds
+4 states per thread and sums over n by subgroup butterflies where a channel's N / 4 lanes (N rounded up to a
+power of two) fit a subgroup (CH = 32 at N = 16), else 1 state per thread and sums in workgroup memory; its
+entry point uses subgroup operations, so adapters without the `subgroup` feature take the direct forward.
 
 CPU adapters (`rt.info.type == "CPU"`, e.g. Mesa llvmpipe) take barrier-free kernels instead (`path="direct"`;
 `path="tiled"` / `"direct"` forces either): one invocation per (batch row, channel) walks time with its N states
@@ -48,7 +51,14 @@ TILES = (16, 8, 4)  # steps per tile, largest first
 # slower (fewer workgroups resident per SM), so the tile is sized to this on every device.
 WORKGROUP_MEMORY = 16384
 CHUNK_MULTIPLE = 8
+CARRY_WORDS = 10  # CARRY in the kernel: a backward thread's carried sums between segments
+MAX_ITEMS = 4  # staged items per thread: the vec4 registers of Staged in the kernel
 DEFAULT_CHUNK = 128
+# The tiled path's default chunk: its backward recomputes a chunk's tile entry states by walking all of the
+# chunk's tiles but the last, so shorter chunks walk less (H200, B 8, L 1024, Dc 1536, N 16: the backward's
+# dispatches 2.59 / 2.52 / 2.46 / 2.35 ms at chunk 128 / 32 / 16 / 8) for more saved states (16: 50 MB per layer in
+# [B, L / 16, Dc, N], against 6 MB at 128).
+TILED_CHUNK = 16
 PATHS = ("tiled", "direct", "subgroup")
 SUBGROUP_MAX_STATE = 16  # SG_N in the kernel: the subgroup kernels hold the state in four vec4 registers
 SUBGROUP_SUBCHUNK = 4  # SUBCHUNK in the kernel: steps per scratch slot of the subgroup backward
@@ -76,21 +86,48 @@ class ScanSaved:
     last_state: Tensor  # [B, Dc, N]: the state after the last step (to continue recurrently)
 
 
-def channels_per_group(nstate: int) -> int:
-    """Channels per workgroup: the largest power of two ≤ min(128 / N, 32), so it divides the workgroup."""
-    ch = 1
-    while ch * 2 <= min(WORKGROUP // nstate, MAX_CHANNELS_PER_GROUP):
-        ch *= 2
-    return ch
+def lanes_per_channel(nstate: int) -> int:
+    """NP: N rounded up to a power of two (the tiled kernels' threads of a channel times its states per
+    thread; a channel's lanes are an aligned block, so subgroup butterflies over them stay inside it)."""
+    return 1 << (int(nstate) - 1).bit_length()
 
 
-def tile_steps(nstate: int, chunk: int) -> int:
-    """Steps per tile: the largest of TILES that divides `chunk` and whose workgroup memory (the kernel's
-    six [T, CH] tiles, two [T, N] tiles and two [T, CH·(N + 1)] tiles of f32) fits WORKGROUP_MEMORY;
-    T = 4 always does (N ≤ 128, chunk a multiple of 8)."""
-    ch = channels_per_group(nstate)
-    return next(t for t in TILES
-                if chunk % t == 0 and 4 * t * (6 * ch + 2 * nstate + 2 * ch * (nstate + 1)) <= WORKGROUP_MEMORY)
+def states_per_thread(nstate: int, spt: int = 1) -> int:
+    """SPT of the tiled kernels, at most NP."""
+    return min(int(spt), lanes_per_channel(nstate))
+
+
+def channels_per_group(nstate: int, spt: int = 1) -> int:
+    """Channels per workgroup: min(128 / LP, 32) with LP = NP / SPT threads per channel, a power of two that
+    divides the workgroup (for SPT = 1 the same as the largest power of two ≤ min(128 / N, 32))."""
+    lanes = lanes_per_channel(nstate) // states_per_thread(nstate, spt)
+    return min(WORKGROUP // lanes, MAX_CHANNELS_PER_GROUP)
+
+
+def items_per_thread(nstate: int, tile: int, spt: int = 1) -> int:
+    """PF: a thread's items of a staged tile's (step, channel) and (step, state) lists."""
+    return -(-tile * max(channels_per_group(nstate, spt), nstate) // WORKGROUP)
+
+
+def tile_memory(nstate: int, tile: int, spt: int = 1, lane_sum: bool = False) -> int:
+    """Bytes of workgroup memory of the tiled kernels: six [T, CH] and two [T, N] staging tiles, and two
+    [T, CH·(N + 1)] tiles of terms; the LANE_SUM forward reads neither (one step of state_terms is declared)."""
+    ch = channels_per_group(nstate, spt)
+    terms = ch * (nstate + 1) * (1 if lane_sum else 2 * tile)
+    return 4 * (tile * (6 * ch + 2 * nstate) + terms)
+
+
+def tile_steps(nstate: int, chunk: int, spt: int = 1, lane_sum: bool = False,
+               memory: int = WORKGROUP_MEMORY) -> int:
+    """Steps per tile: the largest of TILES that divides `chunk`, whose workgroup memory fits `memory` and
+    whose staged items fit the kernels' 4 registers per thread (PF ≤ MAX_ITEMS); T = 4 always does at SPT = 1
+    or with LANE_SUM (N ≤ 128, chunk a multiple of 8)."""
+    fits = [t for t in TILES if chunk % t == 0 and tile_memory(nstate, t, spt, lane_sum) <= memory
+            and items_per_thread(nstate, t, spt) <= MAX_ITEMS]
+    if not fits:
+        raise ShapeError(f"selective_scan: no tile of {TILES} fits {memory} bytes of workgroup memory at "
+                         f"N = {nstate}, {spt} states per thread")
+    return fits[0]
 
 
 def _check_inputs(op: str, u, delta, A_log, B, C, D, z, delta_bias) -> tuple[int, int, int, int]:
@@ -117,25 +154,31 @@ def _scan_params(batch: int, length: int, channels: int, chunk: int) -> dict:
                 seg_end=length, kc_lo=0, kc_hi=nchunks)
 
 
-# Loop iterations per invocation (upper bounds, no unrolling assumed), for Mesa llvmpipe's budget of 65,535
-# (mambactl/ops/checks.py), per tile of T steps: a[items] = ceil(T·CH / WG) passes over (step, channel) items,
-# s[items] = ceil(T·N / WG) over (step, state) items.
-def _tile_passes(nstate: int, tile: int) -> tuple[int, int]:
-    ch = channels_per_group(nstate)
+# Loop iterations per invocation (upper bounds, no unrolling assumed, either LANE_SUM choice, SPT of them per
+# per-state helper), for Mesa
+# llvmpipe's budget of 65,535 (mambactl/ops/checks.py), per tile of T steps: PF items per fetch and per stage,
+# a[items] = ceil(T·CH / WG) passes over (step, channel) items, s[items] = ceil(T·N / WG) over (step, state)
+# items, log2(NP) per lane sum.
+def _tile_passes(nstate: int, tile: int, spt: int = 1) -> tuple[int, int]:
+    ch = channels_per_group(nstate, spt)
     return -(-tile * ch // WORKGROUP), -(-tile * nstate // WORKGROUP)
 
 
-def forward_loops_per_tile(nstate: int, tile: int) -> int:
-    a, st = _tile_passes(nstate, tile)
-    return 1 + (a + st) + st + a + tile + a * (1 + nstate)
+def forward_loops_per_tile(nstate: int, tile: int, spt: int = 1) -> int:
+    a, _ = _tile_passes(nstate, tile, spt)
+    butterfly = lanes_per_channel(nstate).bit_length() - 1
+    per_step = 1 + butterfly + 3 * spt  # the step, the lane sum, B_t, C_t and the terms at the thread's states
+    return 1 + 2 * items_per_thread(nstate, tile, spt) + spt + tile * per_step + a * (1 + nstate)
 
 
-def backward_loops_per_tile(nstate: int, tile: int) -> int:
-    a, st = _tile_passes(nstate, tile)
-    ch = channels_per_group(nstate)
-    recompute = 1 + (a + st) + tile
-    adjoint = 1 + (a + st) + st + a + tile + 2 * a * (1 + nstate) + 2 * st * (1 + ch) + tile
-    return recompute + adjoint
+def backward_loops_per_tile(nstate: int, tile: int, spt: int = 1) -> int:
+    a, st = _tile_passes(nstate, tile, spt)
+    ch = channels_per_group(nstate, spt)
+    staging = 1 + 2 * items_per_thread(nstate, tile, spt) + 3 * spt
+    walk = staging + tile * (1 + spt)
+    recompute = tile * (1 + 2 * spt)
+    sums = 2 * a * (1 + nstate) + 2 * st * (1 + ch) + tile * (1 + 4 * spt)
+    return walk + staging + recompute + sums
 
 
 def direct_forward_loops_per_step(nstate: int) -> int:
@@ -210,31 +253,79 @@ def _check_subgroup(rt, op: str, nstate: int) -> None:
     require_subgroup_lanes(rt, f"{op}: the subgroup path")
 
 
-def _constants(nstate: int, chunk: int) -> dict:
-    return {"N": nstate, "CH": channels_per_group(nstate), "T": tile_steps(nstate, chunk)}
+# Overrides of the tiled kernels' choices, by pipeline-constant name (SPT, LANE_SUM, T): one process times
+# several variants (bench/scan.py --variant), tests run each. Empty: the defaults of `_constants`.
+TILED_VARIANT: dict = {}
+# The forward's default where a channel's lanes fit a subgroup: 4 states per thread, sums over n by lane
+# butterflies (H200, N 16: 0.49 ms per layer, 0.68 with SPT = 1 and workgroup sums). The backward keeps one
+# state per thread and workgroup sums (2.6 ms; 3.3-5.8 ms with more states per thread or lane sums).
+FORWARD_SPT = 4
+
+
+def lane_sums_fit(rt, nstate: int, spt: int = 1) -> bool:
+    """Whether a channel's LP = NP / SPT lanes fit in one subgroup (the tiled forward's LANE_SUM)."""
+    lanes = lanes_per_channel(nstate) // states_per_thread(nstate, spt)
+    return "subgroup" in rt.features and lanes <= rt.subgroup_size
+
+
+def _constants(rt, op: str, nstate: int, chunk: int, forward: bool) -> dict:
+    """The tiled forward's (`forward`) or backward's pipeline constants: the defaults, or TILED_VARIANT's."""
+    v = dict(TILED_VARIANT)
+    unknown = set(v) - {"SPT", "LANE_SUM", "T"}
+    if unknown:
+        raise ShapeError(f"{op}: unknown tiled variant constants {sorted(unknown)}")
+    fits = forward and lane_sums_fit(rt, nstate, FORWARD_SPT)
+    spt = states_per_thread(nstate, int(v.get("SPT", FORWARD_SPT if fits else 1)))
+    if spt not in (1, 2, 4):
+        raise ShapeError(f"{op}: SPT is {spt}; 1, 2 or 4 states per thread")
+    lanes = lanes_per_channel(nstate) // spt
+    lane_sum = forward and bool(v.get("LANE_SUM", lane_sums_fit(rt, nstate, spt)))
+    if lane_sum and not lane_sums_fit(rt, nstate, spt):
+        raise ShapeError(f"{op}: LANE_SUM needs {lanes} lanes per subgroup; this adapter has "
+                         f"{rt.subgroup_size or 'no subgroups'}")
+    # Several states per thread with workgroup sums (variants only) put 4x the channels' terms in a workgroup:
+    # those take what the device has.
+    memory = WORKGROUP_MEMORY
+    if spt > 1 and not lane_sum:
+        memory = int(rt.limits.get("max-compute-workgroup-storage-size", WORKGROUP_MEMORY))
+    tile = int(v["T"]) if "T" in v else tile_steps(nstate, chunk, spt, lane_sum, memory)
+    if chunk % tile or items_per_thread(nstate, tile, spt) > MAX_ITEMS or tile < 4:
+        raise ShapeError(f"{op}: T = {tile} must divide chunk {chunk}, be at least 4 and stage at most "
+                         f"{MAX_ITEMS} items per thread")
+    return {"N": nstate, "NP": lanes_per_channel(nstate), "SPT": spt, "LP": lanes,
+            "CH": channels_per_group(nstate, spt), "T": tile, "PF": items_per_thread(nstate, tile, spt),
+            "LANE_SUM": lane_sum, "TERM_STEPS": 1 if lane_sum else tile}
 
 
 def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor,
-                   delta_bias: Tensor, chunk: int = DEFAULT_CHUNK, segment: int | None = None,
+                   delta_bias: Tensor, chunk: int | None = None, segment: int | None = None,
                    path: str | None = None) -> tuple[Tensor, ScanSaved]:
     """u, delta, z [B, L, Dc]; A_log [Dc, N]; B, C [B, L, N]; D, delta_bias [Dc] -> (y [B, L, Dc], saved).
 
-    `chunk` (a positive multiple of 8) is the number of steps between saved states. `segment`: steps per dispatch
+    `chunk` (a positive multiple of 8) is the number of steps between saved states; None: TILED_CHUNK on the
+    tiled path, DEFAULT_CHUNK on the others. `segment`: steps per dispatch
     (rounded up to a tile; h carried in last_state). None: one dispatch, except on Mesa llvmpipe, whose
     per-invocation loop budget sets it (mambactl/ops/checks.py). `path`: "tiled" (GPUs), "direct" (CPU adapters)
     or None (by the adapter type); the direct forward's segments are not rounded to a tile.
     """
     op = "selective_scan"
     batch, length, channels, nstate = _check_inputs(op, u, delta, A_log, B, C, D, z, delta_bias)
-    if chunk < CHUNK_MULTIPLE or chunk % CHUNK_MULTIPLE:
+    if chunk is not None and (chunk < CHUNK_MULTIPLE or chunk % CHUNK_MULTIPLE):
         raise ShapeError(f"{op}: chunk is {chunk}; it must be a positive multiple of {CHUNK_MULTIPLE}")
     rt = u.runtime
-    constants = _constants(nstate, chunk)
+    chosen = _choose_path(rt, op, path, nstate, min(chunk or DEFAULT_CHUNK, length))
+    if chosen == "tiled" and "subgroup" not in rt.features:
+        # The tiled forward's entry point uses subgroup operations (its lane sums; kernels.py leaves it out of
+        # the module elsewhere); the direct forward uses none and saves the same states.
+        if path == "tiled":
+            raise ShapeError(f"{op}: the tiled forward needs the adapter's subgroup feature")
+        chosen = "direct"
+    if chunk is None:
+        chunk = TILED_CHUNK if chosen == "tiled" else DEFAULT_CHUNK
     params = _scan_params(batch, length, channels, chunk)
     y = rt.empty(u.shape)
     states = rt.empty((batch, params["nchunks"], channels, nstate))
     last_state = rt.empty((batch, channels, nstate))
-    chosen = _choose_path(rt, op, path, nstate, min(chunk, length))
     if chosen == "subgroup":
         _check_subgroup(rt, op, nstate)
         seg = segment_length(rt, op, tuple(u.shape), length, subgroup_forward_loops_per_step(nstate),
@@ -255,8 +346,10 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
                    u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states,
                    last_state=last_state, ngroups=0, per_thread=0, **params)
         return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
+    constants = _constants(rt, op, nstate, chunk, True)
     tile = constants["T"]
-    seg = segment_length(rt, op, tuple(u.shape), length, -(-forward_loops_per_tile(nstate, tile) // tile), 64,
+    seg = segment_length(rt, op, tuple(u.shape), length,
+                         -(-forward_loops_per_tile(nstate, tile, constants["SPT"]) // tile), 64,
                          multiple=tile, segment=segment)
     for t0, t1 in segments(length, seg):
         params.update(seg_begin=t0, seg_end=t1)
@@ -353,14 +446,15 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
                    param_part=param_part, tile_states=scratch, carry=carry, ngroups=groups, per_thread=per,
                    **params)
     else:
-        constants = _constants(nstate, s.chunk)
+        constants = _constants(rt, op, nstate, s.chunk, False)
         groups, tile = -(-channels // constants["CH"]), constants["T"]
         dB_part = rt.empty((groups, batch, length, nstate))
         dC_part = rt.empty((groups, batch, length, nstate))
-        tile_states = rt.empty((batch, groups, -(-min(s.chunk, length) // tile), WORKGROUP))
-        per_chunk = -(-min(s.chunk, length) // tile) * backward_loops_per_tile(nstate, tile)
+        spt = constants["SPT"]
+        tile_states = rt.empty((batch, groups, -(-min(s.chunk, length) // tile), spt, WORKGROUP))
+        per_chunk = -(-min(s.chunk, length) // tile) * backward_loops_per_tile(nstate, tile, spt)
         seg = segment_length(rt, op, tuple(s.u.shape), nchunks, per_chunk, 4 * WORKGROUP, segment=segment)
-        carry = rt.empty((batch, groups, WORKGROUP, 4))
+        carry = rt.empty((batch, groups, WORKGROUP, CARRY_WORDS))
         for hi in range(nchunks, 0, -seg):
             params.update(kc_lo=max(0, hi - seg), kc_hi=hi)
             rt.run("selective_scan_backward", (groups, batch), constants, u=s.u, delta=s.delta, A_log=s.A_log,
