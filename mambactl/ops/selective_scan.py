@@ -53,12 +53,12 @@ WORKGROUP_MEMORY = 16384
 CHUNK_MULTIPLE = 8
 CARRY_WORDS = 10  # CARRY in the kernel: a backward thread's carried sums between segments
 MAX_ITEMS = 4  # staged items per thread: the vec4 registers of Staged in the kernel
+# Steps between saved states. On the tiled path shorter chunks walk less in the backward (it recomputes a
+# chunk's tile entry states by walking all of the chunk's tiles but the last: H200, B 8, L 1024, Dc 1536, N 16,
+# the backward's dispatches 2.59 / 2.52 / 2.46 / 2.35 ms at chunk 128 / 32 / 16 / 8) but save more states
+# ([B, L / chunk, Dc, N]: 6 MB per layer at 128, 50 MB at 16, i.e. about one more activation-sized tensor per
+# layer at N 16). 128 keeps the memory; the 0.1 ms per layer is not worth a GB at the 130m shape.
 DEFAULT_CHUNK = 128
-# The tiled path's default chunk: its backward recomputes a chunk's tile entry states by walking all of the
-# chunk's tiles but the last, so shorter chunks walk less (H200, B 8, L 1024, Dc 1536, N 16: the backward's
-# dispatches 2.59 / 2.52 / 2.46 / 2.35 ms at chunk 128 / 32 / 16 / 8) for more saved states (16: 50 MB per layer in
-# [B, L / 16, Dc, N], against 6 MB at 128).
-TILED_CHUNK = 16
 PATHS = ("tiled", "direct", "subgroup")
 SUBGROUP_MAX_STATE = 16  # SG_N in the kernel: the subgroup kernels hold the state in four vec4 registers
 SUBGROUP_SUBCHUNK = 4  # SUBCHUNK in the kernel: steps per scratch slot of the subgroup backward
@@ -302,8 +302,8 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
                    path: str | None = None) -> tuple[Tensor, ScanSaved]:
     """u, delta, z [B, L, Dc]; A_log [Dc, N]; B, C [B, L, N]; D, delta_bias [Dc] -> (y [B, L, Dc], saved).
 
-    `chunk` (a positive multiple of 8) is the number of steps between saved states; None: TILED_CHUNK on the
-    tiled path, DEFAULT_CHUNK on the others. `segment`: steps per dispatch
+    `chunk` (a positive multiple of 8) is the number of steps between saved states (None: DEFAULT_CHUNK).
+    `segment`: steps per dispatch
     (rounded up to a tile; h carried in last_state). None: one dispatch, except on Mesa llvmpipe, whose
     per-invocation loop budget sets it (mambactl/ops/checks.py). `path`: "tiled" (GPUs), "direct" (CPU adapters)
     or None (by the adapter type); the direct forward's segments are not rounded to a tile.
@@ -313,15 +313,14 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
     if chunk is not None and (chunk < CHUNK_MULTIPLE or chunk % CHUNK_MULTIPLE):
         raise ShapeError(f"{op}: chunk is {chunk}; it must be a positive multiple of {CHUNK_MULTIPLE}")
     rt = u.runtime
-    chosen = _choose_path(rt, op, path, nstate, min(chunk or DEFAULT_CHUNK, length))
+    chunk = chunk or DEFAULT_CHUNK
+    chosen = _choose_path(rt, op, path, nstate, min(chunk, length))
     if chosen == "tiled" and "subgroup" not in rt.features:
         # The tiled forward's entry point uses subgroup operations (its lane sums; kernels.py leaves it out of
         # the module elsewhere); the direct forward uses none and saves the same states.
         if path == "tiled":
             raise ShapeError(f"{op}: the tiled forward needs the adapter's subgroup feature")
         chosen = "direct"
-    if chunk is None:
-        chunk = TILED_CHUNK if chosen == "tiled" else DEFAULT_CHUNK
     params = _scan_params(batch, length, channels, chunk)
     y = rt.empty(u.shape)
     states = rt.empty((batch, params["nchunks"], channels, nstate))
