@@ -44,6 +44,7 @@ override ACCUMULATE: bool = false;
 override VEC4: bool = false;  // M/N/K allow 16-byte loads and stores (see ops/linear.py)
 override T: u32 = 8u;         // rows and columns per thread: 8 (128² tile) or 4 (64² tile)
 override RASTER: bool = false;  // workgroup x walks row tiles (y column tiles) instead of the reverse
+override DIAG: u32 = 0u;  // TEMPORARY timing diagnostics: 1 skip transposed shared stores, 2 skip global loads, 4 skip FMAs
 
 const BK = 16u;       // K per shared tile
 const BM_MAX4 = 33u;  // 128 rows / 4 + 1 vec4 of padding
@@ -113,6 +114,7 @@ fn kslot(i: u32) -> vec2<u32> { return vec2<u32>(i / (BK / 4u), (i % (BK / 4u)) 
 // Slot i (0 .. BM·BK/4) of the A tile at K offset k0: four elements along A's contiguous dimension,
 // so consecutive threads read consecutive memory.
 fn fetch_a(i: u32, k0: u32) -> vec4<f32> {
+    if ((DIAG & 2u) != 0u) { return vec4<f32>(f32(i & 7u) * 0.125 + f32(k0)); }
     if (TRANS_A) {  // A is [K, M]: along m
         let kk = k0 + i / (bm() / 4u);
         let row = row0 + (i % (bm() / 4u)) * 4u;
@@ -125,6 +127,7 @@ fn fetch_a(i: u32, k0: u32) -> vec4<f32> {
 }
 
 fn fetch_b(i: u32, k0: u32) -> vec4<f32> {
+    if ((DIAG & 2u) != 0u) { return vec4<f32>(f32(i & 3u) * 0.25 + f32(k0)); }
     if (TRANS_B) {  // B is [N, K]: along k
         let sl = kslot(i);
         let col = col0 + sl.x;
@@ -141,6 +144,7 @@ fn put_a(buf: u32, i: u32, v: vec4<f32>) {
         a_sh[buf][i / (bm() / 4u)][i % (bm() / 4u)] = v;
         return;
     }
+    if ((DIAG & 1u) != 0u) { return; }
     let sl = kslot(i);  // transpose: the four k values go to four rows of the k-major tile
     let m = sl.x;
     let k = sl.y;
@@ -155,6 +159,7 @@ fn put_b(buf: u32, i: u32, v: vec4<f32>) {
         b_sh[buf][i / (bm() / 4u)][i % (bm() / 4u)] = v;
         return;
     }
+    if ((DIAG & 1u) != 0u) { return; }
     let sl = kslot(i);
     let n = sl.x;
     let k = sl.y;
@@ -259,7 +264,7 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     var buf = 0u;
     for (var s = 1u; s < tiles; s++) {
         fetch(t, kbeg + s * BK);  // in flight while this tile is multiplied
-        multiply_tile(buf);
+        if ((DIAG & 4u) == 0u) { multiply_tile(buf); }
         commit(t, buf ^ 1u);
         workgroupBarrier();
         buf ^= 1u;

@@ -80,6 +80,7 @@ fn put_ah(buf: u32, k0: u32, i: u32, v: vec4<f16>) {
         a_h[buf][k0 + i / (bm() / 4u)][i % (bm() / 4u)] = v;
         return;
     }
+    if ((DIAG & 1u) != 0u) { return; }
     let sl = kslot(i);
     let m = sl.x;
     let k = k0 + sl.y;
@@ -94,6 +95,7 @@ fn put_bh(buf: u32, k0: u32, i: u32, v: vec4<f16>) {
         b_h[buf][k0 + i / (bm() / 4u)][i % (bm() / 4u)] = v;
         return;
     }
+    if ((DIAG & 1u) != 0u) { return; }
     let sl = kslot(i);
     let n = sl.x;
     let k = k0 + sl.y;
@@ -195,7 +197,7 @@ fn matmul_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     var buf = 0u;
     for (var s = 1u; s < tiles; s++) {
         fetch_h(t, kbeg + s * bk);
-        multiply_tile_h(buf);
+        if ((DIAG & 4u) == 0u) { multiply_tile_h(buf); }
         if (FLUSH > bk && s % tiles_per_flush == 0u) { flush(); }  // tiles 0 .. s-1 are summed
         commit_h(t, buf ^ 1u);
         workgroupBarrier();
