@@ -51,6 +51,8 @@ def kwargs_for(spec: str) -> dict:
             kw["flush"] = int(mode[2:])
         elif mode.startswith("s"):
             kw["subtiles"] = int(mode[1:])
+        elif mode == "np":
+            kw["prefetch"] = False
         elif mode.startswith("d"):
             kw["diag"] = int(mode[1:])
         elif mode.startswith("k"):

@@ -44,6 +44,7 @@ override ACCUMULATE: bool = false;
 override VEC4: bool = false;  // M/N/K allow 16-byte loads and stores (see ops/linear.py)
 override T: u32 = 8u;         // rows and columns per thread: 8 (128² tile) or 4 (64² tile)
 override RASTER: bool = false;  // workgroup x walks row tiles (y column tiles) instead of the reverse
+override PREFETCH: bool = true;  // load tile t+1 into registers before multiplying tile t (else after it)
 override DIAG: u32 = 0u;  // TEMPORARY timing diagnostics: 1 skip transposed shared stores, 2 skip global loads, 4 skip FMAs
 
 const BK = 16u;       // K per shared tile
@@ -263,8 +264,9 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     workgroupBarrier();
     var buf = 0u;
     for (var s = 1u; s < tiles; s++) {
-        fetch(t, kbeg + s * BK);  // in flight while this tile is multiplied
+        if (PREFETCH) { fetch(t, kbeg + s * BK); }  // in flight while this tile is multiplied
         if ((DIAG & 4u) == 0u) { multiply_tile(buf); }
+        if (!PREFETCH) { fetch(t, kbeg + s * BK); }
         commit(t, buf ^ 1u);
         workgroupBarrier();
         buf ^= 1u;

@@ -196,8 +196,9 @@ fn matmul_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     workgroupBarrier();
     var buf = 0u;
     for (var s = 1u; s < tiles; s++) {
-        fetch_h(t, kbeg + s * bk);
+        if (PREFETCH) { fetch_h(t, kbeg + s * bk); }
         if ((DIAG & 4u) == 0u) { multiply_tile_h(buf); }
+        if (!PREFETCH) { fetch_h(t, kbeg + s * bk); }
         if (FLUSH > bk && s % tiles_per_flush == 0u) { flush(); }  // tiles 0 .. s-1 are summed
         commit_h(t, buf ^ 1u);
         workgroupBarrier();
