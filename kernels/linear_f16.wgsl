@@ -222,24 +222,28 @@ fn matmul_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
 }
 
 // ---- matmul_f16p (EXPERIMENT: paired layout) ------------------------------------------------------
-// Shared tiles hold, per k pair and 4 rows (or columns), one mat2x4<f16>: column 0 the 4 rows at k, column 1 at
-// k + 1, so one 16-byte shared load feeds two k steps. An operand contiguous along m (n) stages k pairs (two
-// global loads, one 16-byte shared store); one contiguous along k stages as matmul_f16 (four 2-byte stores).
-var<workgroup> a_p: array<array<array<mat2x4<f16>, BM_MAX4>, BK_MAX / 2u>, 2>;  // [buffer][k / 2][row / 4]
+// Shared tiles hold, per k pair and 4 rows (or columns), 16 bytes, so one 16-byte shared load feeds two k steps.
+// B (the operand read as vectors): mat2x4<f16>, column 0 the 4 columns at k, column 1 at k + 1. A (the operand
+// whose elements are broadcast): mat4x2<f16>, column j = (row j at k, at k + 1), so a k-contiguous A stages two
+// 4-byte stores per 4 k (no 2-byte stores) and an m-contiguous one a 16-byte store per k pair. An operand
+// contiguous along m (n) stages k pairs (two global loads, one 16-byte store); a k-contiguous B stages as
+// matmul_f16 (four 2-byte stores).
+var<workgroup> a_p: array<array<array<mat4x2<f16>, BM_MAX4>, BK_MAX / 2u>, 2>;  // [buffer][k / 2][row / 4]
 var<workgroup> b_p: array<array<array<mat2x4<f16>, BM_MAX4>, BK_MAX / 2u>, 2>;
-var<private> pa0: mat2x4<f16>;
-var<private> pa1: mat2x4<f16>;
+var<private> pa0: mat4x2<f16>;
+var<private> pa1: mat4x2<f16>;
 var<private> pb0: mat2x4<f16>;
 var<private> pb1: mat2x4<f16>;
 
 fn bk_h() -> u32 { return BK * SUBTILES; }
 fn pair_slots() -> u32 { return bm() * bk_h() / 8u; }
 
-fn fetch_pa(i: u32, k0: u32) -> mat2x4<f16> {  // TRANS_A ([K, M]): k pair kp, rows 4q .. 4q + 3
+fn fetch_pa(i: u32, k0: u32) -> mat4x2<f16> {  // TRANS_A ([K, M]): k pair kp, rows 4q .. 4q + 3
     let kk = k0 + 2u * (i / (bm() / 4u));
     let row = row0 + (i % (bm() / 4u)) * 4u;
-    return mat2x4<f16>(vec4<f16>(load4_a(kk * p.m + row, count4(kk < kend, row, p.m)) * a_scale),
-                       vec4<f16>(load4_a((kk + 1u) * p.m + row, count4(kk + 1u < kend, row, p.m)) * a_scale));
+    let h0 = vec4<f16>(load4_a(kk * p.m + row, count4(kk < kend, row, p.m)) * a_scale);
+    let h1 = vec4<f16>(load4_a((kk + 1u) * p.m + row, count4(kk + 1u < kend, row, p.m)) * a_scale);
+    return mat4x2<f16>(vec2<f16>(h0.x, h1.x), vec2<f16>(h0.y, h1.y), vec2<f16>(h0.z, h1.z), vec2<f16>(h0.w, h1.w));
 }
 
 fn fetch_pb(i: u32, k0: u32) -> mat2x4<f16> {  // !TRANS_B ([K, N])
@@ -249,16 +253,16 @@ fn fetch_pb(i: u32, k0: u32) -> mat2x4<f16> {  // !TRANS_B ([K, N])
                        vec4<f16>(load4_b((kk + 1u) * p.n + col, count4(kk + 1u < kend, col, p.n)) * b_scale));
 }
 
-// A K-contiguous slot (kslot: row, 4 k from k0 + kq): element (k, m) is a_p[k / 2][m / 4][k % 2][m % 4].
+// A K-contiguous slot (kslot: row m, 4 k from k0 + kq): (k, k + 1) of row m is a_p[k / 2][m / 4][m % 4].
 fn put_pa_k(buf: u32, k0: u32, i: u32, v: vec4<f16>) {
     let sl = kslot(i);
     let m = sl.x;
     let k = k0 + sl.y;  // a multiple of 4
-    a_p[buf][k >> 1u][m >> 2u][0][m & 3u] = v.x;
-    a_p[buf][k >> 1u][m >> 2u][1][m & 3u] = v.y;
-    a_p[buf][(k >> 1u) + 1u][m >> 2u][0][m & 3u] = v.z;
-    a_p[buf][(k >> 1u) + 1u][m >> 2u][1][m & 3u] = v.w;
+    a_p[buf][k >> 1u][m >> 2u][m & 3u] = v.xy;
+    a_p[buf][(k >> 1u) + 1u][m >> 2u][m & 3u] = v.zw;
 }
+
+// B K-contiguous: element (k, n) is b_p[k / 2][n / 4][k % 2][n % 4].
 
 fn put_pb_k(buf: u32, k0: u32, i: u32, v: vec4<f16>) {
     let sl = kslot(i);
@@ -323,13 +327,17 @@ fn commit_p(t: u32, buf: u32) {
 fn kpair_p(buf: u32, kp: u32) {
     let a0 = a_p[buf][kp][ty];
     let b0 = b_p[buf][kp][tx];
-    part00 = outer_h(outer_h(part00, a0[0], b0[0]), a0[1], b0[1]);
+    let a0k = vec4<f16>(a0[0].x, a0[1].x, a0[2].x, a0[3].x);  // rows at k (only ever broadcast)
+    let a0l = vec4<f16>(a0[0].y, a0[1].y, a0[2].y, a0[3].y);  // at k + 1
+    part00 = outer_h(outer_h(part00, a0k, b0[0]), a0l, b0[1]);
     if (T == 8u) {
         let a1 = a_p[buf][kp][ty + 16u];
         let b1 = b_p[buf][kp][tx + 16u];
-        part01 = outer_h(outer_h(part01, a0[0], b1[0]), a0[1], b1[1]);
-        part10 = outer_h(outer_h(part10, a1[0], b0[0]), a1[1], b0[1]);
-        part11 = outer_h(outer_h(part11, a1[0], b1[0]), a1[1], b1[1]);
+        let a1k = vec4<f16>(a1[0].x, a1[1].x, a1[2].x, a1[3].x);
+        let a1l = vec4<f16>(a1[0].y, a1[1].y, a1[2].y, a1[3].y);
+        part01 = outer_h(outer_h(part01, a0k, b1[0]), a0l, b1[1]);
+        part10 = outer_h(outer_h(part10, a1k, b0[0]), a1l, b0[1]);
+        part11 = outer_h(outer_h(part11, a1k, b1[0]), a1l, b1[1]);
     }
 }
 
