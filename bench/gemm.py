@@ -54,6 +54,8 @@ def kwargs_for(spec: str) -> dict:
         elif mode == "p":
             kw["precision"] = "f16"
             kw["kernel"] = "matmul_f16p"
+        elif mode == "w":
+            kw["wide_rows"] = True
         elif mode == "np":
             kw["prefetch"] = False
         elif mode.startswith("d"):

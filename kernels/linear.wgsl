@@ -45,6 +45,7 @@ override VEC4: bool = false;  // M/N/K allow 16-byte loads and stores (see ops/l
 override T: u32 = 8u;         // rows and columns per thread: 8 (128² tile) or 4 (64² tile)
 override RASTER: bool = false;  // workgroup x walks row tiles (y column tiles) instead of the reverse
 override PREFETCH: bool = true;  // load tile t+1 into registers before multiplying tile t (else after it)
+override WIDE_ROWS: bool = false;  // EXPERIMENT: 32-k tiles, 8 threads per row of a k-contiguous operand (128-byte reads)
 override DIAG: u32 = 0u;  // TEMPORARY timing diagnostics: 1 skip transposed shared stores, 2 skip global loads, 4 skip FMAs
 
 const BK = 16u;       // K per shared tile
@@ -77,6 +78,10 @@ var<private> la0: vec4<f32>;  // the next tile, in flight from memory to shared
 var<private> la1: vec4<f32>;
 var<private> lb0: vec4<f32>;
 var<private> lb1: vec4<f32>;
+var<private> la2: vec4<f32>;  // WIDE_ROWS: k 16 .. 31 of the 32-k tile
+var<private> la3: vec4<f32>;
+var<private> lb2: vec4<f32>;
+var<private> lb3: vec4<f32>;
 
 fn bm() -> u32 { return 16u * T; }  // tile rows = tile columns
 
@@ -110,7 +115,8 @@ fn count4(ok: bool, start: u32, limit: u32) -> u32 {
 // Slot i of a K-contiguous operand's tile -> (row in the tile, k offset in the tile): four threads read
 // the 64 bytes of a row. (Tried on the H200: two threads per row, 32 bytes, so that the transposed shared
 // stores are free of bank conflicts; or one thread per row: both slower.)
-fn kslot(i: u32) -> vec2<u32> { return vec2<u32>(i / (BK / 4u), (i % (BK / 4u)) * 4u); }
+fn row_threads() -> u32 { return select(BK / 4u, 2u * BK / 4u, WIDE_ROWS); }
+fn kslot(i: u32) -> vec2<u32> { return vec2<u32>(i / row_threads(), (i % row_threads()) * 4u); }
 
 // Slot i (0 .. BM·BK/4) of the A tile at K offset k0: four elements along A's contiguous dimension,
 // so consecutive threads read consecutive memory.
@@ -140,34 +146,39 @@ fn fetch_b(i: u32, k0: u32) -> vec4<f32> {
     return load4_b(kk * p.n + col, count4(kk < kend, col, p.n));
 }
 
+// (k of the tile: 0 .. 15, or 0 .. 31 with WIDE_ROWS, whose k 16 .. 31 go to buffer 1.)
 fn put_a(buf: u32, i: u32, v: vec4<f32>) {
     if (TRANS_A) {
-        a_sh[buf][i / (bm() / 4u)][i % (bm() / 4u)] = v;
+        let kt = i / (bm() / 4u);
+        a_sh[buf + (kt >> 4u)][kt & 15u][i % (bm() / 4u)] = v;
         return;
     }
     if ((DIAG & 1u) != 0u) { return; }
     let sl = kslot(i);  // transpose: the four k values go to four rows of the k-major tile
     let m = sl.x;
-    let k = sl.y;
-    a_sh[buf][k][m >> 2u][m & 3u] = v.x;
-    a_sh[buf][k + 1u][m >> 2u][m & 3u] = v.y;
-    a_sh[buf][k + 2u][m >> 2u][m & 3u] = v.z;
-    a_sh[buf][k + 3u][m >> 2u][m & 3u] = v.w;
+    let k = sl.y & 15u;
+    let bf = buf + (sl.y >> 4u);
+    a_sh[bf][k][m >> 2u][m & 3u] = v.x;
+    a_sh[bf][k + 1u][m >> 2u][m & 3u] = v.y;
+    a_sh[bf][k + 2u][m >> 2u][m & 3u] = v.z;
+    a_sh[bf][k + 3u][m >> 2u][m & 3u] = v.w;
 }
 
 fn put_b(buf: u32, i: u32, v: vec4<f32>) {
     if (!TRANS_B) {
-        b_sh[buf][i / (bm() / 4u)][i % (bm() / 4u)] = v;
+        let kt = i / (bm() / 4u);
+        b_sh[buf + (kt >> 4u)][kt & 15u][i % (bm() / 4u)] = v;
         return;
     }
     if ((DIAG & 1u) != 0u) { return; }
     let sl = kslot(i);
     let n = sl.x;
-    let k = sl.y;
-    b_sh[buf][k][n >> 2u][n & 3u] = v.x;
-    b_sh[buf][k + 1u][n >> 2u][n & 3u] = v.y;
-    b_sh[buf][k + 2u][n >> 2u][n & 3u] = v.z;
-    b_sh[buf][k + 3u][n >> 2u][n & 3u] = v.w;
+    let k = sl.y & 15u;
+    let bf = buf + (sl.y >> 4u);
+    b_sh[bf][k][n >> 2u][n & 3u] = v.x;
+    b_sh[bf][k + 1u][n >> 2u][n & 3u] = v.y;
+    b_sh[bf][k + 2u][n >> 2u][n & 3u] = v.z;
+    b_sh[bf][k + 3u][n >> 2u][n & 3u] = v.w;
 }
 
 // Each thread stages T/4 (1 or 2) vec4s of A and as many of B.
@@ -178,6 +189,14 @@ fn fetch(t: u32, k0: u32) {
         la1 = fetch_a(t + 256u, k0);
         lb1 = fetch_b(t + 256u, k0);
     }
+    if (WIDE_ROWS) {  // slots of k 16 .. 31 (k-contiguous: rows past those of k 0 .. 15's slots)
+        la2 = fetch_a(t + 4u * bm(), k0);
+        lb2 = fetch_b(t + 4u * bm(), k0);
+        if (T == 8u) {
+            la3 = fetch_a(t + 4u * bm() + 256u, k0);
+            lb3 = fetch_b(t + 4u * bm() + 256u, k0);
+        }
+    }
 }
 
 fn commit(t: u32, buf: u32) {
@@ -186,6 +205,14 @@ fn commit(t: u32, buf: u32) {
     if (T == 8u) {
         put_a(buf, t + 256u, la1);
         put_b(buf, t + 256u, lb1);
+    }
+    if (WIDE_ROWS) {
+        put_a(buf, t + 4u * bm(), la2);
+        put_b(buf, t + 4u * bm(), lb2);
+        if (T == 8u) {
+            put_a(buf, t + 4u * bm() + 256u, la3);
+            put_b(buf, t + 4u * bm() + 256u, lb3);
+        }
     }
 }
 
@@ -258,20 +285,38 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     let kbeg = wid.z * p.k_split;
     let kz = min(p.k, kbeg + p.k_split);
     kend = kz;
-    let tiles = (kz - kbeg + BK - 1u) / BK;  // from uniform values: the barriers stay in uniform control flow
-    fetch(t, kbeg);
-    commit(t, 0u);
-    workgroupBarrier();
-    var buf = 0u;
-    for (var s = 1u; s < tiles; s++) {
-        if (PREFETCH) { fetch(t, kbeg + s * BK); }  // in flight while this tile is multiplied
-        if ((DIAG & 4u) == 0u) { multiply_tile(buf); }
-        if (!PREFETCH) { fetch(t, kbeg + s * BK); }
-        commit(t, buf ^ 1u);
+    if (WIDE_ROWS) {  // one 32-k tile in both buffers: two barriers per tile
+        let tiles = (kz - kbeg + 2u * BK - 1u) / (2u * BK);
+        fetch(t, kbeg);
+        commit(t, 0u);
         workgroupBarrier();
-        buf ^= 1u;
+        for (var s = 1u; s < tiles; s++) {
+            fetch(t, kbeg + s * 2u * BK);
+            multiply_tile(0u);
+            multiply_tile(1u);
+            workgroupBarrier();
+            commit(t, 0u);
+            workgroupBarrier();
+        }
+        multiply_tile(0u);
+        multiply_tile(1u);
+    } else {
+        let tiles = (kz - kbeg + BK - 1u) / BK;  // from uniform values: the barriers stay in uniform control flow
+        fetch(t, kbeg);
+        commit(t, 0u);
+        workgroupBarrier();
+        var buf = 0u;
+        for (var s = 1u; s < tiles; s++) {
+            if (PREFETCH) { fetch(t, kbeg + s * BK); }  // in flight while this tile is multiplied
+            if ((DIAG & 4u) == 0u) { multiply_tile(buf); }
+            if (!PREFETCH) { fetch(t, kbeg + s * BK); }
+            commit(t, buf ^ 1u);
+            workgroupBarrier();
+            buf ^= 1u;
+        }
+        multiply_tile(buf);
+
     }
-    multiply_tile(buf);
     let r = row0 + ty * 4u;
     let q = col0 + tx * 4u;
     store_block(wid.z, r, q, acc00);

@@ -62,12 +62,14 @@ fn fetch_h(t: u32, k0: u32) {
         ha1 = vec4<f16>(fetch_a(t + 256u, k0) * a_scale);
         hb1 = vec4<f16>(fetch_b(t + 256u, k0) * b_scale);
     }
-    if (SUBTILES == 2u) {
-        ha2 = vec4<f16>(fetch_a(t, k0 + BK) * a_scale);
-        hb2 = vec4<f16>(fetch_b(t, k0 + BK) * b_scale);
+    if (SUBTILES == 2u) {  // (WIDE_ROWS: the slots of k 16 .. 31 follow those of k 0 .. 15)
+        let i2 = select(t, t + 4u * bm(), WIDE_ROWS);
+        let k2 = select(k0 + BK, k0, WIDE_ROWS);
+        ha2 = vec4<f16>(fetch_a(i2, k2) * a_scale);
+        hb2 = vec4<f16>(fetch_b(i2, k2) * b_scale);
         if (T == 8u) {
-            ha3 = vec4<f16>(fetch_a(t + 256u, k0 + BK) * a_scale);
-            hb3 = vec4<f16>(fetch_b(t + 256u, k0 + BK) * b_scale);
+            ha3 = vec4<f16>(fetch_a(i2 + 256u, k2) * a_scale);
+            hb3 = vec4<f16>(fetch_b(i2 + 256u, k2) * b_scale);
         }
     }
 }
@@ -113,11 +115,13 @@ fn commit_h(t: u32, buf: u32) {
         put_bh(buf, 0u, t + 256u, hb1);
     }
     if (SUBTILES == 2u) {
-        put_ah(buf, BK, t, ha2);
-        put_bh(buf, BK, t, hb2);
+        let i2 = select(t, t + 4u * bm(), WIDE_ROWS);
+        let k2 = select(BK, 0u, WIDE_ROWS);
+        put_ah(buf, k2, i2, ha2);
+        put_bh(buf, k2, i2, hb2);
         if (T == 8u) {
-            put_ah(buf, BK, t + 256u, ha3);
-            put_bh(buf, BK, t + 256u, hb3);
+            put_ah(buf, k2, i2 + 256u, ha3);
+            put_bh(buf, k2, i2 + 256u, hb3);
         }
     }
 }
@@ -282,8 +286,10 @@ fn fetch_p(t: u32, k0: u32) {
         ha0 = vec4<f16>(fetch_a(t, k0) * a_scale);
         if (T == 8u) { ha1 = vec4<f16>(fetch_a(t + 256u, k0) * a_scale); }
         if (SUBTILES == 2u) {
-            ha2 = vec4<f16>(fetch_a(t, k0 + BK) * a_scale);
-            if (T == 8u) { ha3 = vec4<f16>(fetch_a(t + 256u, k0 + BK) * a_scale); }
+            let i2 = select(t, t + 4u * bm(), WIDE_ROWS);
+            let k2 = select(k0 + BK, k0, WIDE_ROWS);
+            ha2 = vec4<f16>(fetch_a(i2, k2) * a_scale);
+            if (T == 8u) { ha3 = vec4<f16>(fetch_a(i2 + 256u, k2) * a_scale); }
         }
     }
     if (!TRANS_B) {
@@ -293,8 +299,10 @@ fn fetch_p(t: u32, k0: u32) {
         hb0 = vec4<f16>(fetch_b(t, k0) * b_scale);
         if (T == 8u) { hb1 = vec4<f16>(fetch_b(t + 256u, k0) * b_scale); }
         if (SUBTILES == 2u) {
-            hb2 = vec4<f16>(fetch_b(t, k0 + BK) * b_scale);
-            if (T == 8u) { hb3 = vec4<f16>(fetch_b(t + 256u, k0 + BK) * b_scale); }
+            let i2 = select(t, t + 4u * bm(), WIDE_ROWS);
+            let k2 = select(k0 + BK, k0, WIDE_ROWS);
+            hb2 = vec4<f16>(fetch_b(i2, k2) * b_scale);
+            if (T == 8u) { hb3 = vec4<f16>(fetch_b(i2 + 256u, k2) * b_scale); }
         }
     }
 }
@@ -307,8 +315,10 @@ fn commit_p(t: u32, buf: u32) {
         put_pa_k(buf, 0u, t, ha0);
         if (T == 8u) { put_pa_k(buf, 0u, t + 256u, ha1); }
         if (SUBTILES == 2u) {
-            put_pa_k(buf, BK, t, ha2);
-            if (T == 8u) { put_pa_k(buf, BK, t + 256u, ha3); }
+            let i2 = select(t, t + 4u * bm(), WIDE_ROWS);
+            let k2 = select(BK, 0u, WIDE_ROWS);
+            put_pa_k(buf, k2, i2, ha2);
+            if (T == 8u) { put_pa_k(buf, k2, i2 + 256u, ha3); }
         }
     }
     if (!TRANS_B) {
@@ -318,8 +328,10 @@ fn commit_p(t: u32, buf: u32) {
         put_pb_k(buf, 0u, t, hb0);
         if (T == 8u) { put_pb_k(buf, 0u, t + 256u, hb1); }
         if (SUBTILES == 2u) {
-            put_pb_k(buf, BK, t, hb2);
-            if (T == 8u) { put_pb_k(buf, BK, t + 256u, hb3); }
+            let i2 = select(t, t + 4u * bm(), WIDE_ROWS);
+            let k2 = select(BK, 0u, WIDE_ROWS);
+            put_pb_k(buf, k2, i2, hb2);
+            if (T == 8u) { put_pb_k(buf, k2, i2 + 256u, hb3); }
         }
     }
 }

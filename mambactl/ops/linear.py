@@ -134,7 +134,7 @@ def vec4_path(M: int, N: int, K: int, trans_a: bool, trans_b: bool, vec4: bool |
 def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor | None = None, out: Tensor | None = None,
            kernel: str | None = None, tile: str | None = None, vec4: bool | None = None,
            split_k: int | None = None, raster: bool | None = None, precision: str | None = None,
-           flush: int | None = None, subtiles: int | None = None, amax: tuple | None = None, diag: int = 0, prefetch: bool = True) -> Tensor:
+           flush: int | None = None, subtiles: int | None = None, amax: tuple | None = None, diag: int = 0, prefetch: bool = True, wide_rows: bool = False) -> Tensor:
     """C[M, N] = op(A) op(B) (+ bias); A is [M, K] ([K, M] if trans_a), B is [K, N] ([N, K] if trans_b).
 
     With `out`, the product is added into it (gradient accumulation). The defaults pick everything by adapter
@@ -176,6 +176,8 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
         consts["DIAG"] = diag
     if not prefetch:
         consts["PREFETCH"] = False
+    if wide_rows:
+        consts["WIDE_ROWS"] = True
     if half:
         flush = FLUSH if flush is None else int(flush)
         if flush < 8 or flush & (flush - 1):
