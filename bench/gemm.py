@@ -54,6 +54,8 @@ def kwargs_for(spec: str) -> dict:
         elif mode == "p":
             kw["precision"] = "f16"
             kw["kernel"] = "matmul_f16p"
+        elif mode == "h":
+            kw["pre16"] = True
         elif mode == "w":
             kw["wide_rows"] = True
         elif mode == "np":

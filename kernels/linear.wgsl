@@ -120,30 +120,41 @@ fn kslot(i: u32) -> vec2<u32> { return vec2<u32>(i / row_threads(), (i % row_thr
 
 // Slot i (0 .. BM·BK/4) of the A tile at K offset k0: four elements along A's contiguous dimension,
 // so consecutive threads read consecutive memory.
-fn fetch_a(i: u32, k0: u32) -> vec4<f32> {
-    if ((DIAG & 2u) != 0u) { return vec4<f32>(f32(i & 7u) * 0.125 + f32(k0)); }
+// Slot i's flat index into A and how many of its 4 elements exist (fetch_a's load, apart from the load).
+fn slot_a(i: u32, k0: u32) -> vec2<u32> {
     if (TRANS_A) {  // A is [K, M]: along m
         let kk = k0 + i / (bm() / 4u);
         let row = row0 + (i % (bm() / 4u)) * 4u;
-        return load4_a(kk * p.m + row, count4(kk < kend, row, p.m));
+        return vec2<u32>(kk * p.m + row, count4(kk < kend, row, p.m));
     }
     let sl = kslot(i);  // A is [M, K]: along k
     let row = row0 + sl.x;
     let kk = k0 + sl.y;
-    return load4_a(row * p.k + kk, count4(row < p.m, kk, kend));
+    return vec2<u32>(row * p.k + kk, count4(row < p.m, kk, kend));
 }
 
-fn fetch_b(i: u32, k0: u32) -> vec4<f32> {
-    if ((DIAG & 2u) != 0u) { return vec4<f32>(f32(i & 3u) * 0.25 + f32(k0)); }
+fn slot_b(i: u32, k0: u32) -> vec2<u32> {
     if (TRANS_B) {  // B is [N, K]: along k
         let sl = kslot(i);
         let col = col0 + sl.x;
         let kk = k0 + sl.y;
-        return load4_b(col * p.k + kk, count4(col < p.n, kk, kend));
+        return vec2<u32>(col * p.k + kk, count4(col < p.n, kk, kend));
     }
     let kk = k0 + i / (bm() / 4u);  // B is [K, N]: along n
     let col = col0 + (i % (bm() / 4u)) * 4u;
-    return load4_b(kk * p.n + col, count4(kk < kend, col, p.n));
+    return vec2<u32>(kk * p.n + col, count4(kk < kend, col, p.n));
+}
+
+fn fetch_a(i: u32, k0: u32) -> vec4<f32> {
+    if ((DIAG & 2u) != 0u) { return vec4<f32>(f32(i & 7u) * 0.125 + f32(k0)); }
+    let sl = slot_a(i, k0);
+    return load4_a(sl.x, sl.y);
+}
+
+fn fetch_b(i: u32, k0: u32) -> vec4<f32> {
+    if ((DIAG & 2u) != 0u) { return vec4<f32>(f32(i & 3u) * 0.25 + f32(k0)); }
+    let sl = slot_b(i, k0);
+    return load4_b(sl.x, sl.y);
 }
 
 // (k of the tile: 0 .. 15, or 0 .. 31 with WIDE_ROWS, whose k 16 .. 31 go to buffer 1.)

@@ -30,6 +30,34 @@ const BK_MAX = 32u;
 var<workgroup> a_h: array<array<array<vec4<f16>, BM_MAX4>, BK_MAX>, 2>;  // [buffer][k][row / 4], as a_sh
 var<workgroup> b_h: array<array<array<vec4<f16>, BM_MAX4>, BK_MAX>, 2>;  // [buffer][k][col / 4]
 
+// EXPERIMENT PRE16: the operands already scaled and converted to f16 in memory (operand_to_f16), so the GEMM
+// reads half the bytes and does no conversions. (Bound even when unused: pass any buffer.)
+override PRE16: bool = false;
+@group(0) @binding(9) var<storage, read> a16: array<vec4<f16>>;
+@group(0) @binding(10) var<storage, read> b16: array<vec4<f16>>;
+
+fn load4h_a(e: u32, valid: u32) -> vec4<f16> {
+    if (VEC4) {
+        return select(vec4<f16>(0.0h), a16[select(0u, e >> 2u, valid > 0u)], valid > 0u);
+    }
+    var v = vec4<f16>(0.0h);
+    for (var j = 0u; j < 4u; j++) {
+        if (j < valid) { v[j] = a16[(e + j) >> 2u][(e + j) & 3u]; }
+    }
+    return v;
+}
+
+fn load4h_b(e: u32, valid: u32) -> vec4<f16> {
+    if (VEC4) {
+        return select(vec4<f16>(0.0h), b16[select(0u, e >> 2u, valid > 0u)], valid > 0u);
+    }
+    var v = vec4<f16>(0.0h);
+    for (var j = 0u; j < 4u; j++) {
+        if (j < valid) { v[j] = b16[(e + j) >> 2u][(e + j) & 3u]; }
+    }
+    return v;
+}
+
 var<private> a_scale: f32;
 var<private> b_scale: f32;
 var<private> ha0: vec4<f16>;  // the next tile, scaled and converted, in flight to shared: [slice][slot]
@@ -55,21 +83,38 @@ fn scale_exp(bits: u32) -> i32 {
     return clamp(OPERAND_EXP - (i32(bits >> 23u) - 126), -126, 126);
 }
 
+// Slot i of A (B) as staged f16: from the f16 copy, or the fp32 tensor scaled and converted.
+fn fetch_ha(i: u32, k0: u32) -> vec4<f16> {
+    if (PRE16) {
+        let sl = slot_a(i, k0);
+        return load4h_a(sl.x, sl.y);
+    }
+    return vec4<f16>(fetch_a(i, k0) * a_scale);
+}
+
+fn fetch_hb(i: u32, k0: u32) -> vec4<f16> {
+    if (PRE16) {
+        let sl = slot_b(i, k0);
+        return load4h_b(sl.x, sl.y);
+    }
+    return vec4<f16>(fetch_b(i, k0) * b_scale);
+}
+
 fn fetch_h(t: u32, k0: u32) {
-    ha0 = vec4<f16>(fetch_a(t, k0) * a_scale);
-    hb0 = vec4<f16>(fetch_b(t, k0) * b_scale);
+    ha0 = fetch_ha(t, k0);
+    hb0 = fetch_hb(t, k0);
     if (T == 8u) {
-        ha1 = vec4<f16>(fetch_a(t + 256u, k0) * a_scale);
-        hb1 = vec4<f16>(fetch_b(t + 256u, k0) * b_scale);
+        ha1 = fetch_ha(t + 256u, k0);
+        hb1 = fetch_hb(t + 256u, k0);
     }
     if (SUBTILES == 2u) {  // (WIDE_ROWS: the slots of k 16 .. 31 follow those of k 0 .. 15)
         let i2 = select(t, t + 4u * bm(), WIDE_ROWS);
         let k2 = select(k0 + BK, k0, WIDE_ROWS);
-        ha2 = vec4<f16>(fetch_a(i2, k2) * a_scale);
-        hb2 = vec4<f16>(fetch_b(i2, k2) * b_scale);
+        ha2 = fetch_ha(i2, k2);
+        hb2 = fetch_hb(i2, k2);
         if (T == 8u) {
-            ha3 = vec4<f16>(fetch_a(i2 + 256u, k2) * a_scale);
-            hb3 = vec4<f16>(fetch_b(i2 + 256u, k2) * b_scale);
+            ha3 = fetch_ha(i2 + 256u, k2);
+            hb3 = fetch_hb(i2 + 256u, k2);
         }
     }
 }
@@ -449,4 +494,15 @@ fn operand_amax(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation
         workgroupBarrier();
     }
     if (t == 0u) { atomicMax(&amax_out[0], amax_sh[0]); }
+}
+
+// ---- operand_to_f16 (EXPERIMENT PRE16) -----------------------------------------------------------
+// h_out = f16(x · s) with matmul_f16's scale s from a_amax (scale_exp): the GEMM's staging, done once in memory.
+@group(0) @binding(11) var<storage, read_write> h_out: array<vec4<f16>>;
+
+@compute @workgroup_size(256)
+fn operand_to_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let i = (wid.y * amax_p.groups_x + wid.x) * 256u + t;
+    if (i * 4u >= amax_p.count) { return; }
+    h_out[i] = vec4<f16>(a[i] * pow2(scale_exp(a_amax[0])));
 }

@@ -104,6 +104,18 @@ def operand_amax(x: Tensor) -> Tensor:
     return out
 
 
+def operand_f16(x: Tensor, amax: Tensor, flush: int = FLUSH) -> Tensor:
+    """EXPERIMENT: x scaled by matmul_f16's power of two (from `amax`, operand_amax's bits) and converted to f16,
+    packed two to a uint32 (the tensor holds ⌈size / 4⌉ vec4<f16>)."""
+    rt = x.runtime
+    vec4s = -(-x.size // 4)
+    out = rt.empty((2 * vec4s,), np.uint32)
+    groups = grid_1d(vec4s)
+    rt.run("operand_to_f16", groups, {"OPERAND_EXP": operand_exponent(flush)}, a=x, a_amax=amax, h_out=out,
+           count=x.size, groups_x=groups[0])
+    return out
+
+
 def choose_tile(M: int, N: int, K: int) -> str:
     """The `matmul` tile for an M×N output (GPU adapters)."""
     return "64x64" if min(M, N) <= 64 else "128x128"
@@ -134,7 +146,8 @@ def vec4_path(M: int, N: int, K: int, trans_a: bool, trans_b: bool, vec4: bool |
 def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor | None = None, out: Tensor | None = None,
            kernel: str | None = None, tile: str | None = None, vec4: bool | None = None,
            split_k: int | None = None, raster: bool | None = None, precision: str | None = None,
-           flush: int | None = None, subtiles: int | None = None, amax: tuple | None = None, diag: int = 0, prefetch: bool = True, wide_rows: bool = False) -> Tensor:
+           flush: int | None = None, subtiles: int | None = None, amax: tuple | None = None, diag: int = 0, prefetch: bool = True, wide_rows: bool = False,
+           pre16: bool = False) -> Tensor:
     """C[M, N] = op(A) op(B) (+ bias); A is [M, K] ([K, M] if trans_a), B is [K, N] ([N, K] if trans_b).
 
     With `out`, the product is added into it (gradient accumulation). The defaults pick everything by adapter
@@ -187,6 +200,11 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
             raise ShapeError(f"matmul: subtiles must be 1 or 2, got {subtiles}")
         consts.update(FLUSH=flush, OPERAND_EXP=operand_exponent(flush), SUBTILES=subtiles)
         amax_a, amax_b = amax if amax is not None else (operand_amax(a), operand_amax(b))
+        if pre16:
+            consts["PRE16"] = True
+            a16, b16 = operand_f16(a, amax_a, flush), operand_f16(b, amax_b, flush)
+        else:
+            a16, b16 = a, b  # bound, not read
     if entry in ("matmul", "matmul_f16", "matmul_f16p"):
         tile = tile or choose_tile(M, N, K)
         if tile not in TILES:
@@ -227,7 +245,7 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
         scalar = not consts["VEC4"]
         loops = -(-min(k_split, K) // (16 * sub)) * (1 + scalar * 2 * t * sub) + scalar * 16 * (t // 4) ** 2
         loop_budget(rt, "matmul", (M, K, N), loops)
-    scales = {"a_amax": amax_a, "b_amax": amax_b} if half else {}
+    scales = {"a_amax": amax_a, "b_amax": amax_b, "a16": a16, "b16": b16} if half else {}
     if splits == 1:
         consts["ACCUMULATE"] = out is not None
         if out is None:
