@@ -51,17 +51,8 @@ def kwargs_for(spec: str) -> dict:
             kw["flush"] = int(mode[2:])
         elif mode.startswith("s"):
             kw["subtiles"] = int(mode[1:])
-        elif mode == "p":
-            kw["precision"] = "f16"
-            kw["kernel"] = "matmul_f16p"
-        elif mode == "h":
-            kw["pre16"] = True
-        elif mode == "w":
-            kw["wide_rows"] = True
-        elif mode == "np":
-            kw["prefetch"] = False
-        elif mode.startswith("d"):
-            kw["diag"] = int(mode[1:])
+        elif mode == "nz":
+            kw["swizzle"] = False
         elif mode.startswith("k"):
             kw["split_k"] = int(mode[1:])
     return kw

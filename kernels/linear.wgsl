@@ -22,12 +22,14 @@
 // - Shared tiles are vec4 arrays, k-major ([buffer][k][row/4]), so a thread reads 4 rows (or columns)
 //   with one 16-byte load; a warp is laid out 8 columns × 4 rows of threads, so each of its shared
 //   reads touches 4 or 8 consecutive vec4s (one wavefront, no bank conflicts). Rows are padded to 33
-//   vec4s so the transposed stores of a K-contiguous operand collide at most 2-way on banks.
-//   The forward (both operands K-contiguous, staged by transposed scalar stores) stays ~15% slower
+//   vec4s, and SWIZZLE stores k rows 8 .. 15 with the vec4 index XOR 2, so the transposed scalar stores
+//   of a K-contiguous operand (four threads per row, k 0/4/8/12) hit 32 distinct banks (2-way without).
+//   The forward (both operands K-contiguous, staged by transposed scalar stores) stays ~15-30% slower
 //   than dX and dW on the H200.
-// - Double buffering: tile t+1 is loaded from memory into registers before tile t is multiplied, then
-//   written to the other shared buffer: one barrier per K step, and the loads' latency hides behind
-//   16·T² FMAs.
+// - Double buffering: tile t+1 is loaded from memory into registers after tile t is multiplied, then
+//   written to the other shared buffer: one barrier per K step. (Loading it before the multiply, so its
+//   latency hides behind the FMAs, was measured on the H200 at 2026-12-01 20:47-21:30: dW 5-7% slower at
+//   every model shape and 4096³, fwd and dX equal within 1%; the other resident workgroups hide the loads.)
 // - The BK steps of a tile are written out (kstep(buf, 0u) ...): naga bounds every loop with a counter
 //   (so drivers may not unroll it) and clamps each dynamic workgroup-array index; with literal k every
 //   index but the per-thread row/column is a constant, and the driver folds the clamps.
@@ -44,9 +46,7 @@ override ACCUMULATE: bool = false;
 override VEC4: bool = false;  // M/N/K allow 16-byte loads and stores (see ops/linear.py)
 override T: u32 = 8u;         // rows and columns per thread: 8 (128² tile) or 4 (64² tile)
 override RASTER: bool = false;  // workgroup x walks row tiles (y column tiles) instead of the reverse
-override PREFETCH: bool = true;  // load tile t+1 into registers before multiplying tile t (else after it)
-override WIDE_ROWS: bool = false;  // EXPERIMENT: 32-k tiles, 8 threads per row of a k-contiguous operand (128-byte reads)
-override DIAG: u32 = 0u;  // TEMPORARY timing diagnostics: 1 skip transposed shared stores, 2 skip global loads, 4 skip FMAs
+override SWIZZLE: bool = true;  // EXPERIMENT (bench): k rows 8 .. 15 of a_sh/b_sh hold vec4 index q at q ^ 2
 
 const BK = 16u;       // K per shared tile
 const BM_MAX4 = 33u;  // 128 rows / 4 + 1 vec4 of padding
@@ -78,12 +78,11 @@ var<private> la0: vec4<f32>;  // the next tile, in flight from memory to shared
 var<private> la1: vec4<f32>;
 var<private> lb0: vec4<f32>;
 var<private> lb1: vec4<f32>;
-var<private> la2: vec4<f32>;  // WIDE_ROWS: k 16 .. 31 of the 32-k tile
-var<private> la3: vec4<f32>;
-var<private> lb2: vec4<f32>;
-var<private> lb3: vec4<f32>;
 
 fn bm() -> u32 { return 16u * T; }  // tile rows = tile columns
+
+// The vec4 index of row/column block q at k row k of a_sh or b_sh (see SWIZZLE).
+fn sw(k: u32, q: u32) -> u32 { return select(q, q ^ 2u, SWIZZLE && (k & 8u) != 0u); }
 
 // Four consecutive elements of A (or B) from flat index e, of which the first `valid` exist.
 fn load4_a(e: u32, valid: u32) -> vec4<f32> {
@@ -115,81 +114,64 @@ fn count4(ok: bool, start: u32, limit: u32) -> u32 {
 // Slot i of a K-contiguous operand's tile -> (row in the tile, k offset in the tile): four threads read
 // the 64 bytes of a row. (Tried on the H200: two threads per row, 32 bytes, so that the transposed shared
 // stores are free of bank conflicts; or one thread per row: both slower.)
-fn row_threads() -> u32 { return select(BK / 4u, 2u * BK / 4u, WIDE_ROWS); }
-fn kslot(i: u32) -> vec2<u32> { return vec2<u32>(i / row_threads(), (i % row_threads()) * 4u); }
+fn kslot(i: u32) -> vec2<u32> { return vec2<u32>(i / (BK / 4u), (i % (BK / 4u)) * 4u); }
 
 // Slot i (0 .. BM·BK/4) of the A tile at K offset k0: four elements along A's contiguous dimension,
 // so consecutive threads read consecutive memory.
-// Slot i's flat index into A and how many of its 4 elements exist (fetch_a's load, apart from the load).
-fn slot_a(i: u32, k0: u32) -> vec2<u32> {
+fn fetch_a(i: u32, k0: u32) -> vec4<f32> {
     if (TRANS_A) {  // A is [K, M]: along m
         let kk = k0 + i / (bm() / 4u);
         let row = row0 + (i % (bm() / 4u)) * 4u;
-        return vec2<u32>(kk * p.m + row, count4(kk < kend, row, p.m));
+        return load4_a(kk * p.m + row, count4(kk < kend, row, p.m));
     }
     let sl = kslot(i);  // A is [M, K]: along k
     let row = row0 + sl.x;
     let kk = k0 + sl.y;
-    return vec2<u32>(row * p.k + kk, count4(row < p.m, kk, kend));
+    return load4_a(row * p.k + kk, count4(row < p.m, kk, kend));
 }
 
-fn slot_b(i: u32, k0: u32) -> vec2<u32> {
+fn fetch_b(i: u32, k0: u32) -> vec4<f32> {
     if (TRANS_B) {  // B is [N, K]: along k
         let sl = kslot(i);
         let col = col0 + sl.x;
         let kk = k0 + sl.y;
-        return vec2<u32>(col * p.k + kk, count4(col < p.n, kk, kend));
+        return load4_b(col * p.k + kk, count4(col < p.n, kk, kend));
     }
     let kk = k0 + i / (bm() / 4u);  // B is [K, N]: along n
     let col = col0 + (i % (bm() / 4u)) * 4u;
-    return vec2<u32>(kk * p.n + col, count4(kk < kend, col, p.n));
+    return load4_b(kk * p.n + col, count4(kk < kend, col, p.n));
 }
 
-fn fetch_a(i: u32, k0: u32) -> vec4<f32> {
-    if ((DIAG & 2u) != 0u) { return vec4<f32>(f32(i & 7u) * 0.125 + f32(k0)); }
-    let sl = slot_a(i, k0);
-    return load4_a(sl.x, sl.y);
-}
-
-fn fetch_b(i: u32, k0: u32) -> vec4<f32> {
-    if ((DIAG & 2u) != 0u) { return vec4<f32>(f32(i & 3u) * 0.25 + f32(k0)); }
-    let sl = slot_b(i, k0);
-    return load4_b(sl.x, sl.y);
-}
-
-// (k of the tile: 0 .. 15, or 0 .. 31 with WIDE_ROWS, whose k 16 .. 31 go to buffer 1.)
 fn put_a(buf: u32, i: u32, v: vec4<f32>) {
     if (TRANS_A) {
-        let kt = i / (bm() / 4u);
-        a_sh[buf + (kt >> 4u)][kt & 15u][i % (bm() / 4u)] = v;
+        let k = i / (bm() / 4u);
+        a_sh[buf][k][sw(k, i % (bm() / 4u))] = v;
         return;
     }
-    if ((DIAG & 1u) != 0u) { return; }
     let sl = kslot(i);  // transpose: the four k values go to four rows of the k-major tile
     let m = sl.x;
-    let k = sl.y & 15u;
-    let bf = buf + (sl.y >> 4u);
-    a_sh[bf][k][m >> 2u][m & 3u] = v.x;
-    a_sh[bf][k + 1u][m >> 2u][m & 3u] = v.y;
-    a_sh[bf][k + 2u][m >> 2u][m & 3u] = v.z;
-    a_sh[bf][k + 3u][m >> 2u][m & 3u] = v.w;
+    let k = sl.y;  // a multiple of 4: k .. k + 3 share the swizzle
+    let q = sw(k, m >> 2u);
+    a_sh[buf][k][q][m & 3u] = v.x;
+    a_sh[buf][k + 1u][q][m & 3u] = v.y;
+    a_sh[buf][k + 2u][q][m & 3u] = v.z;
+    a_sh[buf][k + 3u][q][m & 3u] = v.w;
 }
 
 fn put_b(buf: u32, i: u32, v: vec4<f32>) {
     if (!TRANS_B) {
-        let kt = i / (bm() / 4u);
-        b_sh[buf + (kt >> 4u)][kt & 15u][i % (bm() / 4u)] = v;
+        let k = i / (bm() / 4u);
+        b_sh[buf][k][sw(k, i % (bm() / 4u))] = v;
         return;
     }
-    if ((DIAG & 1u) != 0u) { return; }
     let sl = kslot(i);
     let n = sl.x;
-    let k = sl.y & 15u;
-    let bf = buf + (sl.y >> 4u);
-    b_sh[bf][k][n >> 2u][n & 3u] = v.x;
-    b_sh[bf][k + 1u][n >> 2u][n & 3u] = v.y;
-    b_sh[bf][k + 2u][n >> 2u][n & 3u] = v.z;
-    b_sh[bf][k + 3u][n >> 2u][n & 3u] = v.w;
+    let k = sl.y;
+    let q = sw(k, n >> 2u);
+    b_sh[buf][k][q][n & 3u] = v.x;
+    b_sh[buf][k + 1u][q][n & 3u] = v.y;
+    b_sh[buf][k + 2u][q][n & 3u] = v.z;
+    b_sh[buf][k + 3u][q][n & 3u] = v.w;
 }
 
 // Each thread stages T/4 (1 or 2) vec4s of A and as many of B.
@@ -200,14 +182,6 @@ fn fetch(t: u32, k0: u32) {
         la1 = fetch_a(t + 256u, k0);
         lb1 = fetch_b(t + 256u, k0);
     }
-    if (WIDE_ROWS) {  // slots of k 16 .. 31 (k-contiguous: rows past those of k 0 .. 15's slots)
-        la2 = fetch_a(t + 4u * bm(), k0);
-        lb2 = fetch_b(t + 4u * bm(), k0);
-        if (T == 8u) {
-            la3 = fetch_a(t + 4u * bm() + 256u, k0);
-            lb3 = fetch_b(t + 4u * bm() + 256u, k0);
-        }
-    }
 }
 
 fn commit(t: u32, buf: u32) {
@@ -217,14 +191,6 @@ fn commit(t: u32, buf: u32) {
         put_a(buf, t + 256u, la1);
         put_b(buf, t + 256u, lb1);
     }
-    if (WIDE_ROWS) {
-        put_a(buf, t + 4u * bm(), la2);
-        put_b(buf, t + 4u * bm(), lb2);
-        if (T == 8u) {
-            put_a(buf, t + 4u * bm() + 256u, la3);
-            put_b(buf, t + 4u * bm() + 256u, lb3);
-        }
-    }
 }
 
 // acc += x ⊗ y for a 4×4 block: row i of the block (column i of the matrix) gains x[i] · y.
@@ -233,13 +199,13 @@ fn outer(acc: mat4x4<f32>, x: vec4<f32>, y: vec4<f32>) -> mat4x4<f32> {
                        fma(vec4<f32>(x.z), y, acc[2]), fma(vec4<f32>(x.w), y, acc[3]));
 }
 
-fn kstep(buf: u32, k: u32) {
-    let a0 = a_sh[buf][k][ty];
-    let b0 = b_sh[buf][k][tx];
+fn kstep(buf: u32, k: u32) {  // (k is a constant: sw folds to ty or ty ^ 2)
+    let a0 = a_sh[buf][k][sw(k, ty)];
+    let b0 = b_sh[buf][k][sw(k, tx)];
     acc00 = outer(acc00, a0, b0);
     if (T == 8u) {  // rows and columns 64 .. 127 of the tile
-        let a1 = a_sh[buf][k][ty + 16u];
-        let b1 = b_sh[buf][k][tx + 16u];
+        let a1 = a_sh[buf][k][sw(k, ty + 16u)];
+        let b1 = b_sh[buf][k][sw(k, tx + 16u)];
         acc01 = outer(acc01, a0, b1);
         acc10 = outer(acc10, a1, b0);
         acc11 = outer(acc11, a1, b1);
@@ -296,38 +262,19 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     let kbeg = wid.z * p.k_split;
     let kz = min(p.k, kbeg + p.k_split);
     kend = kz;
-    if (WIDE_ROWS) {  // one 32-k tile in both buffers: two barriers per tile
-        let tiles = (kz - kbeg + 2u * BK - 1u) / (2u * BK);
-        fetch(t, kbeg);
-        commit(t, 0u);
-        workgroupBarrier();
-        for (var s = 1u; s < tiles; s++) {
-            fetch(t, kbeg + s * 2u * BK);
-            multiply_tile(0u);
-            multiply_tile(1u);
-            workgroupBarrier();
-            commit(t, 0u);
-            workgroupBarrier();
-        }
-        multiply_tile(0u);
-        multiply_tile(1u);
-    } else {
-        let tiles = (kz - kbeg + BK - 1u) / BK;  // from uniform values: the barriers stay in uniform control flow
-        fetch(t, kbeg);
-        commit(t, 0u);
-        workgroupBarrier();
-        var buf = 0u;
-        for (var s = 1u; s < tiles; s++) {
-            if (PREFETCH) { fetch(t, kbeg + s * BK); }  // in flight while this tile is multiplied
-            if ((DIAG & 4u) == 0u) { multiply_tile(buf); }
-            if (!PREFETCH) { fetch(t, kbeg + s * BK); }
-            commit(t, buf ^ 1u);
-            workgroupBarrier();
-            buf ^= 1u;
-        }
+    let tiles = (kz - kbeg + BK - 1u) / BK;  // from uniform values: the barriers stay in uniform control flow
+    fetch(t, kbeg);
+    commit(t, 0u);
+    workgroupBarrier();
+    var buf = 0u;
+    for (var s = 1u; s < tiles; s++) {
         multiply_tile(buf);
-
+        fetch(t, kbeg + s * BK);
+        commit(t, buf ^ 1u);
+        workgroupBarrier();
+        buf ^= 1u;
     }
+    multiply_tile(buf);
     let r = row0 + ty * 4u;
     let q = col0 + tx * 4u;
     store_block(wid.z, r, q, acc00);

@@ -104,18 +104,6 @@ def operand_amax(x: Tensor) -> Tensor:
     return out
 
 
-def operand_f16(x: Tensor, amax: Tensor, flush: int = FLUSH) -> Tensor:
-    """EXPERIMENT: x scaled by matmul_f16's power of two (from `amax`, operand_amax's bits) and converted to f16,
-    packed two to a uint32 (the tensor holds ⌈size / 4⌉ vec4<f16>)."""
-    rt = x.runtime
-    vec4s = -(-x.size // 4)
-    out = rt.empty((2 * vec4s,), np.uint32)
-    groups = grid_1d(vec4s)
-    rt.run("operand_to_f16", groups, {"OPERAND_EXP": operand_exponent(flush)}, a=x, a_amax=amax, h_out=out,
-           count=x.size, groups_x=groups[0])
-    return out
-
-
 def choose_tile(M: int, N: int, K: int) -> str:
     """The `matmul` tile for an M×N output (GPU adapters)."""
     return "64x64" if min(M, N) <= 64 else "128x128"
@@ -146,8 +134,8 @@ def vec4_path(M: int, N: int, K: int, trans_a: bool, trans_b: bool, vec4: bool |
 def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor | None = None, out: Tensor | None = None,
            kernel: str | None = None, tile: str | None = None, vec4: bool | None = None,
            split_k: int | None = None, raster: bool | None = None, precision: str | None = None,
-           flush: int | None = None, subtiles: int | None = None, amax: tuple | None = None, diag: int = 0, prefetch: bool = True, wide_rows: bool = False,
-           pre16: bool = False) -> Tensor:
+           flush: int | None = None, subtiles: int | None = None, amax: tuple | None = None,
+           swizzle: bool = True) -> Tensor:
     """C[M, N] = op(A) op(B) (+ bias); A is [M, K] ([K, M] if trans_a), B is [K, N] ([N, K] if trans_b).
 
     With `out`, the product is added into it (gradient accumulation). The defaults pick everything by adapter
@@ -181,16 +169,12 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
     if precision not in PRECISIONS:
         raise ShapeError(f"matmul: unknown precision {precision!r}; one of {', '.join(PRECISIONS)}")
     half = precision == "f16"
-    if half and kernel not in (None, "matmul_f16", "matmul_f16p"):
+    if half and kernel not in (None, "matmul_f16"):
         raise ShapeError(f"matmul: precision f16 runs matmul_f16, not {kernel!r}")
     entry = kernel or ("matmul_f16" if half else cpu_kernel(rt) if cpu else "matmul")
     consts = {"TRANS_A": trans_a, "TRANS_B": trans_b, "HAS_BIAS": bias is not None}
-    if diag:
-        consts["DIAG"] = diag
-    if not prefetch:
-        consts["PREFETCH"] = False
-    if wide_rows:
-        consts["WIDE_ROWS"] = True
+    if not swizzle:  # EXPERIMENT (bench/gemm.py /nz)
+        consts["SWIZZLE"] = False
     if half:
         flush = FLUSH if flush is None else int(flush)
         if flush < 8 or flush & (flush - 1):
@@ -200,12 +184,7 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
             raise ShapeError(f"matmul: subtiles must be 1 or 2, got {subtiles}")
         consts.update(FLUSH=flush, OPERAND_EXP=operand_exponent(flush), SUBTILES=subtiles)
         amax_a, amax_b = amax if amax is not None else (operand_amax(a), operand_amax(b))
-        if pre16:
-            consts["PRE16"] = True
-            a16, b16 = operand_f16(a, amax_a, flush), operand_f16(b, amax_b, flush)
-        else:
-            a16, b16 = a, b  # bound, not read
-    if entry in ("matmul", "matmul_f16", "matmul_f16p"):
+    if entry in ("matmul", "matmul_f16"):
         tile = tile or choose_tile(M, N, K)
         if tile not in TILES:
             raise ShapeError(f"matmul: unknown tile {tile!r}; one of {sorted(TILES)}")
@@ -245,7 +224,7 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
         scalar = not consts["VEC4"]
         loops = -(-min(k_split, K) // (16 * sub)) * (1 + scalar * 2 * t * sub) + scalar * 16 * (t // 4) ** 2
         loop_budget(rt, "matmul", (M, K, N), loops)
-    scales = {"a_amax": amax_a, "b_amax": amax_b, "a16": a16, "b16": b16} if half else {}
+    scales = {"a_amax": amax_a, "b_amax": amax_b} if half else {}
     if splits == 1:
         consts["ACCUMULATE"] = out is not None
         if out is None:
