@@ -169,7 +169,7 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
     if precision not in PRECISIONS:
         raise ShapeError(f"matmul: unknown precision {precision!r}; one of {', '.join(PRECISIONS)}")
     half = precision == "f16"
-    if half and kernel not in (None, "matmul_f16"):
+    if half and kernel not in (None, "matmul_f16", "matmul_f16p"):
         raise ShapeError(f"matmul: precision f16 runs matmul_f16, not {kernel!r}")
     entry = kernel or ("matmul_f16" if half else cpu_kernel(rt) if cpu else "matmul")
     consts = {"TRANS_A": trans_a, "TRANS_B": trans_b, "HAS_BIAS": bias is not None}
@@ -184,7 +184,7 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
             raise ShapeError(f"matmul: subtiles must be 1 or 2, got {subtiles}")
         consts.update(FLUSH=flush, OPERAND_EXP=operand_exponent(flush), SUBTILES=subtiles)
         amax_a, amax_b = amax if amax is not None else (operand_amax(a), operand_amax(b))
-    if entry in ("matmul", "matmul_f16"):
+    if entry in ("matmul", "matmul_f16", "matmul_f16p"):
         tile = tile or choose_tile(M, N, K)
         if tile not in TILES:
             raise ShapeError(f"matmul: unknown tile {tile!r}; one of {sorted(TILES)}")
