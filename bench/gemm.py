@@ -51,11 +51,6 @@ def kwargs_for(spec: str) -> dict:
             kw["flush"] = int(mode[2:])
         elif mode.startswith("s"):
             kw["subtiles"] = int(mode[1:])
-        elif mode == "p":  # EXPERIMENT
-            kw["precision"] = "f16"
-            kw["kernel"] = "matmul_f16p"
-        elif mode == "nz":
-            kw["swizzle"] = False
         elif mode.startswith("k"):
             kw["split_k"] = int(mode[1:])
     return kw

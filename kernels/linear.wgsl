@@ -22,14 +22,16 @@
 // - Shared tiles are vec4 arrays, k-major ([buffer][k][row/4]), so a thread reads 4 rows (or columns)
 //   with one 16-byte load; a warp is laid out 8 columns × 4 rows of threads, so each of its shared
 //   reads touches 4 or 8 consecutive vec4s (one wavefront, no bank conflicts). Rows are padded to 33
-//   vec4s, and SWIZZLE stores k rows 8 .. 15 with the vec4 index XOR 2, so the transposed scalar stores
-//   of a K-contiguous operand (four threads per row, k 0/4/8/12) hit 32 distinct banks (2-way without).
-//   The forward (both operands K-contiguous, staged by transposed scalar stores) stays ~15-30% slower
-//   than dX and dW on the H200.
+//   vec4s so the transposed stores of a K-contiguous operand collide at most 2-way on banks. (An XOR
+//   swizzle of k rows 8-15 that made them conflict-free measured no faster on the H200, 2026-12-01.)
+//   The forward (both operands K-contiguous, staged by transposed scalar stores) stays ~20% slower
+//   than dX on the H200; a timing-only diagnostic that skipped the K-contiguous operands' loads and
+//   stores ran the 4096³ forward at 47.7 TFLOP/s against 33.3, but 32-k tiles read by eight threads
+//   per row (128-byte reads; single-buffered, two barriers) did not help (33.1; dX 41.5 -> 34.7).
 // - Double buffering: tile t+1 is loaded from memory into registers after tile t is multiplied, then
-//   written to the other shared buffer: one barrier per K step. (Loading it before the multiply, so its
-//   latency hides behind the FMAs, was measured on the H200 at 2026-12-01 20:47-21:30: dW 5-7% slower at
-//   every model shape and 4096³, fwd and dX equal within 1%; the other resident workgroups hide the loads.)
+//   written to the other shared buffer: one barrier per K step; the other resident workgroups hide the
+//   loads. (Loading it before the multiply, to hide its latency behind the FMAs, ran dW 5-7% slower on
+//   the H200 at 4096³ and at every model shape, 2026-12-01, four runs; fwd and dX equal within ~1%.)
 // - The BK steps of a tile are written out (kstep(buf, 0u) ...): naga bounds every loop with a counter
 //   (so drivers may not unroll it) and clamps each dynamic workgroup-array index; with literal k every
 //   index but the per-thread row/column is a constant, and the driver folds the clamps.
@@ -46,7 +48,6 @@ override ACCUMULATE: bool = false;
 override VEC4: bool = false;  // M/N/K allow 16-byte loads and stores (see ops/linear.py)
 override T: u32 = 8u;         // rows and columns per thread: 8 (128² tile) or 4 (64² tile)
 override RASTER: bool = false;  // workgroup x walks row tiles (y column tiles) instead of the reverse
-override SWIZZLE: bool = true;  // EXPERIMENT (bench): k rows 8 .. 15 of a_sh/b_sh hold vec4 index q at q ^ 2
 
 const BK = 16u;       // K per shared tile
 const BM_MAX4 = 33u;  // 128 rows / 4 + 1 vec4 of padding
@@ -80,9 +81,6 @@ var<private> lb0: vec4<f32>;
 var<private> lb1: vec4<f32>;
 
 fn bm() -> u32 { return 16u * T; }  // tile rows = tile columns
-
-// The vec4 index of row/column block q at k row k of a_sh or b_sh (see SWIZZLE).
-fn sw(k: u32, q: u32) -> u32 { return select(q, q ^ 2u, SWIZZLE && (k & 8u) != 0u); }
 
 // Four consecutive elements of A (or B) from flat index e, of which the first `valid` exist.
 fn load4_a(e: u32, valid: u32) -> vec4<f32> {
@@ -144,34 +142,30 @@ fn fetch_b(i: u32, k0: u32) -> vec4<f32> {
 
 fn put_a(buf: u32, i: u32, v: vec4<f32>) {
     if (TRANS_A) {
-        let k = i / (bm() / 4u);
-        a_sh[buf][k][sw(k, i % (bm() / 4u))] = v;
+        a_sh[buf][i / (bm() / 4u)][i % (bm() / 4u)] = v;
         return;
     }
     let sl = kslot(i);  // transpose: the four k values go to four rows of the k-major tile
     let m = sl.x;
-    let k = sl.y;  // a multiple of 4: k .. k + 3 share the swizzle
-    let q = sw(k, m >> 2u);
-    a_sh[buf][k][q][m & 3u] = v.x;
-    a_sh[buf][k + 1u][q][m & 3u] = v.y;
-    a_sh[buf][k + 2u][q][m & 3u] = v.z;
-    a_sh[buf][k + 3u][q][m & 3u] = v.w;
+    let k = sl.y;
+    a_sh[buf][k][m >> 2u][m & 3u] = v.x;
+    a_sh[buf][k + 1u][m >> 2u][m & 3u] = v.y;
+    a_sh[buf][k + 2u][m >> 2u][m & 3u] = v.z;
+    a_sh[buf][k + 3u][m >> 2u][m & 3u] = v.w;
 }
 
 fn put_b(buf: u32, i: u32, v: vec4<f32>) {
     if (!TRANS_B) {
-        let k = i / (bm() / 4u);
-        b_sh[buf][k][sw(k, i % (bm() / 4u))] = v;
+        b_sh[buf][i / (bm() / 4u)][i % (bm() / 4u)] = v;
         return;
     }
     let sl = kslot(i);
     let n = sl.x;
     let k = sl.y;
-    let q = sw(k, n >> 2u);
-    b_sh[buf][k][q][n & 3u] = v.x;
-    b_sh[buf][k + 1u][q][n & 3u] = v.y;
-    b_sh[buf][k + 2u][q][n & 3u] = v.z;
-    b_sh[buf][k + 3u][q][n & 3u] = v.w;
+    b_sh[buf][k][n >> 2u][n & 3u] = v.x;
+    b_sh[buf][k + 1u][n >> 2u][n & 3u] = v.y;
+    b_sh[buf][k + 2u][n >> 2u][n & 3u] = v.z;
+    b_sh[buf][k + 3u][n >> 2u][n & 3u] = v.w;
 }
 
 // Each thread stages T/4 (1 or 2) vec4s of A and as many of B.
@@ -199,13 +193,13 @@ fn outer(acc: mat4x4<f32>, x: vec4<f32>, y: vec4<f32>) -> mat4x4<f32> {
                        fma(vec4<f32>(x.z), y, acc[2]), fma(vec4<f32>(x.w), y, acc[3]));
 }
 
-fn kstep(buf: u32, k: u32) {  // (k is a constant: sw folds to ty or ty ^ 2)
-    let a0 = a_sh[buf][k][sw(k, ty)];
-    let b0 = b_sh[buf][k][sw(k, tx)];
+fn kstep(buf: u32, k: u32) {
+    let a0 = a_sh[buf][k][ty];
+    let b0 = b_sh[buf][k][tx];
     acc00 = outer(acc00, a0, b0);
     if (T == 8u) {  // rows and columns 64 .. 127 of the tile
-        let a1 = a_sh[buf][k][sw(k, ty + 16u)];
-        let b1 = b_sh[buf][k][sw(k, tx + 16u)];
+        let a1 = a_sh[buf][k][ty + 16u];
+        let b1 = b_sh[buf][k][tx + 16u];
         acc01 = outer(acc01, a0, b1);
         acc10 = outer(acc10, a1, b0);
         acc11 = outer(acc11, a1, b1);

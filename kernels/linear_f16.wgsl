@@ -20,16 +20,18 @@ enable f16;
 //   (65504). The output is multiplied by 1/(s_a·s_b) (exact: powers of two) before bias and accumulate.
 //
 // Why it is only ~1.0-1.2× the fp32 kernel (kernel alone, H200, bench/gemm.py --gpu-times, 2026-12-01
-// batches 20:33-21:30; vec4<f16> FMAs themselves run at 2.04× vec4<f32>, bench/fma_rate.py): not the FMAs,
+// batches 20:33-22:10; vec4<f16> FMAs themselves run at 2.04× vec4<f32>, bench/fma_rate.py): not the FMAs,
 // the flushes or the registers — with no flush inside the K loop (no f32 accumulator live there) in_proj
 // ran 40.5/40.3/35.0 TFLOP/s fwd/dX/dW against 39.7/40.9/38.0, and loading the next tile after the multiply
 // (fewer live registers) 40.1/41.0/38.2. Also no faster (variants deleted): 16-byte shared loads feeding two k
-// steps with 4-byte (instead of 2-byte) stores of a k-contiguous A (mat2x4/mat4x2<f16> tiles: 40.4/41.0/
-// 37.1); eight threads per k-contiguous row (128-byte reads: 4096³ 39.0/40.8/44.3 against 38.1/41.4/45.8);
+// steps (mat2x4<f16> tiles: 40.4/41.0/37.1), with a k-contiguous A staged by two 4-byte stores instead of four
+// 2-byte ones (mat4x2<f16> A tiles: 40.2/40.7 fwd/dX, 4096³ 39.4/41.5/44.7 against 38.4/41.3/45.5); eight
+// threads per k-contiguous row (128-byte reads: 4096³ 39.0/40.8/44.3 against 38.1/41.4/45.8);
 // operands pre-converted to scaled f16 in memory, so the GEMM reads half the bytes and converts nothing
 // (4096³ 30.0/41.3/43.5). Skipping a k-contiguous operand's loads and stores altogether (a timing-only
 // diagnostic, wrong results) gave 53.3/51.1/38.0 at in_proj: the fwd/dX cost is in staging k-contiguous
-// operands, but neither their bytes, their read pattern nor their store width alone.
+// operands, but neither their bytes, their read pattern nor their store width alone. (dW, with no
+// k-contiguous operand, is 1.2× fp32 at most: what bounds the whole kernel near 40-47 TFLOP/s is open.)
 
 override FLUSH: u32 = 32u;  // k steps per f16 partial sum: 8, 16 or a multiple of 16 (ops/linear.py's FLUSH)
 override OPERAND_EXP: i32 = 5;  // staged operands are scaled below 2^OPERAND_EXP
@@ -216,187 +218,6 @@ fn matmul_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     multiply_tile_h(buf);
     flush();
     let unscale = pow2(-ea) * pow2(-eb);  // at most 2^252 apart from 1: two factors, each in f32's range
-    acc00 *= unscale;
-    acc01 *= unscale;
-    acc10 *= unscale;
-    acc11 *= unscale;
-    let r = row0 + ty * 4u;
-    let q = col0 + tx * 4u;
-    store_block(wid.z, r, q, acc00);
-    if (T == 8u) {
-        store_block(wid.z, r, q + 64u, acc01);
-        store_block(wid.z, r + 64u, q, acc10);
-        store_block(wid.z, r + 64u, q + 64u, acc11);
-    }
-}
-
-// ---- matmul_f16p (EXPERIMENT: paired layout) ------------------------------------------------------
-// Shared tiles hold, per k pair and 4 rows (or columns), 16 bytes, so one 16-byte shared load feeds two k steps.
-// B (the operand read as vectors): mat2x4<f16>, column 0 the 4 columns at k, column 1 at k + 1. A (the operand
-// whose elements are broadcast): mat4x2<f16>, column j = (row j at k, at k + 1), so a k-contiguous A stages two
-// 4-byte stores per 4 k (no 2-byte stores) and an m-contiguous one a 16-byte store per k pair. An operand
-// contiguous along m (n) stages k pairs (two global loads, one 16-byte store); a k-contiguous B stages as
-// matmul_f16 (four 2-byte stores).
-var<workgroup> a_p: array<array<array<mat4x2<f16>, BM_MAX4>, BK_MAX / 2u>, 2>;  // [buffer][k / 2][row / 4]
-var<workgroup> b_p: array<array<array<mat2x4<f16>, BM_MAX4>, BK_MAX / 2u>, 2>;
-var<private> pa0: mat4x2<f16>;
-var<private> pa1: mat4x2<f16>;
-var<private> pb0: mat2x4<f16>;
-var<private> pb1: mat2x4<f16>;
-
-fn bk_h() -> u32 { return BK * SUBTILES; }
-fn pair_slots() -> u32 { return bm() * bk_h() / 8u; }
-
-fn fetch_pa(i: u32, k0: u32) -> mat4x2<f16> {  // TRANS_A ([K, M]): k pair kp, rows 4q .. 4q + 3
-    let kk = k0 + 2u * (i / (bm() / 4u));
-    let row = row0 + (i % (bm() / 4u)) * 4u;
-    let h0 = vec4<f16>(load4_a(kk * p.m + row, count4(kk < kend, row, p.m)) * a_scale);
-    let h1 = vec4<f16>(load4_a((kk + 1u) * p.m + row, count4(kk + 1u < kend, row, p.m)) * a_scale);
-    return mat4x2<f16>(vec2<f16>(h0.x, h1.x), vec2<f16>(h0.y, h1.y), vec2<f16>(h0.z, h1.z), vec2<f16>(h0.w, h1.w));
-}
-
-fn fetch_pb(i: u32, k0: u32) -> mat2x4<f16> {  // !TRANS_B ([K, N])
-    let kk = k0 + 2u * (i / (bm() / 4u));
-    let col = col0 + (i % (bm() / 4u)) * 4u;
-    return mat2x4<f16>(vec4<f16>(load4_b(kk * p.n + col, count4(kk < kend, col, p.n)) * b_scale),
-                       vec4<f16>(load4_b((kk + 1u) * p.n + col, count4(kk + 1u < kend, col, p.n)) * b_scale));
-}
-
-// A K-contiguous slot (kslot: row m, 4 k from k0 + kq): (k, k + 1) of row m is a_p[k / 2][m / 4][m % 4].
-fn put_pa_k(buf: u32, k0: u32, i: u32, v: vec4<f16>) {
-    let sl = kslot(i);
-    let m = sl.x;
-    let k = k0 + sl.y;  // a multiple of 4
-    a_p[buf][k >> 1u][m >> 2u][m & 3u] = v.xy;
-    a_p[buf][(k >> 1u) + 1u][m >> 2u][m & 3u] = v.zw;
-}
-
-// B K-contiguous: element (k, n) is b_p[k / 2][n / 4][k % 2][n % 4].
-
-fn put_pb_k(buf: u32, k0: u32, i: u32, v: vec4<f16>) {
-    let sl = kslot(i);
-    let n = sl.x;
-    let k = k0 + sl.y;
-    b_p[buf][k >> 1u][n >> 2u][0][n & 3u] = v.x;
-    b_p[buf][k >> 1u][n >> 2u][1][n & 3u] = v.y;
-    b_p[buf][(k >> 1u) + 1u][n >> 2u][0][n & 3u] = v.z;
-    b_p[buf][(k >> 1u) + 1u][n >> 2u][1][n & 3u] = v.w;
-}
-
-fn fetch_p(t: u32, k0: u32) {
-    if (TRANS_A) {
-        if (t < pair_slots()) { pa0 = fetch_pa(t, k0); }
-        if (pair_slots() > 256u) { pa1 = fetch_pa(t + 256u, k0); }
-    } else {
-        ha0 = vec4<f16>(fetch_a(t, k0) * a_scale);
-        if (T == 8u) { ha1 = vec4<f16>(fetch_a(t + 256u, k0) * a_scale); }
-        if (SUBTILES == 2u) {
-            ha2 = vec4<f16>(fetch_a(t, k0 + BK) * a_scale);
-            if (T == 8u) { ha3 = vec4<f16>(fetch_a(t + 256u, k0 + BK) * a_scale); }
-        }
-    }
-    if (!TRANS_B) {
-        if (t < pair_slots()) { pb0 = fetch_pb(t, k0); }
-        if (pair_slots() > 256u) { pb1 = fetch_pb(t + 256u, k0); }
-    } else {
-        hb0 = vec4<f16>(fetch_b(t, k0) * b_scale);
-        if (T == 8u) { hb1 = vec4<f16>(fetch_b(t + 256u, k0) * b_scale); }
-        if (SUBTILES == 2u) {
-            hb2 = vec4<f16>(fetch_b(t, k0 + BK) * b_scale);
-            if (T == 8u) { hb3 = vec4<f16>(fetch_b(t + 256u, k0 + BK) * b_scale); }
-        }
-    }
-}
-
-fn commit_p(t: u32, buf: u32) {
-    if (TRANS_A) {
-        if (t < pair_slots()) { a_p[buf][t / (bm() / 4u)][t % (bm() / 4u)] = pa0; }
-        if (pair_slots() > 256u) { a_p[buf][(t + 256u) / (bm() / 4u)][(t + 256u) % (bm() / 4u)] = pa1; }
-    } else {
-        put_pa_k(buf, 0u, t, ha0);
-        if (T == 8u) { put_pa_k(buf, 0u, t + 256u, ha1); }
-        if (SUBTILES == 2u) {
-            put_pa_k(buf, BK, t, ha2);
-            if (T == 8u) { put_pa_k(buf, BK, t + 256u, ha3); }
-        }
-    }
-    if (!TRANS_B) {
-        if (t < pair_slots()) { b_p[buf][t / (bm() / 4u)][t % (bm() / 4u)] = pb0; }
-        if (pair_slots() > 256u) { b_p[buf][(t + 256u) / (bm() / 4u)][(t + 256u) % (bm() / 4u)] = pb1; }
-    } else {
-        put_pb_k(buf, 0u, t, hb0);
-        if (T == 8u) { put_pb_k(buf, 0u, t + 256u, hb1); }
-        if (SUBTILES == 2u) {
-            put_pb_k(buf, BK, t, hb2);
-            if (T == 8u) { put_pb_k(buf, BK, t + 256u, hb3); }
-        }
-    }
-}
-
-fn kpair_p(buf: u32, kp: u32) {
-    let a0 = a_p[buf][kp][ty];
-    let b0 = b_p[buf][kp][tx];
-    let a0k = vec4<f16>(a0[0].x, a0[1].x, a0[2].x, a0[3].x);  // rows at k (only ever broadcast)
-    let a0l = vec4<f16>(a0[0].y, a0[1].y, a0[2].y, a0[3].y);  // at k + 1
-    part00 = outer_h(outer_h(part00, a0k, b0[0]), a0l, b0[1]);
-    if (T == 8u) {
-        let a1 = a_p[buf][kp][ty + 16u];
-        let b1 = b_p[buf][kp][tx + 16u];
-        let a1k = vec4<f16>(a1[0].x, a1[1].x, a1[2].x, a1[3].x);
-        let a1l = vec4<f16>(a1[0].y, a1[1].y, a1[2].y, a1[3].y);
-        part01 = outer_h(outer_h(part01, a0k, b1[0]), a0l, b1[1]);
-        part10 = outer_h(outer_h(part10, a1k, b0[0]), a1l, b0[1]);
-        part11 = outer_h(outer_h(part11, a1k, b1[0]), a1l, b1[1]);
-    }
-}
-
-fn multiply_tile_p(buf: u32) {
-    kpair_p(buf, 0u); kpair_p(buf, 1u); kpair_p(buf, 2u); kpair_p(buf, 3u);
-    if (FLUSH == 8u) { flush(); }
-    kpair_p(buf, 4u); kpair_p(buf, 5u); kpair_p(buf, 6u); kpair_p(buf, 7u);
-    if (FLUSH <= 16u) { flush(); }
-    if (SUBTILES == 2u) {
-        kpair_p(buf, 8u); kpair_p(buf, 9u); kpair_p(buf, 10u); kpair_p(buf, 11u);
-        if (FLUSH == 8u) { flush(); }
-        kpair_p(buf, 12u); kpair_p(buf, 13u); kpair_p(buf, 14u); kpair_p(buf, 15u);
-        if (FLUSH == 32u) { flush(); }
-        if (FLUSH <= 16u) { flush(); }
-    }
-}
-
-@compute @workgroup_size(256)
-fn matmul_f16p(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
-    let warp = t >> 5u;
-    let lane = t & 31u;
-    tx = (warp & 1u) * 8u + (lane & 7u);
-    ty = (warp >> 1u) * 4u + (lane >> 3u);
-    row0 = select(wid.y, wid.x, RASTER) * bm();
-    col0 = select(wid.x, wid.y, RASTER) * bm();
-    let kbeg = wid.z * p.k_split;
-    let kz = min(p.k, kbeg + p.k_split);
-    kend = kz;
-    let ea = scale_exp(a_amax[0]);
-    let eb = scale_exp(b_amax[0]);
-    a_scale = pow2(ea);
-    b_scale = pow2(eb);
-    let bk = bk_h();
-    let tiles = (kz - kbeg + bk - 1u) / bk;
-    let tiles_per_flush = max(FLUSH / bk, 1u);
-    fetch_p(t, kbeg);
-    commit_p(t, 0u);
-    workgroupBarrier();
-    var buf = 0u;
-    for (var s = 1u; s < tiles; s++) {
-        multiply_tile_p(buf);
-        fetch_p(t, kbeg + s * bk);
-        if (FLUSH > bk && s % tiles_per_flush == 0u) { flush(); }
-        commit_p(t, buf ^ 1u);
-        workgroupBarrier();
-        buf ^= 1u;
-    }
-    multiply_tile_p(buf);
-    flush();
-    let unscale = pow2(-ea) * pow2(-eb);
     acc00 *= unscale;
     acc01 *= unscale;
     acc10 *= unscale;

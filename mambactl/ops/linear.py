@@ -134,8 +134,7 @@ def vec4_path(M: int, N: int, K: int, trans_a: bool, trans_b: bool, vec4: bool |
 def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor | None = None, out: Tensor | None = None,
            kernel: str | None = None, tile: str | None = None, vec4: bool | None = None,
            split_k: int | None = None, raster: bool | None = None, precision: str | None = None,
-           flush: int | None = None, subtiles: int | None = None, amax: tuple | None = None,
-           swizzle: bool = True) -> Tensor:
+           flush: int | None = None, subtiles: int | None = None, amax: tuple | None = None) -> Tensor:
     """C[M, N] = op(A) op(B) (+ bias); A is [M, K] ([K, M] if trans_a), B is [K, N] ([N, K] if trans_b).
 
     With `out`, the product is added into it (gradient accumulation). The defaults pick everything by adapter
@@ -169,12 +168,10 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
     if precision not in PRECISIONS:
         raise ShapeError(f"matmul: unknown precision {precision!r}; one of {', '.join(PRECISIONS)}")
     half = precision == "f16"
-    if half and kernel not in (None, "matmul_f16", "matmul_f16p"):
+    if half and kernel not in (None, "matmul_f16"):
         raise ShapeError(f"matmul: precision f16 runs matmul_f16, not {kernel!r}")
     entry = kernel or ("matmul_f16" if half else cpu_kernel(rt) if cpu else "matmul")
     consts = {"TRANS_A": trans_a, "TRANS_B": trans_b, "HAS_BIAS": bias is not None}
-    if not swizzle:  # EXPERIMENT (bench/gemm.py /nz)
-        consts["SWIZZLE"] = False
     if half:
         flush = FLUSH if flush is None else int(flush)
         if flush < 8 or flush & (flush - 1):
@@ -184,7 +181,7 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
             raise ShapeError(f"matmul: subtiles must be 1 or 2, got {subtiles}")
         consts.update(FLUSH=flush, OPERAND_EXP=operand_exponent(flush), SUBTILES=subtiles)
         amax_a, amax_b = amax if amax is not None else (operand_amax(a), operand_amax(b))
-    if entry in ("matmul", "matmul_f16", "matmul_f16p"):
+    if entry in ("matmul", "matmul_f16"):
         tile = tile or choose_tile(M, N, K)
         if tile not in TILES:
             raise ShapeError(f"matmul: unknown tile {tile!r}; one of {sorted(TILES)}")
