@@ -22,12 +22,16 @@
 // - Shared tiles are vec4 arrays, k-major ([buffer][k][row/4]), so a thread reads 4 rows (or columns)
 //   with one 16-byte load; a warp is laid out 8 columns × 4 rows of threads, so each of its shared
 //   reads touches 4 or 8 consecutive vec4s (one wavefront, no bank conflicts). Rows are padded to 33
-//   vec4s so the transposed stores of a K-contiguous operand collide at most 2-way on banks.
-//   The forward (both operands K-contiguous, staged by transposed scalar stores) stays ~15% slower
-//   than dX and dW on the H200.
-// - Double buffering: tile t+1 is loaded from memory into registers before tile t is multiplied, then
-//   written to the other shared buffer: one barrier per K step, and the loads' latency hides behind
-//   16·T² FMAs.
+//   vec4s so the transposed stores of a K-contiguous operand collide at most 2-way on banks. (An XOR
+//   swizzle of k rows 8-15 that made them conflict-free measured no faster on the H200, 2026-12-01.)
+//   The forward (both operands K-contiguous, staged by transposed scalar stores) stays ~20% slower
+//   than dX on the H200; a timing-only diagnostic that skipped the K-contiguous operands' loads and
+//   stores ran the 4096³ forward at 47.7 TFLOP/s against 33.3, but 32-k tiles read by eight threads
+//   per row (128-byte reads; single-buffered, two barriers) did not help (33.1; dX 41.5 -> 34.7).
+// - Double buffering: tile t+1 is loaded from memory into registers after tile t is multiplied, then
+//   written to the other shared buffer: one barrier per K step; the other resident workgroups hide the
+//   loads. (Loading it before the multiply, to hide its latency behind the FMAs, ran dW 5-7% slower on
+//   the H200 at 4096³ and at every model shape, 2026-12-01, four runs; fwd and dX equal within ~1%.)
 // - The BK steps of a tile are written out (kstep(buf, 0u) ...): naga bounds every loop with a counter
 //   (so drivers may not unroll it) and clamps each dynamic workgroup-array index; with literal k every
 //   index but the per-thread row/column is a constant, and the driver folds the clamps.
@@ -258,8 +262,8 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     workgroupBarrier();
     var buf = 0u;
     for (var s = 1u; s < tiles; s++) {
-        fetch(t, kbeg + s * BK);  // in flight while this tile is multiplied
         multiply_tile(buf);
+        fetch(t, kbeg + s * BK);
         commit(t, buf ^ 1u);
         workgroupBarrier();
         buf ^= 1u;

@@ -18,6 +18,20 @@ enable f16;
 //   s = 2^(OPERAND_EXP - e) with max|x| < 2^e, so every staged value is below 2^OPERAND_EXP. ops/linear.py
 //   picks OPERAND_EXP with FLUSH · 2^(2·OPERAND_EXP) <= 2^15, so a partial sum can never overflow f16
 //   (65504). The output is multiplied by 1/(s_a·s_b) (exact: powers of two) before bias and accumulate.
+//
+// Why it is only ~1.0-1.2× the fp32 kernel (kernel alone, H200, bench/gemm.py --gpu-times, 2026-12-01
+// batches 20:33-22:10; vec4<f16> FMAs themselves run at 2.04× vec4<f32>, bench/fma_rate.py): not the FMAs,
+// the flushes or the registers — with no flush inside the K loop (no f32 accumulator live there) in_proj
+// ran 40.5/40.3/35.0 TFLOP/s fwd/dX/dW against 39.7/40.9/38.0, and loading the next tile after the multiply
+// (fewer live registers) 40.1/41.0/38.2. Also no faster (variants deleted): 16-byte shared loads feeding two k
+// steps (mat2x4<f16> tiles: 40.4/41.0/37.1), with a k-contiguous A staged by two 4-byte stores instead of four
+// 2-byte ones (mat4x2<f16> A tiles: 40.2/40.7 fwd/dX, 4096³ 39.4/41.5/44.7 against 38.4/41.3/45.5); eight
+// threads per k-contiguous row (128-byte reads: 4096³ 39.0/40.8/44.3 against 38.1/41.4/45.8);
+// operands pre-converted to scaled f16 in memory, so the GEMM reads half the bytes and converts nothing
+// (4096³ 30.0/41.3/43.5). Skipping a k-contiguous operand's loads and stores altogether (a timing-only
+// diagnostic, wrong results) gave 53.3/51.1/38.0 at in_proj: the fwd/dX cost is in staging k-contiguous
+// operands, but neither their bytes, their read pattern nor their store width alone. (dW, with no
+// k-contiguous operand, is 1.2× fp32 at most: what bounds the whole kernel near 40-47 TFLOP/s is open.)
 
 override FLUSH: u32 = 32u;  // k steps per f16 partial sum: 8, 16 or a multiple of 16 (ops/linear.py's FLUSH)
 override OPERAND_EXP: i32 = 5;  // staged operands are scaled below 2^OPERAND_EXP
@@ -194,8 +208,8 @@ fn matmul_f16(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
     workgroupBarrier();
     var buf = 0u;
     for (var s = 1u; s < tiles; s++) {
+        multiply_tile_h(buf);  // then the next tile's loads (as matmul: fewer live registers, no slower)
         fetch_h(t, kbeg + s * bk);
-        multiply_tile_h(buf);
         if (FLUSH > bk && s % tiles_per_flush == 0u) { flush(); }  // tiles 0 .. s-1 are summed
         commit_h(t, buf ^ 1u);
         workgroupBarrier();
