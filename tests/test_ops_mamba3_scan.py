@@ -89,7 +89,8 @@ def test_deterministic_and_chunk_independent(gpu):
 @pytest.mark.parametrize("rank", [1, 2])
 def test_saved_states_are_chunk_boundaries_only(gpu, rank):
     """What the forward keeps besides references to its inputs: the state entering each chunk and the last one
-    (and for SISO the SSD core's input scale, one number per step and head)."""
+    (and for SISO the SSD core's input scale, one number per step and head, its in-chunk decay sums and its
+    C Bᵀ = q kᵀ per chunk, which its backward reuses)."""
     batch, length, heads, nstate, headdim, chunk = 1, 50, 2, 4, 3, 16
     x = make_inputs(batch, length, heads, rank, nstate, headdim)
     _, saved = mamba3_scan(*(gpu.from_numpy(x[k]) for k in NAMES), chunk=chunk)
@@ -99,8 +100,10 @@ def test_saved_states_are_chunk_boundaries_only(gpu, rank):
     inputs = {id(getattr(saved, k).buffer) for k in NAMES}
     kept = {id(t.buffer): t.size for obj in (saved, saved.core) if obj is not None for t in vars(obj).values()
             if hasattr(t, "buffer") and id(t.buffer) not in inputs}
-    scale = batch * length * heads if rank == 1 else 0
-    assert sum(kept.values()) == batch * heads * headdim * nstate * (n_chunks + 1) + scale
+    core = 0
+    if rank == 1:
+        core = batch * length * heads + batch * heads * n_chunks * (5 * chunk + chunk * chunk)
+    assert sum(kept.values()) == batch * heads * headdim * nstate * (n_chunks + 1) + core
 
 
 def test_shape_errors(gpu):

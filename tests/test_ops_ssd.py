@@ -144,12 +144,18 @@ def test_saved_state_is_chunk_boundaries_only(rt):
     n_chunks = -(-length // chunk)
     assert saved.states.shape == (batch, n_chunks, heads, headdim, nstate)
     assert saved.last_state.shape == (batch, heads, headdim, nstate)
-    # Beyond references to the inputs and the output and the one decoding state: O(B·H·P·N·L / chunk), not the
-    # B·H·P·N·L states.
+    # Beyond references to the inputs and the output and the one decoding state: the chunk entry states, the
+    # decay sums and C Bᵀ per chunk, Δ and Δ A: O(B·H·P·N·L / chunk + B·L·G·chunk), not the B·H·P·N·L states.
     kept = {id(getattr(saved, k).buffer) for k in NAMES + ("last_state",)} | {id(y.buffer)}
-    extra = sum(t.size for t in vars(saved).values() if hasattr(t, "buffer") and id(t.buffer) not in kept)
-    assert extra == batch * heads * headdim * nstate * n_chunks
-    assert extra <= batch * heads * headdim * nstate * (length / chunk + 1)
+    tensors = list(vars(saved).values()) + list(vars(saved.core).values())
+    extra = sum(t.size for t in {id(t.buffer): t for t in tensors if hasattr(t, "buffer")}.values()
+                if id(t.buffer) not in kept)
+    states = batch * heads * headdim * nstate * n_chunks
+    decays = batch * heads * n_chunks * 5 * chunk
+    cb = batch * n_chunks * groups * chunk * chunk
+    assert extra == states + decays + cb + 2 * batch * length * heads
+    assert extra <= batch * heads * headdim * nstate * (length / chunk + 1) + batch * (length + chunk) * groups * chunk \
+        + 7 * batch * (length + chunk) * heads
 
 
 def final_state(x, dt_limit=(0.0, np.inf)):

@@ -13,10 +13,11 @@ A_log and dt_bias.
 Shapes: x, y [B, L, H, P] (the [B·L, d_inner] rows split into heads); B, C [B, L, G, N], head h reading group
 h // (H / G); D [H]. Memory: the forward saves the state entering every chunk ([B, ceil(L / chunk), H, P, N]),
 the state after the last step ([B, H, P, N]: decoding continues from it, Mamba-2's `ssd_step` one token at a
-time) and references to its inputs; the backward recomputes the in-chunk decays, C Bᵀ (and Mamba-2's Δ). The
-transients: C Bᵀ [B, n_chunks, G, chunk, chunk], the decay sums [B, H, n_chunks, 5, chunk]; in the backward one
-more state tensor, dCB in up to MAX_HSPLIT planes like C Bᵀ, and per-row pieces of ∂adt and ∂scale
-([B, H, n_chunks, ·, chunk]).
+time), the in-chunk decay sums ([B, H, n_chunks, 5, chunk]), C Bᵀ ([B, n_chunks, G, chunk, chunk]; Mamba-2 also
+its Δ and Δ A, [B, L, H] each) and references to its inputs, so the backward recomputes none of them (C Bᵀ is
+B·L·G·chunk floats: at the Mamba-3 shape, G = H and chunk 64, half the size of the states; recomputing it cost a
+second M_CB dispatch per layer). The backward's transients: one more state tensor, dCB in up to MAX_HSPLIT
+planes like C Bᵀ, and per-row pieces of ∂adt and ∂scale ([B, H, n_chunks, ·, chunk]).
 
 All chunk-level products are one WGSL tile engine (`ssd_tile`, its MODE picking the product; the plan, the
 FLOPs and the bytes of each are in kernels/ssd.wgsl and `kernel_costs`).
@@ -160,12 +161,14 @@ class SSDSaved:
     states: Tensor  # [B, n_chunks, H, P, N]: the state entering chunk c
     chunk: int
     last_state: Tensor  # [B, H, P, N]: the state after the last step (decoding continues from it)
+    dec: Tensor  # [B, H, n_chunks, 5, chunk]: the in-chunk decay sums (ssd_prep), kept for the backward
+    cb: Tensor  # [B, n_chunks, G, chunk, chunk]: C Bᵀ per chunk (M_CB), kept for the backward
 
 
 @dataclass
 class Mamba2SSDSaved:
-    """What `ssd_scan_backward` needs: Mamba-2's inputs (not copied) and the core's chunk entry states (its Δ and
-    Δ A are recomputed, so nothing of size B·L·H is kept)."""
+    """What `ssd_scan_backward` needs: Mamba-2's inputs (not copied) and what the core kept (`core`: its chunk
+    entry states, decay sums and C Bᵀ, and the Δ and Δ A it ran with)."""
 
     x: Tensor
     dt_raw: Tensor
@@ -174,10 +177,20 @@ class Mamba2SSDSaved:
     C: Tensor
     D: Tensor
     dt_bias: Tensor
-    states: Tensor  # [B, n_chunks, H, P, N]: the state entering chunk c
-    chunk: int
     dt_limit: tuple[float, float]
-    last_state: Tensor  # [B, H, P, N]: the state after the last step (to continue recurrently, `ssd_step`)
+    core: SSDSaved  # the core's saved (x, adt = Δ A, scale = Δ, B, C, D, states, dec, C Bᵀ)
+
+    @property
+    def states(self) -> Tensor:  # [B, n_chunks, H, P, N]: the state entering chunk c
+        return self.core.states
+
+    @property
+    def chunk(self) -> int:
+        return self.core.chunk
+
+    @property
+    def last_state(self) -> Tensor:  # [B, H, P, N]: the state after the last step (to continue, `ssd_step`)
+        return self.core.last_state
 
 
 def _check_core(op: str, x, adt, scale, B, C, D) -> tuple[int, int, int, int, int, int]:
@@ -319,7 +332,7 @@ def ssd_chunked(x: Tensor, adt: Tensor, scale: Tensor, B: Tensor, C: Tensor, D: 
     y = rt.empty(x.shape)
     _tile(rt, dims, M_Y, grids["rows_p"], dec, {"PAIRS": True, "HAS_D": D is not None}, xv=x, cv=C, pairv=cb,
           stv=states, skip=dec if D is None else D, tile_out=y)
-    return y, SSDSaved(x, adt, scale, B, C, D, states, chunk, last_state)
+    return y, SSDSaved(x, adt, scale, B, C, D, states, chunk, last_state, dec, cb)
 
 
 def ssd_chunked_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor] | None = None,
@@ -346,10 +359,11 @@ def ssd_chunked_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor
     shape = tuple(dy.shape)
     _check_loops(rt, op, shape, kernel_loops(s.chunk, headdim, nstate, heads, groups),
                  ("ssd_prep", "ssd_tile", "ssd_rows_backward"))
+    expect(op, "saved dec", s.dec, (batch, heads, nc, 5, s.chunk))
+    expect(op, "saved cb", s.cb, (batch, nc, groups, s.chunk, s.chunk))
     grids = _grids(dims)
     tq, tp, npairs = grids["tq"], grids["tp"], grids["npairs"]
-    dec = _prep(rt, dims, s.adt, s.scale)
-    cb = _chunk_products(rt, dims, dec, s.B, s.C)
+    dec, cb = s.dec, s.cb  # the forward's: the decay sums and C Bᵀ are not recomputed
     # The in-chunk part of dE, turned in place into dS_c = dE_{c+1}, with the partials of W_c.
     dstates = rt.empty(s.states.shape)
     _tile(rt, dims, M_STATE, grids["state"], dec, {"GRAD": True}, dyv=dy, cv=s.C, tile_out=dstates)
@@ -411,8 +425,7 @@ def ssd_scan(x: Tensor, dt_raw: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: 
                  ("ssd_prep", "ssd_tile"))
     adt, scale = _mamba2_prep(x.runtime, dims, dt_raw, dt_bias, A_log)
     y, core = ssd_chunked(x, adt, scale, B, C, D, chunk=chunk, segment=segment)
-    return y, Mamba2SSDSaved(x, dt_raw, A_log, B, C, D, dt_bias, core.states, chunk,
-                             (dims["dt_min"], dims["dt_max"]), core.last_state)
+    return y, Mamba2SSDSaved(x, dt_raw, A_log, B, C, D, dt_bias, (dims["dt_min"], dims["dt_max"]), core)
 
 
 def ssd_step(state: Tensor, x: Tensor, dt_raw: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor,
@@ -465,9 +478,7 @@ def ssd_scan_backward(saved: Mamba2SSDSaved, dy: Tensor, grads: Mapping[str, Ten
     rt = dy.runtime
     dims = _dims(batch, length, heads, headdim, groups, nstate, s.chunk, s.dt_limit)
     _check_loops(rt, op, tuple(dy.shape), kernel_loops(s.chunk, headdim, nstate), ("ssd_mamba2_backward",))
-    adt, scale = _mamba2_prep(rt, dims, s.dt_raw, s.dt_bias, s.A_log)
-    core = SSDSaved(s.x, adt, scale, s.B, s.C, s.D, s.states, s.chunk, s.last_state)
-    dx, dadt, dscale, dB, dC, dD = ssd_chunked_backward(core, dy, {"D": dD} if accumulate else None, segment)
+    dx, dadt, dscale, dB, dC, dD = ssd_chunked_backward(s.core, dy, {"D": dD} if accumulate else None, segment)
     ddt_raw = rt.empty(s.dt_raw.shape)
     param_part = rt.empty((batch, dims["nchunks"], heads, 2))
     rt.run("ssd_mamba2_backward", (dims["nchunks"], heads, batch), dt_raw=s.dt_raw, dt_bias=s.dt_bias, A_log=s.A_log,
