@@ -2,7 +2,12 @@
 // backward: a general core and Mamba-2's thin composition around it. The core, per batch b and head h (headdim
 // P, state P × N, heads h share group h / (H / G) of B, C), with the per-step log-decay a_t = adt_t ≤ 0 and the
 // input scale s_t given directly:
-//   S_t = exp(a_t) S_{t−1} + s_t x_t B_tᵀ,  y_t = S_t C_t (+ D x_t when the core has D).
+//   S_t = exp(a_t) S_{t−1} + s_t x_t B_tᵀ,  y_t = S_t C_t (+ D x_t when the core has D);
+// with HAS_DIAG a per-step diagonal weight d_t replaces s_t in step t's own term of y_t (not in the state):
+//   y_t = exp(a_t) S_{t−1} C_t + d_t (C_t·B_t) x_t (+ D x_t)   (Mamba-3 SISO: s = γ + δ_{t+1}, d = γ).
+// Its backward: the diagonal of the pair sums is weighted by d in M_Y and M_DCB (so dB, dC, which read dCB, follow);
+// M_DXD leaves t = s out of its pair phase and adds d_s (C_s·B_s) dy_s to dx in its epilogue (so dscale = x·dxd
+// keeps only what s reaches), and ∂d_s = (C_s·B_s)(x_s·dy_s). The diagonal has no decay: ∂a is unchanged.
 // Mamba-2 (ssd_mamba2_prep / ssd_mamba2_backward): s_t = Δ_t = clamp(softplus(dt_raw_t + dt_bias), dt_min,
 // dt_max), a_t = Δ_t A, A = −exp(A_log); its chain rule: ∂/∂Δ = ∂/∂s + A ∂/∂a, ∂/∂A = Σ Δ ∂/∂a.
 // Layouts: x, y, dy [B, L, H, P] and B, C [B, L, G, N] (rows of the in_proj / conv matrices); adt, scale,
@@ -53,11 +58,16 @@ const CS: u32 = 1u;
 const SFX: u32 = 2u;
 const LO: u32 = 3u;
 const RLO: u32 = 4u;
+const DIAG: u32 = 5u;          // the diagonal weight (= SCALE without HAS_DIAG)
+const ROWS: u32 = 6u;
 
 override PAIRS: bool = true;      // ssd_tile M_Y: false = the state term alone, dotted with dy (U)
 override GRAD: bool = false;      // ssd_tile M_STATE: dy, C, exp(cs_r) (dE) instead of x, B, exp(cs_end − cs_r) s_r
 override ACCUMULATE: bool = false;
 override HAS_D: bool = true;      // ssd_rows_backward: the core has a D skip (dx += D dy, ∂D partials)
+// The core has a diagonal weight: step t's own term in y_t takes diag_t instead of scale_t (ssd_prep reads it;
+// ssd_tile M_Y, M_DXD, M_DCB use it; ssd_rows_backward writes ∂diag).
+override HAS_DIAG: bool = false;
 override NPARAM: u32 = 1u;        // ssd_param_grads: parameters per partial (1 or 2)
 
 // seg_lo, seg_hi: the part of a walk one dispatch takes (ssd_state_passing(_backward): chunks; ssd_param_grads:
@@ -70,8 +80,8 @@ struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nsta
 @group(0) @binding(2) var<storage, read> dt_raw: array<f32>;        // [B, L, H]
 @group(0) @binding(3) var<storage, read> dt_bias: array<f32>;       // [H]
 @group(0) @binding(4) var<storage, read> A_log: array<f32>;         // [H]
-// [B, H, nchunks, 5, Q] per position r of a chunk: the scale s_r; cs_r = Σ_{s≤r} a_s; Σ_{s>r} a_s; the sums over
-// s ≤ r and over s > r within r's sub-block of SUB steps (rows SCALE, CS, SFX, LO, RLO).
+// [B, H, nchunks, 6, Q] per position r of a chunk: the scale s_r; cs_r = Σ_{s≤r} a_s; Σ_{s>r} a_s; the sums over
+// s ≤ r and over s > r within r's sub-block of SUB steps; the diagonal weight (rows SCALE, CS, SFX, LO, RLO, DIAG).
 @group(0) @binding(5) var<storage, read_write> dec_out: array<f32>;
 @group(0) @binding(6) var<storage, read> dec: array<f32>;
 @group(0) @binding(9) var<storage, read_write> states: array<f32>;  // [B, nchunks, H, P, N]
@@ -103,6 +113,10 @@ struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nsta
 @group(0) @binding(40) var<storage, read_write> dscale: array<f32>;    // [B, L, H]
 @group(0) @binding(41) var<storage, read_write> adt_out: array<f32>;   // ssd_mamba2_prep: Δ A
 @group(0) @binding(42) var<storage, read_write> scale_out: array<f32>; // ssd_mamba2_prep: Δ
+@group(0) @binding(56) var<storage, read> diag_in: array<f32>;         // [B, L, H]: the diagonal weight (HAS_DIAG)
+@group(0) @binding(57) var<storage, read_write> ddiag: array<f32>;     // [B, L, H] (HAS_DIAG)
+// [B, H, nchunks, ceil(P / 64), Q]: M_DXD's ∂diag pieces (C_s·B_s)(x_s·dy_s) by 64-column tiles of P (HAS_DIAG)
+@group(0) @binding(54) var<storage, read_write> row_part3: array<f32>;
 
 var<workgroup> scan_buf: array<f32, WG>;
 // Per chunk position: a (prep), the per-position terms (ssd_rows_backward).
@@ -155,7 +169,7 @@ fn workgroup_sum(v: f32, t: u32) -> f32 {
     return total;
 }
 
-fn dec_base(b: u32, h: u32, c: u32) -> u32 { return ((b * d.heads + h) * d.nchunks + c) * 5u * d.chunk; }
+fn dec_base(b: u32, h: u32, c: u32) -> u32 { return ((b * d.heads + h) * d.nchunks + c) * ROWS * d.chunk; }
 
 // The decay sums of `dec` for every position of a chunk from the per-step log-decays adt (padding: scale = 0
 // and adt = 0 there). Thread t owns the consecutive positions [t·seg, (t + 1)·seg). Grid (nchunks, H, B).
@@ -175,12 +189,16 @@ fn ssd_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id)
         if (r < q) {
             var sc = 0.0;
             var a = 0.0;
+            var dg = 0.0;
             if (pos < d.len) {
                 let k = (b * d.len + pos) * d.heads + h;
                 sc = scale_in[k];
                 a = adt_in[k];
+                dg = sc;
+                if (HAS_DIAG) { dg = diag_in[k]; }
             }
             dec_out[base + SCALE * q + r] = sc;
+            dec_out[base + DIAG * q + r] = dg;
             seg_a[r] = a;
             run += a;
             seg_b[r] = run;
@@ -272,7 +290,8 @@ fn ssd_state_passing_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(nu
     if (d.seg_lo > 0u && e < pn) { carry[ci] = run; }
 }
 
-// Per (chunk, head, batch), from ssd_tile's per-row pieces: dscale_σ = x_σ·dxd_σ and
+// Per (chunk, head, batch), from ssd_tile's per-row pieces: dscale_σ = x_σ·dxd_σ (HAS_DIAG: ddiag_σ from
+// row_part3's tiles of P) and
 // dadt_σ = ∂loss/∂a_σ = X_σ + Σ_{t ≥ σ} U_t + Σ_{o < σ} V_o + W_c (the header has the derivation): X from
 // the crossing rows of the tile pairs (x_part [B, H, nchunks, npairs, Q]; pairs whose row tile lies past the chunk's
 // end were never written), U_t = dy_t·y_off_t and x·dxd and V_o = s_o x_o·dxd_state_o by 64-column tiles of P
@@ -340,6 +359,11 @@ fn ssd_rows_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
             let k = (b * d.len + c * q + r) * d.heads + h;
             dadt[k] = crossing + u_suffix + seg_b[r] + w_term;
             dscale[k] = seg_c[r];
+            if (HAS_DIAG) {
+                var dg = 0.0;
+                for (var kt = 0u; kt < tiles_p; kt++) { dg += row_part3[(bhc * tiles_p + kt) * q + r]; }
+                ddiag[k] = dg;
+            }
         }
     }
     if (HAS_D && t == 0u) {
@@ -475,6 +499,7 @@ fn ssd_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 //            adds) or (GRAD) dy, C, v = exp(cs_s) (dE's in-chunk part)
 //   M_DXD    dxd[s, p] = exp(cs_end − cs_s) B_s·dS[p] + Σ_{t ≥ s} CB[t, s] w_ts dy_t[p]; then
 //            dx = sc dxd (+ D dy), and the row dots x_s·dxd_s (dscale), sc_s x_s·(state term) (V_s), ∂D's part
+//            (HAS_DIAG: t > s only; dx += d_s CB[s, s] dy_s and ∂diag_s = CB[s, s] x_s·dy_s into row_part3)
 //   M_DCB    dCB[t, s] = Σ_{heads of g} w_ts sc_s dy_t·x_s (s ≤ t), and per head the crossing sums of
 //            T_ts = CB[t, s] w_ts sc_s dy_t·x_s (the pair terms of ∂loss/∂a; see ssd_dcb_crossing)
 //   M_DB     dB[s, n] = Σ_{t ≥ s} dCB[t, s] C_t[n] + Σ_{heads, p} exp(cs_end − cs_s) sc_s x_s[p] dS[p, n]
@@ -525,6 +550,9 @@ var<workgroup> t_row_sc: array<f32, 64>;   // the rows' scale s (M_DXD: dx = s d
 var<workgroup> t_col_lo: array<f32, 64>;   // M_DCB: the tile columns' LO, RLO and scale
 var<workgroup> t_col_rlo: array<f32, 64>;
 var<workgroup> t_col_sc: array<f32, 64>;
+var<workgroup> t_col_dg: array<f32, 64>;   // M_DCB with HAS_DIAG: the columns' diagonal weight
+var<workgroup> t_row_cbd: array<f32, 64>;  // M_DXD with HAS_DIAG: the rows' C_s·B_s (CB's diagonal)
+var<workgroup> t_row_dg: array<f32, 64>;   // and their diagonal weight
 var<workgroup> t_mid: array<f32, 256>;     // [row sub-block (4)][chunk sub-block (≤ 64)]: Σ a strictly between
 
 var<private> e_tx: u32;
@@ -602,13 +630,13 @@ fn e_sti(h: u32, p: u32, n: u32) -> u32 {
     return (((e_b * td.nchunks + e_c) * td.heads + h) * td.headdim + p) * td.nstate + n;
 }
 fn e_dec(h: u32, row: u32, r: u32) -> f32 {
-    return dec[(((e_b * td.heads + h) * td.nchunks + e_c) * 5u + row) * td.chunk + r];
+    return dec[(((e_b * td.heads + h) * td.nchunks + e_c) * ROWS + row) * td.chunk + r];
 }
 
 // Four consecutive positions s0 .. s0 + 3 (s0 a multiple of 4) of row `row` of `dec` for head e_h: one vec4
 // load where the chunk is a multiple of 4 (the row then starts on a vec4); past the chunk's end read as 0.
 fn dec4(row: u32, s0: u32) -> vec4<f32> {
-    let base = (((e_b * td.heads + e_h) * td.nchunks + e_c) * 5u + row) * td.chunk;
+    let base = (((e_b * td.heads + e_h) * td.nchunks + e_c) * ROWS + row) * td.chunk;
     if (VEC4) { return select(vec4<f32>(0.0), decv[(base + min(s0, td.chunk - 4u)) >> 2u], s0 < td.chunk); }
     var v = vec4<f32>(0.0);
     for (var j = 0u; j < count4(s0, td.chunk); j++) { v[j] = dec[base + s0 + j]; }
@@ -661,7 +689,8 @@ fn fetch_a(t: u32, k0: u32, phase2: bool) -> vec4<f32> {
         // RLO_s + (the whole sub-blocks between: t_mid) + LO_t. kk .. kk + 3 lie in one sub-block.
         let tpos = e_m0 + r;
         var v = ld4_pair(e_pri(tpos, kk), select(0u, count4(kk, e_ke2), tpos < e_steps), 1u);
-        let sc = dec4(SCALE, kk);
+        var sc = dec4(SCALE, kk);
+        if (HAS_DIAG && tpos >= kk && tpos < min(kk + 4u, td.chunk)) { sc[tpos - kk] = e_dec(e_h, DIAG, tpos); }
         var decay = t_row_lo[r] + dec4(RLO, kk) + t_mid[(r / SUB) * 64u + kk / SUB];
         if (tpos / SUB == kk / SUB) { decay = t_row_lo[r] - dec4(LO, kk); }
         for (var j = 0u; j < 4u; j++) {
@@ -693,7 +722,8 @@ fn fetch_a(t: u32, k0: u32, phase2: bool) -> vec4<f32> {
         var decay = vec4<f32>(lo_t) + rrows + t_mid[(m4 / SUB) * 64u + min(tpos, td.chunk - 1u) / SUB];
         if (tpos / SUB == s0 / SUB) { decay = vec4<f32>(lo_t) - rows; }
         for (var j = 0u; j < 4u; j++) {
-            let ok = tpos >= s0 + j && tpos < e_ke2 && s0 + j < e_steps;
+            // with HAS_DIAG the diagonal (t = s) is added in the epilogue, weighted by diag_s instead of sc_s
+            let ok = (tpos > s0 + j || (!HAS_DIAG && tpos == s0 + j)) && tpos < e_ke2 && s0 + j < e_steps;
             v[j] = select(0.0, v[j] * exp(min(decay[j], 0.0)), ok);
         }
         return v;
@@ -1038,6 +1068,17 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             }
             t_row_w[tid] = w;
             t_row_sc[tid] = sc;
+            if (MODE == M_DXD && HAS_DIAG) {
+                var cbd = 0.0;
+                var dg = 0.0;
+                if (r < e_steps) {
+                    let i = e_pri(r, r);
+                    cbd = pairv[i >> 2u][i & 3u];
+                    dg = e_dec(e_h, DIAG, r);
+                }
+                t_row_cbd[tid] = cbd;
+                t_row_dg[tid] = dg;
+            }
         }
         workgroupBarrier();
     }
@@ -1055,16 +1096,19 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
                 var clo = 0.0;
                 var crlo = 0.0;
                 var csc = 0.0;
+                var cdg = 0.0;
                 if (r < q) { lo = e_dec(e_h, LO, r); }
                 if (o < q) {
                     clo = e_dec(e_h, LO, o);
                     crlo = e_dec(e_h, RLO, o);
                     csc = e_dec(e_h, SCALE, o);
+                    if (HAS_DIAG) { cdg = e_dec(e_h, DIAG, o); }
                 }
                 t_row_lo[tid] = lo;
                 t_col_lo[tid] = clo;
                 t_col_rlo[tid] = crlo;
                 t_col_sc[tid] = csc;
+                t_col_dg[tid] = cdg;
             } else if (tid < 80u) {
                 let kr = e_m0 / SUB + (tid - 64u) / 4u;
                 let ko = e_n0 / SUB + (tid - 64u) % 4u;
@@ -1088,7 +1132,9 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
                     let ok = s <= t && t < e_steps;
                     var dsum = t_row_lo[r] - t_col_lo[o];
                     if (t / SUB != s / SUB) { dsum = t_row_lo[r] + t_col_rlo[o] + t_mid[(r / SUB) * 4u + o / SUB]; }
-                    let gv = select(0.0, e_acc[i][j] * exp(min(dsum, 0.0)) * t_col_sc[o], ok);
+                    var csc = t_col_sc[o];
+                    if (HAS_DIAG && s == t) { csc = t_col_dg[o]; }  // step t's own term: weight diag_t
+                    let gv = select(0.0, e_acc[i][j] * exp(min(dsum, 0.0)) * csc, ok);
                     dcb[i][j] += gv;
                     let fi = f_idx(r, o);
                     stage[fi >> 2u][fi & 3u] = gv * cbv[j];
@@ -1148,19 +1194,24 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
                 let valid = count4(n, td.headdim);
                 let xo = ld4_x(e_xi(r, e_h, n), valid);
                 let go = ld4_dy(e_xi(r, e_h, n), valid);
-                var v = e_acc[i] * t_row_sc[e_ty * 4u + i];
+                let row = e_ty * 4u + i;
+                var v = e_acc[i] * t_row_sc[row];
                 if (HAS_D) { v += skip[e_h] * go; }
+                if (HAS_DIAG) { v += (t_row_dg[row] * t_row_cbd[row]) * go; }  // the diagonal: diag_s (C_s·B_s) dy_s
                 dd[i] = dot(xo, go);
                 store_row(e_xi(r, e_h, n), v, valid);
             }
         }
-        let dsum = row_sum(dd, tid);  // per row, then the 64 rows in order
-        if (tid < 64u) { t_red[tid] = dsum; }
-        workgroupBarrier();
-        if (tid == 0u) {
-            var total_d = 0.0;
-            for (var r = 0u; r < 64u; r++) { total_d += t_red[r]; }
-            tile_part[d_slot] = total_d;
+        let dsum = row_sum(dd, tid);  // per row (x·dy over the tile's columns), then the 64 rows in order
+        if (HAS_DIAG && tid < 64u && e_m0 + tid < e_steps) { row_part3[row_at + e_m0 + tid] = dsum * t_row_cbd[tid]; }
+        if (HAS_D) {
+            if (tid < 64u) { t_red[tid] = dsum; }
+            workgroupBarrier();
+            if (tid == 0u) {
+                var total_d = 0.0;
+                for (var r = 0u; r < 64u; r++) { total_d += t_red[r]; }
+                tile_part[d_slot] = total_d;
+            }
         }
     }
 }
