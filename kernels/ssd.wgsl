@@ -32,7 +32,8 @@
 //   ∂loss/∂a_σ = Σ_{o < σ ≤ t} T_to + Σ_{t ≥ σ} dy_t·y_off_t + Σ_{o < σ} s_o x_o·dxd_state_o + W_c,
 //   T_to = exp(Σ_{o<k≤t} a_k)(C_t·B_o)(dy_t·s_o x_o),  y_off_t = exp(cs_t) E_c C_t,
 //   dxd_state_o = exp(cs_end − cs_o) dS_c B_o,  W_c = exp(cs_end)⟨E_c, dS_c⟩;
-// dy_t·y_off_t comes from M_Y without pairs (the state term dotted with dy), s_o x_o·dxd_state_o from M_DXD
+// dy_t·y_off_t comes from M_Y without pairs (the state term dotted with dy; at one head per group from M_DC
+// instead, as C_t·(exp(cs_t) E_cᵀ dy_t), its state part, between its two K phases), s_o x_o·dxd_state_o from M_DXD
 // between its two K phases, the crossing sums Σ_{o<σ≤t} T_to from M_DCB (per head, beside dCB), W_c from the
 // reverse passing; ssd_rows_backward adds them up. These are direct sums, as mamba_ssm's "stable" ddA
 // kernels: the shorter identity ∂loss/∂cs_r = dy_r·(y_r − D x_r) − s_r x_r·dxd_r cancels large near-diagonal
@@ -102,7 +103,8 @@ struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nsta
 @group(0) @binding(31) var<storage, read_write> grad_1: array<f32>;
 @group(0) @binding(32) var<storage, read_write> last_state: array<f32>;  // [B, H, P, N]: S after the last step
 @group(0) @binding(33) var<storage, read_write> ssm_state: array<f32>;   // ssd_step: [B, H, P, N], in place
-// [B, H, nchunks, ceil(P / 64), Q]: U_r = dy_r·y_off_r by 64-column tiles of P (ssd_tile M_Y without pairs)
+// [B, H, nchunks, ceil(P / 64), Q]: U_r = dy_r·y_off_r by 64-column tiles of P (ssd_tile M_Y without pairs);
+// with DC_U [B, H, nchunks, ceil(N / 64), Q] by 64-column tiles of N (M_DC: U_r = C_r·(exp(cs_r) E_cᵀ dy_r))
 @group(0) @binding(35) var<storage, read_write> u_part: array<f32>;
 // A segmented walk's running sums between its dispatches: ssd_state_passing_backward's dE [B, H, P·N],
 // ssd_param_grads' [H, 3].
@@ -308,6 +310,8 @@ fn ssd_rows_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     let seg = (q + WG - 1u) / WG;
     let steps = min(q, d.len - c * q);
     let tiles_p = (d.headdim + TILE - 1u) / TILE;
+    var u_tiles = tiles_p;  // U by column tiles of P (M_Y), or of N (M_DC with DC_U)
+    if (DC_U) { u_tiles = (d.nstate + TILE - 1u) / TILE; }
     let tiles_q = (q + TILE - 1u) / TILE;
     let npairs = tiles_q * (tiles_q + 1u) / 2u;
     let live_rows = (steps + TILE - 1u) / TILE;  // row tiles with any valid position
@@ -325,10 +329,10 @@ fn ssd_rows_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
             var xd = 0.0;
             for (var k = 0u; k < tiles_p; k++) {
                 let j = (bhc * tiles_p + k) * q + r;
-                uu += u_part[j];
                 vv += row_part2[j];
                 xd += row_part[j];
             }
+            for (var k = 0u; k < u_tiles; k++) { uu += u_part[(bhc * u_tiles + k) * q + r]; }
             seg_a[r] = uu;
             seg_b[r] = vv;
             seg_c[r] = xd;
@@ -517,6 +521,10 @@ const M_DCB: u32 = 4u;
 const M_DB: u32 = 5u;
 const M_DC: u32 = 6u;
 override MODE: u32 = 0u;
+// M_DC with one head per group (G = H, Mamba-3): the state phase first, then U_t = C_t·(that state part) =
+// dy_t·y_off_t by row dots over this tile's n columns into row_part ([B, H, nchunks, ceil(N / 64), Q]), then
+// the pairs: M_Y without pairs (U's own pass over C and E) is not needed.
+override DC_U: bool = false;
 override VEC4: bool = false;  // P, N, the chunk and L multiples of 4: every operand load is one vec4
 
 // batch..nchunks as Dims; hsplit: M_DCB's workgroups per group (each takes heads_per_split of its heads,
@@ -570,11 +578,16 @@ var<private> e_ke1: u32;
 var<private> e_kb2: u32;
 var<private> e_ke2: u32;
 var<private> e_steps1: u32;  // k steps of phase 1
+var<private> e_pair_end: u32;   // M_DB, M_DC: the end of the pair phase's K range
+var<private> e_state_end: u32;  // and of the state phase's (hpg·P)
 var<private> e_acc: mat4x4<f32>;  // e_acc[i][j]: row 4·ty + i, column 4·tx + j
 var<private> e_la: vec4<f32>;
 var<private> e_lb: vec4<f32>;
 
 fn count4(start: u32, limit: u32) -> u32 { return min(4u, limit - min(start, limit)); }
+
+// M_DC: whether K phase `phase2` is the pair phase (the first one, but the second with DC_U).
+fn dc_pairs(phase2: bool) -> bool { return phase2 == DC_U; }
 
 fn ld4_x(i: u32, valid: u32) -> vec4<f32> {
     if (VEC4) { return select(vec4<f32>(0.0), xv[select(0u, i >> 2u, valid > 0u)], valid > 0u); }
@@ -736,12 +749,12 @@ fn fetch_a(t: u32, k0: u32, phase2: bool) -> vec4<f32> {
         return ld4_pair(e_pri(min(tpos, td.chunk - 1u), e_m0 + m4), select(0u, count4(e_m0 + m4, e_steps),
                         tpos < e_ke1), td.hsplit);
     }
-    if (MODE == M_DC && !phase2) {  // dCB[t, s .. s + 3]: rows t, k = s
-        return ld4_pair(e_pri(e_m0 + r, kk), select(0u, count4(kk, e_ke1), e_m0 + r < e_steps), td.hsplit);
+    if (MODE == M_DC && dc_pairs(phase2)) {  // dCB[t, s .. s + 3]: rows t, k = s
+        return ld4_pair(e_pri(e_m0 + r, kk), select(0u, count4(kk, e_pair_end), e_m0 + r < e_steps), td.hsplit);
     }
-    // M_DB / M_DC phase 2: K = (head of the group, p), contiguous in x / dy; a per-(row, head) weight.
+    // M_DB / M_DC state phase: K = (head of the group, p), contiguous in x / dy; a per-(row, head) weight.
     let row = e_m0 + r;
-    let valid = select(0u, count4(kk, e_ke2), row < e_steps);
+    let valid = select(0u, count4(kk, e_state_end), row < e_steps);
     let rr = min(row, td.chunk - 1u);
     var v = vec4<f32>(0.0);
     if (MODE == M_DB) { v = ld4_x(e_xi(min(row, e_steps - 1u), e_g * hpg, kk), valid); }
@@ -787,11 +800,13 @@ fn fetch_b(t: u32, k0: u32, phase2: bool) -> vec4<f32> {
         return ld4_x(e_xi(e_n0 + cn, e_h, kk), select(0u, count4(kk, td.headdim), e_n0 + cn < e_steps));
     }
     if (MODE == M_DB && !phase2) { return ld4_c(e_bci(kmc, n4), select(0u, count4(n4, td.nstate), km < e_ke1)); }
-    if (MODE == M_DC && !phase2) { return ld4_b(e_bci(kmc, n4), select(0u, count4(n4, td.nstate), km < e_ke1)); }
+    if (MODE == M_DC && dc_pairs(phase2)) {
+        return ld4_b(e_bci(kmc, n4), select(0u, count4(n4, td.nstate), km < e_pair_end));
+    }
     // dS or E of the group's heads: row k = (head, p) of [H·P, N] from the group's first head.
-    let row = min(km, e_ke2 - 1u);
+    let row = min(km, e_state_end - 1u);
     let i = (((e_b * td.nchunks + e_c) * td.heads + e_g * hpg) * td.headdim + row) * td.nstate + n4;
-    return ld4_st(i, select(0u, count4(n4, td.nstate), km < e_ke2));
+    return ld4_st(i, select(0u, count4(n4, td.nstate), km < e_state_end));
 }
 
 fn a_kcontig(phase2: bool) -> bool {
@@ -879,6 +894,18 @@ fn row_dots(with_dy: bool) -> vec4<f32> {
         if (with_dy) { o = ld4_dy(e_xi(min(r, e_steps - 1u), e_h, n), valid); }
         else { o = ld4_x(e_xi(min(r, e_steps - 1u), e_h, n), valid); }
         part[i] = dot(e_acc[i], o);
+    }
+    return part;
+}
+
+// Row dots of the accumulator with C_t over this thread's 4 columns n (M_DC with DC_U).
+fn row_dots_c() -> vec4<f32> {
+    var part = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i++) {
+        let r = e_m0 + e_ty * 4u + i;
+        let n = e_n0 + e_tx * 4u;
+        let valid = select(0u, count4(n, td.nstate), r < e_steps);
+        part[i] = dot(e_acc[i], ld4_c(e_bci(min(r, e_steps - 1u), n), valid));
     }
     return part;
 }
@@ -1051,7 +1078,14 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     if (MODE == M_DXD) { e_ke1 = td.nstate; e_kb2 = e_m0; e_ke2 = e_steps; }
     if (MODE == M_DCB) { e_ke1 = td.headdim; }
     if (MODE == M_DB) { e_kb1 = e_m0; e_ke1 = e_steps; e_ke2 = hpg * td.headdim; }
-    if (MODE == M_DC) { e_ke1 = causal_end; e_ke2 = hpg * td.headdim; }
+    if (MODE == M_DC) {
+        e_ke1 = causal_end;
+        e_ke2 = hpg * td.headdim;
+        if (DC_U) { e_ke1 = hpg * td.headdim; e_ke2 = causal_end; }
+    }
+    e_pair_end = e_ke1;
+    e_state_end = e_ke2;
+    if (MODE == M_DC && DC_U) { e_pair_end = e_ke2; e_state_end = e_ke1; }
     e_steps1 = (e_ke1 - e_kb1 + 15u) / 16u;
     let total = e_steps1 + (e_ke2 - e_kb2 + 15u) / 16u;
 
@@ -1157,6 +1191,11 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         e_run(tid, 0u, e_steps1);
         let v = row_sum(row_dots(false), tid);  // its first barrier: every thread is past its last multiply
         if (tid < 64u && e_m0 + tid < e_steps) { row_part2[row_at + e_m0 + tid] = v * t_row_sc[tid]; }
+        e_run(tid, e_steps1, total);
+    } else if (MODE == M_DC && DC_U) {  // the state part, U_t = C_t·(state part)_t over this tile's n, the pairs
+        e_run(tid, 0u, e_steps1);
+        let u = row_sum(row_dots_c(), tid);  // its first barrier: every thread is past its last multiply
+        if (tid < 64u && e_m0 + tid < e_steps) { row_part[row_at + e_m0 + tid] = u; }
         e_run(tid, e_steps1, total);
     } else {
         e_run(tid, 0u, total);
