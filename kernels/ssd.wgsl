@@ -235,6 +235,8 @@ fn ssd_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id)
 }
 
 
+const PASS_GROUP: u32 = 4u;  // chunks per group of the state passing walks (their loads issued together)
+
 fn cs_end_of(b: u32, h: u32, c: u32) -> f32 { return dec[dec_base(b, h, c) + CS * d.chunk + d.chunk - 1u]; }
 
 // In place: the states each chunk adds become the states entering each chunk, E_0 = 0,
@@ -251,11 +253,20 @@ fn ssd_state_passing(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
     let b = i / (pn * d.heads);
     var run = 0.0;
     if (d.seg_lo > 0u) { run = last_state[i]; }
-    for (var c = d.seg_lo; c < d.seg_hi; c++) {
-        let k = ((b * d.nchunks + c) * d.heads + h) * pn + e;
-        let added = states[k];
-        states[k] = run;
-        run = exp(cs_end_of(b, h, c)) * run + added;
+    // In groups of PASS_GROUP chunks, their loads first: they do not depend on the running state, so they are in
+    // flight together instead of one memory latency per chunk.
+    for (var c0 = d.seg_lo; c0 < d.seg_hi; c0 += PASS_GROUP) {
+        let n = min(PASS_GROUP, d.seg_hi - c0);
+        var added = vec4<f32>(0.0);
+        for (var j = 0u; j < PASS_GROUP; j++) {  // constant trip counts: the vec4 stays in registers
+            if (j < n) { added[j] = states[((b * d.nchunks + c0 + j) * d.heads + h) * pn + e]; }
+        }
+        for (var j = 0u; j < PASS_GROUP; j++) {
+            if (j < n) {
+                states[((b * d.nchunks + c0 + j) * d.heads + h) * pn + e] = run;
+                run = exp(cs_end_of(b, h, c0 + j)) * run + added[j];
+            }
+        }
     }
     // The padding past L has s = a = 0 (no decay, nothing added), so this is the state after step L − 1.
     last_state[i] = run;
@@ -264,30 +275,61 @@ fn ssd_state_passing(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
 // In place, last chunk to first: the in-chunk parts of dE become dS_c = dE_{c+1}, with
 // dE_c = part_c + exp(cs_end_c) dE_{c+1}; and W_c = exp(cs_end_c)⟨E_c, dS_c⟩ per workgroup of WG state
 // elements goes to w_part. Chunks [seg_lo, seg_hi), dE_seg_hi carried in `carry` from the previous segment
-// (the later chunks). Grid (ceil(P·N / WG), H, B).
+// (the later chunks). The chunks go in groups of PASS_GROUP: their loads first (independent of the running
+// dE, so they are in flight together instead of one latency per chunk), then the walk, then one fixed-order
+// reduction of the group's PASS_GROUP products (not a barrier tree per chunk). Grid (ceil(P·N / WG), H, B).
+var<workgroup> pass_prod: array<f32, 1024>;  // [PASS_GROUP][WG]: a group's products run·E
+
 @compute @workgroup_size(256)
 fn ssd_state_passing_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                               @builtin(local_invocation_id) lid: vec3<u32>) {
     let pn = d.headdim * d.nstate;
-    let e = wid.x * WG + lid.x;
+    let t = lid.x;
+    let e = wid.x * WG + t;
     let h = wid.y;
     let b = wid.z;
     let ci = (b * d.heads + h) * pn + e;
     var run = 0.0;
     if (d.seg_hi < d.nchunks && e < pn) { run = carry[ci]; }
-    for (var c = d.seg_hi; c > d.seg_lo; c--) {
-        let k = ((b * d.nchunks + c - 1u) * d.heads + h) * pn + e;
-        let decay = exp(cs_end_of(b, h, c - 1u));
-        var part = 0.0;
-        var prod = 0.0;
-        if (e < pn) {
-            part = states[k];
-            states[k] = run;
-            prod = run * saved_states[k];
+    var c_hi = d.seg_hi;  // the group is chunks [c_hi − n, c_hi), walked from the last
+    while (c_hi > d.seg_lo) {
+        let n = min(PASS_GROUP, c_hi - d.seg_lo);
+        var part = vec4<f32>(0.0);
+        var saved = vec4<f32>(0.0);
+        for (var j = 0u; j < PASS_GROUP; j++) {
+            if (j < n && e < pn) {
+                let k = ((b * d.nchunks + c_hi - 1u - j) * d.heads + h) * pn + e;
+                part[j] = states[k];
+                saved[j] = saved_states[k];
+            }
         }
-        let total = workgroup_sum(prod, lid.x);
-        if (lid.x == 0u) { w_part[((b * d.heads + h) * d.nchunks + c - 1u) * nwg.x + wid.x] = decay * total; }
-        run = part + decay * run;
+        for (var j = 0u; j < PASS_GROUP; j++) {
+            var prod = 0.0;
+            if (j < n) {
+                let c = c_hi - 1u - j;
+                if (e < pn) { states[((b * d.nchunks + c) * d.heads + h) * pn + e] = run; }
+                prod = run * saved[j];
+                run = part[j] + exp(cs_end_of(b, h, c)) * run;
+            }
+            pass_prod[j * WG + t] = prod;
+        }
+        workgroupBarrier();
+        // Σ over the WG threads of each product: 64 lanes a column, 4 elements each, then a tree over the lanes.
+        let col = t / 64u;
+        let lane = t % 64u;
+        let base = col * WG + lane * 4u;
+        pass_prod[base] = ((pass_prod[base] + pass_prod[base + 1u]) + pass_prod[base + 2u]) + pass_prod[base + 3u];
+        workgroupBarrier();
+        for (var half = 32u; half > 0u; half >>= 1u) {
+            if (lane < half) { pass_prod[base] += pass_prod[base + half * 4u]; }
+            workgroupBarrier();
+        }
+        if (lane == 0u && col < n) {
+            let c = c_hi - 1u - col;
+            w_part[((b * d.heads + h) * d.nchunks + c) * nwg.x + wid.x] = exp(cs_end_of(b, h, c)) * pass_prod[base];
+        }
+        workgroupBarrier();  // pass_prod is reused by the next group
+        c_hi -= n;
     }
     if (d.seg_lo > 0u && e < pn) { carry[ci] = run; }
 }
