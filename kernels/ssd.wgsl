@@ -93,7 +93,7 @@ struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nsta
 @group(0) @binding(19) var<storage, read> b_in: array<f32>;
 @group(0) @binding(20) var<storage, read> c_in: array<f32>;
 @group(0) @binding(21) var<storage, read> x: array<f32>;
-// [B, H, nchunks, npairs, Q]: M_DCB's crossing sums per tile pair
+// [B, H, nchunks, npairs, Q]: M_DCB's crossing sums per tile pair (M_DXD with HAS_DIAG: its ∂diag pieces, see row_part3)
 @group(0) @binding(23) var<storage, read_write> x_part: array<f32>;
 @group(0) @binding(27) var<storage, read_write> ddt_raw: array<f32>;
 // Per (batch, chunk, head) partials of parameter gradients: [B, nchunks, H, NPARAM] (the core: ∂D; Mamba-2's
@@ -117,7 +117,9 @@ struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nsta
 @group(0) @binding(42) var<storage, read_write> scale_out: array<f32>; // ssd_mamba2_prep: Δ
 @group(0) @binding(56) var<storage, read> diag_in: array<f32>;         // [B, L, H]: the diagonal weight (HAS_DIAG)
 @group(0) @binding(57) var<storage, read_write> ddiag: array<f32>;     // [B, L, H] (HAS_DIAG)
-// [B, H, nchunks, ceil(P / 64), Q]: M_DXD's ∂diag pieces (C_s·B_s)(x_s·dy_s) by 64-column tiles of P (HAS_DIAG)
+// [B, H, nchunks, ceil(P / 64), Q]: M_DXD's ∂diag pieces (C_s·B_s)(x_s·dy_s) by 64-column tiles of P (HAS_DIAG),
+// read here by ssd_rows_backward; ssd_tile writes them through its x_part binding (which M_DXD does not use
+// otherwise), so that ssd_tile binds no more storage buffers than it did before the diagonal weight
 @group(0) @binding(54) var<storage, read_write> row_part3: array<f32>;
 
 var<workgroup> scan_buf: array<f32, WG>;
@@ -545,7 +547,8 @@ fn ssd_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 //            adds) or (GRAD) dy, C, v = exp(cs_s) (dE's in-chunk part)
 //   M_DXD    dxd[s, p] = exp(cs_end − cs_s) B_s·dS[p] + Σ_{t ≥ s} CB[t, s] w_ts dy_t[p]; then
 //            dx = sc dxd (+ D dy), and the row dots x_s·dxd_s (dscale), sc_s x_s·(state term) (V_s), ∂D's part
-//            (HAS_DIAG: t > s only; dx += d_s CB[s, s] dy_s and ∂diag_s = CB[s, s] x_s·dy_s into row_part3)
+//            (HAS_DIAG: t > s only; dx += d_s CB[s, s] dy_s and ∂diag_s = CB[s, s] x_s·dy_s into x_part,
+//            laid out as row_part)
 //   M_DCB    dCB[t, s] = Σ_{heads of g} w_ts sc_s dy_t·x_s (s ≤ t), and per head the crossing sums of
 //            T_ts = CB[t, s] w_ts sc_s dy_t·x_s (the pair terms of ∂loss/∂a; see ssd_dcb_crossing)
 //   M_DB     dB[s, n] = Σ_{t ≥ s} dCB[t, s] C_t[n] + Σ_{heads, p} exp(cs_end − cs_s) sc_s x_s[p] dS[p, n]
@@ -1284,7 +1287,8 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             }
         }
         let dsum = row_sum(dd, tid);  // per row (x·dy over the tile's columns), then the 64 rows in order
-        if (HAS_DIAG && tid < 64u && e_m0 + tid < e_steps) { row_part3[row_at + e_m0 + tid] = dsum * t_row_cbd[tid]; }
+        // ∂diag pieces, as row_part (ssd_rows_backward reads them as row_part3)
+        if (HAS_DIAG && tid < 64u && e_m0 + tid < e_steps) { x_part[row_at + e_m0 + tid] = dsum * t_row_cbd[tid]; }
         if (HAS_D) {
             if (tid < 64u) { t_red[tid] = dsum; }
             workgroupBarrier();

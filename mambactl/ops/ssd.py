@@ -298,7 +298,7 @@ def _tile(rt, dims: dict, mode: int, grid, dec: Tensor, consts: dict | None = No
     P, N, Q, L = dims["headdim"], dims["nstate"], dims["chunk"], dims["len"]
     vec4 = P % 4 == 0 and N % 4 == 0 and Q % 4 == 0 and L % 4 == 0
     args = {name: bufs.get(name, dec) for name in ("xv", "dyv", "bv", "cv", "pairv", "stv", "skip")}
-    for name in ("tile_out", "row_part", "row_part2", "row_part3", "tile_part", "x_part"):
+    for name in ("tile_out", "row_part", "row_part2", "tile_part", "x_part"):
         args[name] = bufs[name] if name in bufs else rt.empty((1,))
     planes, per = bufs.get("split", (1, 1))
     rt.run("ssd_tile", grid, {"MODE": mode, "VEC4": vec4, **(consts or {})}, dec=dec, decv=dec, **args,
@@ -400,7 +400,7 @@ def ssd_chunked_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor
     d_part = rt.empty((batch, nc, heads, tq * tp))
     _tile(rt, dims, M_DXD, grids["rows_p"], dec, {"HAS_D": has_d, "HAS_DIAG": has_diag}, xv=s.x, dyv=dy, bv=s.B,
           pairv=cb, stv=dstates, skip=s.D if has_d else dec, tile_out=dx, row_part=xd_part, row_part2=v_part,
-          row_part3=diag_part, tile_part=d_part)
+          x_part=diag_part, tile_part=d_part)  # x_part: M_DXD writes its ∂diag pieces there
     split = _hsplit(batch, nc, heads, groups, s.chunk)
     dcb = rt.empty((split[0], batch, nc, groups, s.chunk, s.chunk))
     x_part = rt.empty((batch, heads, nc, npairs, s.chunk))
