@@ -122,11 +122,13 @@ struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nsta
 // otherwise), so that ssd_tile binds no more storage buffers than it did before the diagonal weight
 @group(0) @binding(54) var<storage, read_write> row_part3: array<f32>;
 
-var<workgroup> scan_buf: array<f32, WG>;
-// Per chunk position: a (prep), the per-position terms (ssd_rows_backward).
-var<workgroup> seg_a: array<f32, MAX_CHUNK>;
-var<workgroup> seg_b: array<f32, MAX_CHUNK>;
-var<workgroup> seg_c: array<f32, MAX_CHUNK>;
+// Workgroup memory: the module's kernels share ssd_tile's arrays (declared with the tile engine below) instead of
+// declaring their own. Every pipeline of this module seems to be given all of the module's workgroup arrays: on
+// the H200, 768 B more of them (the diagonal weight's three row tables) made every ssd_tile mode, M_CB included,
+// ~1.5× slower. So: exclusive_prefix / workgroup_sum use t_mid (WG floats), ssd_prep and
+// ssd_state_passing_backward t_red (MAX_CHUNK floats), and what a thread keeps for its own positions stays in
+// registers (ssd_prep, ssd_rows_backward: at most MAX_SEG positions a thread).
+const MAX_SEG: u32 = 4u;  // = MAX_CHUNK / WG: positions per thread in ssd_prep / ssd_rows_backward
 
 fn sigmoid(v: f32) -> f32 { return 1.0 / (1.0 + exp(-v)); }
 
@@ -146,29 +148,29 @@ fn softplus(v: f32) -> f32 {
 
 // Σ_{i < t} v_i over the workgroup's threads (t a permutation of 0..WG−1), in a fixed order (Hillis–Steele).
 fn exclusive_prefix(v: f32, t: u32) -> f32 {
-    scan_buf[t] = v;
+    t_mid[t] = v;
     workgroupBarrier();
     for (var off = 1u; off < WG; off <<= 1u) {
         var add = 0.0;
-        if (t >= off) { add = scan_buf[t - off]; }
+        if (t >= off) { add = t_mid[t - off]; }
         workgroupBarrier();
-        scan_buf[t] += add;
+        t_mid[t] += add;
         workgroupBarrier();
     }
     var before = 0.0;
-    if (t > 0u) { before = scan_buf[t - 1u]; }
+    if (t > 0u) { before = t_mid[t - 1u]; }
     workgroupBarrier();  // the buffer is reused by the next call
     return before;
 }
 
 fn workgroup_sum(v: f32, t: u32) -> f32 {
-    scan_buf[t] = v;
+    t_mid[t] = v;
     workgroupBarrier();
     for (var half = WG / 2u; half > 0u; half >>= 1u) {
-        if (t < half) { scan_buf[t] += scan_buf[t + half]; }
+        if (t < half) { t_mid[t] += t_mid[t + half]; }
         workgroupBarrier();
     }
-    let total = scan_buf[0];
+    let total = t_mid[0];
     workgroupBarrier();
     return total;
 }
@@ -187,10 +189,11 @@ fn ssd_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id)
     let q = d.chunk;
     let base = dec_base(b, h, c);
     var run = 0.0;
-    for (var i = 0u; i < seg; i++) {
+    var run_at = vec4<f32>(0.0);  // the running sum at each of this thread's positions
+    for (var i = 0u; i < MAX_SEG; i++) {  // constant trip counts: run_at stays in registers
         let r = t * seg + i;
         let pos = c * q + r;
-        if (r < q) {
+        if (i < seg && r < q) {
             var sc = 0.0;
             var a = 0.0;
             var dg = 0.0;
@@ -203,35 +206,36 @@ fn ssd_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id)
             }
             dec_out[base + SCALE * q + r] = sc;
             dec_out[base + DIAG * q + r] = dg;
-            seg_a[r] = a;
+            t_red[r] = a;
             run += a;
-            seg_b[r] = run;
+            run_at[i] = run;
         }
     }
     let before = exclusive_prefix(run, t);          // Σ a over the earlier threads' segments
     let after = exclusive_prefix(run, WG - 1u - t); // and over the later ones
     var suffix = after;
-    for (var i = seg; i > 0u; i--) {
-        let r = t * seg + i - 1u;
-        if (r < q) {
-            dec_out[base + CS * q + r] = before + seg_b[r];
+    for (var k = 0u; k < MAX_SEG; k++) {  // this thread's positions, last first
+        let i = seg - 1u - min(k, seg - 1u);
+        let r = t * seg + i;
+        if (k < seg && r < q) {
+            dec_out[base + CS * q + r] = before + run_at[i];
             dec_out[base + SFX * q + r] = suffix;
-            suffix += seg_a[r];
+            suffix += t_red[r];
         }
     }
-    // Sub-block sums, one thread per sub-block (the prefix calls' barriers made seg_a visible).
+    // Sub-block sums, one thread per sub-block (the prefix calls' barriers made t_red's a visible).
     if (t < (q + SUB - 1u) / SUB) {
         let r0 = t * SUB;
         let r1 = min(r0 + SUB, q);
         var acc = 0.0;
         for (var r = r0; r < r1; r++) {
-            acc += seg_a[r];
+            acc += t_red[r];
             dec_out[base + LO * q + r] = acc;
         }
         acc = 0.0;
         for (var r = r1; r > r0; r--) {
             dec_out[base + RLO * q + r - 1u] = acc;
-            acc += seg_a[r - 1u];
+            acc += t_red[r - 1u];
         }
     }
 }
@@ -279,8 +283,8 @@ fn ssd_state_passing(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
 // elements goes to w_part. Chunks [seg_lo, seg_hi), dE_seg_hi carried in `carry` from the previous segment
 // (the later chunks). The chunks go in groups of PASS_GROUP: their loads first (independent of the running
 // dE, so they are in flight together instead of one latency per chunk), then the walk, then one fixed-order
-// reduction of the group's PASS_GROUP products (not a barrier tree per chunk). Grid (ceil(P·N / WG), H, B).
-var<workgroup> pass_prod: array<f32, 1024>;  // [PASS_GROUP][WG]: a group's products run·E
+// reduction of the group's PASS_GROUP products (in t_red: [PASS_GROUP][WG]; not a barrier tree per chunk).
+// Grid (ceil(P·N / WG), H, B).
 
 @compute @workgroup_size(256)
 fn ssd_state_passing_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -313,24 +317,24 @@ fn ssd_state_passing_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(nu
                 prod = run * saved[j];
                 run = part[j] + exp(cs_end_of(b, h, c)) * run;
             }
-            pass_prod[j * WG + t] = prod;
+            t_red[j * WG + t] = prod;
         }
         workgroupBarrier();
         // Σ over the WG threads of each product: 64 lanes a column, 4 elements each, then a tree over the lanes.
         let col = t / 64u;
         let lane = t % 64u;
         let base = col * WG + lane * 4u;
-        pass_prod[base] = ((pass_prod[base] + pass_prod[base + 1u]) + pass_prod[base + 2u]) + pass_prod[base + 3u];
+        t_red[base] = ((t_red[base] + t_red[base + 1u]) + t_red[base + 2u]) + t_red[base + 3u];
         workgroupBarrier();
         for (var half = 32u; half > 0u; half >>= 1u) {
-            if (lane < half) { pass_prod[base] += pass_prod[base + half * 4u]; }
+            if (lane < half) { t_red[base] += t_red[base + half * 4u]; }
             workgroupBarrier();
         }
         if (lane == 0u && col < n) {
             let c = c_hi - 1u - col;
-            w_part[((b * d.heads + h) * d.nchunks + c) * nwg.x + wid.x] = exp(cs_end_of(b, h, c)) * pass_prod[base];
+            w_part[((b * d.heads + h) * d.nchunks + c) * nwg.x + wid.x] = exp(cs_end_of(b, h, c)) * t_red[base];
         }
-        workgroupBarrier();  // pass_prod is reused by the next group
+        workgroupBarrier();  // t_red is reused by the next group
         c_hi -= n;
     }
     if (d.seg_lo > 0u && e < pn) { carry[ci] = run; }
@@ -365,9 +369,12 @@ fn ssd_rows_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     for (var k = 0u; k < state_tiles; k++) { w_term += w_part[bhc * state_tiles + k]; }
     var u_run = 0.0;  // Σ U over this thread's positions
     var v_run = 0.0;  // Σ V likewise
-    for (var i = 0u; i < seg; i++) {
+    var u_at = vec4<f32>(0.0);   // U, V and x·dxd at this thread's positions (registers: constant trip counts)
+    var v_at = vec4<f32>(0.0);
+    var xd_at = vec4<f32>(0.0);
+    for (var i = 0u; i < MAX_SEG; i++) {
         let r = t * seg + i;
-        if (r < steps) {
+        if (i < seg && r < steps) {
             var uu = 0.0;
             var vv = 0.0;
             var xd = 0.0;
@@ -377,9 +384,9 @@ fn ssd_rows_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
                 xd += row_part[j];
             }
             for (var k = 0u; k < u_tiles; k++) { uu += u_part[(bhc * u_tiles + k) * q + r]; }
-            seg_a[r] = uu;
-            seg_b[r] = vv;
-            seg_c[r] = xd;
+            u_at[i] = uu;
+            v_at[i] = vv;
+            xd_at[i] = xd;
             u_run += uu;
             v_run += vv;
         }
@@ -387,26 +394,27 @@ fn ssd_rows_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     let u_after = exclusive_prefix(u_run, WG - 1u - t);  // Σ U over the later threads' positions
     let v_before = exclusive_prefix(v_run, t);           // Σ V over the earlier ones
     var v_prefix = v_before;
-    for (var i = 0u; i < seg; i++) {  // seg_b[r] becomes Σ_{o < r} V_o
+    for (var i = 0u; i < MAX_SEG; i++) {  // v_at[i] becomes Σ_{o < r} V_o
         let r = t * seg + i;
-        if (r < steps) {
-            let vr = seg_b[r];
-            seg_b[r] = v_prefix;
+        if (i < seg && r < steps) {
+            let vr = v_at[i];
+            v_at[i] = v_prefix;
             v_prefix += vr;
         }
     }
     var u_suffix = u_after;
-    for (var i = seg; i > 0u; i--) {
-        let r = t * seg + i - 1u;
-        if (r < steps) {
-            u_suffix += seg_a[r];
+    for (var kk = 0u; kk < MAX_SEG; kk++) {  // this thread's positions, last first
+        let i = seg - 1u - min(kk, seg - 1u);
+        let r = t * seg + i;
+        if (kk < seg && r < steps) {
+            u_suffix += u_at[i];
             var crossing = 0.0;
             for (var k = 0u; k < live_rows * (live_rows + 1u) / 2u; k++) {
                 crossing += x_part[(bhc * npairs + k) * q + r];
             }
             let k = (b * d.len + c * q + r) * d.heads + h;
-            dadt[k] = crossing + u_suffix + seg_b[r] + w_term;
-            dscale[k] = seg_c[r];
+            dadt[k] = crossing + u_suffix + v_at[i] + w_term;
+            dscale[k] = xd_at[i];
             if (HAS_DIAG) {
                 var dg = 0.0;
                 for (var kt = 0u; kt < tiles_p; kt++) { dg += row_part3[(bhc * tiles_p + kt) * q + r]; }
@@ -598,14 +606,15 @@ var<workgroup> stage: array<vec4<f32>, 2u * B_OFF>;
 var<workgroup> t_red: array<f32, 1024>;    // row dots: [row][tx]; M_DCB: row and column partial sums
 var<workgroup> t_row_lo: array<f32, 64>;   // the tile rows' sub-block prefix sums (LO)
 var<workgroup> t_row_rlo: array<f32, 64>;  // and suffix sums (RLO)
-var<workgroup> t_row_w: array<f32, 64>;    // the state term's row factor: exp(cs) (M_Y), exp(cs_end − cs) (M_DXD)
+// the state term's row factor: exp(cs) (M_Y), exp(cs_end − cs) (M_DXD); M_DCB with HAS_DIAG: the columns'
+// diagonal weight (no new arrays: see the note on workgroup memory at the top)
+var<workgroup> t_row_w: array<f32, 64>;
 var<workgroup> t_row_sc: array<f32, 64>;   // the rows' scale s (M_DXD: dx = s dxd, V = s x·(state term))
-var<workgroup> t_col_lo: array<f32, 64>;   // M_DCB: the tile columns' LO, RLO and scale
+// M_DCB: the tile columns' LO, RLO and scale; M_DXD with HAS_DIAG: the rows' C_s·B_s (CB's diagonal) in t_col_lo
+// and their diagonal weight in t_col_rlo
+var<workgroup> t_col_lo: array<f32, 64>;
 var<workgroup> t_col_rlo: array<f32, 64>;
 var<workgroup> t_col_sc: array<f32, 64>;
-var<workgroup> t_col_dg: array<f32, 64>;   // M_DCB with HAS_DIAG: the columns' diagonal weight
-var<workgroup> t_row_cbd: array<f32, 64>;  // M_DXD with HAS_DIAG: the rows' C_s·B_s (CB's diagonal)
-var<workgroup> t_row_dg: array<f32, 64>;   // and their diagonal weight
 var<workgroup> t_mid: array<f32, 256>;     // [row sub-block (4)][chunk sub-block (≤ 64)]: Σ a strictly between
 
 var<private> e_tx: u32;
@@ -1155,8 +1164,8 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
                     cbd = pairv[i >> 2u][i & 3u];
                     dg = e_dec(e_h, DIAG, r);
                 }
-                t_row_cbd[tid] = cbd;
-                t_row_dg[tid] = dg;
+                t_col_lo[tid] = cbd;
+                t_col_rlo[tid] = dg;
             }
         }
         workgroupBarrier();
@@ -1187,7 +1196,7 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
                 t_col_lo[tid] = clo;
                 t_col_rlo[tid] = crlo;
                 t_col_sc[tid] = csc;
-                t_col_dg[tid] = cdg;
+                t_row_w[tid] = cdg;
             } else if (tid < 80u) {
                 let kr = e_m0 / SUB + (tid - 64u) / 4u;
                 let ko = e_n0 / SUB + (tid - 64u) % 4u;
@@ -1212,7 +1221,7 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
                     var dsum = t_row_lo[r] - t_col_lo[o];
                     if (t / SUB != s / SUB) { dsum = t_row_lo[r] + t_col_rlo[o] + t_mid[(r / SUB) * 4u + o / SUB]; }
                     var csc = t_col_sc[o];
-                    if (HAS_DIAG && s == t) { csc = t_col_dg[o]; }  // step t's own term: weight diag_t
+                    if (HAS_DIAG && s == t) { csc = t_row_w[o]; }  // step t's own term: weight diag_t
                     let gv = select(0.0, e_acc[i][j] * exp(min(dsum, 0.0)) * csc, ok);
                     dcb[i][j] += gv;
                     let fi = f_idx(r, o);
@@ -1281,14 +1290,14 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
                 let row = e_ty * 4u + i;
                 var v = e_acc[i] * t_row_sc[row];
                 if (HAS_D) { v += skip[e_h] * go; }
-                if (HAS_DIAG) { v += (t_row_dg[row] * t_row_cbd[row]) * go; }  // the diagonal: diag_s (C_s·B_s) dy_s
+                if (HAS_DIAG) { v += (t_col_rlo[row] * t_col_lo[row]) * go; }  // the diagonal: diag_s (C_s·B_s) dy_s
                 dd[i] = dot(xo, go);
                 store_row(e_xi(r, e_h, n), v, valid);
             }
         }
         let dsum = row_sum(dd, tid);  // per row (x·dy over the tile's columns), then the 64 rows in order
         // ∂diag pieces, as row_part (ssd_rows_backward reads them as row_part3)
-        if (HAS_DIAG && tid < 64u && e_m0 + tid < e_steps) { x_part[row_at + e_m0 + tid] = dsum * t_row_cbd[tid]; }
+        if (HAS_DIAG && tid < 64u && e_m0 + tid < e_steps) { x_part[row_at + e_m0 + tid] = dsum * t_col_lo[tid]; }
         if (HAS_D) {
             if (tid < 64u) { t_red[tid] = dsum; }
             workgroupBarrier();

@@ -88,7 +88,7 @@ def kernel_loops(chunk: int, headdim: int, nstate: int, heads: int = 1, groups: 
     modes, each k step with its loaders' per-element loops (scalar path: 4 per operand, 4 for weights, 4 per
     dCB plane)."""
     q, hpg = chunk, heads // groups
-    seg = _cdiv(q, WORKGROUP)
+    seg = MAX_CHUNK // WORKGROUP  # ssd_prep / ssd_rows_backward walk MAX_SEG position slots a thread (registers)
     tiles_q, tiles_p = _cdiv(q, TILE), _cdiv(headdim, TILE)
     npairs = tiles_q * (tiles_q + 1) // 2
     mids = _cdiv(q, SUB)  # the t_mid sums
