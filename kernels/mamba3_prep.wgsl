@@ -48,6 +48,8 @@ struct FinishParams { frows: u32, fheads: u32, frank: u32, fheaddim: u32, eps: f
 @group(0) @binding(15) var<storage, read_write> lam: array<f32>;
 @group(0) @binding(16) var<storage, read_write> theta: array<f32>;  // [M, H, S]
 // backward
+@group(0) @binding(17) var<storage, read> q_in: array<f32>;
+@group(0) @binding(18) var<storage, read> k_in: array<f32>;
 @group(0) @binding(19) var<storage, read> theta_in: array<f32>;
 @group(0) @binding(20) var<storage, read> dq: array<f32>;
 @group(0) @binding(21) var<storage, read> dk: array<f32>;
@@ -337,23 +339,10 @@ fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
         let th = theta_in[rh * S + x];
         let cs = cos(th);
         let sn = sin(th);
-        let g = h / (H / p.ngroups);
         var acc = 0.0;
         for (var r = 0u; r < R; r++) {
             let n0 = (rh * R + r) * N + nn.x;
             let n1 = (rh * R + r) * N + nn.y;
-            // q, k at the pair as the forward turned them, from Bn, Cn (one row per group, so read from cache by
-            // all the group's heads) and the biases rather than from q, k [M, H, R, N] in memory
-            let src = row * R * p.ngroups * N + (r * p.ngroups + g) * N;
-            let bias = (h * R + r) * N;
-            let ku0 = Bn[src + nn.x] + B_bias[bias + nn.x];
-            let ku1 = Bn[src + nn.y] + B_bias[bias + nn.y];
-            let qu0 = Cn[src + nn.x] + C_bias[bias + nn.x];
-            let qu1 = Cn[src + nn.y] + C_bias[bias + nn.y];
-            let k0 = ku0 * cs - ku1 * sn;
-            let k1 = ku0 * sn + ku1 * cs;
-            let q0 = qu0 * cs - qu1 * sn;
-            let q1 = qu0 * sn + qu1 * cs;
             let dq0 = dq[n0];
             let dq1 = dq[n1];
             let dk0 = dk[n0];
@@ -362,7 +351,7 @@ fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
             dqb[n1] = dq1 * cs - dq0 * sn;
             dkb[n0] = dk0 * cs + dk1 * sn;
             dkb[n1] = dk1 * cs - dk0 * sn;
-            acc += dq1 * q0 - dq0 * q1 + dk1 * k0 - dk0 * k1;
+            acc += dq1 * q_in[n0] - dq0 * q_in[n1] + dk1 * k_in[n0] - dk0 * k_in[n1];
         }
         dth[rh * S + x] = acc;
     }

@@ -121,9 +121,8 @@ def _item_grid(rt, d: Mamba3Dims, loops_per_item: int):
 
 def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: Tensor, C_bias: Tensor,
                 mimo_x: Tensor, mimo_z: Tensor, d: Mamba3Dims, a_floor: float, segment: int | None = None) -> dict:
-    """-> dict of q, k [M, H, R, N], v, zr [M, H, R, P], adt, dt, lam [M, H], theta [M, H, S], and references to
-    Bn, Cn, B_bias, C_bias (the backward turns q, k again from them). mimo_x, mimo_z [H, R, P] for MIMO, None
-    for SISO (v = x, zr = z there).
+    """-> dict of q, k [M, H, R, N], v, zr [M, H, R, P], adt, dt, lam [M, H], theta [M, H, S]. mimo_x, mimo_z
+    [H, R, P] for MIMO, None for SISO (v = x, zr = z there).
 
     `segment`: steps per dispatch of the θ walk (None: all, except on Mesa llvmpipe, whose loop budget sets it)."""
     op = "mamba3_prep"
@@ -148,7 +147,7 @@ def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: T
     params.update(seg_begin=0, seg_end=d.length)
     rt.run("mamba3_prep_forward", _item_grid(rt, d, 1 + R), proj=proj, Bn=Bn, Cn=Cn,
            dt_bias=dt_bias, B_bias=B_bias, C_bias=C_bias, mimo_x=mimo_x, mimo_z=mimo_z, **out, **params)
-    return dict(out, Bn=Bn, Cn=Cn, B_bias=B_bias, C_bias=C_bias)
+    return out
 
 
 def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: Tensor, D: Tensor, prep: dict,
@@ -174,8 +173,7 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: 
     dth = rt.empty((M, H, max(S, 1)))  # ∂loss/∂θ per step, then its reverse running sum
     params = _prep_params(d, a_floor)
     rt.run("mamba3_prep_backward", _item_grid(rt, d, 1 + R), proj=proj, dt_bias=dt_bias,
-           mimo_x=mimo_x, mimo_z=mimo_z, D=D, lam=prep["lam"], Bn=prep["Bn"], Cn=prep["Cn"],
-           B_bias=prep["B_bias"], C_bias=prep["C_bias"],
+           mimo_x=mimo_x, mimo_z=mimo_z, D=D, lam=prep["lam"], q_in=prep["q"], k_in=prep["k"],
            theta_in=prep["theta"], dq=dq, dk=dk, dv=dv, dzr=dzr, dadt=dadt, dlam=dlam, dys_in=dys, dth=dth, **res,
            **params)
     if S:
