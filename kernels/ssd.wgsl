@@ -241,7 +241,7 @@ fn ssd_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id)
 }
 
 
-const PASS_GROUP: u32 = 4u;  // chunks per group of the state passing walks (their loads issued together)
+const PASS_GROUP: u32 = 4u;  // chunks per group of ssd_state_passing_backward (their loads issued together)
 
 fn cs_end_of(b: u32, h: u32, c: u32) -> f32 { return dec[dec_base(b, h, c) + CS * d.chunk + d.chunk - 1u]; }
 
@@ -259,20 +259,11 @@ fn ssd_state_passing(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
     let b = i / (pn * d.heads);
     var run = 0.0;
     if (d.seg_lo > 0u) { run = last_state[i]; }
-    // In groups of PASS_GROUP chunks, their loads first: they do not depend on the running state, so they are in
-    // flight together instead of one memory latency per chunk.
-    for (var c0 = d.seg_lo; c0 < d.seg_hi; c0 += PASS_GROUP) {
-        let n = min(PASS_GROUP, d.seg_hi - c0);
-        var added = vec4<f32>(0.0);
-        for (var j = 0u; j < PASS_GROUP; j++) {  // constant trip counts: the vec4 stays in registers
-            if (j < n) { added[j] = states[((b * d.nchunks + c0 + j) * d.heads + h) * pn + e]; }
-        }
-        for (var j = 0u; j < PASS_GROUP; j++) {
-            if (j < n) {
-                states[((b * d.nchunks + c0 + j) * d.heads + h) * pn + e] = run;
-                run = exp(cs_end_of(b, h, c0 + j)) * run + added[j];
-            }
-        }
+    for (var c = d.seg_lo; c < d.seg_hi; c++) {
+        let k = ((b * d.nchunks + c) * d.heads + h) * pn + e;
+        let added = states[k];
+        states[k] = run;
+        run = exp(cs_end_of(b, h, c)) * run + added;
     }
     // The padding past L has s = a = 0 (no decay, nothing added), so this is the state after step L − 1.
     last_state[i] = run;
