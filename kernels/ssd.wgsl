@@ -125,9 +125,9 @@ struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nsta
 // Workgroup memory: the module's kernels share ssd_tile's arrays (declared with the tile engine below) instead of
 // declaring their own. Every pipeline of this module seems to be given all of the module's workgroup arrays: on
 // the H200, 768 B more of them (the diagonal weight's three row tables) made every ssd_tile mode, M_CB included,
-// ~1.5× slower. So: exclusive_prefix / workgroup_sum use t_mid (WG floats), ssd_prep and
-// ssd_state_passing_backward t_red (MAX_CHUNK floats), and what a thread keeps for its own positions stays in
-// registers (ssd_prep, ssd_rows_backward: at most MAX_SEG positions a thread).
+// ~1.5× slower. So: exclusive_prefix / workgroup_sum use t_mid (WG floats), ssd_prep t_red (MAX_CHUNK floats),
+// and what a thread keeps for its own positions stays in registers (ssd_prep, ssd_rows_backward: at most MAX_SEG
+// positions a thread).
 const MAX_SEG: u32 = 4u;  // = MAX_CHUNK / WG: positions per thread in ssd_prep / ssd_rows_backward
 
 fn sigmoid(v: f32) -> f32 { return 1.0 / (1.0 + exp(-v)); }
@@ -241,8 +241,6 @@ fn ssd_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id)
 }
 
 
-const PASS_GROUP: u32 = 4u;  // chunks per group of ssd_state_passing_backward (their loads issued together)
-
 fn cs_end_of(b: u32, h: u32, c: u32) -> f32 { return dec[dec_base(b, h, c) + CS * d.chunk + d.chunk - 1u]; }
 
 // In place: the states each chunk adds become the states entering each chunk, E_0 = 0,
@@ -272,61 +270,30 @@ fn ssd_state_passing(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
 // In place, last chunk to first: the in-chunk parts of dE become dS_c = dE_{c+1}, with
 // dE_c = part_c + exp(cs_end_c) dE_{c+1}; and W_c = exp(cs_end_c)⟨E_c, dS_c⟩ per workgroup of WG state
 // elements goes to w_part. Chunks [seg_lo, seg_hi), dE_seg_hi carried in `carry` from the previous segment
-// (the later chunks). The chunks go in groups of PASS_GROUP: their loads first (independent of the running
-// dE, so they are in flight together instead of one latency per chunk), then the walk, then one fixed-order
-// reduction of the group's PASS_GROUP products (in t_red: [PASS_GROUP][WG]; not a barrier tree per chunk).
-// Grid (ceil(P·N / WG), H, B).
-
+// (the later chunks). Grid (ceil(P·N / WG), H, B).
 @compute @workgroup_size(256)
 fn ssd_state_passing_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                               @builtin(local_invocation_id) lid: vec3<u32>) {
     let pn = d.headdim * d.nstate;
-    let t = lid.x;
-    let e = wid.x * WG + t;
+    let e = wid.x * WG + lid.x;
     let h = wid.y;
     let b = wid.z;
     let ci = (b * d.heads + h) * pn + e;
     var run = 0.0;
     if (d.seg_hi < d.nchunks && e < pn) { run = carry[ci]; }
-    var c_hi = d.seg_hi;  // the group is chunks [c_hi − n, c_hi), walked from the last
-    while (c_hi > d.seg_lo) {
-        let n = min(PASS_GROUP, c_hi - d.seg_lo);
-        var part = vec4<f32>(0.0);
-        var saved = vec4<f32>(0.0);
-        for (var j = 0u; j < PASS_GROUP; j++) {
-            if (j < n && e < pn) {
-                let k = ((b * d.nchunks + c_hi - 1u - j) * d.heads + h) * pn + e;
-                part[j] = states[k];
-                saved[j] = saved_states[k];
-            }
+    for (var c = d.seg_hi; c > d.seg_lo; c--) {
+        let k = ((b * d.nchunks + c - 1u) * d.heads + h) * pn + e;
+        let decay = exp(cs_end_of(b, h, c - 1u));
+        var part = 0.0;
+        var prod = 0.0;
+        if (e < pn) {
+            part = states[k];
+            states[k] = run;
+            prod = run * saved_states[k];
         }
-        for (var j = 0u; j < PASS_GROUP; j++) {
-            var prod = 0.0;
-            if (j < n) {
-                let c = c_hi - 1u - j;
-                if (e < pn) { states[((b * d.nchunks + c) * d.heads + h) * pn + e] = run; }
-                prod = run * saved[j];
-                run = part[j] + exp(cs_end_of(b, h, c)) * run;
-            }
-            t_red[j * WG + t] = prod;
-        }
-        workgroupBarrier();
-        // Σ over the WG threads of each product: 64 lanes a column, 4 elements each, then a tree over the lanes.
-        let col = t / 64u;
-        let lane = t % 64u;
-        let base = col * WG + lane * 4u;
-        t_red[base] = ((t_red[base] + t_red[base + 1u]) + t_red[base + 2u]) + t_red[base + 3u];
-        workgroupBarrier();
-        for (var half = 32u; half > 0u; half >>= 1u) {
-            if (lane < half) { t_red[base] += t_red[base + half * 4u]; }
-            workgroupBarrier();
-        }
-        if (lane == 0u && col < n) {
-            let c = c_hi - 1u - col;
-            w_part[((b * d.heads + h) * d.nchunks + c) * nwg.x + wid.x] = exp(cs_end_of(b, h, c)) * t_red[base];
-        }
-        workgroupBarrier();  // t_red is reused by the next group
-        c_hi -= n;
+        let total = workgroup_sum(prod, lid.x);
+        if (lid.x == 0u) { w_part[((b * d.heads + h) * d.nchunks + c - 1u) * nwg.x + wid.x] = decay * total; }
+        run = part + decay * run;
     }
     if (d.seg_lo > 0u && e < pn) { carry[ci] = run; }
 }

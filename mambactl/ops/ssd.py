@@ -56,11 +56,8 @@ M_CB, M_Y, M_STATE, M_DXD, M_DCB, M_DB, M_DC = range(7)
 
 # --- loop iterations per shader invocation (upper bounds, no loop unrolled), for Mesa llvmpipe's budget ---------
 REDUCE = 8  # log2(WORKGROUP) rounds of workgroup_sum / exclusive_prefix
-PASS_GROUP = 4  # mirrors PASS_GROUP there: chunks per group of ssd_state_passing_backward
 PASSING_LOOPS = 1  # ssd_state_passing per chunk
-# ssd_state_passing_backward per chunk, as if every chunk were a group of its own (an upper bound): the group
-# loop, its two walks and the 64-lane tree of W_c
-PASSING_BACKWARD_LOOPS = 1 + 2 * PASS_GROUP + 6
+PASSING_BACKWARD_LOOPS = 1 + REDUCE  # ssd_state_passing_backward per chunk (a workgroup sum of W_c each)
 
 
 def _cdiv(a: int, b: int) -> int:
