@@ -1,11 +1,12 @@
 """One SSD layer's forward and backward alone: per-dispatch GPU time, FLOPs and bytes per kernel, one JSON line.
 
     python bench/ssd.py [--batch 8 --seq 1024 --heads 24 --headdim 64 --groups 1 --d-state 128 --chunk 256]
-        [--op mamba2|core] [--repeats 5] [--set NAME=VALUE ...] [--device D] [--out FILE]
+        [--op mamba2|core|siso] [--repeats 5] [--set NAME=VALUE ...] [--device D] [--out FILE]
 
 `--op mamba2` times `ssd_scan` + `ssd_scan_backward` (Mamba-2: Δ from dt_raw inside), `--op core` the core
-`ssd_chunked` + `ssd_chunked_backward` (adt, scale given; D on). The defaults are the mamba2-130m layer; the
-Mamba-3 SISO shape goes through the core: `--op core --groups 24 --chunk 64`. Wall time: median of `--repeats`
+`ssd_chunked` + `ssd_chunked_backward` (adt, scale given; D on), `--op siso` the core as Mamba-3 SISO runs it
+(a diagonal weight, no D). The defaults are the mamba2-130m layer; the Mamba-3 SISO shape:
+`--op siso --groups 24 --chunk 64`. Wall time: median of `--repeats`
 synced calls (forward alone, forward + backward). Then one call with GPU timestamps per dispatch (the adapter's
 `timestamp-query`; each dispatch then runs in its own pass) gives the per-entry table with the FLOPs and bytes
 `mambactl.ops.ssd.kernel_costs` predicts for it and the rates they imply. `--set` overrides one of
@@ -40,7 +41,7 @@ def main() -> None:
     for name, default in (("batch", 8), ("seq", 1024), ("heads", 24), ("headdim", 64), ("groups", 1),
                           ("d-state", 128), ("chunk", 256), ("repeats", 5)):
         p.add_argument(f"--{name}", type=int, default=default)
-    p.add_argument("--op", default="mamba2", choices=["mamba2", "core"])
+    p.add_argument("--op", default="mamba2", choices=["mamba2", "core", "siso"])
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
     p.add_argument("--device", default=None)
     p.add_argument("--out", default=None)
@@ -72,10 +73,12 @@ def main() -> None:
     else:
         adt = rt.from_numpy(-np.abs(0.1 * rng.standard_normal((B, L, H))).astype(np.float32))
         scale = t(B, L, H, scale=0.1, shift=0.1)
-        grads = {"D": t(H)}
+        siso = a.op == "siso"
+        diag = t(B, L, H, scale=0.05, shift=0.05) if siso else None
+        grads = None if siso else {"D": t(H)}
 
         def forward():
-            return ssd.ssd_chunked(x, adt, scale, Bm, Cm, D, chunk=a.chunk)
+            return ssd.ssd_chunked(x, adt, scale, Bm, Cm, None if siso else D, chunk=a.chunk, diag=diag)
 
         def backward(saved):
             return ssd.ssd_chunked_backward(saved, dy, grads)

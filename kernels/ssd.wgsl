@@ -2,7 +2,12 @@
 // backward: a general core and Mamba-2's thin composition around it. The core, per batch b and head h (headdim
 // P, state P × N, heads h share group h / (H / G) of B, C), with the per-step log-decay a_t = adt_t ≤ 0 and the
 // input scale s_t given directly:
-//   S_t = exp(a_t) S_{t−1} + s_t x_t B_tᵀ,  y_t = S_t C_t (+ D x_t when the core has D).
+//   S_t = exp(a_t) S_{t−1} + s_t x_t B_tᵀ,  y_t = S_t C_t (+ D x_t when the core has D);
+// with HAS_DIAG a per-step diagonal weight d_t replaces s_t in step t's own term of y_t (not in the state):
+//   y_t = exp(a_t) S_{t−1} C_t + d_t (C_t·B_t) x_t (+ D x_t)   (Mamba-3 SISO: s = γ + δ_{t+1}, d = γ).
+// Its backward: the diagonal of the pair sums is weighted by d in M_Y and M_DCB (so dB, dC, which read dCB, follow);
+// M_DXD leaves t = s out of its pair phase and adds d_s (C_s·B_s) dy_s to dx in its epilogue (so dscale = x·dxd
+// keeps only what s reaches), and ∂d_s = (C_s·B_s)(x_s·dy_s). The diagonal has no decay: ∂a is unchanged.
 // Mamba-2 (ssd_mamba2_prep / ssd_mamba2_backward): s_t = Δ_t = clamp(softplus(dt_raw_t + dt_bias), dt_min,
 // dt_max), a_t = Δ_t A, A = −exp(A_log); its chain rule: ∂/∂Δ = ∂/∂s + A ∂/∂a, ∂/∂A = Σ Δ ∂/∂a.
 // Layouts: x, y, dy [B, L, H, P] and B, C [B, L, G, N] (rows of the in_proj / conv matrices); adt, scale,
@@ -27,7 +32,8 @@
 //   ∂loss/∂a_σ = Σ_{o < σ ≤ t} T_to + Σ_{t ≥ σ} dy_t·y_off_t + Σ_{o < σ} s_o x_o·dxd_state_o + W_c,
 //   T_to = exp(Σ_{o<k≤t} a_k)(C_t·B_o)(dy_t·s_o x_o),  y_off_t = exp(cs_t) E_c C_t,
 //   dxd_state_o = exp(cs_end − cs_o) dS_c B_o,  W_c = exp(cs_end)⟨E_c, dS_c⟩;
-// dy_t·y_off_t comes from M_Y without pairs (the state term dotted with dy), s_o x_o·dxd_state_o from M_DXD
+// dy_t·y_off_t comes from M_Y without pairs (the state term dotted with dy; at one head per group from M_DC
+// instead, as C_t·(exp(cs_t) E_cᵀ dy_t), its state part, between its two K phases), s_o x_o·dxd_state_o from M_DXD
 // between its two K phases, the crossing sums Σ_{o<σ≤t} T_to from M_DCB (per head, beside dCB), W_c from the
 // reverse passing; ssd_rows_backward adds them up. These are direct sums, as mamba_ssm's "stable" ddA
 // kernels: the shorter identity ∂loss/∂cs_r = dy_r·(y_r − D x_r) − s_r x_r·dxd_r cancels large near-diagonal
@@ -53,11 +59,16 @@ const CS: u32 = 1u;
 const SFX: u32 = 2u;
 const LO: u32 = 3u;
 const RLO: u32 = 4u;
+const DIAG: u32 = 5u;          // the diagonal weight (= SCALE without HAS_DIAG)
+const ROWS: u32 = 6u;
 
 override PAIRS: bool = true;      // ssd_tile M_Y: false = the state term alone, dotted with dy (U)
 override GRAD: bool = false;      // ssd_tile M_STATE: dy, C, exp(cs_r) (dE) instead of x, B, exp(cs_end − cs_r) s_r
 override ACCUMULATE: bool = false;
 override HAS_D: bool = true;      // ssd_rows_backward: the core has a D skip (dx += D dy, ∂D partials)
+// The core has a diagonal weight: step t's own term in y_t takes diag_t instead of scale_t (ssd_prep reads it;
+// ssd_tile M_Y, M_DXD, M_DCB use it; ssd_rows_backward writes ∂diag).
+override HAS_DIAG: bool = false;
 override NPARAM: u32 = 1u;        // ssd_param_grads: parameters per partial (1 or 2)
 
 // seg_lo, seg_hi: the part of a walk one dispatch takes (ssd_state_passing(_backward): chunks; ssd_param_grads:
@@ -70,8 +81,8 @@ struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nsta
 @group(0) @binding(2) var<storage, read> dt_raw: array<f32>;        // [B, L, H]
 @group(0) @binding(3) var<storage, read> dt_bias: array<f32>;       // [H]
 @group(0) @binding(4) var<storage, read> A_log: array<f32>;         // [H]
-// [B, H, nchunks, 5, Q] per position r of a chunk: the scale s_r; cs_r = Σ_{s≤r} a_s; Σ_{s>r} a_s; the sums over
-// s ≤ r and over s > r within r's sub-block of SUB steps (rows SCALE, CS, SFX, LO, RLO).
+// [B, H, nchunks, 6, Q] per position r of a chunk: the scale s_r; cs_r = Σ_{s≤r} a_s; Σ_{s>r} a_s; the sums over
+// s ≤ r and over s > r within r's sub-block of SUB steps; the diagonal weight (rows SCALE, CS, SFX, LO, RLO, DIAG).
 @group(0) @binding(5) var<storage, read_write> dec_out: array<f32>;
 @group(0) @binding(6) var<storage, read> dec: array<f32>;
 @group(0) @binding(9) var<storage, read_write> states: array<f32>;  // [B, nchunks, H, P, N]
@@ -82,7 +93,7 @@ struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nsta
 @group(0) @binding(19) var<storage, read> b_in: array<f32>;
 @group(0) @binding(20) var<storage, read> c_in: array<f32>;
 @group(0) @binding(21) var<storage, read> x: array<f32>;
-// [B, H, nchunks, npairs, Q]: M_DCB's crossing sums per tile pair
+// [B, H, nchunks, npairs, Q]: M_DCB's crossing sums per tile pair (M_DXD with HAS_DIAG: its ∂diag pieces, see row_part3)
 @group(0) @binding(23) var<storage, read_write> x_part: array<f32>;
 @group(0) @binding(27) var<storage, read_write> ddt_raw: array<f32>;
 // Per (batch, chunk, head) partials of parameter gradients: [B, nchunks, H, NPARAM] (the core: ∂D; Mamba-2's
@@ -92,7 +103,8 @@ struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nsta
 @group(0) @binding(31) var<storage, read_write> grad_1: array<f32>;
 @group(0) @binding(32) var<storage, read_write> last_state: array<f32>;  // [B, H, P, N]: S after the last step
 @group(0) @binding(33) var<storage, read_write> ssm_state: array<f32>;   // ssd_step: [B, H, P, N], in place
-// [B, H, nchunks, ceil(P / 64), Q]: U_r = dy_r·y_off_r by 64-column tiles of P (ssd_tile M_Y without pairs)
+// [B, H, nchunks, ceil(P / 64), Q]: U_r = dy_r·y_off_r by 64-column tiles of P (ssd_tile M_Y without pairs);
+// with DC_U [B, H, nchunks, ceil(N / 64), Q] by 64-column tiles of N (M_DC: U_r = C_r·(exp(cs_r) E_cᵀ dy_r))
 @group(0) @binding(35) var<storage, read_write> u_part: array<f32>;
 // A segmented walk's running sums between its dispatches: ssd_state_passing_backward's dE [B, H, P·N],
 // ssd_param_grads' [H, 3].
@@ -103,12 +115,20 @@ struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nsta
 @group(0) @binding(40) var<storage, read_write> dscale: array<f32>;    // [B, L, H]
 @group(0) @binding(41) var<storage, read_write> adt_out: array<f32>;   // ssd_mamba2_prep: Δ A
 @group(0) @binding(42) var<storage, read_write> scale_out: array<f32>; // ssd_mamba2_prep: Δ
+@group(0) @binding(56) var<storage, read> diag_in: array<f32>;         // [B, L, H]: the diagonal weight (HAS_DIAG)
+@group(0) @binding(57) var<storage, read_write> ddiag: array<f32>;     // [B, L, H] (HAS_DIAG)
+// [B, H, nchunks, ceil(P / 64), Q]: M_DXD's ∂diag pieces (C_s·B_s)(x_s·dy_s) by 64-column tiles of P (HAS_DIAG),
+// read here by ssd_rows_backward; ssd_tile writes them through its x_part binding (which M_DXD does not use
+// otherwise), so that ssd_tile binds no more storage buffers than it did before the diagonal weight
+@group(0) @binding(54) var<storage, read_write> row_part3: array<f32>;
 
-var<workgroup> scan_buf: array<f32, WG>;
-// Per chunk position: a (prep), the per-position terms (ssd_rows_backward).
-var<workgroup> seg_a: array<f32, MAX_CHUNK>;
-var<workgroup> seg_b: array<f32, MAX_CHUNK>;
-var<workgroup> seg_c: array<f32, MAX_CHUNK>;
+// Workgroup memory: the module's kernels share ssd_tile's arrays (declared with the tile engine below) instead of
+// declaring their own. Every pipeline of this module seems to be given all of the module's workgroup arrays: on
+// the H200, 768 B more of them (the diagonal weight's three row tables) made every ssd_tile mode, M_CB included,
+// ~1.5× slower. So: exclusive_prefix / workgroup_sum use t_mid (WG floats), ssd_prep t_red (MAX_CHUNK floats),
+// and what a thread keeps for its own positions stays in registers (ssd_prep, ssd_rows_backward: at most MAX_SEG
+// positions a thread).
+const MAX_SEG: u32 = 4u;  // = MAX_CHUNK / WG: positions per thread in ssd_prep / ssd_rows_backward
 
 fn sigmoid(v: f32) -> f32 { return 1.0 / (1.0 + exp(-v)); }
 
@@ -128,34 +148,34 @@ fn softplus(v: f32) -> f32 {
 
 // Σ_{i < t} v_i over the workgroup's threads (t a permutation of 0..WG−1), in a fixed order (Hillis–Steele).
 fn exclusive_prefix(v: f32, t: u32) -> f32 {
-    scan_buf[t] = v;
+    t_mid[t] = v;
     workgroupBarrier();
     for (var off = 1u; off < WG; off <<= 1u) {
         var add = 0.0;
-        if (t >= off) { add = scan_buf[t - off]; }
+        if (t >= off) { add = t_mid[t - off]; }
         workgroupBarrier();
-        scan_buf[t] += add;
+        t_mid[t] += add;
         workgroupBarrier();
     }
     var before = 0.0;
-    if (t > 0u) { before = scan_buf[t - 1u]; }
+    if (t > 0u) { before = t_mid[t - 1u]; }
     workgroupBarrier();  // the buffer is reused by the next call
     return before;
 }
 
 fn workgroup_sum(v: f32, t: u32) -> f32 {
-    scan_buf[t] = v;
+    t_mid[t] = v;
     workgroupBarrier();
     for (var half = WG / 2u; half > 0u; half >>= 1u) {
-        if (t < half) { scan_buf[t] += scan_buf[t + half]; }
+        if (t < half) { t_mid[t] += t_mid[t + half]; }
         workgroupBarrier();
     }
-    let total = scan_buf[0];
+    let total = t_mid[0];
     workgroupBarrier();
     return total;
 }
 
-fn dec_base(b: u32, h: u32, c: u32) -> u32 { return ((b * d.heads + h) * d.nchunks + c) * 5u * d.chunk; }
+fn dec_base(b: u32, h: u32, c: u32) -> u32 { return ((b * d.heads + h) * d.nchunks + c) * ROWS * d.chunk; }
 
 // The decay sums of `dec` for every position of a chunk from the per-step log-decays adt (padding: scale = 0
 // and adt = 0 there). Thread t owns the consecutive positions [t·seg, (t + 1)·seg). Grid (nchunks, H, B).
@@ -169,47 +189,53 @@ fn ssd_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id)
     let q = d.chunk;
     let base = dec_base(b, h, c);
     var run = 0.0;
-    for (var i = 0u; i < seg; i++) {
+    var run_at = vec4<f32>(0.0);  // the running sum at each of this thread's positions
+    for (var i = 0u; i < MAX_SEG; i++) {  // constant trip counts: run_at stays in registers
         let r = t * seg + i;
         let pos = c * q + r;
-        if (r < q) {
+        if (i < seg && r < q) {
             var sc = 0.0;
             var a = 0.0;
+            var dg = 0.0;
             if (pos < d.len) {
                 let k = (b * d.len + pos) * d.heads + h;
                 sc = scale_in[k];
                 a = adt_in[k];
+                dg = sc;
+                if (HAS_DIAG) { dg = diag_in[k]; }
             }
             dec_out[base + SCALE * q + r] = sc;
-            seg_a[r] = a;
+            dec_out[base + DIAG * q + r] = dg;
+            t_red[r] = a;
             run += a;
-            seg_b[r] = run;
+            run_at[i] = run;
         }
     }
     let before = exclusive_prefix(run, t);          // Σ a over the earlier threads' segments
     let after = exclusive_prefix(run, WG - 1u - t); // and over the later ones
     var suffix = after;
-    for (var i = seg; i > 0u; i--) {
-        let r = t * seg + i - 1u;
-        if (r < q) {
-            dec_out[base + CS * q + r] = before + seg_b[r];
+    for (var k = 0u; k < MAX_SEG; k++) {  // this thread's positions, last first
+        let i = seg - 1u - min(k, seg - 1u);
+        let r = t * seg + i;
+        if (k < seg && r < q) {
+            dec_out[base + CS * q + r] = before + run_at[i];
             dec_out[base + SFX * q + r] = suffix;
-            suffix += seg_a[r];
+            suffix += t_red[r];
         }
     }
-    // Sub-block sums, one thread per sub-block (the prefix calls' barriers made seg_a visible).
+    // Sub-block sums, one thread per sub-block (the prefix calls' barriers made t_red's a visible).
     if (t < (q + SUB - 1u) / SUB) {
         let r0 = t * SUB;
         let r1 = min(r0 + SUB, q);
         var acc = 0.0;
         for (var r = r0; r < r1; r++) {
-            acc += seg_a[r];
+            acc += t_red[r];
             dec_out[base + LO * q + r] = acc;
         }
         acc = 0.0;
         for (var r = r1; r > r0; r--) {
             dec_out[base + RLO * q + r - 1u] = acc;
-            acc += seg_a[r - 1u];
+            acc += t_red[r - 1u];
         }
     }
 }
@@ -272,7 +298,8 @@ fn ssd_state_passing_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(nu
     if (d.seg_lo > 0u && e < pn) { carry[ci] = run; }
 }
 
-// Per (chunk, head, batch), from ssd_tile's per-row pieces: dscale_σ = x_σ·dxd_σ and
+// Per (chunk, head, batch), from ssd_tile's per-row pieces: dscale_σ = x_σ·dxd_σ (HAS_DIAG: ddiag_σ from
+// row_part3's tiles of P) and
 // dadt_σ = ∂loss/∂a_σ = X_σ + Σ_{t ≥ σ} U_t + Σ_{o < σ} V_o + W_c (the header has the derivation): X from
 // the crossing rows of the tile pairs (x_part [B, H, nchunks, npairs, Q]; pairs whose row tile lies past the chunk's
 // end were never written), U_t = dy_t·y_off_t and x·dxd and V_o = s_o x_o·dxd_state_o by 64-column tiles of P
@@ -289,6 +316,8 @@ fn ssd_rows_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     let seg = (q + WG - 1u) / WG;
     let steps = min(q, d.len - c * q);
     let tiles_p = (d.headdim + TILE - 1u) / TILE;
+    var u_tiles = tiles_p;  // U by column tiles of P (M_Y), or of N (M_DC with DC_U)
+    if (DC_U) { u_tiles = (d.nstate + TILE - 1u) / TILE; }
     let tiles_q = (q + TILE - 1u) / TILE;
     let npairs = tiles_q * (tiles_q + 1u) / 2u;
     let live_rows = (steps + TILE - 1u) / TILE;  // row tiles with any valid position
@@ -298,21 +327,24 @@ fn ssd_rows_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     for (var k = 0u; k < state_tiles; k++) { w_term += w_part[bhc * state_tiles + k]; }
     var u_run = 0.0;  // Σ U over this thread's positions
     var v_run = 0.0;  // Σ V likewise
-    for (var i = 0u; i < seg; i++) {
+    var u_at = vec4<f32>(0.0);   // U, V and x·dxd at this thread's positions (registers: constant trip counts)
+    var v_at = vec4<f32>(0.0);
+    var xd_at = vec4<f32>(0.0);
+    for (var i = 0u; i < MAX_SEG; i++) {
         let r = t * seg + i;
-        if (r < steps) {
+        if (i < seg && r < steps) {
             var uu = 0.0;
             var vv = 0.0;
             var xd = 0.0;
             for (var k = 0u; k < tiles_p; k++) {
                 let j = (bhc * tiles_p + k) * q + r;
-                uu += u_part[j];
                 vv += row_part2[j];
                 xd += row_part[j];
             }
-            seg_a[r] = uu;
-            seg_b[r] = vv;
-            seg_c[r] = xd;
+            for (var k = 0u; k < u_tiles; k++) { uu += u_part[(bhc * u_tiles + k) * q + r]; }
+            u_at[i] = uu;
+            v_at[i] = vv;
+            xd_at[i] = xd;
             u_run += uu;
             v_run += vv;
         }
@@ -320,26 +352,32 @@ fn ssd_rows_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     let u_after = exclusive_prefix(u_run, WG - 1u - t);  // Σ U over the later threads' positions
     let v_before = exclusive_prefix(v_run, t);           // Σ V over the earlier ones
     var v_prefix = v_before;
-    for (var i = 0u; i < seg; i++) {  // seg_b[r] becomes Σ_{o < r} V_o
+    for (var i = 0u; i < MAX_SEG; i++) {  // v_at[i] becomes Σ_{o < r} V_o
         let r = t * seg + i;
-        if (r < steps) {
-            let vr = seg_b[r];
-            seg_b[r] = v_prefix;
+        if (i < seg && r < steps) {
+            let vr = v_at[i];
+            v_at[i] = v_prefix;
             v_prefix += vr;
         }
     }
     var u_suffix = u_after;
-    for (var i = seg; i > 0u; i--) {
-        let r = t * seg + i - 1u;
-        if (r < steps) {
-            u_suffix += seg_a[r];
+    for (var kk = 0u; kk < MAX_SEG; kk++) {  // this thread's positions, last first
+        let i = seg - 1u - min(kk, seg - 1u);
+        let r = t * seg + i;
+        if (kk < seg && r < steps) {
+            u_suffix += u_at[i];
             var crossing = 0.0;
             for (var k = 0u; k < live_rows * (live_rows + 1u) / 2u; k++) {
                 crossing += x_part[(bhc * npairs + k) * q + r];
             }
             let k = (b * d.len + c * q + r) * d.heads + h;
-            dadt[k] = crossing + u_suffix + seg_b[r] + w_term;
-            dscale[k] = seg_c[r];
+            dadt[k] = crossing + u_suffix + v_at[i] + w_term;
+            dscale[k] = xd_at[i];
+            if (HAS_DIAG) {
+                var dg = 0.0;
+                for (var kt = 0u; kt < tiles_p; kt++) { dg += row_part3[(bhc * tiles_p + kt) * q + r]; }
+                ddiag[k] = dg;
+            }
         }
     }
     if (HAS_D && t == 0u) {
@@ -475,6 +513,8 @@ fn ssd_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 //            adds) or (GRAD) dy, C, v = exp(cs_s) (dE's in-chunk part)
 //   M_DXD    dxd[s, p] = exp(cs_end − cs_s) B_s·dS[p] + Σ_{t ≥ s} CB[t, s] w_ts dy_t[p]; then
 //            dx = sc dxd (+ D dy), and the row dots x_s·dxd_s (dscale), sc_s x_s·(state term) (V_s), ∂D's part
+//            (HAS_DIAG: t > s only; dx += d_s CB[s, s] dy_s and ∂diag_s = CB[s, s] x_s·dy_s into x_part,
+//            laid out as row_part)
 //   M_DCB    dCB[t, s] = Σ_{heads of g} w_ts sc_s dy_t·x_s (s ≤ t), and per head the crossing sums of
 //            T_ts = CB[t, s] w_ts sc_s dy_t·x_s (the pair terms of ∂loss/∂a; see ssd_dcb_crossing)
 //   M_DB     dB[s, n] = Σ_{t ≥ s} dCB[t, s] C_t[n] + Σ_{heads, p} exp(cs_end − cs_s) sc_s x_s[p] dS[p, n]
@@ -492,6 +532,10 @@ const M_DCB: u32 = 4u;
 const M_DB: u32 = 5u;
 const M_DC: u32 = 6u;
 override MODE: u32 = 0u;
+// M_DC with one head per group (G = H, Mamba-3): the state phase first, then U_t = C_t·(that state part) =
+// dy_t·y_off_t by row dots over this tile's n columns into row_part ([B, H, nchunks, ceil(N / 64), Q]), then
+// the pairs: M_Y without pairs (U's own pass over C and E) is not needed.
+override DC_U: bool = false;
 override VEC4: bool = false;  // P, N, the chunk and L multiples of 4: every operand load is one vec4
 
 // batch..nchunks as Dims; hsplit: M_DCB's workgroups per group (each takes heads_per_split of its heads,
@@ -520,9 +564,13 @@ var<workgroup> stage: array<vec4<f32>, 2u * B_OFF>;
 var<workgroup> t_red: array<f32, 1024>;    // row dots: [row][tx]; M_DCB: row and column partial sums
 var<workgroup> t_row_lo: array<f32, 64>;   // the tile rows' sub-block prefix sums (LO)
 var<workgroup> t_row_rlo: array<f32, 64>;  // and suffix sums (RLO)
-var<workgroup> t_row_w: array<f32, 64>;    // the state term's row factor: exp(cs) (M_Y), exp(cs_end − cs) (M_DXD)
+// the state term's row factor: exp(cs) (M_Y), exp(cs_end − cs) (M_DXD); M_DCB with HAS_DIAG: the columns'
+// diagonal weight (no new arrays: see the note on workgroup memory at the top)
+var<workgroup> t_row_w: array<f32, 64>;
 var<workgroup> t_row_sc: array<f32, 64>;   // the rows' scale s (M_DXD: dx = s dxd, V = s x·(state term))
-var<workgroup> t_col_lo: array<f32, 64>;   // M_DCB: the tile columns' LO, RLO and scale
+// M_DCB: the tile columns' LO, RLO and scale; M_DXD with HAS_DIAG: the rows' C_s·B_s (CB's diagonal) in t_col_lo
+// and their diagonal weight in t_col_rlo
+var<workgroup> t_col_lo: array<f32, 64>;
 var<workgroup> t_col_rlo: array<f32, 64>;
 var<workgroup> t_col_sc: array<f32, 64>;
 var<workgroup> t_mid: array<f32, 256>;     // [row sub-block (4)][chunk sub-block (≤ 64)]: Σ a strictly between
@@ -542,11 +590,16 @@ var<private> e_ke1: u32;
 var<private> e_kb2: u32;
 var<private> e_ke2: u32;
 var<private> e_steps1: u32;  // k steps of phase 1
+var<private> e_pair_end: u32;   // M_DB, M_DC: the end of the pair phase's K range
+var<private> e_state_end: u32;  // and of the state phase's (hpg·P)
 var<private> e_acc: mat4x4<f32>;  // e_acc[i][j]: row 4·ty + i, column 4·tx + j
 var<private> e_la: vec4<f32>;
 var<private> e_lb: vec4<f32>;
 
 fn count4(start: u32, limit: u32) -> u32 { return min(4u, limit - min(start, limit)); }
+
+// M_DC: whether K phase `phase2` is the pair phase (the first one, but the second with DC_U).
+fn dc_pairs(phase2: bool) -> bool { return phase2 == DC_U; }
 
 fn ld4_x(i: u32, valid: u32) -> vec4<f32> {
     if (VEC4) { return select(vec4<f32>(0.0), xv[select(0u, i >> 2u, valid > 0u)], valid > 0u); }
@@ -602,13 +655,13 @@ fn e_sti(h: u32, p: u32, n: u32) -> u32 {
     return (((e_b * td.nchunks + e_c) * td.heads + h) * td.headdim + p) * td.nstate + n;
 }
 fn e_dec(h: u32, row: u32, r: u32) -> f32 {
-    return dec[(((e_b * td.heads + h) * td.nchunks + e_c) * 5u + row) * td.chunk + r];
+    return dec[(((e_b * td.heads + h) * td.nchunks + e_c) * ROWS + row) * td.chunk + r];
 }
 
 // Four consecutive positions s0 .. s0 + 3 (s0 a multiple of 4) of row `row` of `dec` for head e_h: one vec4
 // load where the chunk is a multiple of 4 (the row then starts on a vec4); past the chunk's end read as 0.
 fn dec4(row: u32, s0: u32) -> vec4<f32> {
-    let base = (((e_b * td.heads + e_h) * td.nchunks + e_c) * 5u + row) * td.chunk;
+    let base = (((e_b * td.heads + e_h) * td.nchunks + e_c) * ROWS + row) * td.chunk;
     if (VEC4) { return select(vec4<f32>(0.0), decv[(base + min(s0, td.chunk - 4u)) >> 2u], s0 < td.chunk); }
     var v = vec4<f32>(0.0);
     for (var j = 0u; j < count4(s0, td.chunk); j++) { v[j] = dec[base + s0 + j]; }
@@ -661,7 +714,8 @@ fn fetch_a(t: u32, k0: u32, phase2: bool) -> vec4<f32> {
         // RLO_s + (the whole sub-blocks between: t_mid) + LO_t. kk .. kk + 3 lie in one sub-block.
         let tpos = e_m0 + r;
         var v = ld4_pair(e_pri(tpos, kk), select(0u, count4(kk, e_ke2), tpos < e_steps), 1u);
-        let sc = dec4(SCALE, kk);
+        var sc = dec4(SCALE, kk);
+        if (HAS_DIAG && tpos >= kk && tpos < min(kk + 4u, td.chunk)) { sc[tpos - kk] = e_dec(e_h, DIAG, tpos); }
         var decay = t_row_lo[r] + dec4(RLO, kk) + t_mid[(r / SUB) * 64u + kk / SUB];
         if (tpos / SUB == kk / SUB) { decay = t_row_lo[r] - dec4(LO, kk); }
         for (var j = 0u; j < 4u; j++) {
@@ -693,7 +747,8 @@ fn fetch_a(t: u32, k0: u32, phase2: bool) -> vec4<f32> {
         var decay = vec4<f32>(lo_t) + rrows + t_mid[(m4 / SUB) * 64u + min(tpos, td.chunk - 1u) / SUB];
         if (tpos / SUB == s0 / SUB) { decay = vec4<f32>(lo_t) - rows; }
         for (var j = 0u; j < 4u; j++) {
-            let ok = tpos >= s0 + j && tpos < e_ke2 && s0 + j < e_steps;
+            // with HAS_DIAG the diagonal (t = s) is added in the epilogue, weighted by diag_s instead of sc_s
+            let ok = (tpos > s0 + j || (!HAS_DIAG && tpos == s0 + j)) && tpos < e_ke2 && s0 + j < e_steps;
             v[j] = select(0.0, v[j] * exp(min(decay[j], 0.0)), ok);
         }
         return v;
@@ -706,12 +761,12 @@ fn fetch_a(t: u32, k0: u32, phase2: bool) -> vec4<f32> {
         return ld4_pair(e_pri(min(tpos, td.chunk - 1u), e_m0 + m4), select(0u, count4(e_m0 + m4, e_steps),
                         tpos < e_ke1), td.hsplit);
     }
-    if (MODE == M_DC && !phase2) {  // dCB[t, s .. s + 3]: rows t, k = s
-        return ld4_pair(e_pri(e_m0 + r, kk), select(0u, count4(kk, e_ke1), e_m0 + r < e_steps), td.hsplit);
+    if (MODE == M_DC && dc_pairs(phase2)) {  // dCB[t, s .. s + 3]: rows t, k = s
+        return ld4_pair(e_pri(e_m0 + r, kk), select(0u, count4(kk, e_pair_end), e_m0 + r < e_steps), td.hsplit);
     }
-    // M_DB / M_DC phase 2: K = (head of the group, p), contiguous in x / dy; a per-(row, head) weight.
+    // M_DB / M_DC state phase: K = (head of the group, p), contiguous in x / dy; a per-(row, head) weight.
     let row = e_m0 + r;
-    let valid = select(0u, count4(kk, e_ke2), row < e_steps);
+    let valid = select(0u, count4(kk, e_state_end), row < e_steps);
     let rr = min(row, td.chunk - 1u);
     var v = vec4<f32>(0.0);
     if (MODE == M_DB) { v = ld4_x(e_xi(min(row, e_steps - 1u), e_g * hpg, kk), valid); }
@@ -757,11 +812,13 @@ fn fetch_b(t: u32, k0: u32, phase2: bool) -> vec4<f32> {
         return ld4_x(e_xi(e_n0 + cn, e_h, kk), select(0u, count4(kk, td.headdim), e_n0 + cn < e_steps));
     }
     if (MODE == M_DB && !phase2) { return ld4_c(e_bci(kmc, n4), select(0u, count4(n4, td.nstate), km < e_ke1)); }
-    if (MODE == M_DC && !phase2) { return ld4_b(e_bci(kmc, n4), select(0u, count4(n4, td.nstate), km < e_ke1)); }
+    if (MODE == M_DC && dc_pairs(phase2)) {
+        return ld4_b(e_bci(kmc, n4), select(0u, count4(n4, td.nstate), km < e_pair_end));
+    }
     // dS or E of the group's heads: row k = (head, p) of [H·P, N] from the group's first head.
-    let row = min(km, e_ke2 - 1u);
+    let row = min(km, e_state_end - 1u);
     let i = (((e_b * td.nchunks + e_c) * td.heads + e_g * hpg) * td.headdim + row) * td.nstate + n4;
-    return ld4_st(i, select(0u, count4(n4, td.nstate), km < e_ke2));
+    return ld4_st(i, select(0u, count4(n4, td.nstate), km < e_state_end));
 }
 
 fn a_kcontig(phase2: bool) -> bool {
@@ -849,6 +906,18 @@ fn row_dots(with_dy: bool) -> vec4<f32> {
         if (with_dy) { o = ld4_dy(e_xi(min(r, e_steps - 1u), e_h, n), valid); }
         else { o = ld4_x(e_xi(min(r, e_steps - 1u), e_h, n), valid); }
         part[i] = dot(e_acc[i], o);
+    }
+    return part;
+}
+
+// Row dots of the accumulator with C_t over this thread's 4 columns n (M_DC with DC_U).
+fn row_dots_c() -> vec4<f32> {
+    var part = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i++) {
+        let r = e_m0 + e_ty * 4u + i;
+        let n = e_n0 + e_tx * 4u;
+        let valid = select(0u, count4(n, td.nstate), r < e_steps);
+        part[i] = dot(e_acc[i], ld4_c(e_bci(min(r, e_steps - 1u), n), valid));
     }
     return part;
 }
@@ -1021,7 +1090,14 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     if (MODE == M_DXD) { e_ke1 = td.nstate; e_kb2 = e_m0; e_ke2 = e_steps; }
     if (MODE == M_DCB) { e_ke1 = td.headdim; }
     if (MODE == M_DB) { e_kb1 = e_m0; e_ke1 = e_steps; e_ke2 = hpg * td.headdim; }
-    if (MODE == M_DC) { e_ke1 = causal_end; e_ke2 = hpg * td.headdim; }
+    if (MODE == M_DC) {
+        e_ke1 = causal_end;
+        e_ke2 = hpg * td.headdim;
+        if (DC_U) { e_ke1 = hpg * td.headdim; e_ke2 = causal_end; }
+    }
+    e_pair_end = e_ke1;
+    e_state_end = e_ke2;
+    if (MODE == M_DC && DC_U) { e_pair_end = e_ke2; e_state_end = e_ke1; }
     e_steps1 = (e_ke1 - e_kb1 + 15u) / 16u;
     let total = e_steps1 + (e_ke2 - e_kb2 + 15u) / 16u;
 
@@ -1038,6 +1114,17 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             }
             t_row_w[tid] = w;
             t_row_sc[tid] = sc;
+            if (MODE == M_DXD && HAS_DIAG) {
+                var cbd = 0.0;
+                var dg = 0.0;
+                if (r < e_steps) {
+                    let i = e_pri(r, r);
+                    cbd = pairv[i >> 2u][i & 3u];
+                    dg = e_dec(e_h, DIAG, r);
+                }
+                t_col_lo[tid] = cbd;
+                t_col_rlo[tid] = dg;
+            }
         }
         workgroupBarrier();
     }
@@ -1055,16 +1142,19 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
                 var clo = 0.0;
                 var crlo = 0.0;
                 var csc = 0.0;
+                var cdg = 0.0;
                 if (r < q) { lo = e_dec(e_h, LO, r); }
                 if (o < q) {
                     clo = e_dec(e_h, LO, o);
                     crlo = e_dec(e_h, RLO, o);
                     csc = e_dec(e_h, SCALE, o);
+                    if (HAS_DIAG) { cdg = e_dec(e_h, DIAG, o); }
                 }
                 t_row_lo[tid] = lo;
                 t_col_lo[tid] = clo;
                 t_col_rlo[tid] = crlo;
                 t_col_sc[tid] = csc;
+                t_row_w[tid] = cdg;
             } else if (tid < 80u) {
                 let kr = e_m0 / SUB + (tid - 64u) / 4u;
                 let ko = e_n0 / SUB + (tid - 64u) % 4u;
@@ -1088,7 +1178,9 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
                     let ok = s <= t && t < e_steps;
                     var dsum = t_row_lo[r] - t_col_lo[o];
                     if (t / SUB != s / SUB) { dsum = t_row_lo[r] + t_col_rlo[o] + t_mid[(r / SUB) * 4u + o / SUB]; }
-                    let gv = select(0.0, e_acc[i][j] * exp(min(dsum, 0.0)) * t_col_sc[o], ok);
+                    var csc = t_col_sc[o];
+                    if (HAS_DIAG && s == t) { csc = t_row_w[o]; }  // step t's own term: weight diag_t
+                    let gv = select(0.0, e_acc[i][j] * exp(min(dsum, 0.0)) * csc, ok);
                     dcb[i][j] += gv;
                     let fi = f_idx(r, o);
                     stage[fi >> 2u][fi & 3u] = gv * cbv[j];
@@ -1111,6 +1203,11 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         e_run(tid, 0u, e_steps1);
         let v = row_sum(row_dots(false), tid);  // its first barrier: every thread is past its last multiply
         if (tid < 64u && e_m0 + tid < e_steps) { row_part2[row_at + e_m0 + tid] = v * t_row_sc[tid]; }
+        e_run(tid, e_steps1, total);
+    } else if (MODE == M_DC && DC_U) {  // the state part, U_t = C_t·(state part)_t over this tile's n, the pairs
+        e_run(tid, 0u, e_steps1);
+        let u = row_sum(row_dots_c(), tid);  // its first barrier: every thread is past its last multiply
+        if (tid < 64u && e_m0 + tid < e_steps) { row_part[row_at + e_m0 + tid] = u; }
         e_run(tid, e_steps1, total);
     } else {
         e_run(tid, 0u, total);
@@ -1148,19 +1245,25 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
                 let valid = count4(n, td.headdim);
                 let xo = ld4_x(e_xi(r, e_h, n), valid);
                 let go = ld4_dy(e_xi(r, e_h, n), valid);
-                var v = e_acc[i] * t_row_sc[e_ty * 4u + i];
+                let row = e_ty * 4u + i;
+                var v = e_acc[i] * t_row_sc[row];
                 if (HAS_D) { v += skip[e_h] * go; }
+                if (HAS_DIAG) { v += (t_col_rlo[row] * t_col_lo[row]) * go; }  // the diagonal: diag_s (C_s·B_s) dy_s
                 dd[i] = dot(xo, go);
                 store_row(e_xi(r, e_h, n), v, valid);
             }
         }
-        let dsum = row_sum(dd, tid);  // per row, then the 64 rows in order
-        if (tid < 64u) { t_red[tid] = dsum; }
-        workgroupBarrier();
-        if (tid == 0u) {
-            var total_d = 0.0;
-            for (var r = 0u; r < 64u; r++) { total_d += t_red[r]; }
-            tile_part[d_slot] = total_d;
+        let dsum = row_sum(dd, tid);  // per row (x·dy over the tile's columns), then the 64 rows in order
+        // ∂diag pieces, as row_part (ssd_rows_backward reads them as row_part3)
+        if (HAS_DIAG && tid < 64u && e_m0 + tid < e_steps) { x_part[row_at + e_m0 + tid] = dsum * t_col_lo[tid]; }
+        if (HAS_D) {
+            if (tid < 64u) { t_red[tid] = dsum; }
+            workgroupBarrier();
+            if (tid == 0u) {
+                var total_d = 0.0;
+                for (var r = 0u; r < 64u; r++) { total_d += t_red[r]; }
+                tile_part[d_slot] = total_d;
+            }
         }
     }
 }

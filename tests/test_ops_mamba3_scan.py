@@ -89,7 +89,8 @@ def test_deterministic_and_chunk_independent(gpu):
 @pytest.mark.parametrize("rank", [1, 2])
 def test_saved_states_are_chunk_boundaries_only(gpu, rank):
     """What the forward keeps besides references to its inputs: the state entering each chunk and the last one
-    (and for SISO the SSD core's input scale, one number per step and head)."""
+    (and for SISO the SSD core's input scale and diagonal weight, one number each per step and head, its in-chunk
+    decay sums and its C Bᵀ = q kᵀ per chunk, which its backward reuses)."""
     batch, length, heads, nstate, headdim, chunk = 1, 50, 2, 4, 3, 16
     x = make_inputs(batch, length, heads, rank, nstate, headdim)
     _, saved = mamba3_scan(*(gpu.from_numpy(x[k]) for k in NAMES), chunk=chunk)
@@ -99,8 +100,10 @@ def test_saved_states_are_chunk_boundaries_only(gpu, rank):
     inputs = {id(getattr(saved, k).buffer) for k in NAMES}
     kept = {id(t.buffer): t.size for obj in (saved, saved.core) if obj is not None for t in vars(obj).values()
             if hasattr(t, "buffer") and id(t.buffer) not in inputs}
-    scale = batch * length * heads if rank == 1 else 0
-    assert sum(kept.values()) == batch * heads * headdim * nstate * (n_chunks + 1) + scale
+    core = 0
+    if rank == 1:
+        core = 2 * batch * length * heads + batch * heads * n_chunks * (6 * chunk + chunk * chunk)
+    assert sum(kept.values()) == batch * heads * headdim * nstate * (n_chunks + 1) + core
 
 
 def test_shape_errors(gpu):
@@ -249,14 +252,14 @@ def test_backward_blocks_match_reference(gpu, batch, length, heads, rank, nstate
 @pytest.mark.parametrize("batch,length,heads,nstate,headdim,chunk,lam_mode,decay", [
     (2, 37, 3, 8, 5, 16, "random", 1.0),   # L not a multiple of the chunk
     (1, 70, 2, 16, 4, 64, "random", 30.0), # strong decays: α down to e^-60 a step
-    (2, 40, 2, 8, 4, 8, "near0", 1.0),     # λ ≈ 0: β carries everything, the fold's correction is largest
+    (2, 40, 2, 8, 4, 8, "near0", 1.0),     # λ ≈ 0: β carries everything, the diagonal weight is far from the scale
     (2, 40, 2, 8, 4, 8, "near1", 1.0),     # λ ≈ 1: Mamba-2 (δ ≈ 0)
     (1, 5, 1, 4, 3, 64, "random", 1.0),    # one chunk longer than L
     (1, 1030, 1, 4, 3, 2000, "random", 1.0),  # a chunk past the core's MAX_CHUNK: it runs min(chunk, MAX_CHUNK)
     (1, 130, 2, 128, 64, 64, "random", 1.0),  # the 130m head, L past two chunks
 ])
 def test_siso_through_the_ssd_core(gpu, batch, length, heads, nstate, headdim, chunk, lam_mode, decay):
-    """SISO runs the fold (kernels/mamba3_fold.wgsl) around the chunked SSD core: against the recurrent float64
+    """SISO runs the chunked SSD core with the fold's scale and diagonal weight: against the recurrent float64
     reference, forward, backward and the last state (h after the last step), outputs poisoned by the fixture."""
     x = make_inputs(batch, length, heads, 1, nstate, headdim, seed=12, lam_mode=lam_mode, decay=decay)
     dy = np.random.default_rng(13).standard_normal((batch, length, heads, 1, headdim)).astype(np.float32)

@@ -144,12 +144,18 @@ def test_saved_state_is_chunk_boundaries_only(rt):
     n_chunks = -(-length // chunk)
     assert saved.states.shape == (batch, n_chunks, heads, headdim, nstate)
     assert saved.last_state.shape == (batch, heads, headdim, nstate)
-    # Beyond references to the inputs and the output and the one decoding state: O(B·H·P·N·L / chunk), not the
-    # B·H·P·N·L states.
+    # Beyond references to the inputs and the output and the one decoding state: the chunk entry states, the
+    # decay sums and C Bᵀ per chunk, Δ and Δ A: O(B·H·P·N·L / chunk + B·L·G·chunk), not the B·H·P·N·L states.
     kept = {id(getattr(saved, k).buffer) for k in NAMES + ("last_state",)} | {id(y.buffer)}
-    extra = sum(t.size for t in vars(saved).values() if hasattr(t, "buffer") and id(t.buffer) not in kept)
-    assert extra == batch * heads * headdim * nstate * n_chunks
-    assert extra <= batch * heads * headdim * nstate * (length / chunk + 1)
+    tensors = list(vars(saved).values()) + list(vars(saved.core).values())
+    extra = sum(t.size for t in {id(t.buffer): t for t in tensors if hasattr(t, "buffer")}.values()
+                if id(t.buffer) not in kept)
+    states = batch * heads * headdim * nstate * n_chunks
+    decays = batch * heads * n_chunks * 6 * chunk
+    cb = batch * n_chunks * groups * chunk * chunk
+    assert extra == states + decays + cb + 2 * batch * length * heads
+    assert extra <= batch * heads * headdim * nstate * (length / chunk + 1) + batch * (length + chunk) * groups * chunk \
+        + 7 * batch * (length + chunk) * heads
 
 
 def final_state(x, dt_limit=(0.0, np.inf)):
@@ -226,7 +232,7 @@ def test_shape_errors(rt):
 
 
 # --- the core ------------------------------------------------------------------------------------------------------
-CORE = ("dx", "dadt", "dscale", "dB", "dC", "dD")
+CORE = ("dx", "dadt", "dscale", "dB", "dC", "dD", "ddiag")
 
 
 def core_inputs(batch, length, heads, headdim, groups, nstate, seed=0, strong=False):
@@ -241,22 +247,25 @@ def core_inputs(batch, length, heads, headdim, groups, nstate, seed=0, strong=Fa
     if strong:
         adt.flat[::7] = -40.0 * rng.random(adt.flat[::7].shape).astype(np.float32)
     return dict(x=normal(batch, length, heads, headdim), adt=adt, scale=normal(batch, length, heads),
-                B=normal(batch, length, groups, nstate), C=normal(batch, length, groups, nstate), D=normal(heads))
+                B=normal(batch, length, groups, nstate), C=normal(batch, length, groups, nstate), D=normal(heads),
+                diag=normal(batch, length, heads))
 
 
 def check_core(rt, batch, length, heads, headdim, groups, nstate, chunk, seed=0, strong=False, with_d=True,
-               tol=1e-4):
+               tol=1e-4, with_diag=False):
     x = core_inputs(batch, length, heads, headdim, groups, nstate, seed, strong)
     dy = np.random.default_rng(seed + 1).standard_normal(x["x"].shape).astype(np.float32)
     names = ("x", "adt", "scale", "B", "C")
     D = rt.from_numpy(x["D"]) if with_d else None
-    y, saved = ssd_chunked(*(rt.from_numpy(x[k]) for k in names), D, chunk=chunk)
+    diag = rt.from_numpy(x["diag"]) if with_diag else None
+    y, saved = ssd_chunked(*(rt.from_numpy(x[k]) for k in names), D, chunk=chunk, diag=diag)
     grads = ssd_chunked_backward(saved, rt.from_numpy(dy))
     f = {k: v.astype(np.float64) for k, v in x.items()}
     args = [f[k] for k in names]
     Dref = f["D"] if with_d else None
-    y_ref = ref.ssd_chunked(*args, chunk, Dref)
-    grads_ref = ref.ssd_chunked_backward(*args, dy.astype(np.float64), Dref)
+    diag_ref = f["diag"] if with_diag else None
+    y_ref = ref.ssd_chunked(*args, chunk, Dref, diag_ref)
+    grads_ref = ref.ssd_chunked_backward(*args, dy.astype(np.float64), Dref, diag_ref)
     assert rel_err(y.numpy(), y_ref) < tol, rel_err(y.numpy(), y_ref)
     assert saved.last_state.shape == (batch, heads, headdim, nstate)
     for name, got, want in zip(CORE, grads, grads_ref):
@@ -281,6 +290,18 @@ def test_core_matches_reference(rt, batch, length, heads, headdim, groups, nstat
 
 def test_core_without_d(rt):
     check_core(rt, 2, 21, 4, 3, 2, 5, 8, seed=4, strong=True, with_d=False)
+
+
+@pytest.mark.parametrize("batch,length,heads,headdim,groups,nstate,chunk,with_d", [
+    (2, 37, 4, 5, 4, 6, 8, False),      # G = H as Mamba-3, a partial last chunk, scalar loads
+    (1, 150, 3, 64, 3, 128, 64, False),  # Mamba-3's P 64, N 128, chunk 64
+    (2, 200, 4, 64, 1, 128, 128, True),  # two row tiles a chunk (diagonal on both), D too, heads sharing a group
+    (1, 45, 6, 7, 2, 9, 16, True),
+])
+def test_core_with_diag(rt, batch, length, heads, headdim, groups, nstate, chunk, with_d):
+    """A diagonal weight (step t's own term in y_t weighted by diag_t, not scale_t): Mamba-3 SISO's form."""
+    check_core(rt, batch, length, heads, headdim, groups, nstate, chunk, seed=8, strong=True, with_d=with_d,
+               with_diag=True)
 
 
 def test_core_dd_accumulates_and_shape_errors(rt):

@@ -123,7 +123,39 @@ def test_ssd_chunked_core_backward(g, l, chunk, strong):
     for name, t, grad in zip("x adt scale B C D".split(), (x, adt, scale, B, C, D), grads):
         assert grad.shape == t.shape
         assert check_grad(f, t, grad) < TOL, name
+    assert grads[6] is None
     assert ssd_chunked_backward(x, adt, scale, B, C, dy)[5] is None
+
+
+@pytest.mark.parametrize("g,l,chunk", [(1, 5, 2), (4, 9, 4)])
+def test_ssd_chunked_core_backward_with_diag(g, l, chunk):
+    """The core with a diagonal weight (and D) against central differences on every element."""
+    rng = np.random.default_rng(12)
+    x, adt, scale, B, C, D = core_inputs(rng, l=l, g=g, strong=True)
+    diag = rng.normal(size=scale.shape)
+    dy = rng.normal(size=x.shape)
+    grads = ssd_chunked_backward(x, adt, scale, B, C, dy, D, diag)
+    f = lambda: np.sum(ssd_chunked(x, adt, scale, B, C, chunk, D, diag) * dy)
+    for name, t, grad in zip("x adt scale B C D diag".split(), (x, adt, scale, B, C, D, diag), grads):
+        assert grad.shape == t.shape
+        assert check_grad(f, t, grad) < TOL, name
+
+
+def test_ssd_chunked_core_diag_is_the_recurrence():
+    """diag replaces scale in each step's own output term: y_t = exp(adt_t) S_{t−1} C_t + diag_t (B_t·C_t) x_t."""
+    rng = np.random.default_rng(13)
+    x, adt, scale, B, C, _ = core_inputs(rng, l=7, g=2)
+    diag = rng.normal(size=scale.shape)
+    h = x.shape[2]
+    Bh, Ch = np.repeat(B, h // 2, axis=2), np.repeat(C, h // 2, axis=2)
+    state = np.zeros(x.shape[:1] + x.shape[2:] + B.shape[-1:])
+    want = np.zeros_like(x)
+    for t in range(x.shape[1]):
+        before = np.exp(adt[:, t])[..., None, None] * state
+        want[:, t] = np.einsum("bhpn,bhn->bhp", before, Ch[:, t]) \
+            + (diag[:, t] * np.einsum("bhn,bhn->bh", Bh[:, t], Ch[:, t]))[..., None] * x[:, t]
+        state = before + (scale[:, t, :, None] * x[:, t])[..., None] * Bh[:, t, :, None]
+    np.testing.assert_allclose(ssd_chunked(x, adt, scale, B, C, 3, diag=diag), want, rtol=1e-10, atol=1e-12)
 
 
 def test_ssd_chunked_core_is_the_recurrence():

@@ -14,7 +14,7 @@ from mambactl.models.config import Mamba1Config, Mamba2Config, Mamba3Config, Mod
 from mambactl.models.params import init_parameters, parameter_specs
 from mambactl.reference.lm import lm_forward
 from mambactl.reference.mamba3 import (heavy_tail, heavy_tail_backward, mamba3_block, mamba3_fold_backward,
-                                       mamba3_fold_output, mamba3_fold_scale, mamba3_init_cache, mamba3_scan,
+                                       mamba3_fold_scale, mamba3_init_cache, mamba3_scan,
                                        mamba3_scan_backward, mamba3_scan_sequential, mamba3_step, rope_pairs, rotate,
                                        rotate_backward)
 from mambactl.reference.ssd import ssd_chunked, ssd_chunked_backward, ssd_sequential
@@ -125,47 +125,42 @@ def _siso(q, k, v):
     return q[:, :, :, 0], k[:, :, :, 0], v[:, :, :, 0]
 
 
-def test_fold_scale_and_output():
-    """s_t = λ_t Δ_t + (1 − λ_{t+1}) Δ_{t+1} (0 after each sequence's last step, never across batch rows), and
-    the correction term by a loop."""
+def test_fold_scale():
+    """s_t = λ_t Δ_t + (1 − λ_{t+1}) Δ_{t+1} (0 after each sequence's last step, never across batch rows) and
+    d_t = λ_t Δ_t, by a loop."""
     rng = np.random.default_rng(20)
     q, k, v, adt, dt, lam = scan_inputs(rng, b=2, l=5, r=1)
-    s = mamba3_fold_scale(dt, lam)
+    s, d = mamba3_fold_scale(dt, lam)
     for b in range(2):
         for t in range(5):
             nxt = (1 - lam[b, t + 1]) * dt[b, t + 1] if t + 1 < 5 else 0.0
             np.testing.assert_allclose(s[b, t], lam[b, t] * dt[b, t] + nxt, rtol=1e-15)
-    q, k, v = _siso(q, k, v)
-    y_core = rng.normal(size=v.shape)
-    y = mamba3_fold_output(y_core, q, k, v, dt, lam)
-    b, t, h = 1, 2, 1
-    want = y_core[b, t, h] - (1 - lam[b, t + 1, h]) * dt[b, t + 1, h] * np.dot(k[b, t, h], q[b, t, h]) * v[b, t, h]
-    np.testing.assert_allclose(y[b, t, h], want, rtol=1e-14)
-    np.testing.assert_array_equal(y[:, -1], y_core[:, -1])  # δ after the last step is 0
+            np.testing.assert_allclose(d[b, t], lam[b, t] * dt[b, t], rtol=1e-15)
 
 
 @pytest.mark.parametrize("l", [1, 6])
 def test_fold_backward(l):
-    """The fold's adjoint against finite differences of Σ dy·fold_output + Σ w·fold_scale (w standing in for the
-    core's ∂loss/∂scale); the core's dq, dk, dv pass through added."""
+    """The fold's adjoint against finite differences of Σ w·scale + Σ u·diag (w, u standing in for the core's
+    ∂loss/∂scale and ∂loss/∂diag)."""
     rng = np.random.default_rng(21)
-    q, k, v, adt, dt, lam = scan_inputs(rng, b=2, l=l, r=1)
-    q, k, v = (np.ascontiguousarray(t) for t in _siso(q, k, v))
-    y_core, dy, w = rng.normal(size=v.shape), rng.normal(size=v.shape), rng.normal(size=dt.shape)
-    core = [rng.normal(size=t.shape) for t in (q, k, v)]
-    grads = mamba3_fold_backward(q, k, v, dt, lam, dy, *core, w)
-    f = lambda: np.sum(mamba3_fold_output(y_core, q, k, v, dt, lam) * dy) + np.sum(mamba3_fold_scale(dt, lam) * w)
-    for name, t, grad, passed in zip("q k v dt lam".split(), (q, k, v, dt, lam), grads, core + [0, 0]):
+    _, _, _, _, dt, lam = scan_inputs(rng, b=2, l=l, r=1)
+    w, u = rng.normal(size=dt.shape), rng.normal(size=dt.shape)
+    grads = mamba3_fold_backward(dt, lam, w, u)
+
+    def f():
+        s, d = mamba3_fold_scale(dt, lam)
+        return np.sum(s * w) + np.sum(d * u)
+    for name, t, grad in zip(("dt", "lam"), (dt, lam), grads):
         assert grad.shape == t.shape
-        assert check_grad(f, t, grad - passed) < TOL, name
+        assert check_grad(f, t, grad) < TOL, name
 
 
 @pytest.mark.parametrize("lam_mode", ["random", "near0", "near1"])
 @pytest.mark.parametrize("chunk", [4, 9])
 def test_fold_composes_to_the_scan(lam_mode, chunk):
-    """mamba3_scan (SISO) == fold_output(SSD core with x = v, B = k (one group per head), C = q, decay adt,
-    scale fold_scale), and its backward == fold_backward around the core's backward (mambactl/reference/ssd.py's
-    ssd_chunked / ssd_chunked_backward); ∂adt is the core's."""
+    """mamba3_scan (SISO) == the SSD core with x = v, B = k (one group per head), C = q, decay adt and
+    (scale, diag) = fold_scale, and its backward == fold_backward after the core's backward
+    (mambactl/reference/ssd.py's ssd_chunked / ssd_chunked_backward); ∂q, ∂k, ∂v, ∂adt are the core's."""
     rng = np.random.default_rng(22)
     q, k, v, adt, dt, lam = scan_inputs(rng, b=2, l=9, r=1)
     if lam_mode != "random":
@@ -173,12 +168,12 @@ def test_fold_composes_to_the_scan(lam_mode, chunk):
         lam = eps if lam_mode == "near0" else 1 - eps
     dy = rng.normal(size=v.shape)
     q1, k1, v1 = _siso(q, k, v)
-    s = mamba3_fold_scale(dt, lam)
-    y = mamba3_fold_output(ssd_chunked(v1, adt, s, k1, q1, chunk), q1, k1, v1, dt, lam)
+    s, d = mamba3_fold_scale(dt, lam)
+    y = ssd_chunked(v1, adt, s, k1, q1, chunk, diag=d)
     np.testing.assert_allclose(y, mamba3_scan_sequential(q, k, v, adt, dt, lam)[:, :, :, 0], rtol=1e-10,
                                atol=1e-12)
-    dv_c, dadt, dscale, dk_c, dq_c, _ = ssd_chunked_backward(v1, adt, s, k1, q1, dy[:, :, :, 0])
-    dq, dk, dv, ddt, dlam = mamba3_fold_backward(q1, k1, v1, dt, lam, dy[:, :, :, 0], dq_c, dk_c, dv_c, dscale)
+    dv, dadt, dscale, dk, dq, _, ddiag = ssd_chunked_backward(v1, adt, s, k1, q1, dy[:, :, :, 0], diag=d)
+    ddt, dlam = mamba3_fold_backward(dt, lam, dscale, ddiag)
     want = mamba3_scan_backward(q, k, v, adt, dt, lam, dy)
     for name, got, ref in zip("dq dk dv dadt ddt dlam".split(), (dq, dk, dv, dadt, ddt, dlam),
                               (want[0][:, :, :, 0], want[1][:, :, :, 0], want[2][:, :, :, 0], want[3], want[4],

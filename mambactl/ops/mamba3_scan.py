@@ -8,12 +8,13 @@ The same computation as mambactl/reference/mamba3.py's `mamba3_scan` / `mamba3_s
 with q, k [B, L, H, R, N], v and y [B, L, H, R, P], adt = A·Δ, dt = Δ, lam = λ [B, L, H] (SISO is R = 1).
 
 SISO (R = 1) runs as a Mamba-2 SSD: with δ_t = (1 − λ_t) Δ_t (0 after the last step) and s_t = λ_t Δ_t + δ_{t+1}
-the recurrence is g_t = α_t g_{t−1} + s_t v_t k_tᵀ, h_t = g_t − δ_{t+1} v_t k_tᵀ, so `mamba3_fold_scale` gives s,
-the chunked SSD core (mambactl/ops/ssd.py `ssd_chunked`, x = v, B = k with one group per head, C = q, log-decay
-adt) gives g_t q_t, and `mamba3_fold_output` subtracts δ_{t+1} v_t (k_t · q_t) (kernels/mamba3_fold.wgsl); the
-backward is the core's and `mamba3_fold_backward`. Its memory is the core's (the state entering each chunk,
-[B, ceil(L / chunk), H, P, N], and the state after the last step, which is h there since δ after it is 0) plus
-the scale [B, L, H]; `chunk` is the core's chunk (at most MAX_CHUNK = 1024).
+the recurrence is g_t = α_t g_{t−1} + s_t v_t k_tᵀ, h_t = g_t − δ_{t+1} v_t k_tᵀ = α_t g_{t−1} + γ_t v_t k_tᵀ, so
+`mamba3_fold_scale` gives s and the diagonal weight γ = λ Δ, and the chunked SSD core (mambactl/ops/ssd.py
+`ssd_chunked`, x = v, B = k with one group per head, C = q, log-decay adt, step t's own term weighted by γ_t)
+gives h_t q_t directly (kernels/mamba3_fold.wgsl); the backward is the core's and `mamba3_fold_backward`
+(elementwise over [B, L, H]). Its memory is the core's (the state entering each chunk, [B, ceil(L / chunk), H, P,
+N], the state after the last step, which is h there since δ after it is 0, the decay sums and q kᵀ per chunk)
+plus s and γ [B, L, H]; `chunk` is the core's chunk (at most MAX_CHUNK = 1024).
 
 MIMO (R > 1: Σ_r v_r k_rᵀ is R outer products per step, which the core's one-key-per-step form does not take)
 runs the recurrent kernels below. Their forward (on every adapter, unless one step's k and q overflow 16 KiB of
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 
 from mambactl.errors import ShapeError
 from mambactl.ops.checks import expect, grid_1d, segment_length, segments
-from mambactl.ops.mamba3_fold import mamba3_fold_backward, mamba3_fold_output, mamba3_fold_scale
+from mambactl.ops.mamba3_fold import mamba3_fold_backward, mamba3_fold_scale
 from mambactl.ops.ssd import MAX_CHUNK, SSDSaved, ssd_chunked, ssd_chunked_backward
 from mambactl.runtime.tensor import Tensor
 
@@ -71,7 +72,7 @@ class Mamba3ScanSaved:
     states: Tensor  # [B, n_chunks, H, P, N]: the SSD state g before step c·chunk
     chunk: int
     last_state: Tensor  # [B, H, P, N]: g after the last step (= h there)
-    core: SSDSaved | None = None  # SISO: the SSD core's (x = v, B = k, C = q, scale from mamba3_fold_scale)
+    core: SSDSaved | None = None  # SISO: the SSD core's (x = v, B = k, C = q, scale and diag: mamba3_fold_scale)
 
 
 def _check_inputs(op: str, q, k, v, adt, dt, lam) -> tuple[int, int, int, int, int, int]:
@@ -184,19 +185,17 @@ def _core_segment(segment: int | None, chunk: int) -> int | None:
 
 def _siso_scan(q, k, v, adt, dt, lam, chunk: int, segment: int | None) -> tuple[Tensor, Mamba3ScanSaved]:
     q4, k4, v4 = _siso_views(q, k, v)
-    scale = mamba3_fold_scale(dt, lam)
+    scale, diag = mamba3_fold_scale(dt, lam)
     chunk = min(chunk, MAX_CHUNK)
-    y_core, core = ssd_chunked(v4, adt, scale, k4, q4, chunk=chunk, segment=_core_segment(segment, chunk))
-    y = mamba3_fold_output(y_core, q4, k4, v4, dt, lam)
+    y, core = ssd_chunked(v4, adt, scale, k4, q4, chunk=chunk, segment=_core_segment(segment, chunk), diag=diag)
     return y.reshape(v.shape), Mamba3ScanSaved(q, k, v, adt, dt, lam, core.states, core.chunk, core.last_state,
                                                core)
 
 
 def _siso_scan_backward(s: Mamba3ScanSaved, dy: Tensor, segment: int | None):
-    q4, k4, v4 = _siso_views(s.q, s.k, s.v)
-    dy4 = dy.reshape(v4.shape)
-    dv, dadt, dscale, dk, dq, _ = ssd_chunked_backward(s.core, dy4, segment=_core_segment(segment, s.chunk))
-    dq, dk, dv, ddt, dlam = mamba3_fold_backward(q4, k4, v4, s.dt, s.lam, dy4, dq, dk, dv, dscale)
+    dy4 = dy.reshape(_siso_views(s.q, s.k, s.v)[2].shape)
+    dv, dadt, dscale, dk, dq, _, ddiag = ssd_chunked_backward(s.core, dy4, segment=_core_segment(segment, s.chunk))
+    ddt, dlam = mamba3_fold_backward(s.dt, s.lam, dscale, ddiag)
     return dq.reshape(s.q.shape), dk.reshape(s.k.shape), dv.reshape(s.v.shape), dadt, ddt, dlam
 
 

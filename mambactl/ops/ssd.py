@@ -6,17 +6,20 @@ The core, `ssd_chunked` / `ssd_chunked_backward`, per batch and head (S is headd
     S_t = exp(adt_t) S_{t−1} + scale_t x_t B_tᵀ,   y_t = S_t C_t (+ D x_t when D is given)
 
 with the per-step log-decay adt [B, L, H] (≤ 0) and input scale [B, L, H] given directly (Mamba-3 builds them
-its own way). Mamba-2's `ssd_scan` / `ssd_scan_backward` are an elementwise prep (scale = Δ =
+its own way), and optionally a diagonal weight diag [B, L, H] that step t's own term in y_t takes instead of
+scale_t: y_t = exp(adt_t) S_{t−1} C_t + diag_t (B_t·C_t) x_t (+ D x_t). Mamba-3 SISO's exponential-trapezoidal
+output is that with scale = γ + δ_{t+1}, diag = γ (ops/mamba3_fold.py), so it needs no correction pass. Mamba-2's `ssd_scan` / `ssd_scan_backward` are an elementwise prep (scale = Δ =
 clamp(softplus(dt_raw + dt_bias)), adt = Δ A, A = −exp(A_log)), the core, and the chain rule back to dt_raw,
 A_log and dt_bias.
 
 Shapes: x, y [B, L, H, P] (the [B·L, d_inner] rows split into heads); B, C [B, L, G, N], head h reading group
 h // (H / G); D [H]. Memory: the forward saves the state entering every chunk ([B, ceil(L / chunk), H, P, N]),
 the state after the last step ([B, H, P, N]: decoding continues from it, Mamba-2's `ssd_step` one token at a
-time) and references to its inputs; the backward recomputes the in-chunk decays, C Bᵀ (and Mamba-2's Δ). The
-transients: C Bᵀ [B, n_chunks, G, chunk, chunk], the decay sums [B, H, n_chunks, 5, chunk]; in the backward one
-more state tensor, dCB in up to MAX_HSPLIT planes like C Bᵀ, and per-row pieces of ∂adt and ∂scale
-([B, H, n_chunks, ·, chunk]).
+time), the in-chunk decay sums and diagonal weights ([B, H, n_chunks, 6, chunk]), C Bᵀ ([B, n_chunks, G, chunk, chunk]; Mamba-2 also
+its Δ and Δ A, [B, L, H] each) and references to its inputs, so the backward recomputes none of them (C Bᵀ is
+B·L·G·chunk floats: at the Mamba-3 shape, G = H and chunk 64, half the size of the states; recomputing it cost a
+second M_CB dispatch per layer). The backward's transients: one more state tensor, dCB in up to MAX_HSPLIT
+planes like C Bᵀ, and per-row pieces of ∂adt and ∂scale ([B, H, n_chunks, ·, chunk]).
 
 All chunk-level products are one WGSL tile engine (`ssd_tile`, its MODE picking the product; the plan, the
 FLOPs and the bytes of each are in kernels/ssd.wgsl and `kernel_costs`).
@@ -38,6 +41,7 @@ from mambactl.runtime.tensor import Tensor
 
 WORKGROUP = 256  # mirrors kernels/ssd.wgsl's WG
 MAX_CHUNK = 1024  # mirrors MAX_CHUNK there: ssd_prep / ssd_rows_backward hold a chunk in workgroup memory
+DEC_ROWS = 6  # mirrors ROWS there: the rows of `dec` (scale, 4 decay sums, diagonal weight)
 TILE = 64  # ssd_tile's output tile (64 × 64)
 DEFAULT_CHUNK = 256  # mamba_ssm's chunk_size
 NO_LIMIT = 3.0e38  # an upper clamp that never binds (a finite float32)
@@ -82,7 +86,7 @@ def kernel_loops(chunk: int, headdim: int, nstate: int, heads: int = 1, groups: 
     modes, each k step with its loaders' per-element loops (scalar path: 4 per operand, 4 for weights, 4 per
     dCB plane)."""
     q, hpg = chunk, heads // groups
-    seg = _cdiv(q, WORKGROUP)
+    seg = MAX_CHUNK // WORKGROUP  # ssd_prep / ssd_rows_backward walk MAX_SEG position slots a thread (registers)
     tiles_q, tiles_p = _cdiv(q, TILE), _cdiv(headdim, TILE)
     npairs = tiles_q * (tiles_q + 1) // 2
     mids = _cdiv(q, SUB)  # the t_mid sums
@@ -96,13 +100,14 @@ def kernel_loops(chunk: int, headdim: int, nstate: int, heads: int = 1, groups: 
         "dxd": mids + (_cdiv(nstate, KSTEP) + _cdiv(q, KSTEP)) * plain + 3 * rows + 64 + 4 * 8,
         "dcb": _cdiv(hpg, _min_split(hpg)) * (mids + _cdiv(headdim, KSTEP) * plain + 16 * 4 + 2 * 16 + 2 * 16 + 4 + _cdiv(q, WORKGROUP))
         + 4,
-        "dbc": _cdiv(q, KSTEP) * pairs + _cdiv(hpg * headdim, KSTEP) * plain + 4,
+        "dbc": _cdiv(q, KSTEP) * pairs + _cdiv(hpg * headdim, KSTEP) * plain + rows + 4,
     }
     return {
         "ssd_prep": 2 * seg + 2 * REDUCE + 2 * SUB,
         "ssd_tile": max(by_mode.values()),
-        "ssd_rows_backward": _cdiv(headdim * nstate, WORKGROUP) + seg * tiles_p + 2 * REDUCE + seg
-        + seg * npairs + tiles_q * tiles_p,
+        # per position: the P-tile pieces, U's tiles (of P, or of N with DC_U), the ∂diag tiles, the crossings
+        "ssd_rows_backward": _cdiv(headdim * nstate, WORKGROUP) + seg * (2 * tiles_p + max(tiles_p, _cdiv(nstate, TILE)))
+        + 2 * REDUCE + seg + seg * npairs + tiles_q * tiles_p,
         "ssd_mamba2_backward": seg + 2 * REDUCE,
         "ssd_step": nstate,
     }
@@ -125,20 +130,25 @@ def kernel_costs(batch: int, length: int, heads: int, headdim: int, groups: int,
     xs, bc, cb = B * L * H * P * f4, B * L * G * N * f4, bcg * Q * Q * f4
     planes, _ = _hsplit(B, nc, H, G, Q)
     group_grad = bcg * tn * (causal_blocks * T2 + tq * T2 * (H // G) * P)  # dB or dC
-    return {
+    y_pairs = (bch * tp * (tq * T2 * N + causal_blocks * T2), 2 * xs + bc + states + cb)
+    dxd = (bch * tp * (tq * T2 * N + causal_blocks * T2), 3 * xs + bc + states + cb)
+    costs = {
         f"ssd_tile[MODE={M_CB}]": (bcg * npairs * T2 * N, 2 * bc + cb),
         f"ssd_tile[MODE={M_STATE}]": (bch * tp * tn * T2 * Q, xs + bc + states),
         f"ssd_tile[GRAD,MODE={M_STATE}]": (bch * tp * tn * T2 * Q, xs + bc + states),
-        f"ssd_tile[HAS_D,MODE={M_Y},PAIRS]": (bch * tp * (tq * T2 * N + causal_blocks * T2), 2 * xs + bc + states + cb),
         f"ssd_tile[MODE={M_Y}]": (bch * tp * tq * T2 * N, xs + bc + states),
-        f"ssd_tile[HAS_D,MODE={M_DXD}]": (bch * tp * (tq * T2 * N + causal_blocks * T2), 3 * xs + bc + states + cb),
-        f"ssd_tile[MODE={M_DXD}]": (bch * tp * (tq * T2 * N + causal_blocks * T2), 3 * xs + bc + states + cb),
-        f"ssd_tile[MODE={M_DCB}]": (bch * npairs * T2 * P, 2 * xs + cb * (1 + planes)),
         f"ssd_tile[MODE={M_DB}]": (group_grad, xs + bc + states + cb * planes),
         f"ssd_tile[MODE={M_DC}]": (group_grad, xs + bc + states + cb * planes),
+        f"ssd_tile[DC_U,MODE={M_DC}]": (group_grad, xs + 2 * bc + states + cb * planes),
         "ssd_state_passing": (0, 2 * states),
         "ssd_state_passing_backward": (0, 3 * states),
     }
+    for flags in ("", "HAS_D,", "HAS_DIAG,", "HAS_D,HAS_DIAG,"):  # D and diag change no product's size
+        costs[f"ssd_tile[{flags}MODE={M_Y},PAIRS]"] = y_pairs
+        costs[f"ssd_tile[{flags}MODE={M_DXD}]"] = dxd
+    for flags in ("", "HAS_DIAG,"):
+        costs[f"ssd_tile[{flags}MODE={M_DCB}]"] = (bch * npairs * T2 * P, 2 * xs + cb * (1 + planes))
+    return costs
 
 
 def _check_loops(rt, op: str, shape, loops: dict[str, int], kernels) -> None:
@@ -160,12 +170,15 @@ class SSDSaved:
     states: Tensor  # [B, n_chunks, H, P, N]: the state entering chunk c
     chunk: int
     last_state: Tensor  # [B, H, P, N]: the state after the last step (decoding continues from it)
+    dec: Tensor  # [B, H, n_chunks, 6, chunk]: the in-chunk decay sums and diag (ssd_prep), kept for the backward
+    cb: Tensor  # [B, n_chunks, G, chunk, chunk]: C Bᵀ per chunk (M_CB), kept for the backward
+    diag: Tensor | None = None  # [B, L, H]: the diagonal weight, or None (scale's)
 
 
 @dataclass
 class Mamba2SSDSaved:
-    """What `ssd_scan_backward` needs: Mamba-2's inputs (not copied) and the core's chunk entry states (its Δ and
-    Δ A are recomputed, so nothing of size B·L·H is kept)."""
+    """What `ssd_scan_backward` needs: Mamba-2's inputs (not copied) and what the core kept (`core`: its chunk
+    entry states, decay sums and C Bᵀ, and the Δ and Δ A it ran with)."""
 
     x: Tensor
     dt_raw: Tensor
@@ -174,13 +187,23 @@ class Mamba2SSDSaved:
     C: Tensor
     D: Tensor
     dt_bias: Tensor
-    states: Tensor  # [B, n_chunks, H, P, N]: the state entering chunk c
-    chunk: int
     dt_limit: tuple[float, float]
-    last_state: Tensor  # [B, H, P, N]: the state after the last step (to continue recurrently, `ssd_step`)
+    core: SSDSaved  # the core's saved (x, adt = Δ A, scale = Δ, B, C, D, states, dec, C Bᵀ)
+
+    @property
+    def states(self) -> Tensor:  # [B, n_chunks, H, P, N]: the state entering chunk c
+        return self.core.states
+
+    @property
+    def chunk(self) -> int:
+        return self.core.chunk
+
+    @property
+    def last_state(self) -> Tensor:  # [B, H, P, N]: the state after the last step (to continue, `ssd_step`)
+        return self.core.last_state
 
 
-def _check_core(op: str, x, adt, scale, B, C, D) -> tuple[int, int, int, int, int, int]:
+def _check_core(op: str, x, adt, scale, B, C, D, diag=None) -> tuple[int, int, int, int, int, int]:
     expect(op, "x", x, (None, None, None, None))
     batch, length, heads, headdim = x.shape
     if min(x.shape) < 1:
@@ -194,6 +217,8 @@ def _check_core(op: str, x, adt, scale, B, C, D) -> tuple[int, int, int, int, in
     expect(op, "C", C, B.shape)
     if D is not None:
         expect(op, "D", D, (heads,))
+    if diag is not None:
+        expect(op, "diag", diag, (batch, length, heads))
     return batch, length, heads, headdim, groups, nstate
 
 
@@ -256,11 +281,12 @@ def param_grads(rt, dims: dict, param_part: Tensor, outs: list[Tensor], accumula
                **{**dims, "seg_lo": lo, "seg_hi": hi})
 
 
-def _prep(rt, dims: dict, adt, scale) -> Tensor:
-    """The scale and the in-chunk decay sums of adt: [B, H, n_chunks, 5, chunk] (kernels/ssd.wgsl's `dec`)."""
-    dec = rt.empty((dims["batch"], dims["heads"], dims["nchunks"], 5, dims["chunk"]))
-    rt.run("ssd_prep", (dims["nchunks"], dims["heads"], dims["batch"]), adt_in=adt, scale_in=scale, dec_out=dec,
-           **dims)
+def _prep(rt, dims: dict, adt, scale, diag=None) -> Tensor:
+    """The scale, the in-chunk decay sums of adt and the diagonal weight (diag, else the scale again):
+    [B, H, n_chunks, 6, chunk] (kernels/ssd.wgsl's `dec`)."""
+    dec = rt.empty((dims["batch"], dims["heads"], dims["nchunks"], DEC_ROWS, dims["chunk"]))
+    rt.run("ssd_prep", (dims["nchunks"], dims["heads"], dims["batch"]), {"HAS_DIAG": diag is not None},
+           adt_in=adt, scale_in=scale, diag_in=scale if diag is None else diag, dec_out=dec, **dims)
     return dec
 
 
@@ -294,49 +320,52 @@ def _chunk_products(rt, dims: dict, dec, B, C) -> Tensor:
 
 
 def ssd_chunked(x: Tensor, adt: Tensor, scale: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,
-                chunk: int = DEFAULT_CHUNK, segment: int | None = None) -> tuple[Tensor, SSDSaved]:
+                chunk: int = DEFAULT_CHUNK, segment: int | None = None,
+                diag: Tensor | None = None) -> tuple[Tensor, SSDSaved]:
     """The SSD core: x [B, L, H, P], adt, scale [B, L, H], B, C [B, L, G, N], D [H] or None ->
-    (y [B, L, H, P], saved) with S_t = exp(adt_t) S_{t−1} + scale_t x_t B_tᵀ, y_t = S_t C_t (+ D x_t).
+    (y [B, L, H, P], saved) with S_t = exp(adt_t) S_{t−1} + scale_t x_t B_tᵀ, y_t = S_t C_t (+ D x_t); with
+    diag [B, L, H], y_t = exp(adt_t) S_{t−1} C_t + diag_t (B_t·C_t) x_t (+ D x_t).
 
     adt must be ≤ 0 (a decay; the in-chunk decay sums rely on it). `chunk` (1..1024) is the chunk length; any L
     works (the last chunk is masked). `segment`: chunks per dispatch of the state passing (None: all, except on
     Mesa llvmpipe, whose loop budget sets it; mambactl/ops/checks.py). saved.last_state [B, H, P, N] is the
     state after the last step."""
     op = "ssd_chunked"
-    batch, length, heads, headdim, groups, nstate = _check_core(op, x, adt, scale, B, C, D)
+    batch, length, heads, headdim, groups, nstate = _check_core(op, x, adt, scale, B, C, D, diag)
     chunk = _check_chunk(op, chunk, length)
     dims = _dims(batch, length, heads, headdim, groups, nstate, chunk)
     rt = x.runtime
     shape = tuple(x.shape)
     _check_loops(rt, op, shape, kernel_loops(chunk, headdim, nstate, heads, groups), ("ssd_prep", "ssd_tile"))
     grids = _grids(dims)
-    dec = _prep(rt, dims, adt, scale)
+    dec = _prep(rt, dims, adt, scale, diag)
     cb = _chunk_products(rt, dims, dec, B, C)
     states = rt.empty((batch, dims["nchunks"], heads, headdim, nstate))
     _tile(rt, dims, M_STATE, grids["state"], dec, xv=x, bv=B, tile_out=states)
     last_state = rt.empty((batch, heads, headdim, nstate))
     state_passing(rt, dims, dec, states, last_state, shape, segment)
     y = rt.empty(x.shape)
-    _tile(rt, dims, M_Y, grids["rows_p"], dec, {"PAIRS": True, "HAS_D": D is not None}, xv=x, cv=C, pairv=cb,
-          stv=states, skip=dec if D is None else D, tile_out=y)
-    return y, SSDSaved(x, adt, scale, B, C, D, states, chunk, last_state)
+    _tile(rt, dims, M_Y, grids["rows_p"], dec, {"PAIRS": True, "HAS_D": D is not None, "HAS_DIAG": diag is not None},
+          xv=x, cv=C, pairv=cb, stv=states, skip=dec if D is None else D, tile_out=y)
+    return y, SSDSaved(x, adt, scale, B, C, D, states, chunk, last_state, dec, cb, diag)
 
 
 def ssd_chunked_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor] | None = None,
                          segment: int | None = None):
-    """dy [B, L, H, P] -> (dx, dadt, dscale, dB, dC, dD), shaped like the core's inputs (dD None without D).
+    """dy [B, L, H, P] -> (dx, dadt, dscale, dB, dC, dD, ddiag), shaped like the core's inputs (dD None without
+    D, ddiag None without diag).
 
     `grads`, a mapping with key "D" (when the forward had D), makes dD add into that tensor (and returns it).
     `segment`: chunks (and (batch, chunk) partials) per dispatch of the walks over chunks, as in `ssd_chunked`.
     """
     op = "ssd_chunked_backward"
     s = saved
-    batch, length, heads, headdim, groups, nstate = _check_core(op, s.x, s.adt, s.scale, s.B, s.C, s.D)
+    batch, length, heads, headdim, groups, nstate = _check_core(op, s.x, s.adt, s.scale, s.B, s.C, s.D, s.diag)
     expect(op, "dy", dy, s.x.shape)
     dims = _dims(batch, length, heads, headdim, groups, nstate, s.chunk)
     nc = dims["nchunks"]
     expect(op, "saved states", s.states, (batch, nc, heads, headdim, nstate))
-    has_d = s.D is not None
+    has_d, has_diag = s.D is not None, s.diag is not None
     accumulate = bool(grads) and has_d
     if accumulate:
         if "D" not in grads:
@@ -346,10 +375,11 @@ def ssd_chunked_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor
     shape = tuple(dy.shape)
     _check_loops(rt, op, shape, kernel_loops(s.chunk, headdim, nstate, heads, groups),
                  ("ssd_prep", "ssd_tile", "ssd_rows_backward"))
+    expect(op, "saved dec", s.dec, (batch, heads, nc, DEC_ROWS, s.chunk))
+    expect(op, "saved cb", s.cb, (batch, nc, groups, s.chunk, s.chunk))
     grids = _grids(dims)
     tq, tp, npairs = grids["tq"], grids["tp"], grids["npairs"]
-    dec = _prep(rt, dims, s.adt, s.scale)
-    cb = _chunk_products(rt, dims, dec, s.B, s.C)
+    dec, cb = s.dec, s.cb  # the forward's: the decay sums and C Bᵀ are not recomputed
     # The in-chunk part of dE, turned in place into dS_c = dE_{c+1}, with the partials of W_c.
     dstates = rt.empty(s.states.shape)
     _tile(rt, dims, M_STATE, grids["state"], dec, {"GRAD": True}, dyv=dy, cv=s.C, tile_out=dstates)
@@ -357,31 +387,40 @@ def ssd_chunked_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor
     w_part = rt.empty((batch, heads, nc, state_tiles))
     state_passing_backward(rt, dims, dec, dstates, s.states, w_part, shape, segment)
     rows = (batch, heads, nc, tp, s.chunk)
-    u_part = rt.empty(rows)  # U_t = dy_t·y_off_t, y_off_t = exp(cs_t) E C_t, by column tiles of P
-    _tile(rt, dims, M_Y, grids["rows_p"], dec, {"PAIRS": False}, dyv=dy, cv=s.C, stv=s.states, row_part=u_part)
+    # U_t = dy_t·y_off_t, y_off_t = exp(cs_t) E C_t: by column tiles of P from M_Y without pairs, or, at one head
+    # per group (dC's state part is then one head's exp(cs_t) E dy_t), by column tiles of N from M_DC
+    dc_u = groups == heads
+    u_part = rt.empty((batch, heads, nc, _cdiv(nstate, TILE), s.chunk) if dc_u else rows)
+    if not dc_u:
+        _tile(rt, dims, M_Y, grids["rows_p"], dec, {"PAIRS": False}, dyv=dy, cv=s.C, stv=s.states, row_part=u_part)
     dx, xd_part, v_part = rt.empty(s.x.shape), rt.empty(rows), rt.empty(rows)
+    diag_part = rt.empty(rows if has_diag else (1,))
     d_part = rt.empty((batch, nc, heads, tq * tp))
-    _tile(rt, dims, M_DXD, grids["rows_p"], dec, {"HAS_D": has_d}, xv=s.x, dyv=dy, bv=s.B, pairv=cb, stv=dstates,
-          skip=s.D if has_d else dec, tile_out=dx, row_part=xd_part, row_part2=v_part, tile_part=d_part)
+    _tile(rt, dims, M_DXD, grids["rows_p"], dec, {"HAS_D": has_d, "HAS_DIAG": has_diag}, xv=s.x, dyv=dy, bv=s.B,
+          pairv=cb, stv=dstates, skip=s.D if has_d else dec, tile_out=dx, row_part=xd_part, row_part2=v_part,
+          x_part=diag_part, tile_part=d_part)  # x_part: M_DXD writes its ∂diag pieces there
     split = _hsplit(batch, nc, heads, groups, s.chunk)
     dcb = rt.empty((split[0], batch, nc, groups, s.chunk, s.chunk))
     x_part = rt.empty((batch, heads, nc, npairs, s.chunk))
-    _tile(rt, dims, M_DCB, (npairs, nc * groups * split[0], batch), dec, xv=s.x, dyv=dy, pairv=cb, tile_out=dcb,
-          x_part=x_part, split=split)
+    _tile(rt, dims, M_DCB, (npairs, nc * groups * split[0], batch), dec, {"HAS_DIAG": has_diag}, xv=s.x, dyv=dy,
+          pairv=cb, tile_out=dcb, x_part=x_part, split=split)
     dB, dC = rt.empty(s.B.shape), rt.empty(s.C.shape)
     _tile(rt, dims, M_DB, grids["rows_n"], dec, xv=s.x, cv=s.C, pairv=dcb, stv=dstates, tile_out=dB, split=split)
-    _tile(rt, dims, M_DC, grids["rows_n"], dec, dyv=dy, bv=s.B, pairv=dcb, stv=s.states, tile_out=dC, split=split)
+    _tile(rt, dims, M_DC, grids["rows_n"], dec, {"DC_U": dc_u}, dyv=dy, bv=s.B, cv=s.C, pairv=dcb, stv=s.states,
+          tile_out=dC, row_part=u_part if dc_u else rt.empty((1,)), split=split)
     dadt, dscale = rt.empty(s.adt.shape), rt.empty(s.scale.shape)
+    ddiag = rt.empty(s.adt.shape) if has_diag else None
     param_part = rt.empty((batch, nc, heads) if has_d else (1,))
-    rt.run("ssd_rows_backward", (nc, heads, batch), {"HAS_D": has_d}, u_part=u_part, row_part=xd_part,
-           row_part2=v_part, w_part=w_part, x_part=x_part, tile_part=d_part, dadt=dadt, dscale=dscale,
-           param_part=param_part, **dims)
+    rt.run("ssd_rows_backward", (nc, heads, batch), {"HAS_D": has_d, "HAS_DIAG": has_diag, "DC_U": dc_u},
+           u_part=u_part,
+           row_part=xd_part, row_part2=v_part, row_part3=diag_part, w_part=w_part, x_part=x_part, tile_part=d_part,
+           dadt=dadt, dscale=dscale, ddiag=ddiag if has_diag else rt.empty((1,)), param_part=param_part, **dims)
     if not has_d:
-        return dx, dadt, dscale, dB, dC, None
+        return dx, dadt, dscale, dB, dC, None, ddiag
     if not accumulate:
         dD = rt.empty((heads,))
     param_grads(rt, dims, param_part, [dD], accumulate, shape, segment)
-    return dx, dadt, dscale, dB, dC, dD
+    return dx, dadt, dscale, dB, dC, dD, ddiag
 
 
 def _mamba2_prep(rt, dims: dict, dt_raw, dt_bias, A_log) -> tuple[Tensor, Tensor]:
@@ -411,8 +450,7 @@ def ssd_scan(x: Tensor, dt_raw: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: 
                  ("ssd_prep", "ssd_tile"))
     adt, scale = _mamba2_prep(x.runtime, dims, dt_raw, dt_bias, A_log)
     y, core = ssd_chunked(x, adt, scale, B, C, D, chunk=chunk, segment=segment)
-    return y, Mamba2SSDSaved(x, dt_raw, A_log, B, C, D, dt_bias, core.states, chunk,
-                             (dims["dt_min"], dims["dt_max"]), core.last_state)
+    return y, Mamba2SSDSaved(x, dt_raw, A_log, B, C, D, dt_bias, (dims["dt_min"], dims["dt_max"]), core)
 
 
 def ssd_step(state: Tensor, x: Tensor, dt_raw: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor,
@@ -465,9 +503,7 @@ def ssd_scan_backward(saved: Mamba2SSDSaved, dy: Tensor, grads: Mapping[str, Ten
     rt = dy.runtime
     dims = _dims(batch, length, heads, headdim, groups, nstate, s.chunk, s.dt_limit)
     _check_loops(rt, op, tuple(dy.shape), kernel_loops(s.chunk, headdim, nstate), ("ssd_mamba2_backward",))
-    adt, scale = _mamba2_prep(rt, dims, s.dt_raw, s.dt_bias, s.A_log)
-    core = SSDSaved(s.x, adt, scale, s.B, s.C, s.D, s.states, s.chunk, s.last_state)
-    dx, dadt, dscale, dB, dC, dD = ssd_chunked_backward(core, dy, {"D": dD} if accumulate else None, segment)
+    dx, dadt, dscale, dB, dC, dD, _ = ssd_chunked_backward(s.core, dy, {"D": dD} if accumulate else None, segment)
     ddt_raw = rt.empty(s.dt_raw.shape)
     param_part = rt.empty((batch, dims["nchunks"], heads, 2))
     rt.run("ssd_mamba2_backward", (dims["nchunks"], heads, batch), dt_raw=s.dt_raw, dt_bias=s.dt_bias, A_log=s.A_log,

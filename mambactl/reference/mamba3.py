@@ -116,36 +116,22 @@ def mamba3_scan_sequential(q, k, v, adt, dt, lam):
 
 
 def mamba3_fold_scale(dt, lam):
-    """Δ, λ [b, l, H] -> the SSD input scale s_t = λ_t Δ_t + δ_{t+1}, δ_t = (1 − λ_t) Δ_t (0 after the last step).
+    """Δ, λ [b, l, H] -> (s, d): the SSD core's input scale s_t = λ_t Δ_t + δ_{t+1}, δ_t = (1 − λ_t) Δ_t (0 after
+    the last step), and its diagonal weight d_t = γ_t = λ_t Δ_t.
 
-    With it the recurrence is g_t = exp(adt_t) g_{t−1} + s_t Σ_r v_{t,r} k_{t,r}ᵀ and h_t = g_t − δ_{t+1} u_t."""
-    return lam * dt + _next((1 - lam) * dt)
-
-
-def mamba3_fold_output(y_core, q, k, v, dt, lam):
-    """SISO: the core's g_t q_t -> h_t q_t = y_core_t − δ_{t+1} v_t (k_t · q_t).
-
-    y_core, v [b, l, H, P]; q, k [b, l, H, N]; Δ, λ [b, l, H]."""
-    delta_next = _next((1 - lam) * dt)
-    return y_core - (delta_next * np.einsum("blhn,blhn->blh", k, q))[..., None] * v
+    With them the recurrence is g_t = exp(adt_t) g_{t−1} + s_t Σ_r v_{t,r} k_{t,r}ᵀ and
+    h_t = g_t − δ_{t+1} u_t = exp(adt_t) g_{t−1} + d_t u_t, so y_t = h_t q_t is the core's output with diag = d
+    (mambactl/reference/ssd.py's `ssd_chunked`)."""
+    return lam * dt + _next((1 - lam) * dt), lam * dt
 
 
-def mamba3_fold_backward(q, k, v, dt, lam, dy, dq_core, dk_core, dv_core, dscale):
-    """The adjoint of `mamba3_fold_output` and `mamba3_fold_scale` around the SSD core (SISO shapes as there).
-
-    dy: ∂loss/∂y (also what the core's backward was given); dq_core, dk_core, dv_core, dscale: the core's ∂loss/∂C,
-    ∂B, ∂x and ∂scale. -> (dq, dk, dv, ddt, dlam). ∂loss/∂adt is the core's, unchanged. With c_t = δ_{t+1}:
-    dq = dq_core − c vdy k, dk = dk_core − c vdy q, dv = dv_core − c kq dy (kq = k·q, vdy = v·dy);
-    ∂/∂δ_{t+1} = dscale_t − kq_t vdy_t reaches Δ_{t+1}, λ_{t+1} through δ_{t+1} = (1 − λ_{t+1}) Δ_{t+1}."""
-    c = _next((1 - lam) * dt)
-    kq = np.einsum("blhn,blhn->blh", k, q)
-    vdy = np.einsum("blhp,blhp->blh", v, dy)
-    dq = dq_core - (c * vdy)[..., None] * k
-    dk = dk_core - (c * vdy)[..., None] * q
-    dv = dv_core - (c * kq)[..., None] * dy
-    ddelta_next = dscale - kq * vdy  # at t = l − 1 it multiplies the constant 0
-    ddelta = np.concatenate([np.zeros_like(dscale[:, :1]), ddelta_next[:, :-1]], axis=1)  # ∂/∂δ_t
-    return dq, dk, dv, lam * dscale + (1 - lam) * ddelta, dt * (dscale - ddelta)
+def mamba3_fold_backward(dt, lam, dscale, ddiag):
+    """The adjoint of `mamba3_fold_scale`: the core's ∂loss/∂scale and ∂loss/∂diag [b, l, H] -> (ddt, dlam).
+    s_t = λ_t Δ_t + (1 − λ_{t+1}) Δ_{t+1} and d_t = λ_t Δ_t, so with D_t = dscale_{t−1} (0 at t = 0):
+    ∂/∂Δ_t = λ_t (dscale_t + ddiag_t) + (1 − λ_t) D_t and ∂/∂λ_t = Δ_t (dscale_t + ddiag_t − D_t)."""
+    prev = np.concatenate([np.zeros_like(dscale[:, :1]), dscale[:, :-1]], axis=1)
+    own = dscale + ddiag
+    return lam * own + (1 - lam) * prev, dt * (own - prev)
 
 
 def mamba3_scan(q, k, v, adt, dt, lam, chunk_size):
@@ -160,7 +146,7 @@ def mamba3_scan(q, k, v, adt, dt, lam, chunk_size):
     b, l, H, R, P = v.shape
     Q = chunk_size
     delta = _next((1 - lam) * dt)
-    ks = k * mamba3_fold_scale(dt, lam)[..., None, None]
+    ks = k * mamba3_fold_scale(dt, lam)[0][..., None, None]
     corr = delta[..., None, None] * np.einsum("blhRr,blhrp->blhRp", np.einsum("blhRn,blhrn->blhRr", q, k), v)
     pad = -l % Q
     if pad:

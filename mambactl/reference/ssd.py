@@ -5,6 +5,10 @@ log-decay adt [b, l, h] (≤ 0) and input scale [b, l, h] given directly,
 
     state_t = exp(adt_t) state_{t-1} + scale_t x_t ⊗ B_t,     y_t = state_t C_t (+ D x_t)
 
+optionally with a per-step diagonal weight diag [b, l, h] that replaces scale_t in step t's own output:
+y_t = exp(adt_t) state_{t-1} C_t + diag_t (B_t·C_t) x_t (+ D x_t) — the state still takes scale_t. Mamba-3
+SISO is this with scale = γ + δ_{t+1} and diag = γ (mambactl/reference/mamba3.py's fold).
+
 Mamba-2 (`ssd`, `ssd_backward`) is the core with scale = Δ (already softplus(dt + dt_bias), clamped) and
 adt = Δ A (A = -exp(A_log) < 0): mamba_ssm's Euler discretisation B̄ = Δ B, no D term, no gate.
 Shapes: x [b, l, h, p]; B, C [b, l, g, n] with g groups, head h reading group h // (h_count / g) (mamba_ssm /
@@ -42,10 +46,18 @@ def segsum(a):
     return np.where(lower, np.cumsum(x, axis=-2), -np.inf)
 
 
-def ssd_chunked(x, adt, scale, B, C, chunk_size, D=None):
+def _diag_terms(x, scale, B, C, diag):
+    """(e, bc) [b, l, h]: e = scale − diag (what the diagonal weight takes away from step t's own term) and
+    bc = B_t·C_t of each head's group."""
+    h = x.shape[2]
+    return scale - diag, np.einsum("blhn,blhn->blh", _heads(B, h), _heads(C, h))
+
+
+def ssd_chunked(x, adt, scale, B, C, chunk_size, D=None, diag=None):
     """The SSD core -> y [b, l, h, p], chunked: state_t = exp(adt_t) state_{t-1} + scale_t x_t ⊗ B_t,
-    y_t = state_t C_t (+ D x_t when D [h] is given), from a zero state. adt, scale [b, l, h] (adt ≤ 0, the
-    per-step log-decay). Mamba-2: scale = Δ, adt = Δ A (`ssd`); ssd_minimal_discrete with X = x·scale, A = adt."""
+    y_t = state_t C_t (+ D x_t when D [h] is given), from a zero state; with diag [b, l, h] step t's own term
+    in y_t is weighted by diag_t instead of scale_t. adt, scale [b, l, h] (adt ≤ 0, the per-step log-decay).
+    Mamba-2: scale = Δ, adt = Δ A (`ssd`); ssd_minimal_discrete with X = x·scale, A = adt."""
     b, l, h, p = x.shape
     Q = chunk_size
     pad = -l % Q
@@ -79,12 +91,15 @@ def ssd_chunked(x, adt, scale, B, C, chunk_size, D=None):
     Y_off = np.einsum("bclhn,bchpn,bhcl->bclhp", Ch, states, np.exp(A_cumsum))
 
     y = (Y_diag + Y_off).reshape(b, c * Q, h, p)[:, :l]
+    if diag is not None:
+        e, bc = _diag_terms(x, scale, B, C, diag)
+        y = y - (e * bc)[..., None] * x
     return y if D is None else y + D[:, None] * x
 
 
-def ssd_chunked_backward(x, adt, scale, B, C, dy, D=None):
-    """dy [b, l, h, p] -> (dx, dadt, dscale, dB, dC, dD) of `ssd_chunked`, shaped as x, adt, scale, B, C, D
-    (dD None without D). Exact.
+def ssd_chunked_backward(x, adt, scale, B, C, dy, D=None, diag=None):
+    """dy [b, l, h, p] -> (dx, dadt, dscale, dB, dC, dD, ddiag) of `ssd_chunked`, shaped as x, adt, scale, B,
+    C, D, diag (dD None without D, ddiag None without diag). Exact.
 
     Recomputes every state, then runs the adjoint recurrence backwards in time:
     g_t = ∂loss/∂state_t = dy_t ⊗ C_t + exp(adt_{t+1}) g_{t+1}. Then
@@ -111,11 +126,19 @@ def ssd_chunked_backward(x, adt, scale, B, C, dy, D=None):
         dscale[:, t] = np.sum(gB * x[:, t], axis=-1)
         dadt[:, t] = decay[:, t] * np.einsum("bhpn,bhpn->bh", g, states[t])
         g = g * decay[:, t, :, None, None]
-    dD = None
+    dD = ddiag = None
+    if diag is not None:  # y_t −= e_t (B_t·C_t) x_t
+        e, bc = _diag_terms(x, scale, B, C, diag)
+        xdy = np.sum(x * dy, axis=-1)
+        dx = dx - (e * bc)[..., None] * dy
+        dBh = dBh - (e * xdy)[..., None] * Ch
+        dCh = dCh - (e * xdy)[..., None] * Bh
+        ddiag = bc * xdy
+        dscale = dscale - ddiag
     if D is not None:
         dx = dx + D[:, None] * dy
         dD = np.sum(dy * x, axis=(0, 1, 3))
-    return dx, dadt, dscale, _groups(dBh, G), _groups(dCh, G), dD
+    return dx, dadt, dscale, _groups(dBh, G), _groups(dCh, G), dD, ddiag
 
 
 def ssd(x, dt, A, B, C, chunk_size):
@@ -139,5 +162,5 @@ def ssd_sequential(x, dt, A, B, C):
 def ssd_backward(x, dt, A, B, C, dy):
     """dy [b, l, h, p] -> (dx, ddt, dA, dB, dC) of `ssd`, shaped as x, dt, A, B, C: the core's gradients
     through scale = Δ and adt = Δ A, so ∂/∂Δ = dscale + A dadt and ∂/∂A = Σ_{b,t} Δ dadt."""
-    dx, dadt, dscale, dB, dC, _ = ssd_chunked_backward(x, dt * A, dt, B, C, dy)
+    dx, dadt, dscale, dB, dC, _, _ = ssd_chunked_backward(x, dt * A, dt, B, C, dy)
     return dx, dscale + A * dadt, np.sum(dt * dadt, axis=(0, 1)), dB, dC
