@@ -12,6 +12,7 @@ import pytest
 from mambactl.errors import ShapeError
 from mambactl.ops.adamw import STATE_FIELDS, AdamWState, adamw_step
 from mambactl.reference import adamw as ref
+from mambactl.runtime.arena import arena_chunk
 
 TOL = 1e-5
 SHAPES = [(1,), (3,), (17,), (5, 13), (1000,)]
@@ -289,7 +290,7 @@ def test_arena_views_step_in_one_dispatch_per_decay_run(rt, monkeypatch):
         params[i], grads[i] = p_arena.tensors[k], g_arena.tensors[k]
         rt.write(params[i], host[i])
     state = AdamWState.zeros(params)
-    assert all(m._owner._packed and m.offset == p.offset for m, p in zip(state.m, params))
+    assert all(arena_chunk(m) is not None and m.offset == p.offset for m, p in zip(state.m, params))
     hp = dict(HP, max_grad_norm=1.0, max_delta=5e-3)
     mirror = Mirror(host)
     entries = []

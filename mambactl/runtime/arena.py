@@ -37,7 +37,7 @@ class Arena:
         sizes.append(used)
         self.chunks = [runtime.empty((n,)) for n in sizes]
         for i, chunk in enumerate(self.chunks):
-            chunk._packed = i + 1  # its chunk number + 1: Arena.like orders by it
+            chunk.arena_chunk = i
             runtime.run("fill", grid_1d(chunk.size), dst=chunk, n=chunk.size, value=0.0)
         self.tensors = [self.chunks[c].view(start, shape) for (c, start), shape in zip(placed, shapes)]
 
@@ -45,10 +45,10 @@ class Arena:
     def like(cls, runtime, tensors: list[Tensor]) -> list[Tensor]:
         """Zeroed tensors of `tensors`' shapes laid out as they are: views of a new Arena where `tensors` are all
         the views of an Arena (in any order), else one pooled tensor each."""
-        if tensors and all(t._owner is not None and t._owner._packed for t in tensors):
-            order = sorted(range(len(tensors)), key=lambda i: (tensors[i]._owner._packed, tensors[i].offset))
+        if tensors and all(arena_chunk(t) is not None for t in tensors):
+            order = sorted(range(len(tensors)), key=lambda i: (arena_chunk(tensors[i]), tensors[i].offset))
             arena = cls(runtime, [tensors[i].shape for i in order])
-            if all(a.offset == tensors[i].offset and a._owner._packed == tensors[i]._owner._packed
+            if all(a.offset == tensors[i].offset and arena_chunk(a) == arena_chunk(tensors[i])
                    for a, i in zip(arena.tensors, order)):
                 out = [None] * len(tensors)
                 for a, i in zip(arena.tensors, order):
@@ -59,6 +59,11 @@ class Arena:
             if t.size:
                 runtime.run("fill", grid_1d(t.size), dst=t, n=t.size, value=0.0)
         return out
+
+
+def arena_chunk(t: Tensor) -> int | None:
+    """The number of the Arena chunk `t` is a view of, or None where it is no Arena view."""
+    return t._owner.arena_chunk if t._owner is not None else None
 
 
 def spans(*lists: list[Tensor], keys: list | None = None) -> list[tuple[int, tuple[Tensor, ...]]]:
@@ -72,7 +77,8 @@ def spans(*lists: list[Tensor], keys: list | None = None) -> list[tuple[int, tup
 
     def layout(i: int):
         t = lists[0][i]
-        return (0, t._owner._packed, t.offset, i) if t._owner is not None and t._owner._packed else (1, 0, 0, i)
+        chunk = arena_chunk(t)
+        return (0, chunk, t.offset, i) if chunk is not None else (1, 0, 0, i)
 
     order = sorted(range(n), key=layout)
 
@@ -84,7 +90,7 @@ def spans(*lists: list[Tensor], keys: list | None = None) -> list[tuple[int, tup
         for ts in lists:
             a, b = ts[h], ts[i]
             owner = b._owner
-            if (owner is None or not owner._packed or a._owner is not owner or b.offset - a.offset != step
+            if (arena_chunk(b) is None or a._owner is not owner or b.offset - a.offset != step
                     or step < a.nbytes):
                 return False
         return True
@@ -97,8 +103,8 @@ def spans(*lists: list[Tensor], keys: list | None = None) -> list[tuple[int, tup
         for ts in lists:
             first, last = ts[order[start]], ts[order[j - 1]]
             elements = (last.offset + last.nbytes - first.offset) // 4
-            if first._owner is not None and first._owner._packed:  # to the end of the last slot (zero), so a span's
-                elements = -(-elements // SLOT) * SLOT               # length is a multiple of 64 elements
+            if arena_chunk(first) is not None:  # to the end of the last slot (zero): a span's length is a
+                elements = -(-elements // SLOT) * SLOT  # multiple of 64 elements
             span.append(Tensor(first.runtime, first.buffer, (elements,), first.dtype, owner=first._owner or first,
                                offset=first.offset))
         out.append((order[start], tuple(span)))

@@ -13,7 +13,7 @@ DTYPES = (np.dtype(np.float32), np.dtype(np.int32), np.dtype(np.uint32))
 
 
 class Tensor:
-    __slots__ = ("runtime", "buffer", "shape", "dtype", "size", "offset", "_owner", "_packed")
+    __slots__ = ("runtime", "buffer", "shape", "dtype", "size", "offset", "_owner", "arena_chunk")
 
     def __init__(self, runtime, buffer, shape, dtype, owner: "Tensor | None" = None, offset: int = 0):
         self.runtime = runtime
@@ -23,7 +23,9 @@ class Tensor:
         self.size = math.prod(self.shape)  # elements; read for every binding of every dispatch, so kept
         self.offset = int(offset)  # bytes from the buffer's start (a multiple of the storage offset alignment)
         self._owner = owner  # a view keeps its owner alive; only owners return buffers to the pool
-        self._packed = False  # an Arena's buffer: the bytes between its views are zero (runtime/arena.py)
+        # set on an Arena's buffers (runtime/arena.py): their number in the Arena, whose views are ordered by it;
+        # the bytes between an Arena's views are zero
+        self.arena_chunk: int | None = None
 
     @property
     def nbytes(self) -> int:
