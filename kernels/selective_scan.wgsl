@@ -528,6 +528,361 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     }
 }
 
+// --- GPUs: the backward in registers, its sums by subgroup shuffles ----------------------------------------
+// Threads: LP = max(SUB, NP / 4) lanes per (batch row b, channel d), lane cl holding the 4 consecutive states
+// 4q .. 4q + 3 in vec4 registers (those ≥ N stay 0: A, B, C and the saved states load as 0 there). A channel's
+// lanes are an aligned block of a subgroup of SG lanes (LP ≤ SG; lanes numbered as the threads, as on NVIDIA
+// and lavapipe), so a subgroup holds CPS = SG / LP channels and a workgroup WG / LP. No workgroup memory and no
+// barriers: each subgroup walks on its own.
+// Per chunk, last to first: a walk from the chunk's saved entry state stores the state entering every SUB-th
+// step in tile_states ([B, Dc·LP / WG, chunk / SUB, 4, WG]); then each sub-tile of SUB steps, last to first,
+// recomputes its SUB states into registers (h0 .. h4) and runs their adjoint. The per-(step, channel) values
+// (Δ, Δ·u, dy·silu(z), the gate's and softplus's derivatives) are computed once, by lane s of the channel for
+// step s of the sub-tile, and broadcast to the channel's lanes by subgroupShuffle; the sums over n of a
+// sub-tile (C·h, g·B, Σ gh·A for SUB steps) are one transposing butterfly over the channel's lanes that leaves
+// step s's three sums in lane s, which writes dz, du, ddelta; the sums over the subgroup's channels (dB, dC)
+// are a transposing butterfly per step that leaves each lane one of the 2N sums (CPS = 8), stored as
+// per-subgroup partials dB_part, dC_part [ceil(Dc / CPS), B, L, N]. Everything a lane holds is a named
+// register (no arrays indexed by a loop counter, which can land in local memory).
+const SUB: u32 = 4u;      // steps per sub-tile: one owner lane per step (LP ≥ SUB)
+override SG: u32 = 32u;   // lanes per subgroup (Runtime.subgroup_size)
+override PREFETCH: bool = true;  // issue each sub-tile's (and walk group's) loads one ahead
+
+// The lane's 4 states of row `base` of A_log, B, C or saved_states (0 past N; clamped loads, no branches).
+fn lane_states_B(base: u32, cl: u32) -> vec4<f32> {
+    let n = 4u * cl;
+    if (4u * LP == N) { return vec4<f32>(B[base + n], B[base + n + 1u], B[base + n + 2u], B[base + n + 3u]); }
+    return vec4<f32>(select(0.0, B[base + min(n, N - 1u)], n < N), select(0.0, B[base + min(n + 1u, N - 1u)], n + 1u < N),
+                     select(0.0, B[base + min(n + 2u, N - 1u)], n + 2u < N),
+                     select(0.0, B[base + min(n + 3u, N - 1u)], n + 3u < N));
+}
+fn lane_states_C(base: u32, cl: u32) -> vec4<f32> {
+    let n = 4u * cl;
+    if (4u * LP == N) { return vec4<f32>(C[base + n], C[base + n + 1u], C[base + n + 2u], C[base + n + 3u]); }
+    return vec4<f32>(select(0.0, C[base + min(n, N - 1u)], n < N), select(0.0, C[base + min(n + 1u, N - 1u)], n + 1u < N),
+                     select(0.0, C[base + min(n + 2u, N - 1u)], n + 2u < N),
+                     select(0.0, C[base + min(n + 3u, N - 1u)], n + 3u < N));
+}
+fn lane_states_saved(base: u32, cl: u32) -> vec4<f32> {
+    let n = 4u * cl;
+    if (4u * LP == N) { return vec4<f32>(saved_states[base + n], saved_states[base + n + 1u], saved_states[base + n + 2u], saved_states[base + n + 3u]); }
+    return vec4<f32>(select(0.0, saved_states[base + min(n, N - 1u)], n < N),
+                     select(0.0, saved_states[base + min(n + 1u, N - 1u)], n + 1u < N),
+                     select(0.0, saved_states[base + min(n + 2u, N - 1u)], n + 2u < N),
+                     select(0.0, saved_states[base + min(n + 3u, N - 1u)], n + 3u < N));
+}
+fn lane_neg_exp_A(d: u32, cl: u32) -> vec4<f32> {
+    let base = d * N;
+    let n = 4u * cl;
+    return vec4<f32>(select(0.0, -exp(A_log[base + min(n, N - 1u)]), n < N),
+                     select(0.0, -exp(A_log[base + min(n + 1u, N - 1u)]), n + 1u < N),
+                     select(0.0, -exp(A_log[base + min(n + 2u, N - 1u)]), n + 2u < N),
+                     select(0.0, -exp(A_log[base + min(n + 3u, N - 1u)]), n + 3u < N));
+}
+
+// A lane's state slot in tile_states: word e + j·WG holds state j (coalesced across the workgroup).
+fn slot_store(e: u32, h: vec4<f32>) {
+    tile_states[e] = h.x; tile_states[e + WG] = h.y; tile_states[e + 2u * WG] = h.z; tile_states[e + 3u * WG] = h.w;
+}
+fn slot_load(e: u32) -> vec4<f32> {
+    return vec4<f32>(tile_states[e], tile_states[e + WG], tile_states[e + 2u * WG], tile_states[e + 3u * WG]);
+}
+
+// What the owner lane of a step computes for the channel (row: its [B, L, Dc] index).
+struct OwnedStep { x: f32, dt: f32, uv: f32, dtu: f32, dyg: f32, dzg: f32, dsp: f32 }
+
+fn owned_step(x: f32, uv: f32, zv: f32, dyv: f32, grad: bool) -> OwnedStep {
+    var o: OwnedStep;
+    o.x = x;
+    o.uv = uv;
+    o.dt = softplus(x);
+    o.dtu = o.dt * uv;
+    if (grad) {
+        let gate = sigmoid(zv);
+        o.dyg = dyv * zv * gate;                          // dy through the gate
+        o.dzg = dyv * gate * (1.0 + zv * sigmoid(-zv));   // dz is this times the ungated y
+        o.dsp = select(sigmoid(x), 1.0, x > 20.0);        // ∂Δ/∂delta
+    }
+    return o;
+}
+
+// The loads of a walk group (4 steps from row bc of B): the owner's delta + bias and u, B_t at the lane's states.
+struct WalkLoads { x: f32, uv: f32, B0: vec4<f32>, B1: vec4<f32>, B2: vec4<f32>, B3: vec4<f32> }
+
+fn walk_loads(row: u32, bias: f32, bc: u32, cl: u32) -> WalkLoads {
+    return WalkLoads(delta[row] + bias, u[row], lane_states_B(bc, cl), lane_states_B(bc + N, cl),
+                     lane_states_B(bc + 2u * N, cl), lane_states_B(bc + 3u * N, cl));
+}
+
+// The loads of a sub-tile: the owner's delta + bias, u, z, dy; the entry state (slot e); B_t, C_t of its steps
+// (steps past n_in repeat the last: rows bc + i·N with i clamped).
+struct SubLoads { x: f32, uv: f32, zv: f32, dyv: f32, h0: vec4<f32>, B0: vec4<f32>, B1: vec4<f32>, B2: vec4<f32>,
+                  B3: vec4<f32>, C0: vec4<f32>, C1: vec4<f32>, C2: vec4<f32>, C3: vec4<f32> }
+
+fn sub_loads(row: u32, bias: f32, e: u32, bc: u32, n_in: u32, cl: u32) -> SubLoads {
+    let b1 = bc + min(1u, n_in - 1u) * N;
+    let b2 = bc + min(2u, n_in - 1u) * N;
+    let b3 = bc + min(3u, n_in - 1u) * N;
+    return SubLoads(delta[row] + bias, u[row], z[row], dy[row], slot_load(e),
+                    lane_states_B(bc, cl), lane_states_B(b1, cl), lane_states_B(b2, cl), lane_states_B(b3, cl),
+                    lane_states_C(bc, cl), lane_states_C(b1, cl), lane_states_C(b2, cl), lane_states_C(b3, cl));
+}
+
+// Σ over the subgroup's CPS channels of one step's dB (db) and dC (dc) at the lane's states, by a transposing
+// butterfly over the channel bits of the lane (highest first: dB or dC, then the high and the low half of the
+// lane's 4 states); each sum lands in one lane, which stores it at e = ((slice·B + b)·L + t)·N + 4q. The order
+// of every addition is fixed by the lane numbers, so the partials are deterministic.
+fn channel_sums_store(e: u32, cl: u32, lane: u32, db: vec4<f32>, dc: vec4<f32>, store: bool) {
+    let n = 4u * cl;
+    if (SG / LP == 1u) {
+        if (store) {
+            if (n < N) { dB_part[e] = db.x; dC_part[e] = dc.x; }
+            if (n + 1u < N) { dB_part[e + 1u] = db.y; dC_part[e + 1u] = dc.y; }
+            if (n + 2u < N) { dB_part[e + 2u] = db.z; dC_part[e + 2u] = dc.z; }
+            if (n + 3u < N) { dB_part[e + 3u] = db.w; dC_part[e + 3u] = dc.w; }
+        }
+        return;
+    }
+    let is_c = (lane & (SG / 2u)) != 0u;
+    let v4 = select(db, dc, is_c) + subgroupShuffleXor(select(dc, db, is_c), SG / 2u);
+    if (SG / LP == 2u) {
+        if (store) {
+            if (is_c) {
+                if (n < N) { dC_part[e] = v4.x; }
+                if (n + 1u < N) { dC_part[e + 1u] = v4.y; }
+                if (n + 2u < N) { dC_part[e + 2u] = v4.z; }
+                if (n + 3u < N) { dC_part[e + 3u] = v4.w; }
+            } else {
+                if (n < N) { dB_part[e] = v4.x; }
+                if (n + 1u < N) { dB_part[e + 1u] = v4.y; }
+                if (n + 2u < N) { dB_part[e + 2u] = v4.z; }
+                if (n + 3u < N) { dB_part[e + 3u] = v4.w; }
+            }
+        }
+        return;
+    }
+    let hi = (lane & (SG / 4u)) != 0u;
+    let v2 = select(v4.xy, v4.zw, hi) + subgroupShuffleXor(select(v4.zw, v4.xy, hi), SG / 4u);
+    let j2 = n + select(0u, 2u, hi);
+    if (SG / LP == 4u) {
+        if (store) {
+            if (is_c) {
+                if (j2 < N) { dC_part[e + j2 - n] = v2.x; }
+                if (j2 + 1u < N) { dC_part[e + j2 - n + 1u] = v2.y; }
+            } else {
+                if (j2 < N) { dB_part[e + j2 - n] = v2.x; }
+                if (j2 + 1u < N) { dB_part[e + j2 - n + 1u] = v2.y; }
+            }
+        }
+        return;
+    }
+    let odd = (lane & (SG / 8u)) != 0u;
+    var v1 = select(v2.x, v2.y, odd) + subgroupShuffleXor(select(v2.y, v2.x, odd), SG / 8u);
+    for (var m = SG / 16u; m >= LP; m >>= 1u) { v1 += subgroupShuffleXor(v1, m); }  // CPS > 8: plain butterflies
+    let j1 = j2 + select(0u, 1u, odd);
+    // One lane per sum stores (with CPS > 8 the lanes below SG / 8 above the channel's hold copies).
+    if (store && (lane & (SG / 8u - 1u) & ~(LP - 1u)) == 0u && j1 < N) {
+        if (is_c) { dC_part[e + j1 - n] = v1; } else { dB_part[e + j1 - n] = v1; }
+    }
+}
+
+// The sums over n of a sub-tile: yc, gb, gha hold, per step s (component s), the lane's share of C_t·h_t,
+// g_t·B_t and Σ_n gh_t A. A transposing butterfly over lane bits 1 and 0 (then plain ones over the channel's
+// higher lane bits) leaves step (cl mod 4)'s three sums in lane cl: (yc, gb, gha).
+fn lane_step_sums(cl: u32, yc: vec4<f32>, gb: vec4<f32>, gha: vec4<f32>) -> vec3<f32> {
+    let hi = (cl & 2u) != 0u;
+    let yc2 = select(yc.xy, yc.zw, hi) + subgroupShuffleXor(select(yc.zw, yc.xy, hi), 2u);
+    let gb2 = select(gb.xy, gb.zw, hi) + subgroupShuffleXor(select(gb.zw, gb.xy, hi), 2u);
+    let gha2 = select(gha.xy, gha.zw, hi) + subgroupShuffleXor(select(gha.zw, gha.xy, hi), 2u);
+    let odd = (cl & 1u) != 0u;
+    let mine = vec3<f32>(select(yc2.x, yc2.y, odd), select(gb2.x, gb2.y, odd), select(gha2.x, gha2.y, odd));
+    let other = vec3<f32>(select(yc2.y, yc2.x, odd), select(gb2.y, gb2.x, odd), select(gha2.y, gha2.x, odd));
+    var s = mine + subgroupShuffleXor(other, 1u);
+    for (var m = SUB; m < LP; m <<= 1u) { s += subgroupShuffleXor(s, m); }
+    return s;
+}
+
+// Σ over the channel's LP lanes (a butterfly; every lane gets the same sum).
+fn channel_sum(v: vec2<f32>) -> vec2<f32> {
+    var s = v;
+    for (var m = 1u; m < LP; m <<= 1u) { s += subgroupShuffleXor(s, m); }
+    return s;
+}
+
+// The adjoint of one step, private so that the step helper shares them.
+var<private> lb_g: vec4<f32>;   // g = ∂loss/∂h, carried backwards over steps and chunks
+var<private> lb_da: vec4<f32>;  // Σ_t g_t exp(Δ_t A) h_{t−1} Δ_t = ∂loss/∂A[d, n] for this batch row
+
+// Step t of a sub-tile, backwards: h = h_t, prev = h_{t−1}; (dt, dtu, dyg) of the step (broadcast from its
+// owner). Updates g and the ∂/∂A sum, stores the step's dB / dC partials and returns the lane's shares of
+// (C_t·h_t, g_t·B_t, Σ_n gh_t A).
+fn lanes_adjoint_step(h: vec4<f32>, prev: vec4<f32>, decay: vec4<f32>, Bt: vec4<f32>, Ct: vec4<f32>, a: vec4<f32>,
+                      dt: f32, dtu: f32, dyg: f32, e: u32, cl: u32, lane: u32, live: f32, store: bool) -> vec3<f32> {
+    let gn = lb_g + dyg * Ct;
+    let gh = gn * decay * prev;  // ∂loss/∂(Δ_t A)
+    lb_da += gh * dt;
+    channel_sums_store(e, cl, lane, gn * (dtu * live), h * (dyg * live), store);
+    lb_g = gn * decay;
+    return vec3<f32>(dot(Ct, h), dot(gn, Bt), dot(gh, a));
+}
+
+// Grid (ceil(Dc·LP / WG), B).
+@compute @workgroup_size(128)
+fn selective_scan_backward_lanes(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                                 @builtin(local_invocation_id) lid: vec3<u32>) {
+    let b = wid.y;
+    let thread = lid.x;
+    let cl = thread % LP;
+    let lane = thread % SG;
+    let first = lane - cl;  // the channel's lane 0
+    let d = wid.x * (WG / LP) + thread / LP;
+    let valid = d < p.channels;
+    let dd = min(d, p.channels - 1u);  // lanes past Dc compute on the last channel and store nothing
+    let live = select(0.0, 1.0, valid);
+    // The subgroup's slice of the partials; a subgroup with no channel inside Dc stores none.
+    let slice = d / (SG / LP);
+    let slice_ok = slice * (SG / LP) < p.channels;
+    let a = lane_neg_exp_A(dd, cl);
+    let bias = delta_bias[dd];
+    let skip = D[dd];
+    let slots = (min(p.chunk, p.len) + SUB - 1u) / SUB;
+    let scratch = (b * nwg.x + wid.x) * slots * 4u * WG + thread;  // + (slot·4 + j)·WG
+    lb_g = vec4<f32>(0.0);
+    lb_da = vec4<f32>(0.0);
+    var sums = vec2<f32>(0.0);  // this lane's steps' Σ dy'·u (∂loss/∂D) and Σ ddelta (∂loss/∂delta_bias)
+    let ci = ((b * nwg.x + wid.x) * WG + thread) * CARRY;
+    if (p.kc_hi < p.nchunks) {
+        lb_g = vec4<f32>(carry[ci], carry[ci + 1u], carry[ci + 2u], carry[ci + 3u]);
+        lb_da = vec4<f32>(carry[ci + 4u], carry[ci + 5u], carry[ci + 6u], carry[ci + 7u]);
+        sums = vec2<f32>(carry[ci + 8u], carry[ci + 9u]);
+    }
+    for (var k = min(p.kc_hi, p.nchunks); k > p.kc_lo; k--) {
+        let chunk_start = (k - 1u) * p.chunk;
+        let steps = min(p.chunk, p.len - chunk_start);
+        let nsub = (steps + SUB - 1u) / SUB;
+        let last = (nsub - 1u) * SUB;  // the last sub-tile's first step: the walk stops there
+        var h = lane_states_saved(((b * p.nchunks + k - 1u) * p.channels + dd) * N, cl);
+        // With PREFETCH each group's loads are issued one group ahead (their latency behind the group before).
+        var wnext: WalkLoads;
+        if (PREFETCH && last > 0u) {
+            wnext = walk_loads(row_index(b, chunk_start + min(cl, SUB - 1u), dd), bias, (b * p.len + chunk_start) * N, cl);
+        }
+        for (var s0 = 0u; s0 < last; s0 += SUB) {  // whole sub-tiles only
+            let t = chunk_start + s0;
+            slot_store(scratch + (s0 / SUB) * 4u * WG, h);
+            var w: WalkLoads;
+            if (PREFETCH) {
+                w = wnext;
+                if (s0 + SUB < last) {
+                    wnext = walk_loads(row_index(b, t + SUB + min(cl, SUB - 1u), dd), bias, (b * p.len + t + SUB) * N, cl);
+                }
+            } else {
+                w = walk_loads(row_index(b, t + min(cl, SUB - 1u), dd), bias, (b * p.len + t) * N, cl);
+            }
+            let o = owned_step(w.x, w.uv, 0.0, 0.0, false);
+            h = exp(subgroupShuffle(o.dt, first) * a) * h + subgroupShuffle(o.dtu, first) * w.B0;
+            h = exp(subgroupShuffle(o.dt, first + 1u) * a) * h + subgroupShuffle(o.dtu, first + 1u) * w.B1;
+            h = exp(subgroupShuffle(o.dt, first + 2u) * a) * h + subgroupShuffle(o.dtu, first + 2u) * w.B2;
+            h = exp(subgroupShuffle(o.dt, first + 3u) * a) * h + subgroupShuffle(o.dtu, first + 3u) * w.B3;
+        }
+        slot_store(scratch + (last / SUB) * 4u * WG, h);
+        var next: SubLoads;
+        if (PREFETCH) {
+            let n_in = steps - last;
+            next = sub_loads(row_index(b, chunk_start + last + min(cl, n_in - 1u), dd), bias,
+                             scratch + (nsub - 1u) * 4u * WG, (b * p.len + chunk_start + last) * N, n_in, cl);
+        }
+        for (var j = nsub; j > 0u; j--) {
+            let s0 = (j - 1u) * SUB;
+            let n_in = min(SUB, steps - s0);  // steps in this sub-tile (uniform)
+            let t = chunk_start + s0;
+            let own_row = row_index(b, t + min(cl, n_in - 1u), dd);
+            let bc = (b * p.len + t) * N;
+            var ld: SubLoads;
+            if (PREFETCH) {
+                ld = next;
+                if (j > 1u) {  // the sub-tile before: whole
+                    next = sub_loads(row_index(b, t - SUB + min(cl, SUB - 1u), dd), bias, scratch + (j - 2u) * 4u * WG,
+                                     bc - SUB * N, SUB, cl);
+                }
+            } else {
+                ld = sub_loads(own_row, bias, scratch + (j - 1u) * 4u * WG, bc, n_in, cl);
+            }
+            let o = owned_step(ld.x, ld.uv, ld.zv, ld.dyv, true);
+            // Steps past n_in repeat the last one (their results are not used).
+            let i1 = min(1u, n_in - 1u);
+            let i2 = min(2u, n_in - 1u);
+            let i3 = min(3u, n_in - 1u);
+            let dt0 = subgroupShuffle(o.dt, first);
+            let dt1 = subgroupShuffle(o.dt, first + i1);
+            let dt2 = subgroupShuffle(o.dt, first + i2);
+            let dt3 = subgroupShuffle(o.dt, first + i3);
+            let dtu0 = subgroupShuffle(o.dtu, first);
+            let dtu1 = subgroupShuffle(o.dtu, first + i1);
+            let dtu2 = subgroupShuffle(o.dtu, first + i2);
+            let dtu3 = subgroupShuffle(o.dtu, first + i3);
+            let decay0 = exp(dt0 * a);
+            let decay1 = exp(dt1 * a);
+            let decay2 = exp(dt2 * a);
+            let decay3 = exp(dt3 * a);
+            let h0 = ld.h0;
+            let h1 = decay0 * h0 + dtu0 * ld.B0;
+            let h2 = decay1 * h1 + dtu1 * ld.B1;
+            let h3 = decay2 * h2 + dtu2 * ld.B2;
+            let h4 = decay3 * h3 + dtu3 * ld.B3;
+            let e = ((slice * p.batch + b) * p.len + t) * N + 4u * cl;
+            var r3 = vec3<f32>(0.0);
+            var r2 = vec3<f32>(0.0);
+            var r1 = vec3<f32>(0.0);
+            if (n_in > 3u) {
+                r3 = lanes_adjoint_step(h4, h3, decay3, ld.B3, ld.C3, a, dt3, dtu3, subgroupShuffle(o.dyg, first + 3u),
+                                        e + 3u * N, cl, lane, live, slice_ok);
+            }
+            if (n_in > 2u) {
+                r2 = lanes_adjoint_step(h3, h2, decay2, ld.B2, ld.C2, a, dt2, dtu2, subgroupShuffle(o.dyg, first + 2u),
+                                        e + 2u * N, cl, lane, live, slice_ok);
+            }
+            if (n_in > 1u) {
+                r1 = lanes_adjoint_step(h2, h1, decay1, ld.B1, ld.C1, a, dt1, dtu1, subgroupShuffle(o.dyg, first + 1u),
+                                        e + N, cl, lane, live, slice_ok);
+            }
+            let r0 = lanes_adjoint_step(h1, h0, decay0, ld.B0, ld.C0, a, dt0, dtu0, subgroupShuffle(o.dyg, first),
+                                        e, cl, lane, live, slice_ok);
+            let own = lane_step_sums(cl, vec4<f32>(r0.x, r1.x, r2.x, r3.x), vec4<f32>(r0.y, r1.y, r2.y, r3.y),
+                                     vec4<f32>(r0.z, r1.z, r2.z, r3.z));  // (yc, gb, gha) of step cl
+            if (cl < n_in) {
+                let dx = (own.z + o.uv * own.y) * o.dsp;
+                if (valid) {
+                    dz[own_row] = (skip * o.uv + own.x) * o.dzg;
+                    du[own_row] = skip * o.dyg + o.dt * own.y;
+                    ddelta[own_row] = dx;
+                }
+                sums += vec2<f32>(o.dyg * o.uv, dx);
+            }
+        }
+    }
+    if (p.kc_lo > 0u) {  // uniform: more chunks follow in another dispatch
+        carry[ci] = lb_g.x; carry[ci + 1u] = lb_g.y; carry[ci + 2u] = lb_g.z; carry[ci + 3u] = lb_g.w;
+        carry[ci + 4u] = lb_da.x; carry[ci + 5u] = lb_da.y; carry[ci + 6u] = lb_da.z; carry[ci + 7u] = lb_da.w;
+        carry[ci + 8u] = sums.x;
+        carry[ci + 9u] = sums.y;
+        return;
+    }
+    let channel_sums = channel_sum(sums);
+    if (!valid) { return; }
+    let pb = (b * p.channels + d) * (N + 2u);
+    let n = 4u * cl;
+    let dA_log_part = lb_da * a;  // ∂/∂A_log = ∂/∂A · A
+    if (n < N) { param_part[pb + n] = dA_log_part.x; }
+    if (n + 1u < N) { param_part[pb + n + 1u] = dA_log_part.y; }
+    if (n + 2u < N) { param_part[pb + n + 2u] = dA_log_part.z; }
+    if (n + 3u < N) { param_part[pb + n + 3u] = dA_log_part.w; }
+    if (cl == 0u) {
+        param_part[pb + N] = channel_sums.x;
+        param_part[pb + N + 1u] = channel_sums.y;
+    }
+}
+
 // total[i] = Σ_k part[k·count + i] (dB, dC from the per-workgroup partials) in a fixed order: four running sums
 // over k ≡ 0, 1, 2, 3 (mod 4), added as (s0 + s1) + (s2 + s3). Four loads in flight per thread where one running
 // sum issues each load only after the last one arrived (~1.2 TB/s on an H200). Grid grid_1d(count).

@@ -126,6 +126,43 @@ def test_tiled_variants_match_reference(rt, monkeypatch, variant, batch, length,
         assert np.array_equal(a, b.numpy()), name
 
 
+LANES_VARIANTS = [{}, {"PREFETCH": 0}, {"LANES": 0}]
+
+
+@pytest.mark.parametrize("variant", LANES_VARIANTS, ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()) or "lanes")
+@pytest.mark.parametrize("batch,length,channels,nstate,chunk", [
+    (2, 63, 9, 5, 16),     # N = 5: 4 lanes per channel, 2 of them without a state; L not a multiple of 4
+    (2, 65, 70, 16, 32),   # channels not a multiple of a subgroup's or a workgroup's
+    (1, 50, 37, 3, 32),    # N = 3: one lane of 4 holds the states
+    (2, 70, 6, 20, 32),    # N = 20: 8 lanes per channel, 3 of them without a state
+    (2, 41, 13, 64, 8),    # N = 64: 16 lanes per channel
+    (1, 17, 3, 128, 16),   # N = 128: 32 lanes per channel (where subgroups have 32)
+])
+def test_backward_lanes_matches_reference(rt, monkeypatch, variant, batch, length, channels, nstate, chunk):
+    """The GPUs' backward in registers and subgroup shuffles (the default where a channel's lanes fit a
+    subgroup), without its prefetch, and the workgroup-memory backward (LANES=0, the other adapters') match
+    the reference, their segments are bit-identical to one dispatch, and the entry point asked for ran."""
+    lanes = variant.get("LANES", 1)
+    if lanes and not scan.backward_lanes_fit(rt, nstate):
+        pytest.skip(f"{scan.backward_lanes(nstate)} lanes per channel do not fit this adapter's subgroups")
+    if "subgroup" not in rt.features:
+        pytest.skip("the tiled forward needs subgroups")
+    monkeypatch.setattr(scan, "TILED_VARIANT", dict(variant))
+    entries = []
+    run = rt.run
+    monkeypatch.setattr(rt, "run", lambda entry, *a, **k: (entries.append(entry), run(entry, *a, **k)))
+    x = make_inputs(batch, length, channels, nstate, seed=16)
+    dy = np.random.default_rng(17).standard_normal((batch, length, channels)).astype(np.float32)
+    y, grads, saved = run_gpu(rt, x, dy, chunk, path="tiled")
+    assert ("selective_scan_backward_lanes" if lanes else "selective_scan_backward") in entries
+    _, grads_ref = reference(x, dy)
+    for name, got, want in zip(GRADS, grads, grads_ref):
+        assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
+    again = selective_scan_backward(saved, rt.from_numpy(dy), segment=1, path="tiled")
+    for name, a, b in zip(GRADS, grads, again):
+        assert np.array_equal(a, b.numpy()), name
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_parameter_grads_accumulate_deterministically(rt, path):
     skip_unsupported(rt, 16, path)
@@ -210,10 +247,12 @@ def test_direct_path_choice(rt, monkeypatch):
     run = rt.run
     monkeypatch.setattr(rt, "run", lambda entry, *a, **k: (entries.append(entry), run(entry, *a, **k)))
     run_gpu(rt, x, dy, chunk=8)
-    suffix = ""
+    forward = backward = ""
     if rt.info.type == "CPU":
-        suffix = "_subgroup" if rt.subgroup_size == SUBGROUP_LANES else "_direct"
-    assert {"selective_scan_forward" + suffix, "selective_scan_backward" + suffix} <= set(entries)
+        forward = backward = "_subgroup" if rt.subgroup_size == SUBGROUP_LANES else "_direct"
+    elif scan.backward_lanes_fit(rt, 3):
+        backward = "_lanes"
+    assert {"selective_scan_forward" + forward, "selective_scan_backward" + backward} <= set(entries)
     per, groups = direct_per_thread(rt, 8, 64, 1536, 16, 128)
     assert per * groups >= 1536 and (per - 1) * groups < 1536 and groups <= 1536 // 4
     assert direct_per_thread(rt, 8, 64, 128, 16, 128, per_thread=3) == (3, 43)

@@ -268,9 +268,42 @@ def lane_sums_fit(rt, nstate: int, spt: int = 1) -> bool:
     return "subgroup" in rt.features and lanes <= rt.subgroup_size
 
 
+LANES_SUB = 4  # SUB in the kernel: steps per sub-tile of the lanes backward, one owner lane each
+LANES_STATES = 4  # states per lane of the lanes backward (a vec4)
+
+
+def backward_lanes(nstate: int) -> int:
+    """LP of the lanes backward: a channel's lanes, max(SUB, NP / 4) (4 states per lane, one lane per step of a
+    sub-tile)."""
+    return max(LANES_SUB, lanes_per_channel(nstate) // LANES_STATES)
+
+
+def backward_lanes_fit(rt, nstate: int) -> bool:
+    """Whether the lanes backward runs here: subgroups, and a channel's lanes within one (NVIDIA: N ≤ 128)."""
+    return "subgroup" in rt.features and backward_lanes(nstate) <= rt.subgroup_size
+
+
+def lanes_backward_loops_per_chunk(nstate: int, steps: int, subgroup: int) -> int:
+    """The chunk loop, its walk and its sub-tiles; per sub-tile the butterflies over the channel's lanes (one per
+    lane bit past SUB) and, per step, over the subgroup's channels past 8."""
+    lane_bits = backward_lanes(nstate).bit_length() - 1
+    per_sub = 1 + lane_bits + LANES_SUB * max(1, (subgroup // backward_lanes(nstate)).bit_length() - 4)
+    return 1 + -(-steps // LANES_SUB) * (1 + per_sub)
+
+
+def _lanes_constants(rt, nstate: int) -> dict:
+    # T and CH only size the other kernels' workgroup arrays here (this entry point uses none): kept small.
+    c = {"N": nstate, "LP": backward_lanes(nstate), "SG": rt.subgroup_size, "T": 4, "CH": 1, "TERM_STEPS": 1}
+    if "PREFETCH" in TILED_VARIANT:
+        c["PREFETCH"] = bool(TILED_VARIANT["PREFETCH"])
+    return c
+
+
 def _constants(rt, op: str, nstate: int, chunk: int, forward: bool) -> dict:
     """The tiled forward's (`forward`) or backward's pipeline constants: the defaults, or TILED_VARIANT's."""
     v = dict(TILED_VARIANT)
+    v.pop("LANES", None)
+    v.pop("PREFETCH", None)
     unknown = set(v) - {"SPT", "LANE_SUM", "T"}
     if unknown:
         raise ShapeError(f"{op}: unknown tiled variant constants {sorted(unknown)}")
@@ -444,6 +477,25 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
                    saved_states=s.states, du=du, ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part,
                    param_part=param_part, tile_states=scratch, carry=carry, ngroups=groups, per_thread=per,
                    **params)
+    elif TILED_VARIANT.get("LANES", 1) and backward_lanes_fit(rt, nstate):
+        constants = _lanes_constants(rt, nstate)
+        lanes = constants["LP"]
+        groups = -(-channels // (rt.subgroup_size // lanes))  # the partials' slices: one per subgroup
+        dB_part = rt.empty((groups, batch, length, nstate))
+        dC_part = rt.empty((groups, batch, length, nstate))
+        grid = (-(-channels * lanes // WORKGROUP), batch)
+        slots = -(-min(s.chunk, length) // LANES_SUB)
+        tile_states = rt.empty((batch, grid[0], slots, LANES_STATES, WORKGROUP))
+        carry = rt.empty((batch, grid[0], WORKGROUP, CARRY_WORDS))
+        seg = segment_length(rt, op, tuple(s.u.shape), nchunks,
+                             lanes_backward_loops_per_chunk(nstate, min(s.chunk, length), rt.subgroup_size),
+                             16, segment=segment)
+        for hi in range(nchunks, 0, -seg):
+            params.update(kc_lo=max(0, hi - seg), kc_hi=hi)
+            rt.run("selective_scan_backward_lanes", grid, constants, u=s.u, delta=s.delta, A_log=s.A_log,
+                   B=s.B, C=s.C, D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy, saved_states=s.states, du=du,
+                   ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, param_part=param_part,
+                   tile_states=tile_states, carry=carry, **params)
     else:
         constants = _constants(rt, op, nstate, s.chunk, False)
         groups, tile = -(-channels // constants["CH"]), constants["T"]
