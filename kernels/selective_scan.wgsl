@@ -546,7 +546,8 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
 // register (no arrays indexed by a loop counter, which can land in local memory).
 const SUB: u32 = 4u;      // steps per sub-tile: one owner lane per step (LP ≥ SUB)
 override SG: u32 = 32u;   // lanes per subgroup (Runtime.subgroup_size)
-override PREFETCH: bool = true;  // issue each sub-tile's (and walk group's) loads one ahead
+// Loads issued one sub-tile (walk group) ahead: 0 none, 1 the owner's inputs and the entry state, 2 also B_t, C_t.
+override PREFETCH: u32 = 2u;
 
 // The lane's 4 states of row `base` of A_log, B, C or saved_states (0 past N; clamped loads, no branches).
 fn lane_states_B(base: u32, cl: u32) -> vec4<f32> {
@@ -609,9 +610,24 @@ fn owned_step(x: f32, uv: f32, zv: f32, dyv: f32, grad: bool) -> OwnedStep {
 // The loads of a walk group (4 steps from row bc of B): the owner's delta + bias and u, B_t at the lane's states.
 struct WalkLoads { x: f32, uv: f32, B0: vec4<f32>, B1: vec4<f32>, B2: vec4<f32>, B3: vec4<f32> }
 
-fn walk_loads(row: u32, bias: f32, bc: u32, cl: u32) -> WalkLoads {
-    return WalkLoads(delta[row] + bias, u[row], lane_states_B(bc, cl), lane_states_B(bc + N, cl),
-                     lane_states_B(bc + 2u * N, cl), lane_states_B(bc + 3u * N, cl));
+fn walk_owner_loads(row: u32, bias: f32) -> WalkLoads {
+    var w: WalkLoads;
+    w.x = delta[row] + bias;
+    w.uv = u[row];
+    return w;
+}
+fn walk_b_loads(owner: WalkLoads, bc: u32, cl: u32) -> WalkLoads {
+    var w = owner;
+    w.B0 = lane_states_B(bc, cl);
+    w.B1 = lane_states_B(bc + N, cl);
+    w.B2 = lane_states_B(bc + 2u * N, cl);
+    w.B3 = lane_states_B(bc + 3u * N, cl);
+    return w;
+}
+fn walk_loads(row: u32, bias: f32, bc: u32, cl: u32, with_b: bool) -> WalkLoads {
+    let w = walk_owner_loads(row, bias);
+    if (with_b) { return walk_b_loads(w, bc, cl); }
+    return w;
 }
 
 // The loads of a sub-tile: the owner's delta + bias, u, z, dy; the entry state (slot e); B_t, C_t of its steps
@@ -619,13 +635,30 @@ fn walk_loads(row: u32, bias: f32, bc: u32, cl: u32) -> WalkLoads {
 struct SubLoads { x: f32, uv: f32, zv: f32, dyv: f32, h0: vec4<f32>, B0: vec4<f32>, B1: vec4<f32>, B2: vec4<f32>,
                   B3: vec4<f32>, C0: vec4<f32>, C1: vec4<f32>, C2: vec4<f32>, C3: vec4<f32> }
 
-fn sub_loads(row: u32, bias: f32, e: u32, bc: u32, n_in: u32, cl: u32) -> SubLoads {
+fn sub_bc_loads(owner: SubLoads, bc: u32, n_in: u32, cl: u32) -> SubLoads {
+    var ld = owner;
     let b1 = bc + min(1u, n_in - 1u) * N;
     let b2 = bc + min(2u, n_in - 1u) * N;
     let b3 = bc + min(3u, n_in - 1u) * N;
-    return SubLoads(delta[row] + bias, u[row], z[row], dy[row], slot_load(e),
-                    lane_states_B(bc, cl), lane_states_B(b1, cl), lane_states_B(b2, cl), lane_states_B(b3, cl),
-                    lane_states_C(bc, cl), lane_states_C(b1, cl), lane_states_C(b2, cl), lane_states_C(b3, cl));
+    ld.B0 = lane_states_B(bc, cl);
+    ld.B1 = lane_states_B(b1, cl);
+    ld.B2 = lane_states_B(b2, cl);
+    ld.B3 = lane_states_B(b3, cl);
+    ld.C0 = lane_states_C(bc, cl);
+    ld.C1 = lane_states_C(b1, cl);
+    ld.C2 = lane_states_C(b2, cl);
+    ld.C3 = lane_states_C(b3, cl);
+    return ld;
+}
+fn sub_loads(row: u32, bias: f32, e: u32, bc: u32, n_in: u32, cl: u32, with_bc: bool) -> SubLoads {
+    var ld: SubLoads;
+    ld.x = delta[row] + bias;
+    ld.uv = u[row];
+    ld.zv = z[row];
+    ld.dyv = dy[row];
+    ld.h0 = slot_load(e);
+    if (with_bc) { return sub_bc_loads(ld, bc, n_in, cl); }
+    return ld;
 }
 
 // Σ over the subgroup's CPS channels of one step's dB (db) and dC (dc) at the lane's states, by a transposing
@@ -764,20 +797,23 @@ fn selective_scan_backward_lanes(@builtin(workgroup_id) wid: vec3<u32>, @builtin
         var h = lane_states_saved(((b * p.nchunks + k - 1u) * p.channels + dd) * N, cl);
         // With PREFETCH each group's loads are issued one group ahead (their latency behind the group before).
         var wnext: WalkLoads;
-        if (PREFETCH && last > 0u) {
-            wnext = walk_loads(row_index(b, chunk_start + min(cl, SUB - 1u), dd), bias, (b * p.len + chunk_start) * N, cl);
+        if (PREFETCH > 0u && last > 0u) {
+            wnext = walk_loads(row_index(b, chunk_start + min(cl, SUB - 1u), dd), bias, (b * p.len + chunk_start) * N,
+                               cl, PREFETCH > 1u);
         }
         for (var s0 = 0u; s0 < last; s0 += SUB) {  // whole sub-tiles only
             let t = chunk_start + s0;
             slot_store(scratch + (s0 / SUB) * 4u * WG, h);
             var w: WalkLoads;
-            if (PREFETCH) {
+            if (PREFETCH > 0u) {
                 w = wnext;
                 if (s0 + SUB < last) {
-                    wnext = walk_loads(row_index(b, t + SUB + min(cl, SUB - 1u), dd), bias, (b * p.len + t + SUB) * N, cl);
+                    wnext = walk_loads(row_index(b, t + SUB + min(cl, SUB - 1u), dd), bias, (b * p.len + t + SUB) * N,
+                                       cl, PREFETCH > 1u);
                 }
+                if (PREFETCH == 1u) { w = walk_b_loads(w, (b * p.len + t) * N, cl); }
             } else {
-                w = walk_loads(row_index(b, t + min(cl, SUB - 1u), dd), bias, (b * p.len + t) * N, cl);
+                w = walk_loads(row_index(b, t + min(cl, SUB - 1u), dd), bias, (b * p.len + t) * N, cl, true);
             }
             let o = owned_step(w.x, w.uv, 0.0, 0.0, false);
             h = exp(subgroupShuffle(o.dt, first) * a) * h + subgroupShuffle(o.dtu, first) * w.B0;
@@ -787,10 +823,11 @@ fn selective_scan_backward_lanes(@builtin(workgroup_id) wid: vec3<u32>, @builtin
         }
         slot_store(scratch + (last / SUB) * 4u * WG, h);
         var next: SubLoads;
-        if (PREFETCH) {
+        if (PREFETCH > 0u) {
             let n_in = steps - last;
             next = sub_loads(row_index(b, chunk_start + last + min(cl, n_in - 1u), dd), bias,
-                             scratch + (nsub - 1u) * 4u * WG, (b * p.len + chunk_start + last) * N, n_in, cl);
+                             scratch + (nsub - 1u) * 4u * WG, (b * p.len + chunk_start + last) * N, n_in, cl,
+                             PREFETCH > 1u);
         }
         for (var j = nsub; j > 0u; j--) {
             let s0 = (j - 1u) * SUB;
@@ -799,14 +836,15 @@ fn selective_scan_backward_lanes(@builtin(workgroup_id) wid: vec3<u32>, @builtin
             let own_row = row_index(b, t + min(cl, n_in - 1u), dd);
             let bc = (b * p.len + t) * N;
             var ld: SubLoads;
-            if (PREFETCH) {
+            if (PREFETCH > 0u) {
                 ld = next;
                 if (j > 1u) {  // the sub-tile before: whole
                     next = sub_loads(row_index(b, t - SUB + min(cl, SUB - 1u), dd), bias, scratch + (j - 2u) * 4u * WG,
-                                     bc - SUB * N, SUB, cl);
+                                     bc - SUB * N, SUB, cl, PREFETCH > 1u);
                 }
+                if (PREFETCH == 1u) { ld = sub_bc_loads(ld, bc, n_in, cl); }
             } else {
-                ld = sub_loads(own_row, bias, scratch + (j - 1u) * 4u * WG, bc, n_in, cl);
+                ld = sub_loads(own_row, bias, scratch + (j - 1u) * 4u * WG, bc, n_in, cl, true);
             }
             let o = owned_step(ld.x, ld.uv, ld.zv, ld.dyv, true);
             // Steps past n_in repeat the last one (their results are not used).

@@ -295,7 +295,7 @@ def _lanes_constants(rt, nstate: int) -> dict:
     # T and CH only size the other kernels' workgroup arrays here (this entry point uses none): kept small.
     c = {"N": nstate, "LP": backward_lanes(nstate), "SG": rt.subgroup_size, "T": 4, "CH": 1, "TERM_STEPS": 1}
     if "PREFETCH" in TILED_VARIANT:
-        c["PREFETCH"] = bool(TILED_VARIANT["PREFETCH"])
+        c["PREFETCH"] = int(TILED_VARIANT["PREFETCH"])
     return c
 
 
