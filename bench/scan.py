@@ -41,6 +41,9 @@ def main() -> None:
                    help="NAME=VALUE[,NAME=VALUE...]: tiled-kernel constants to time after the defaults")
     p.add_argument("--max-seconds", type=float, default=None,
                    help="stop starting repeats (rounds) after this much wall time; report what was timed")
+    p.add_argument("--warm-seconds", type=float, default=0.5,
+                   help="untimed calls queued right before each timed one, about this long (GPU clocks drop when "
+                        "it idles between short synced rounds)")
     p.add_argument("--device", default=None)
     a = p.parse_args()
     variants = [{}] + [{k: int(v) for k, v in (kv.split("=") for kv in spec.split(","))} for spec in a.variant]
@@ -74,11 +77,16 @@ def main() -> None:
 
     start = time.perf_counter()
     usable = []
+    call_s = {}
     for variant in variants:
         select(variant)
         try:
             once()  # compile the pipelines, fill the pool
             rt.sync()
+            t0 = time.perf_counter()
+            once()
+            rt.sync()
+            call_s[len(usable)] = time.perf_counter() - t0
             usable.append(variant)
         except Exception as e:  # noqa: BLE001 - a variant the device refuses is reported, the others still run
             print(f"variant {variant}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
@@ -89,8 +97,11 @@ def main() -> None:
         if a.max_seconds is not None and rnd > 0 and time.perf_counter() - start > a.max_seconds:
             print(f"stopped after {rnd} repeats ({a.max_seconds} s)")
             break
-        for variant, got in zip(usable, samples):
+        for i, (variant, got) in enumerate(zip(usable, samples)):
             select(variant)
+            for _ in range(int(a.warm_seconds / max(call_s[i], 1e-4))):
+                once()
+            rt.flush()
             rt.gpu_times = []
             once()
             rt.sync()

@@ -87,6 +87,11 @@ struct StepParams { batch: u32, channels: u32, nstate: u32 }
 @group(0) @binding(28) var<uniform> st: StepParams;
 @group(0) @binding(29) var<storage, read_write> state: array<f32>;
 @group(0) @binding(30) var<storage, read_write> carry: array<f32>;  // [B, Dc / CH, WG, CARRY]: backward segments
+// The lanes backward's views: B and C as vec4 rows (bound to the same buffers; read where 4 divides N) and its
+// state slots [B, Dc·LP / WG, slots, WG] of vec4.
+@group(0) @binding(32) var<storage, read> B4: array<vec4<f32>>;
+@group(0) @binding(33) var<storage, read> C4: array<vec4<f32>>;
+@group(0) @binding(34) var<storage, read_write> slots: array<vec4<f32>>;
 
 // Per (step of the tile, channel of the workgroup), index s·CH + c.
 var<workgroup> dt_tile: array<f32, T * CH>;        // Δ_t
@@ -548,18 +553,19 @@ const SUB: u32 = 4u;      // steps per sub-tile: one owner lane per step (LP ≥
 override SG: u32 = 32u;   // lanes per subgroup (Runtime.subgroup_size)
 // Loads issued one sub-tile (walk group) ahead: 0 none, 1 the owner's inputs and the entry state, 2 also B_t, C_t.
 override PREFETCH: u32 = 2u;
+override WALK: bool = false;  // the chunks' walks by selective_scan_backward_walk, a dispatch before
 
 // The lane's 4 states of row `base` of A_log, B, C or saved_states (0 past N; clamped loads, no branches).
 fn lane_states_B(base: u32, cl: u32) -> vec4<f32> {
     let n = 4u * cl;
-    if (4u * LP == N) { return vec4<f32>(B[base + n], B[base + n + 1u], B[base + n + 2u], B[base + n + 3u]); }
+    if (4u * LP == N) { return B4[(base + n) / 4u]; }
     return vec4<f32>(select(0.0, B[base + min(n, N - 1u)], n < N), select(0.0, B[base + min(n + 1u, N - 1u)], n + 1u < N),
                      select(0.0, B[base + min(n + 2u, N - 1u)], n + 2u < N),
                      select(0.0, B[base + min(n + 3u, N - 1u)], n + 3u < N));
 }
 fn lane_states_C(base: u32, cl: u32) -> vec4<f32> {
     let n = 4u * cl;
-    if (4u * LP == N) { return vec4<f32>(C[base + n], C[base + n + 1u], C[base + n + 2u], C[base + n + 3u]); }
+    if (4u * LP == N) { return C4[(base + n) / 4u]; }
     return vec4<f32>(select(0.0, C[base + min(n, N - 1u)], n < N), select(0.0, C[base + min(n + 1u, N - 1u)], n + 1u < N),
                      select(0.0, C[base + min(n + 2u, N - 1u)], n + 2u < N),
                      select(0.0, C[base + min(n + 3u, N - 1u)], n + 3u < N));
@@ -581,13 +587,8 @@ fn lane_neg_exp_A(d: u32, cl: u32) -> vec4<f32> {
                      select(0.0, -exp(A_log[base + min(n + 3u, N - 1u)]), n + 3u < N));
 }
 
-// A lane's state slot in tile_states: word e + j·WG holds state j (coalesced across the workgroup).
-fn slot_store(e: u32, h: vec4<f32>) {
-    tile_states[e] = h.x; tile_states[e + WG] = h.y; tile_states[e + 2u * WG] = h.z; tile_states[e + 3u * WG] = h.w;
-}
-fn slot_load(e: u32) -> vec4<f32> {
-    return vec4<f32>(tile_states[e], tile_states[e + WG], tile_states[e + 2u * WG], tile_states[e + 3u * WG]);
-}
+fn slot_store(e: u32, h: vec4<f32>) { slots[e] = h; }
+fn slot_load(e: u32) -> vec4<f32> { return slots[e]; }
 
 // What the owner lane of a step computes for the channel (row: its [B, L, Dc] index).
 struct OwnedStep { x: f32, dt: f32, uv: f32, dtu: f32, dyg: f32, dzg: f32, dsp: f32 }
@@ -759,6 +760,61 @@ fn lanes_adjoint_step(h: vec4<f32>, prev: vec4<f32>, decay: vec4<f32>, Bt: vec4<
     return vec3<f32>(dot(Ct, h), dot(gn, Bt), dot(gh, a));
 }
 
+// The walk over a chunk from its entry state h_in: the state entering every SUB-th step of the chunk's first
+// `last` steps, and the one after them (the last sub-tile's entry), to slots e0, e0 + WG, ...; returns the last.
+fn lanes_walk(b: u32, dd: u32, cl: u32, first: u32, a: vec4<f32>, bias: f32, chunk_start: u32, last: u32,
+              h_in: vec4<f32>, e0: u32) -> vec4<f32> {
+    var h = h_in;
+    // With PREFETCH each group's loads are issued one group ahead (their latency behind the group before).
+    var wnext: WalkLoads;
+    if (PREFETCH > 0u && last > 0u) {
+        wnext = walk_loads(row_index(b, chunk_start + min(cl, SUB - 1u), dd), bias, (b * p.len + chunk_start) * N,
+                           cl, PREFETCH > 1u);
+    }
+    for (var s0 = 0u; s0 < last; s0 += SUB) {  // whole sub-tiles only
+        let t = chunk_start + s0;
+        slot_store(e0 + (s0 / SUB) * WG, h);
+        var w: WalkLoads;
+        if (PREFETCH > 0u) {
+            w = wnext;
+            if (s0 + SUB < last) {
+                wnext = walk_loads(row_index(b, t + SUB + min(cl, SUB - 1u), dd), bias, (b * p.len + t + SUB) * N,
+                                   cl, PREFETCH > 1u);
+            }
+            if (PREFETCH == 1u) { w = walk_b_loads(w, (b * p.len + t) * N, cl); }
+        } else {
+            w = walk_loads(row_index(b, t + min(cl, SUB - 1u), dd), bias, (b * p.len + t) * N, cl, true);
+        }
+        let o = owned_step(w.x, w.uv, 0.0, 0.0, false);
+        h = exp(subgroupShuffle(o.dt, first) * a) * h + subgroupShuffle(o.dtu, first) * w.B0;
+        h = exp(subgroupShuffle(o.dt, first + 1u) * a) * h + subgroupShuffle(o.dtu, first + 1u) * w.B1;
+        h = exp(subgroupShuffle(o.dt, first + 2u) * a) * h + subgroupShuffle(o.dtu, first + 2u) * w.B2;
+        h = exp(subgroupShuffle(o.dt, first + 3u) * a) * h + subgroupShuffle(o.dtu, first + 3u) * w.B3;
+    }
+    slot_store(e0 + (last / SUB) * WG, h);
+    return h;
+}
+
+// WALK: the walks of all chunks at once, before the adjoint (the chunks' entry states are saved, so they are
+// independent): grid (ceil(Dc·LP / WG), B, n_chunks), slots [B, Dc·LP / WG, n_chunks · slots per chunk, WG].
+@compute @workgroup_size(128)
+fn selective_scan_backward_walk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                                @builtin(local_invocation_id) lid: vec3<u32>) {
+    let b = wid.y;
+    let k = wid.z;
+    let thread = lid.x;
+    let cl = thread % LP;
+    let first = thread % SG - cl;
+    let dd = min(wid.x * (WG / LP) + thread / LP, p.channels - 1u);
+    let chunk_start = k * p.chunk;
+    let steps = min(p.chunk, p.len - chunk_start);
+    let per_chunk = (min(p.chunk, p.len) + SUB - 1u) / SUB;
+    let e0 = ((b * nwg.x + wid.x) * p.nchunks + k) * per_chunk * WG + thread;
+    let h = lane_states_saved(((b * p.nchunks + k) * p.channels + dd) * N, cl);
+    _ = lanes_walk(b, dd, cl, first, lane_neg_exp_A(dd, cl), delta_bias[dd], chunk_start, (steps - 1u) / SUB * SUB, h,
+                   e0);
+}
+
 // Grid (ceil(Dc·LP / WG), B).
 @compute @workgroup_size(128)
 fn selective_scan_backward_lanes(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -778,8 +834,7 @@ fn selective_scan_backward_lanes(@builtin(workgroup_id) wid: vec3<u32>, @builtin
     let a = lane_neg_exp_A(dd, cl);
     let bias = delta_bias[dd];
     let skip = D[dd];
-    let slots = (min(p.chunk, p.len) + SUB - 1u) / SUB;
-    let scratch = (b * nwg.x + wid.x) * slots * 4u * WG + thread;  // + (slot·4 + j)·WG
+    let per_chunk = (min(p.chunk, p.len) + SUB - 1u) / SUB;  // slots per chunk
     lb_g = vec4<f32>(0.0);
     lb_da = vec4<f32>(0.0);
     var sums = vec2<f32>(0.0);  // this lane's steps' Σ dy'·u (∂loss/∂D) and Σ ddelta (∂loss/∂delta_bias)
@@ -794,39 +849,18 @@ fn selective_scan_backward_lanes(@builtin(workgroup_id) wid: vec3<u32>, @builtin
         let steps = min(p.chunk, p.len - chunk_start);
         let nsub = (steps + SUB - 1u) / SUB;
         let last = (nsub - 1u) * SUB;  // the last sub-tile's first step: the walk stops there
-        var h = lane_states_saved(((b * p.nchunks + k - 1u) * p.channels + dd) * N, cl);
-        // With PREFETCH each group's loads are issued one group ahead (their latency behind the group before).
-        var wnext: WalkLoads;
-        if (PREFETCH > 0u && last > 0u) {
-            wnext = walk_loads(row_index(b, chunk_start + min(cl, SUB - 1u), dd), bias, (b * p.len + chunk_start) * N,
-                               cl, PREFETCH > 1u);
+        // The chunk's slots: its own (WALK: all chunks' slots, from selective_scan_backward_walk) or one chunk's.
+        let scratch = ((b * nwg.x + wid.x) * select(1u, p.nchunks, WALK) + select(0u, k - 1u, WALK)) * per_chunk * WG
+                      + thread;
+        if (!WALK) {
+            _ = lanes_walk(b, dd, cl, first, a, bias, chunk_start, last,
+                           lane_states_saved(((b * p.nchunks + k - 1u) * p.channels + dd) * N, cl), scratch);
         }
-        for (var s0 = 0u; s0 < last; s0 += SUB) {  // whole sub-tiles only
-            let t = chunk_start + s0;
-            slot_store(scratch + (s0 / SUB) * 4u * WG, h);
-            var w: WalkLoads;
-            if (PREFETCH > 0u) {
-                w = wnext;
-                if (s0 + SUB < last) {
-                    wnext = walk_loads(row_index(b, t + SUB + min(cl, SUB - 1u), dd), bias, (b * p.len + t + SUB) * N,
-                                       cl, PREFETCH > 1u);
-                }
-                if (PREFETCH == 1u) { w = walk_b_loads(w, (b * p.len + t) * N, cl); }
-            } else {
-                w = walk_loads(row_index(b, t + min(cl, SUB - 1u), dd), bias, (b * p.len + t) * N, cl, true);
-            }
-            let o = owned_step(w.x, w.uv, 0.0, 0.0, false);
-            h = exp(subgroupShuffle(o.dt, first) * a) * h + subgroupShuffle(o.dtu, first) * w.B0;
-            h = exp(subgroupShuffle(o.dt, first + 1u) * a) * h + subgroupShuffle(o.dtu, first + 1u) * w.B1;
-            h = exp(subgroupShuffle(o.dt, first + 2u) * a) * h + subgroupShuffle(o.dtu, first + 2u) * w.B2;
-            h = exp(subgroupShuffle(o.dt, first + 3u) * a) * h + subgroupShuffle(o.dtu, first + 3u) * w.B3;
-        }
-        slot_store(scratch + (last / SUB) * 4u * WG, h);
         var next: SubLoads;
         if (PREFETCH > 0u) {
             let n_in = steps - last;
             next = sub_loads(row_index(b, chunk_start + last + min(cl, n_in - 1u), dd), bias,
-                             scratch + (nsub - 1u) * 4u * WG, (b * p.len + chunk_start + last) * N, n_in, cl,
+                             scratch + (nsub - 1u) * WG, (b * p.len + chunk_start + last) * N, n_in, cl,
                              PREFETCH > 1u);
         }
         for (var j = nsub; j > 0u; j--) {
@@ -839,12 +873,12 @@ fn selective_scan_backward_lanes(@builtin(workgroup_id) wid: vec3<u32>, @builtin
             if (PREFETCH > 0u) {
                 ld = next;
                 if (j > 1u) {  // the sub-tile before: whole
-                    next = sub_loads(row_index(b, t - SUB + min(cl, SUB - 1u), dd), bias, scratch + (j - 2u) * 4u * WG,
+                    next = sub_loads(row_index(b, t - SUB + min(cl, SUB - 1u), dd), bias, scratch + (j - 2u) * WG,
                                      bc - SUB * N, SUB, cl, PREFETCH > 1u);
                 }
                 if (PREFETCH == 1u) { ld = sub_bc_loads(ld, bc, n_in, cl); }
             } else {
-                ld = sub_loads(own_row, bias, scratch + (j - 1u) * 4u * WG, bc, n_in, cl, true);
+                ld = sub_loads(own_row, bias, scratch + (j - 1u) * WG, bc, n_in, cl, true);
             }
             let o = owned_step(ld.x, ld.uv, ld.zv, ld.dyv, true);
             // Steps past n_in repeat the last one (their results are not used).

@@ -126,7 +126,7 @@ def test_tiled_variants_match_reference(rt, monkeypatch, variant, batch, length,
         assert np.array_equal(a, b.numpy()), name
 
 
-LANES_VARIANTS = [{}, {"PREFETCH": 0}, {"PREFETCH": 1}, {"LANES": 0}]
+LANES_VARIANTS = [{}, {"PREFETCH": 0}, {"PREFETCH": 1}, {"WALK": 1}, {"WALK": 1, "PREFETCH": 0}, {"LANES": 0}]
 
 
 @pytest.mark.parametrize("variant", LANES_VARIANTS, ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()) or "lanes")

@@ -296,6 +296,8 @@ def _lanes_constants(rt, nstate: int) -> dict:
     c = {"N": nstate, "LP": backward_lanes(nstate), "SG": rt.subgroup_size, "T": 4, "CH": 1, "TERM_STEPS": 1}
     if "PREFETCH" in TILED_VARIANT:
         c["PREFETCH"] = int(TILED_VARIANT["PREFETCH"])
+    if "WALK" in TILED_VARIANT:
+        c["WALK"] = bool(TILED_VARIANT["WALK"])
     return c
 
 
@@ -304,6 +306,7 @@ def _constants(rt, op: str, nstate: int, chunk: int, forward: bool) -> dict:
     v = dict(TILED_VARIANT)
     v.pop("LANES", None)
     v.pop("PREFETCH", None)
+    v.pop("WALK", None)
     unknown = set(v) - {"SPT", "LANE_SUM", "T"}
     if unknown:
         raise ShapeError(f"{op}: unknown tiled variant constants {sorted(unknown)}")
@@ -484,9 +487,14 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
         dB_part = rt.empty((groups, batch, length, nstate))
         dC_part = rt.empty((groups, batch, length, nstate))
         grid = (-(-channels * lanes // WORKGROUP), batch)
-        slots = -(-min(s.chunk, length) // LANES_SUB)
-        tile_states = rt.empty((batch, grid[0], slots, LANES_STATES, WORKGROUP))
+        per_chunk = -(-min(s.chunk, length) // LANES_SUB)
+        walked = constants.get("WALK", False)
+        slots = rt.empty((batch, grid[0], per_chunk * (nchunks if walked else 1), WORKGROUP, LANES_STATES))
         carry = rt.empty((batch, grid[0], WORKGROUP, CARRY_WORDS))
+        views = dict(B4=s.B, C4=s.C, slots=slots)
+        if walked:
+            rt.run("selective_scan_backward_walk", (grid[0], batch, nchunks), constants, u=s.u, delta=s.delta,
+                   A_log=s.A_log, B=s.B, delta_bias=s.delta_bias, saved_states=s.states, **views, **params)
         seg = segment_length(rt, op, tuple(s.u.shape), nchunks,
                              lanes_backward_loops_per_chunk(nstate, min(s.chunk, length), rt.subgroup_size),
                              16, segment=segment)
@@ -494,8 +502,8 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
             params.update(kc_lo=max(0, hi - seg), kc_hi=hi)
             rt.run("selective_scan_backward_lanes", grid, constants, u=s.u, delta=s.delta, A_log=s.A_log,
                    B=s.B, C=s.C, D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy, saved_states=s.states, du=du,
-                   ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, param_part=param_part,
-                   tile_states=tile_states, carry=carry, **params)
+                   ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, param_part=param_part, carry=carry,
+                   **views, **params)
     else:
         constants = _constants(rt, op, nstate, s.chunk, False)
         groups, tile = -(-channels // constants["CH"]), constants["T"]
