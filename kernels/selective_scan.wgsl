@@ -795,6 +795,113 @@ fn lanes_walk(b: u32, dd: u32, cl: u32, first: u32, a: vec4<f32>, bias: f32, chu
     return h;
 }
 
+// The forward on the same lanes (grid (ceil(Dc·LP / WG), B)): steps [seg_begin, seg_end) in sub-tiles of SUB
+// steps, the owner lane of each step computing Δ and Δ·u for the channel (broadcast by subgroupShuffle) and
+// writing its y from the sub-tile's sums over n (one transposing butterfly, as lane_step_sums). Saves the
+// state entering each chunk and the last state as the other forwards.
+struct FwdLoads { x: f32, uv: f32, zv: f32, B0: vec4<f32>, B1: vec4<f32>, B2: vec4<f32>, B3: vec4<f32>, C0: vec4<f32>,
+                  C1: vec4<f32>, C2: vec4<f32>, C3: vec4<f32> }
+
+fn fwd_loads(row: u32, bias: f32, bc: u32, n_in: u32, cl: u32) -> FwdLoads {
+    let b1 = bc + min(1u, n_in - 1u) * N;
+    let b2 = bc + min(2u, n_in - 1u) * N;
+    let b3 = bc + min(3u, n_in - 1u) * N;
+    return FwdLoads(delta[row] + bias, u[row], z[row], lane_states_B(bc, cl), lane_states_B(b1, cl),
+                    lane_states_B(b2, cl), lane_states_B(b3, cl), lane_states_C(bc, cl), lane_states_C(b1, cl),
+                    lane_states_C(b2, cl), lane_states_C(b3, cl));
+}
+
+// Σ over the channel's lanes of the 4 steps' shares (component s: step s); lane cl gets step cl mod 4's sum.
+fn lane_step_sum(cl: u32, v: vec4<f32>) -> f32 {
+    let hi = (cl & 2u) != 0u;
+    let v2 = select(v.xy, v.zw, hi) + subgroupShuffleXor(select(v.zw, v.xy, hi), 2u);
+    let odd = (cl & 1u) != 0u;
+    var s = select(v2.x, v2.y, odd) + subgroupShuffleXor(select(v2.y, v2.x, odd), 1u);
+    for (var m = SUB; m < LP; m <<= 1u) { s += subgroupShuffleXor(s, m); }
+    return s;
+}
+
+fn lane_states_store_states(e: u32, cl: u32, h: vec4<f32>) {
+    let n = 4u * cl;
+    if (n < N) { states[e + n] = h.x; }
+    if (n + 1u < N) { states[e + n + 1u] = h.y; }
+    if (n + 2u < N) { states[e + n + 2u] = h.z; }
+    if (n + 3u < N) { states[e + n + 3u] = h.w; }
+}
+fn lane_states_store_last(e: u32, cl: u32, h: vec4<f32>) {
+    let n = 4u * cl;
+    if (n < N) { last_state[e + n] = h.x; }
+    if (n + 1u < N) { last_state[e + n + 1u] = h.y; }
+    if (n + 2u < N) { last_state[e + n + 2u] = h.z; }
+    if (n + 3u < N) { last_state[e + n + 3u] = h.w; }
+}
+
+@compute @workgroup_size(128)
+fn selective_scan_forward_lanes(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let b = wid.y;
+    let thread = lid.x;
+    let cl = thread % LP;
+    let first = thread % SG - cl;
+    let d = wid.x * (WG / LP) + thread / LP;
+    let valid = d < p.channels;
+    let dd = min(d, p.channels - 1u);
+    let a = lane_neg_exp_A(dd, cl);
+    let bias = delta_bias[dd];
+    let skip = D[dd];
+    let sb = (b * p.channels + dd) * N;  // [B, Dc, N] row of (b, d)
+    var h = vec4<f32>(0.0);
+    if (p.seg_begin > 0u) {
+        let n = 4u * cl;
+        h = vec4<f32>(select(0.0, last_state[sb + min(n, N - 1u)], n < N),
+                      select(0.0, last_state[sb + min(n + 1u, N - 1u)], n + 1u < N),
+                      select(0.0, last_state[sb + min(n + 2u, N - 1u)], n + 2u < N),
+                      select(0.0, last_state[sb + min(n + 3u, N - 1u)], n + 3u < N));
+    }
+    var next: FwdLoads;
+    if (PREFETCH > 0u && p.seg_begin < p.seg_end) {
+        let n_in = min(SUB, p.seg_end - p.seg_begin);
+        next = fwd_loads(row_index(b, p.seg_begin + min(cl, n_in - 1u), dd), bias, (b * p.len + p.seg_begin) * N, n_in,
+                         cl);
+    }
+    for (var t = p.seg_begin; t < p.seg_end; t += SUB) {
+        if (t % p.chunk == 0u && valid) {
+            lane_states_store_states(((b * p.nchunks + t / p.chunk) * p.channels + d) * N, cl, h);
+        }
+        let n_in = min(SUB, p.seg_end - t);  // uniform
+        let own_row = row_index(b, t + min(cl, n_in - 1u), dd);
+        var ld: FwdLoads;
+        if (PREFETCH > 0u) {
+            ld = next;
+            if (t + SUB < p.seg_end) {
+                let n_next = min(SUB, p.seg_end - t - SUB);
+                next = fwd_loads(row_index(b, t + SUB + min(cl, n_next - 1u), dd), bias, (b * p.len + t + SUB) * N,
+                                 n_next, cl);
+            }
+        } else {
+            ld = fwd_loads(own_row, bias, (b * p.len + t) * N, n_in, cl);
+        }
+        let o = owned_step(ld.x, ld.uv, 0.0, 0.0, false);
+        var yc = vec4<f32>(0.0);
+        h = exp(subgroupShuffle(o.dt, first) * a) * h + subgroupShuffle(o.dtu, first) * ld.B0;
+        yc.x = dot(ld.C0, h);
+        if (n_in > 1u) {
+            h = exp(subgroupShuffle(o.dt, first + 1u) * a) * h + subgroupShuffle(o.dtu, first + 1u) * ld.B1;
+            yc.y = dot(ld.C1, h);
+        }
+        if (n_in > 2u) {
+            h = exp(subgroupShuffle(o.dt, first + 2u) * a) * h + subgroupShuffle(o.dtu, first + 2u) * ld.B2;
+            yc.z = dot(ld.C2, h);
+        }
+        if (n_in > 3u) {
+            h = exp(subgroupShuffle(o.dt, first + 3u) * a) * h + subgroupShuffle(o.dtu, first + 3u) * ld.B3;
+            yc.w = dot(ld.C3, h);
+        }
+        let acc = lane_step_sum(cl, yc);
+        if (cl < n_in && valid) { y[own_row] = (skip * ld.uv + acc) * ld.zv * sigmoid(ld.zv); }
+    }
+    if (valid) { lane_states_store_last(sb, cl, h); }
+}
+
 // WALK: the walks of all chunks at once, before the adjoint (the chunks' entry states are saved, so they are
 // independent): grid (ceil(Dc·LP / WG), B, n_chunks), slots [B, Dc·LP / WG, n_chunks · slots per chunk, WG].
 @compute @workgroup_size(128)

@@ -126,7 +126,8 @@ def test_tiled_variants_match_reference(rt, monkeypatch, variant, batch, length,
         assert np.array_equal(a, b.numpy()), name
 
 
-LANES_VARIANTS = [{}, {"PREFETCH": 0}, {"PREFETCH": 1}, {"WALK": 1}, {"WALK": 1, "PREFETCH": 0}, {"LANES": 0}]
+LANES_VARIANTS = [{}, {"PREFETCH": 0}, {"PREFETCH": 1}, {"WALK": 1}, {"WALK": 1, "PREFETCH": 0}, {"LANES": 0},
+                  {"FLANES": 0}]
 
 
 @pytest.mark.parametrize("variant", LANES_VARIANTS, ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()) or "lanes")
@@ -155,12 +156,19 @@ def test_backward_lanes_matches_reference(rt, monkeypatch, variant, batch, lengt
     dy = np.random.default_rng(17).standard_normal((batch, length, channels)).astype(np.float32)
     y, grads, saved = run_gpu(rt, x, dy, chunk, path="tiled")
     assert ("selective_scan_backward_lanes" if lanes else "selective_scan_backward") in entries
-    _, grads_ref = reference(x, dy)
+    forward_lanes = variant.get("FLANES", 1) and scan.backward_lanes_fit(rt, nstate)
+    assert ("selective_scan_forward_lanes" if forward_lanes else "selective_scan_forward") in entries
+    y_ref, grads_ref = reference(x, dy)
+    assert rel_err(y, y_ref) < 1e-4
     for name, got, want in zip(GRADS, grads, grads_ref):
         assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
     again = selective_scan_backward(saved, rt.from_numpy(dy), segment=1, path="tiled")
     for name, a, b in zip(GRADS, grads, again):
         assert np.array_equal(a, b.numpy()), name
+    y2, saved2 = selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), chunk=chunk, segment=4, path="tiled")
+    assert np.array_equal(y2.numpy(), y)
+    assert np.array_equal(saved2.states.numpy(), saved.states.numpy())
+    assert np.array_equal(saved2.last_state.numpy(), saved.last_state.numpy())
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -307,6 +307,7 @@ def _constants(rt, op: str, nstate: int, chunk: int, forward: bool) -> dict:
     v.pop("LANES", None)
     v.pop("PREFETCH", None)
     v.pop("WALK", None)
+    v.pop("FLANES", None)
     unknown = set(v) - {"SPT", "LANE_SUM", "T"}
     if unknown:
         raise ShapeError(f"{op}: unknown tiled variant constants {sorted(unknown)}")
@@ -380,6 +381,16 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
             rt.run("selective_scan_forward_direct", grid_1d(batch * channels, DIRECT_FORWARD_GROUP), {"N": nstate},
                    u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states,
                    last_state=last_state, ngroups=0, per_thread=0, **params)
+        return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
+    if TILED_VARIANT.get("FLANES", 1) and backward_lanes_fit(rt, nstate):
+        constants = _lanes_constants(rt, nstate)
+        grid = (-(-channels * constants["LP"] // WORKGROUP), batch)
+        lane_bits = constants["LP"].bit_length() - 1
+        seg = segment_length(rt, op, tuple(u.shape), length, 1 + lane_bits, 16, multiple=LANES_SUB, segment=segment)
+        for t0, t1 in segments(length, seg):
+            params.update(seg_begin=t0, seg_end=t1)
+            rt.run("selective_scan_forward_lanes", grid, constants, u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z,
+                   delta_bias=delta_bias, y=y, states=states, last_state=last_state, B4=B, C4=C, **params)
         return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
     constants = _constants(rt, op, nstate, chunk, True)
     tile = constants["T"]
