@@ -13,9 +13,10 @@ GPUs (`path="tiled"`): LP = max(4, NP / 4) lanes of a subgroup per (batch row, c
 registers (NP: N rounded up to a power of two), no workgroup memory or barriers (kernels/selective_scan.wgsl
 says why and what was measured); they need the `subgroup` feature and a channel's LP lanes within one subgroup
 (N ≤ 4 · subgroup lanes: N ≤ 128 on NVIDIA), elsewhere the direct kernels run. The backward's transient
-buffers are the state entering every 4th step ([B, Dc·LP / 128, ceil(L / 4)... ] vec4: B·L·Dc·N bytes, one
-[B, L, Dc] tensor's bytes times N / 4) and the per-subgroup partials of dB and dC (2 × [ceil(Dc / CPS), B, L, N],
-CPS = subgroup lanes / LP channels per subgroup: 8 at N = 16 on NVIDIA).
+buffers are the state entering every 4th step (slots [B, ceil(Dc·LP / 128), n_chunks · ceil(min(chunk, L) / 4),
+128] of vec4: about B·L·Dc·N bytes, 201 MB per layer at the 130m shape, written by the chunk-parallel walk and
+read once by the adjoint) and the per-subgroup partials of dB and dC (2 × [ceil(Dc / CPS), B, L, N], CPS =
+subgroup lanes / LP channels per subgroup: 8 at N = 16 on NVIDIA).
 
 CPU adapters (`rt.info.type == "CPU"`, e.g. Mesa llvmpipe) take barrier-free kernels instead (`path="direct"`;
 `path="tiled"` / `"direct"` forces either): one invocation per (batch row, channel) walks time with its N states
