@@ -20,10 +20,10 @@
 // issued one sub-tile ahead (measured below). Nothing a lane holds is an array indexed by a loop
 // counter (those can land in local memory): every per-step value is a named register.
 // Memory: the forward saves only the state entering each chunk of `chunk` steps, states [B, n_chunks, Dc, N].
-// The backward first walks every chunk at once from its saved entry state (selective_scan_backward_walk: the
-// chunks are independent, one dispatch with n_chunks times the workgroups), storing the state entering every
-// sub-tile in slots [B, Dc·LP / WG, L / SUB, WG] (vec4); then selective_scan_backward walks the sub-tiles last
-// to first: it recomputes a sub-tile's 4 states into registers (h0 .. h4) from its slot and runs their adjoint
+// The backward first walks every chunk of a segment at once from its saved entry state
+// (selective_scan_backward_walk: the chunks are independent, one dispatch with a workgroup per chunk), storing
+// the state entering every sub-tile in slots [B, Dc·LP / WG, chunks · chunk / SUB, WG] (vec4); then
+// selective_scan_backward walks the segment's sub-tiles last to first: it recomputes a sub-tile's 4 states into registers (h0 .. h4) from its slot and runs their adjoint
 // g_t = ∂loss/∂h_t = C_t dy'_t + exp(Δ_{t+1} A) g_{t+1} backwards (dy' = dy·silu(z)). Sums over batch rows
 // (∂/∂A_log, ∂/∂D, ∂/∂delta_bias) go out as per-row partials (param_part); second dispatches add the partials
 // in a fixed order, so results are deterministic and there are no atomics.
@@ -413,14 +413,14 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
     if (valid) { lane_states_store_last(sb, cl, h); }
 }
 
-// Grid (ceil(Dc·LP / WG), B, n_chunks): the walk of chunk k = wid.z from its saved entry state, storing the
-// state entering each of its sub-tiles at slots[((b·groups + group)·n_chunks + k)·per_chunk + i][thread], the
-// state after a walk group issued one group ahead.
+// Grid (ceil(Dc·LP / WG), B, kc_hi − kc_lo): the walk of chunk k = kc_lo + wid.z (0-based) from its saved entry
+// state, storing the state entering each of its sub-tiles at slots[((b·groups + group)·(kc_hi − kc_lo) +
+// wid.z)·per_chunk + i][thread], each walk group's loads issued one group ahead.
 @compute @workgroup_size(128)
 fn selective_scan_backward_walk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                                 @builtin(local_invocation_id) lid: vec3<u32>) {
     let b = wid.y;
-    let k = wid.z;
+    let k = p.kc_lo + wid.z;  // chunks kc_lo .. kc_hi − 1 (0-based), the backward segment's
     let thread = lid.x;
     let cl = thread % LP;
     let first = thread % SG - cl;  // the channel's lane 0
@@ -430,7 +430,7 @@ fn selective_scan_backward_walk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(
     let chunk_start = k * p.chunk;
     let last = (min(p.chunk, p.len - chunk_start) - 1u) / SUB * SUB;  // the last sub-tile's first step
     let per_chunk = (min(p.chunk, p.len) + SUB - 1u) / SUB;
-    let e0 = ((b * nwg.x + wid.x) * p.nchunks + k) * per_chunk * WG + thread;
+    let e0 = ((b * nwg.x + wid.x) * (p.kc_hi - p.kc_lo) + wid.z) * per_chunk * WG + thread;
     var h = lane_states_saved(((b * p.nchunks + k) * p.channels + dd) * N, cl);
     var next: WalkLoads;
     if (last > 0u) {
@@ -486,7 +486,8 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         let steps = min(p.chunk, p.len - chunk_start);
         let nsub = (steps + SUB - 1u) / SUB;
         let last = (nsub - 1u) * SUB;  // the last sub-tile's first step
-        let scratch = ((b * nwg.x + wid.x) * p.nchunks + k - 1u) * per_chunk * WG + thread;  // the chunk's slots
+        // The chunk's slots (the walk's of this segment's chunks).
+        let scratch = ((b * nwg.x + wid.x) * (p.kc_hi - p.kc_lo) + k - 1u - p.kc_lo) * per_chunk * WG + thread;
         // Each sub-tile's loads are issued one sub-tile ahead (their latency behind the sub-tile before).
         var next = sub_loads(row_index(b, chunk_start + last + min(cl, steps - last - 1u), dd), bias,
                              scratch + (nsub - 1u) * WG, (b * p.len + chunk_start + last) * N, steps - last, cl);

@@ -102,7 +102,7 @@ def test_matches_reference(rt, path, batch, length, channels, nstate, chunk):
 def test_tiled_matches_reference(rt, monkeypatch, batch, length, channels, nstate, chunk):
     """The GPU kernels (lanes of a subgroup per channel: the default where they fit) match the reference, run
     as the forward, the chunk-parallel walk and the backward, and their dispatch segments (forward by sub-tiles,
-    backward by chunks) are bit-identical to one dispatch."""
+    backward by chunks, also where the state slots' memory sets them) are bit-identical to one dispatch."""
     skip_unsupported(rt, nstate, "tiled")
     entries = []
     run = rt.run
@@ -116,6 +116,10 @@ def test_tiled_matches_reference(rt, monkeypatch, batch, length, channels, nstat
     for name, got, want in zip(GRADS, grads, grads_ref):
         assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
     again = selective_scan_backward(saved, rt.from_numpy(dy), segment=1, path="tiled")
+    for name, a, b in zip(GRADS, grads, again):
+        assert np.array_equal(a, b.numpy()), name
+    monkeypatch.setattr(scan, "SLOT_BYTES", 1)  # segments of one chunk for the slots' memory
+    again = selective_scan_backward(saved, rt.from_numpy(dy), path="tiled")
     for name, a, b in zip(GRADS, grads, again):
         assert np.array_equal(a, b.numpy()), name
     y2, saved2 = selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), chunk=chunk, segment=4, path="tiled")

@@ -56,6 +56,9 @@ DEFAULT_CHUNK = 128
 PATHS = ("tiled", "direct", "subgroup")
 LANE_SUB = 4  # SUB in the kernel: steps per sub-tile of the GPU kernels, one owner lane each
 LANE_STATES = 4  # states per lane of the GPU kernels (a vec4)
+# The GPU backward's state slots per segment of chunks at most (B·L·Dc·N bytes for all chunks: 201 MB at the
+# 130m shape, one segment); longer or wider shapes take several segments (and stay within the binding limit).
+SLOT_BYTES = 256 * 2**20
 SUBGROUP_MAX_STATE = 16  # SG_N in the kernel: the subgroup kernels hold the state in four vec4 registers
 SUBGROUP_SUBCHUNK = 4  # SUBCHUNK in the kernel: steps per scratch slot of the subgroup backward
 # Direct backward: invocations (B·G) to aim for when giving each several channels; enough SIMD batches for the
@@ -362,18 +365,23 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
         dC_part = rt.empty((groups, batch, length, nstate))
         grid = (-(-channels * constants["LP"] // WORKGROUP), batch)
         per_chunk = -(-min(s.chunk, length) // LANE_SUB)
-        slots = rt.empty((batch, grid[0], nchunks * per_chunk, WORKGROUP, LANE_STATES))
         carry = rt.empty((batch, grid[0], WORKGROUP, CARRY_WORDS))
-        views = dict(B4=s.B, C4=s.C, slots=slots)
-        # Every chunk's walk at once (one chunk per invocation: within llvmpipe's budget if a chunk is).
-        loop_budget(rt, op, tuple(s.u.shape), 1 + per_chunk)
-        rt.run("selective_scan_backward_walk", (grid[0], batch, nchunks), constants, u=s.u, delta=s.delta,
-               A_log=s.A_log, B=s.B, delta_bias=s.delta_bias, saved_states=s.states, **views, **params)
+        # Segments of chunks: llvmpipe's loop budget, and the slots of one segment within SLOT_BYTES (one
+        # dispatch at the 130m shape); each segment walks its chunks at once (one chunk per invocation, within
+        # llvmpipe's budget if a chunk is), then runs their adjoint.
         seg = segment_length(rt, op, tuple(s.u.shape), nchunks,
                              lanes_backward_loops_per_chunk(nstate, min(s.chunk, length), rt.subgroup_size),
                              16, segment=segment)
+        chunk_bytes = batch * grid[0] * per_chunk * WORKGROUP * LANE_STATES * 4
+        seg = max(1, min(seg, min(SLOT_BYTES, rt.max_binding) // chunk_bytes))
+        loop_budget(rt, op, tuple(s.u.shape), 1 + per_chunk)
+        slots = rt.empty((batch, grid[0], min(seg, nchunks) * per_chunk, WORKGROUP, LANE_STATES))
+        views = dict(B4=s.B, C4=s.C, slots=slots)
         for hi in range(nchunks, 0, -seg):
             params.update(kc_lo=max(0, hi - seg), kc_hi=hi)
+            rt.run("selective_scan_backward_walk", (grid[0], batch, hi - params["kc_lo"]), constants, u=s.u,
+                   delta=s.delta, A_log=s.A_log, B=s.B, delta_bias=s.delta_bias, saved_states=s.states, **views,
+                   **params)
             rt.run("selective_scan_backward", grid, constants, u=s.u, delta=s.delta, A_log=s.A_log, B=s.B, C=s.C,
                    D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy, saved_states=s.states, du=du, ddelta=ddelta,
                    dz=dz, dB_part=dB_part, dC_part=dC_part, param_part=param_part, carry=carry, **views, **params)
