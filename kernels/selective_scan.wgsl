@@ -40,6 +40,7 @@ const SUB: u32 = 4u;     // steps per sub-tile: one owner lane per step (LP ≥ 
 override N: u32 = 16u;   // state size
 override LP: u32 = 4u;   // lanes per channel: max(SUB, NP / 4)
 override SG: u32 = 32u;  // lanes per subgroup (Runtime.subgroup_size)
+override DEPTH: u32 = 1u;  // sub-tiles whose loads are in flight ahead of the one computed: 1 or 2
 override ACCUMULATE: bool = false;
 
 // Segments (Mesa llvmpipe caps one invocation's loop iterations at 65,535 in total, so there the wrapper splits
@@ -212,6 +213,13 @@ fn sub_loads(row: u32, bias: f32, e: u32, bc: u32, n_in: u32, cl: u32) -> SubLoa
                     lane_states_C(bc, cl), lane_states_C(b1, cl), lane_states_C(b2, cl), lane_states_C(b3, cl));
 }
 
+// The loads of the chunk's sub-tile jj (1-based; one before the last: whole) for the backward.
+fn sub_loads_whole(b: u32, chunk_start: u32, jj: u32, dd: u32, bias: f32, scratch: u32, cl: u32) -> SubLoads {
+    let t = chunk_start + (jj - 1u) * SUB;
+    return sub_loads(row_index(b, t + min(cl, SUB - 1u), dd), bias, scratch + (jj - 1u) * WG, (b * p.len + t) * N,
+                     SUB, cl);
+}
+
 // Σ over the subgroup's CPS channels of one step's dB (db) and dC (dc) at the lane's states, by a transposing
 // butterfly over the channel bits of the lane (highest first: dB or dC, then the high and the low half of the
 // lane's 4 states); each sum lands in one lane, which stores it at e = ((slice·B + b)·L + t)·N + 4q. The order
@@ -326,6 +334,12 @@ fn fwd_loads(row: u32, bias: f32, bc: u32, n_in: u32, cl: u32) -> FwdLoads {
                     lane_states_C(b2, cl), lane_states_C(b3, cl));
 }
 
+// The loads of the forward's sub-tile at step t (up to seg_end).
+fn fwd_loads_at(b: u32, t: u32, dd: u32, bias: f32, cl: u32) -> FwdLoads {
+    let n_in = min(SUB, p.seg_end - t);
+    return fwd_loads(row_index(b, t + min(cl, n_in - 1u), dd), bias, (b * p.len + t) * N, n_in, cl);
+}
+
 // Σ over the channel's lanes of the 4 steps' shares (component s: step s); lane cl gets step cl mod 4's sum.
 fn lane_step_sum(cl: u32, v: vec4<f32>) -> f32 {
     let hi = (cl & 2u) != 0u;
@@ -372,13 +386,11 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
                       select(0.0, last_state[sb + min(n + 2u, N - 1u)], n + 2u < N),
                       select(0.0, last_state[sb + min(n + 3u, N - 1u)], n + 3u < N));
     }
-    // Each sub-tile's loads are issued one sub-tile ahead (their latency behind the sub-tile before).
+    // Each sub-tile's loads are issued DEPTH sub-tiles ahead (their latency behind the sub-tiles before).
     var next: FwdLoads;
-    if (p.seg_begin < p.seg_end) {
-        let n_in = min(SUB, p.seg_end - p.seg_begin);
-        next = fwd_loads(row_index(b, p.seg_begin + min(cl, n_in - 1u), dd), bias, (b * p.len + p.seg_begin) * N, n_in,
-                         cl);
-    }
+    var next2: FwdLoads;
+    if (p.seg_begin < p.seg_end) { next = fwd_loads_at(b, p.seg_begin, dd, bias, cl); }
+    if (DEPTH > 1u && p.seg_begin + SUB < p.seg_end) { next2 = fwd_loads_at(b, p.seg_begin + SUB, dd, bias, cl); }
     for (var t = p.seg_begin; t < p.seg_end; t += SUB) {
         if (t % p.chunk == 0u && valid) {
             lane_states_store_states(((b * p.nchunks + t / p.chunk) * p.channels + d) * N, cl, h);
@@ -386,10 +398,11 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
         let n_in = min(SUB, p.seg_end - t);  // uniform
         let own_row = row_index(b, t + min(cl, n_in - 1u), dd);
         let ld = next;
-        if (t + SUB < p.seg_end) {
-            let n_next = min(SUB, p.seg_end - t - SUB);
-            next = fwd_loads(row_index(b, t + SUB + min(cl, n_next - 1u), dd), bias, (b * p.len + t + SUB) * N, n_next,
-                             cl);
+        if (DEPTH > 1u) {
+            next = next2;
+            if (t + 2u * SUB < p.seg_end) { next2 = fwd_loads_at(b, t + 2u * SUB, dd, bias, cl); }
+        } else if (t + SUB < p.seg_end) {
+            next = fwd_loads_at(b, t + SUB, dd, bias, cl);
         }
         let o = owned_step(ld.x, ld.uv, 0.0, 0.0, false);
         var yc = vec4<f32>(0.0);
@@ -488,9 +501,11 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         let last = (nsub - 1u) * SUB;  // the last sub-tile's first step
         // The chunk's slots (the walk's of this segment's chunks).
         let scratch = ((b * nwg.x + wid.x) * (p.kc_hi - p.kc_lo) + k - 1u - p.kc_lo) * per_chunk * WG + thread;
-        // Each sub-tile's loads are issued one sub-tile ahead (their latency behind the sub-tile before).
+        // Each sub-tile's loads are issued DEPTH sub-tiles ahead (their latency behind the sub-tiles before).
         var next = sub_loads(row_index(b, chunk_start + last + min(cl, steps - last - 1u), dd), bias,
                              scratch + (nsub - 1u) * WG, (b * p.len + chunk_start + last) * N, steps - last, cl);
+        var next2: SubLoads;
+        if (DEPTH > 1u && nsub > 1u) { next2 = sub_loads_whole(b, chunk_start, nsub - 1u, dd, bias, scratch, cl); }
         for (var j = nsub; j > 0u; j--) {
             let s0 = (j - 1u) * SUB;
             let n_in = min(SUB, steps - s0);  // steps in this sub-tile (uniform)
@@ -498,9 +513,11 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
             let own_row = row_index(b, t + min(cl, n_in - 1u), dd);
             let bc = (b * p.len + t) * N;
             let ld = next;
-            if (j > 1u) {  // the sub-tile before: whole
-                next = sub_loads(row_index(b, t - SUB + min(cl, SUB - 1u), dd), bias, scratch + (j - 2u) * WG,
-                                 bc - SUB * N, SUB, cl);
+            if (DEPTH > 1u) {
+                next = next2;
+                if (j > 2u) { next2 = sub_loads_whole(b, chunk_start, j - 2u, dd, bias, scratch, cl); }
+            } else if (j > 1u) {
+                next = sub_loads_whole(b, chunk_start, j - 1u, dd, bias, scratch, cl);
             }
             let o = owned_step(ld.x, ld.uv, ld.zv, ld.dyv, true);
             // Steps past n_in repeat the last one (their results are not used).
