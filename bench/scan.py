@@ -7,7 +7,7 @@ Each repeat records one forward and one backward (with the parameter gradients a
 times every dispatch with GPU timestamps (`Runtime.gpu_times`, needs `timestamp-query`); the table gives each
 entry point's median over the repeats, and one JSON line follows. Copied into another checkout (the measured
 tree first on sys.path, as bench/common.py arranges), it times that checkout's kernels. Each `--variant` (a
-chunk, or `ops.selective_scan.VARIANT` constants) is timed after the defaults in the same process (round robin over the repeats), one table and one JSON
+chunk) is timed after the defaults in the same process (round robin over the repeats), one table and one JSON
 line each; each timed call follows --warm-seconds of untimed ones.
 """
 
@@ -36,8 +36,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--path", default=None, choices=list(scan.PATHS))
     p.add_argument("--variant", action="append", default=[],
-                   help="NAME=VALUE[,...]: chunk, or the GPU kernels' constants (ops.selective_scan.VARIANT: "
-                        "FWD_DEPTH, BWD_DEPTH) to time after the defaults")
+                   help="chunk=C: a chunk to time after the defaults")
     p.add_argument("--max-seconds", type=float, default=None,
                    help="stop starting repeats (rounds) after this much wall time; report what was timed")
     p.add_argument("--warm-seconds", type=float, default=0.5,
@@ -68,9 +67,10 @@ def main() -> None:
 
     def select(variant):
         nonlocal chunk
+        unknown = set(variant) - {"chunk"}
+        if unknown:
+            raise SystemExit(f"unknown variant keys {sorted(unknown)} (only chunk)")
         chunk = variant.get("chunk", a.chunk)
-        scan.VARIANT.clear()
-        scan.VARIANT.update({k: v for k, v in variant.items() if k != "chunk"})
 
     start = time.perf_counter()
     usable = []
@@ -122,7 +122,6 @@ def main() -> None:
                           "N": N, "chunk": chunk, "path": a.path or "auto", "variant": variant,
                           "repeats": a.repeats, "ms": {k: round(v, 4) for k, v in med.items()},
                           "forward_ms": round(fwd, 4), "backward_ms": round(total - fwd, 4)}))
-    scan.VARIANT.clear()
 
 
 if __name__ == "__main__":

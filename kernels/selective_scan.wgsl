@@ -17,8 +17,9 @@
 // ddelta). The backward sums dB, dC over the subgroup's channels by a transposing butterfly per step that
 // leaves each of the 2N sums in one lane (CPS = 8), stored as per-subgroup partials dB_part, dC_part
 // [ceil(Dc / CPS), B, L, N] that selective_scan_sum_slices adds in a fixed order. Each sub-tile's loads are
-// issued one sub-tile ahead (measured below). Nothing a lane holds is an array indexed by a loop
-// counter (those can land in local memory): every per-step value is a named register.
+// issued ahead (two sub-tiles in the forward, one in the backward and the walk; measured below). Nothing a
+// lane holds is an array indexed by a loop counter (those can land in local memory): every value is a named
+// register.
 // Memory: the forward saves only the state entering each chunk of `chunk` steps, states [B, n_chunks, Dc, N].
 // The backward first walks every chunk of a segment at once from its saved entry state
 // (selective_scan_backward_walk: the chunks are independent, one dispatch with a workgroup per chunk), storing
@@ -27,10 +28,11 @@
 // g_t = ∂loss/∂h_t = C_t dy'_t + exp(Δ_{t+1} A) g_{t+1} backwards (dy' = dy·silu(z)). Sums over batch rows
 // (∂/∂A_log, ∂/∂D, ∂/∂delta_bias) go out as per-row partials (param_part); second dispatches add the partials
 // in a fixed order, so results are deterministic and there are no atomics.
-// Measured (H200, B 8, L 1024, Dc 1536, N 16, GPU timestamps, bench/scan.py, one process): forward 0.322 ms
-// (the workgroup-memory forward it replaced 0.495), backward 0.142 (walk) + 0.544 ms (the workgroup-memory
-// backward it replaced 2.497, one walk and one recompute per tile in one dispatch: 0.728); loads not issued
-// ahead: backward +0.09 ms, forward +0.37 ms; only the owner's inputs and the entry state ahead: +0.03 ms.
+// Measured (H200, B 8, L 1024, Dc 1536, N 16, GPU timestamps, bench/scan.py, one process): forward 0.315 ms
+// with loads two sub-tiles ahead (one ahead 0.331; the workgroup-memory forward it replaced 0.499), backward
+// 0.143 (walk) + 0.550 ms (the workgroup-memory backward it replaced 2.504; the walk inside the backward
+// dispatch: 0.728 in all). Loads not issued ahead: backward +0.09 ms, forward +0.37 ms; only the owner's inputs
+// and the entry state ahead: backward +0.03 ms; two sub-tiles ahead in the backward: +0.39 ms.
 // N, LP and SG are pipeline constants; the wrapper keeps LP ≤ SG (else the direct kernels run).
 
 const WG: u32 = 128u;  // mirrored by the wrapper (mambactl/ops/selective_scan.py)
@@ -40,7 +42,6 @@ const SUB: u32 = 4u;     // steps per sub-tile: one owner lane per step (LP ≥ 
 override N: u32 = 16u;   // state size
 override LP: u32 = 4u;   // lanes per channel: max(SUB, NP / 4)
 override SG: u32 = 32u;  // lanes per subgroup (Runtime.subgroup_size)
-override DEPTH: u32 = 1u;  // sub-tiles whose loads are in flight ahead of the one computed: 1 or 2
 override ACCUMULATE: bool = false;
 
 // Segments (Mesa llvmpipe caps one invocation's loop iterations at 65,535 in total, so there the wrapper splits
@@ -386,11 +387,11 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
                       select(0.0, last_state[sb + min(n + 2u, N - 1u)], n + 2u < N),
                       select(0.0, last_state[sb + min(n + 3u, N - 1u)], n + 3u < N));
     }
-    // Each sub-tile's loads are issued DEPTH sub-tiles ahead (their latency behind the sub-tiles before).
+    // Each sub-tile's loads are issued two sub-tiles ahead (their latency behind the two sub-tiles before).
     var next: FwdLoads;
     var next2: FwdLoads;
     if (p.seg_begin < p.seg_end) { next = fwd_loads_at(b, p.seg_begin, dd, bias, cl); }
-    if (DEPTH > 1u && p.seg_begin + SUB < p.seg_end) { next2 = fwd_loads_at(b, p.seg_begin + SUB, dd, bias, cl); }
+    if (p.seg_begin + SUB < p.seg_end) { next2 = fwd_loads_at(b, p.seg_begin + SUB, dd, bias, cl); }
     for (var t = p.seg_begin; t < p.seg_end; t += SUB) {
         if (t % p.chunk == 0u && valid) {
             lane_states_store_states(((b * p.nchunks + t / p.chunk) * p.channels + d) * N, cl, h);
@@ -398,12 +399,8 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
         let n_in = min(SUB, p.seg_end - t);  // uniform
         let own_row = row_index(b, t + min(cl, n_in - 1u), dd);
         let ld = next;
-        if (DEPTH > 1u) {
-            next = next2;
-            if (t + 2u * SUB < p.seg_end) { next2 = fwd_loads_at(b, t + 2u * SUB, dd, bias, cl); }
-        } else if (t + SUB < p.seg_end) {
-            next = fwd_loads_at(b, t + SUB, dd, bias, cl);
-        }
+        next = next2;
+        if (t + 2u * SUB < p.seg_end) { next2 = fwd_loads_at(b, t + 2u * SUB, dd, bias, cl); }
         let o = owned_step(ld.x, ld.uv, 0.0, 0.0, false);
         var yc = vec4<f32>(0.0);
         h = exp(subgroupShuffle(o.dt, first) * a) * h + subgroupShuffle(o.dtu, first) * ld.B0;
@@ -501,11 +498,10 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         let last = (nsub - 1u) * SUB;  // the last sub-tile's first step
         // The chunk's slots (the walk's of this segment's chunks).
         let scratch = ((b * nwg.x + wid.x) * (p.kc_hi - p.kc_lo) + k - 1u - p.kc_lo) * per_chunk * WG + thread;
-        // Each sub-tile's loads are issued DEPTH sub-tiles ahead (their latency behind the sub-tiles before).
+        // Each sub-tile's loads are issued one sub-tile ahead (their latency behind the sub-tile before; two
+        // ahead measured 0.39 ms slower: more registers than 3 workgroups per SM allow).
         var next = sub_loads(row_index(b, chunk_start + last + min(cl, steps - last - 1u), dd), bias,
                              scratch + (nsub - 1u) * WG, (b * p.len + chunk_start + last) * N, steps - last, cl);
-        var next2: SubLoads;
-        if (DEPTH > 1u && nsub > 1u) { next2 = sub_loads_whole(b, chunk_start, nsub - 1u, dd, bias, scratch, cl); }
         for (var j = nsub; j > 0u; j--) {
             let s0 = (j - 1u) * SUB;
             let n_in = min(SUB, steps - s0);  // steps in this sub-tile (uniform)
@@ -513,12 +509,7 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
             let own_row = row_index(b, t + min(cl, n_in - 1u), dd);
             let bc = (b * p.len + t) * N;
             let ld = next;
-            if (DEPTH > 1u) {
-                next = next2;
-                if (j > 2u) { next2 = sub_loads_whole(b, chunk_start, j - 2u, dd, bias, scratch, cl); }
-            } else if (j > 1u) {
-                next = sub_loads_whole(b, chunk_start, j - 1u, dd, bias, scratch, cl);
-            }
+            if (j > 1u) { next = sub_loads_whole(b, chunk_start, j - 1u, dd, bias, scratch, cl); }
             let o = owned_step(ld.x, ld.uv, ld.zv, ld.dyv, true);
             // Steps past n_in repeat the last one (their results are not used).
             let i1 = min(1u, n_in - 1u);

@@ -91,7 +91,6 @@ def test_matches_reference(rt, path, batch, length, channels, nstate, chunk):
         assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
 
 
-@pytest.mark.parametrize("variant", [{}, {"FWD_DEPTH": 2, "BWD_DEPTH": 2}], ids=["depth1", "depth2"])
 @pytest.mark.parametrize("batch,length,channels,nstate,chunk", [
     (2, 63, 9, 5, 16),     # N = 5: 4 lanes per channel, 2 of them without a state; L not a multiple of 4
     (2, 65, 70, 16, 32),   # channels not a multiple of a subgroup's or a workgroup's
@@ -100,13 +99,11 @@ def test_matches_reference(rt, path, batch, length, channels, nstate, chunk):
     (2, 41, 13, 64, 8),    # N = 64: 16 lanes per channel (where subgroups have 16 or more)
     (1, 17, 3, 128, 16),   # N = 128: 32 lanes per channel (where subgroups have 32 or more)
 ])
-def test_tiled_matches_reference(rt, monkeypatch, variant, batch, length, channels, nstate, chunk):
-    """The GPU kernels (lanes of a subgroup per channel: the default where they fit; loads one or two sub-tiles
-    ahead) match the reference, run
+def test_tiled_matches_reference(rt, monkeypatch, batch, length, channels, nstate, chunk):
+    """The GPU kernels (lanes of a subgroup per channel: the default where they fit) match the reference, run
     as the forward, the chunk-parallel walk and the backward, and their dispatch segments (forward by sub-tiles,
     backward by chunks, also where the state slots' memory sets them) are bit-identical to one dispatch."""
     skip_unsupported(rt, nstate, "tiled")
-    monkeypatch.setattr(scan, "VARIANT", dict(variant))
     entries = []
     run = rt.run
     monkeypatch.setattr(rt, "run", lambda entry, *a, **k: (entries.append(entry), run(entry, *a, **k)))

@@ -215,19 +215,8 @@ def _check_subgroup(rt, op: str, nstate: int) -> None:
     require_subgroup_lanes(rt, f"{op}: the subgroup path")
 
 
-# Sub-tiles whose loads a GPU kernel keeps in flight ahead (DEPTH in the kernel), by kernel; VARIANT overrides
-# them by name ("FWD_DEPTH", "BWD_DEPTH": bench/scan.py --variant, tests).
-FWD_DEPTH = 1
-BWD_DEPTH = 1
-VARIANT: dict = {}
-
-
-def _lanes_constants(rt, nstate: int, forward: bool) -> dict:
-    unknown = set(VARIANT) - {"FWD_DEPTH", "BWD_DEPTH"}
-    if unknown:
-        raise ShapeError(f"selective_scan: unknown variant constants {sorted(unknown)}")
-    depth = VARIANT.get("FWD_DEPTH", FWD_DEPTH) if forward else VARIANT.get("BWD_DEPTH", BWD_DEPTH)
-    return {"N": nstate, "LP": channel_lanes(nstate), "SG": rt.subgroup_size, "DEPTH": int(depth)}
+def _lanes_constants(rt, nstate: int) -> dict:
+    return {"N": nstate, "LP": channel_lanes(nstate), "SG": rt.subgroup_size}
 
 
 def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor,
@@ -272,7 +261,7 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
                    u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states,
                    last_state=last_state, ngroups=0, per_thread=0, **params)
         return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
-    constants = _lanes_constants(rt, nstate, True)
+    constants = _lanes_constants(rt, nstate)
     grid = (-(-channels * constants["LP"] // WORKGROUP), batch)
     seg = segment_length(rt, op, tuple(u.shape), length, lanes_forward_loops_per_step(nstate), 16,
                          multiple=LANE_SUB, segment=segment)
@@ -370,7 +359,7 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
                    param_part=param_part, tile_states=scratch, carry=carry, ngroups=groups, per_thread=per,
                    **params)
     else:
-        constants = _lanes_constants(rt, nstate, False)
+        constants = _lanes_constants(rt, nstate)
         groups = -(-channels // channels_per_subgroup(rt, nstate))  # the partials' slices: one per subgroup
         dB_part = rt.empty((groups, batch, length, nstate))
         dC_part = rt.empty((groups, batch, length, nstate))
