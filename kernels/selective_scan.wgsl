@@ -19,15 +19,20 @@
 // [ceil(Dc / CPS), B, L, N] that selective_scan_sum_slices adds in a fixed order. Each sub-tile's loads are
 // issued ahead (two sub-tiles in the forward, one in the backward and the walk; measured below). Nothing a
 // lane holds is an array indexed by a loop counter (those can land in local memory): every value is a named
-// register.
+// register. Why this split: at the 130m shape (B 8, Dc 1536, N 16) there are only 49k lanes, 384 workgroups,
+// ~3 per SM of an H200, so registers are cheap (up to ~168 per lane keeps every workgroup resident at once; the
+// backward sits near that: loads two sub-tiles ahead cost it a second wave) while each barrier and round trip
+// through workgroup memory lies on a walk's critical path (the workgroup-memory kernels these replaced: one
+// state per thread, 5 barriers per tile of 8 steps, 4.5x slower).
 // Memory: the forward saves only the state entering each chunk of `chunk` steps, states [B, n_chunks, Dc, N].
 // The backward first walks every chunk of a segment at once from its saved entry state
 // (selective_scan_backward_walk: the chunks are independent, one dispatch with a workgroup per chunk), storing
 // the state entering every sub-tile in slots [B, Dc·LP / WG, chunks · chunk / SUB, WG] (vec4); then
-// selective_scan_backward walks the segment's sub-tiles last to first: it recomputes a sub-tile's 4 states into registers (h0 .. h4) from its slot and runs their adjoint
-// g_t = ∂loss/∂h_t = C_t dy'_t + exp(Δ_{t+1} A) g_{t+1} backwards (dy' = dy·silu(z)). Sums over batch rows
-// (∂/∂A_log, ∂/∂D, ∂/∂delta_bias) go out as per-row partials (param_part); second dispatches add the partials
-// in a fixed order, so results are deterministic and there are no atomics.
+// selective_scan_backward walks the segment's sub-tiles last to first: it recomputes a sub-tile's 4 states into
+// registers (h0 .. h4) from its slot and runs their adjoint g_t = ∂loss/∂h_t = C_t dy'_t + exp(Δ_{t+1} A) g_{t+1}
+// backwards (dy' = dy·silu(z)). Sums over batch rows (∂/∂A_log, ∂/∂D, ∂/∂delta_bias) go out as per-row
+// partials (param_part); second dispatches add the partials in a fixed order, so results are deterministic and
+// there are no atomics.
 // Measured (H200, B 8, L 1024, Dc 1536, N 16, GPU timestamps, bench/scan.py, one process): forward 0.315 ms
 // with loads two sub-tiles ahead (one ahead 0.331; the workgroup-memory forward it replaced 0.499), backward
 // 0.143 (walk) + 0.550 ms (the workgroup-memory backward it replaced 2.504; the walk inside the backward
