@@ -26,7 +26,7 @@
 // state per thread, 5 barriers per tile of 8 steps, 4.5x slower).
 // Memory: the forward saves only the state entering each chunk of `chunk` steps, states [B, n_chunks, Dc, N].
 // The backward first walks every chunk of a segment at once from its saved entry state
-// (selective_scan_backward_walk: the chunks are independent, one dispatch with a workgroup per chunk), storing
+// (selective_scan_backward_walk: the chunks are independent, one dispatch, chunks along the grid's z), storing
 // the state entering every sub-tile in slots [B, Dc·LP / WG, chunks · chunk / SUB, WG] (vec4); then
 // selective_scan_backward walks the segment's sub-tiles last to first: it recomputes a sub-tile's 4 states into
 // registers (h0 .. h4) from its slot and runs their adjoint g_t = ∂loss/∂h_t = C_t dy'_t + exp(Δ_{t+1} A) g_{t+1}

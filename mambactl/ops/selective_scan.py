@@ -50,8 +50,9 @@ MAX_STATE = WORKGROUP  # the largest N (A_log's second dimension) any path takes
 CHUNK_MULTIPLE = 8
 CARRY_WORDS = 10  # CARRY in the kernel: a backward thread's carried sums between segments
 # Steps between saved states. The GPU backward walks every chunk from its saved entry state (all chunks in one
-# dispatch), so the chunk only trades the saved states ([B, L / chunk, Dc, N]: 6 MB per layer at 128 and
-# N = 16) against that walk's parallelism; 128 keeps the memory small.
+# dispatch), so the chunk trades the saved states ([B, L / chunk, Dc, N]: 6 MB per layer at 128 and N = 16)
+# against that walk's parallelism: H200, B 8, L 1024, Dc 1536, N 16, the backward's dispatches 0.772 / 0.785 /
+# 0.788 ms at chunk 64 / 128 / 256; 128 keeps the memory small.
 DEFAULT_CHUNK = 128
 PATHS = ("tiled", "direct", "subgroup")
 LANE_SUB = 4  # SUB in the kernel: steps per sub-tile of the GPU kernels, one owner lane each
