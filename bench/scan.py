@@ -1,15 +1,14 @@
 """The Mamba-1 selective scan alone: GPU time per call of each dispatch of the forward and the backward.
 
     python bench/scan.py [--batch 8] [--seq 1024] [--channels 1536] [--d-state 16] [--chunk C] [--repeats 5]
-        [--tile T] [--path tiled|direct|subgroup] [--variant NAME=VALUE[,NAME=VALUE...]]... [--device D]
+        [--path tiled|direct|subgroup] [--variant chunk=C]... [--device D]
 
 Each repeat records one forward and one backward (with the parameter gradients accumulated, as in training) and
 times every dispatch with GPU timestamps (`Runtime.gpu_times`, needs `timestamp-query`); the table gives each
-entry point's median over the repeats, and one JSON line follows. `--tile` restricts the tiled kernels' steps per
-tile to T (the wrapper's TILES; default: its choice). Copied into another checkout (the measured tree first on
-sys.path, as bench/common.py arranges), it times that checkout's kernels. Each `--variant` (pipeline constants
-of the tiled kernels: SPT, LANE_SUM, T; `ops.selective_scan.TILED_VARIANT`; and `chunk`) is timed after the
-defaults in the same process (round robin over the repeats), one table and one JSON line each.
+entry point's median over the repeats, and one JSON line follows. Copied into another checkout (the measured
+tree first on sys.path, as bench/common.py arranges), it times that checkout's kernels. Each `--variant` (a
+chunk) is timed after the defaults in the same process (round robin over the repeats), one table and one JSON
+line each; each timed call follows --warm-seconds of untimed ones.
 """
 
 from __future__ import annotations
@@ -35,17 +34,17 @@ def main() -> None:
     p.add_argument("--d-state", type=int, default=16)
     p.add_argument("--chunk", type=int, default=None, help="steps between saved states (default: the wrapper's)")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--tile", type=int, default=None, help="the tiled kernels' steps per tile")
     p.add_argument("--path", default=None, choices=list(scan.PATHS))
     p.add_argument("--variant", action="append", default=[],
-                   help="NAME=VALUE[,NAME=VALUE...]: tiled-kernel constants to time after the defaults")
+                   help="chunk=C: a chunk to time after the defaults")
     p.add_argument("--max-seconds", type=float, default=None,
                    help="stop starting repeats (rounds) after this much wall time; report what was timed")
+    p.add_argument("--warm-seconds", type=float, default=0.5,
+                   help="untimed calls queued right before each timed one, about this long (GPU clocks drop when "
+                        "it idles between short synced rounds)")
     p.add_argument("--device", default=None)
     a = p.parse_args()
     variants = [{}] + [{k: int(v) for k, v in (kv.split("=") for kv in spec.split(","))} for spec in a.variant]
-    if a.tile is not None:
-        scan.TILES = (a.tile,)
     rt = get_runtime(a.device)
     rng = np.random.default_rng(0)
     B, L, Dc, N = a.batch, a.seq, a.channels, a.d_state
@@ -68,17 +67,23 @@ def main() -> None:
 
     def select(variant):
         nonlocal chunk
+        unknown = set(variant) - {"chunk"}
+        if unknown:
+            raise SystemExit(f"unknown variant keys {sorted(unknown)} (only chunk)")
         chunk = variant.get("chunk", a.chunk)
-        scan.TILED_VARIANT.clear()
-        scan.TILED_VARIANT.update({k: v for k, v in variant.items() if k != "chunk"})
 
     start = time.perf_counter()
     usable = []
+    call_s = {}
     for variant in variants:
         select(variant)
         try:
             once()  # compile the pipelines, fill the pool
             rt.sync()
+            t0 = time.perf_counter()
+            once()
+            rt.sync()
+            call_s[len(usable)] = time.perf_counter() - t0
             usable.append(variant)
         except Exception as e:  # noqa: BLE001 - a variant the device refuses is reported, the others still run
             print(f"variant {variant}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
@@ -89,8 +94,11 @@ def main() -> None:
         if a.max_seconds is not None and rnd > 0 and time.perf_counter() - start > a.max_seconds:
             print(f"stopped after {rnd} repeats ({a.max_seconds} s)")
             break
-        for variant, got in zip(usable, samples):
+        for i, (variant, got) in enumerate(zip(usable, samples)):
             select(variant)
+            for _ in range(int(a.warm_seconds / max(call_s[i], 1e-4))):
+                once()
+            rt.flush()
             rt.gpu_times = []
             once()
             rt.sync()
@@ -105,16 +113,15 @@ def main() -> None:
         med = {k: float(np.median(v)) for k, v in got.items()}
         fwd = sum(v for k, v in med.items() if "forward" in k)
         total = sum(med.values())
-        print(f"{rt.info.name}: B {B}, L {L}, Dc {Dc}, N {N}, chunk {chunk}, tile {a.tile or 'auto'}, "
-              f"path {a.path or 'auto'}, variant {variant or 'defaults'}")
+        print(f"{rt.info.name}: B {B}, L {L}, Dc {Dc}, N {N}, chunk {chunk}, path {a.path or 'auto'}, "
+              f"variant {variant or 'defaults'}")
         for k, v in sorted(med.items(), key=lambda kv: -kv[1]):
             print(f"  {k:40s} {v:8.3f} ms")
         print(f"  forward {fwd:.3f} ms, backward {total - fwd:.3f} ms, total {total:.3f} ms per layer")
         print(json.dumps({"bench": "scan", "commit": commit(), "device": rt.info.name, "B": B, "L": L, "Dc": Dc,
-                          "N": N, "chunk": chunk, "tile": a.tile, "path": a.path or "auto", "variant": variant,
+                          "N": N, "chunk": chunk, "path": a.path or "auto", "variant": variant,
                           "repeats": a.repeats, "ms": {k: round(v, 4) for k, v in med.items()},
                           "forward_ms": round(fwd, 4), "backward_ms": round(total - fwd, 4)}))
-    scan.TILED_VARIANT.clear()
 
 
 if __name__ == "__main__":

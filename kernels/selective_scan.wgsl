@@ -3,50 +3,57 @@
 //   Δ = softplus(delta + delta_bias), A = −exp(A_log), h_t = exp(Δ_t A) h_{t−1} + Δ_t B_t u_t,
 //   y_t = (C_t·h_t + D u_t) · silu(z_t).
 //
-// Threads: LP = NP / SPT per (batch b, channel d), NP = N rounded up to a power of two; each holds SPT states
-// of the channel (its lane l < LP holds states l, l + LP, …, components of vec4 registers; states ≥ N are
-// padding that no sum sees). A workgroup of WG threads owns one batch row and CH channels (thread = c·LP + l,
-// so a channel's lanes are an aligned block; CH·LP ≤ WG) and walks time in order, so h is a register carried
-// from step to step and no workgroup of a dispatch depends on another.
-// Time goes in tiles of T steps: a tile's inputs are loaded by all threads at once (one batch of loads per
-// thread, so their latency is paid once per tile) and staged in workgroup memory. The forward sums over n
-// either through workgroup memory once per tile (a barrier and a pass over (step, channel) items) or, with
-// LANE_SUM, at each step in-thread and by a subgroupShuffleXor butterfly within the channel's LP lanes (LP ≤
-// the subgroup's lanes; needs lanes numbered as the threads, as on NVIDIA and lavapipe). The backward sums
-// over n and over the workgroup's channels (dB, dC) through workgroup memory once per tile.
-// Measured (H200, B 8, L 1024, Dc 1536, N 16, GPU timestamps, bench/scan.py): the forward with SPT = 4 and
-// LANE_SUM (T 8) 0.49 ms, with SPT = 1 and workgroup sums 0.68 ms; the backward's dispatches (SPT = 1, T 8;
-// with the dB / dC and parameter sums) 2.35 / 2.46 / 2.59 ms at chunk 8 / 16 / 128. Anything that added registers or workgroup memory measured slower there:
-// prefetching the next tile into registers, two staging buffers, a third terms array to drop a barrier, lane
-// sums or several states per thread in the backward, T = 16, step loops of constant trip count.
-// N, NP, SPT, LP, CH, T, PF, LANE_SUM and TERM_STEPS are pipeline constants (the workgroup arrays are sized
-// by them); the wrapper keeps workgroup memory within WebGPU's guaranteed 16 KiB.
+// GPU kernels ("tiled" in the wrapper; forward, backward_walk, backward): LP = max(SUB, NP / 4) lanes per
+// (batch row b, channel d), NP = N rounded up to a power of two, lane cl holding the 4 consecutive states
+// 4cl .. 4cl + 3 in a vec4 register (those ≥ N stay 0: A, B, C and the saved states load as 0 there). A
+// channel's lanes are an aligned block of a subgroup of SG lanes (LP ≤ SG; lanes numbered as the threads, as on
+// NVIDIA and lavapipe), so a subgroup holds CPS = SG / LP channels (8 at N = 16 on NVIDIA) and a workgroup
+// WG / LP; grid (ceil(Dc·LP / WG), B). No workgroup memory and no barriers: each subgroup walks time on its own
+// (h, and in the backward the adjoint g, are registers carried from step to step), in sub-tiles of SUB = 4 steps.
+// In a sub-tile lane s of a channel is the owner of step s: it loads that step's delta, u (z, dy) and computes
+// Δ, Δ·u (the gate's and softplus's derivatives) once for the channel; subgroupShuffle broadcasts them to the
+// channel's lanes. The sums over n of a sub-tile (C·h; in the backward also g·B and Σ gh·A) are one transposing
+// butterfly over the channel's lanes that leaves step s's sums in lane s, which writes that step's y (dz, du,
+// ddelta). The backward sums dB, dC over the subgroup's channels by a transposing butterfly per step that
+// leaves each of the 2N sums in one lane (CPS = 8), stored as per-subgroup partials dB_part, dC_part
+// [ceil(Dc / CPS), B, L, N] that selective_scan_sum_slices adds in a fixed order. Each sub-tile's loads are
+// issued ahead (two sub-tiles in the forward, one in the backward and the walk; measured below). Nothing a
+// lane holds is an array indexed by a loop counter (those can land in local memory): every value is a named
+// register. Why this split: at the 130m shape (B 8, Dc 1536, N 16) there are only 49k lanes, 384 workgroups,
+// ~3 per SM of an H200, so registers are cheap (up to ~168 per lane keeps every workgroup resident at once; the
+// backward sits near that: loads two sub-tiles ahead cost it a second wave) while each barrier and round trip
+// through workgroup memory lies on a walk's critical path (the workgroup-memory kernels these replaced: one
+// state per thread, 5 barriers per tile of 8 steps, 4.5x slower).
 // Memory: the forward saves only the state entering each chunk of `chunk` steps, states [B, n_chunks, Dc, N].
-// The backward walks the chunks last to first: it recomputes the tile entry states of a chunk into
-// tile_states (per workgroup, chunk / T states per thread), then for each tile, last to first, the tile's
-// states in workgroup memory, and runs the adjoint g_t = ∂loss/∂h_t = C_t dy'_t + exp(Δ_{t+1} A) g_{t+1}
-// backwards (dy' = dy·silu(z)). Sums over channels go out as per-workgroup partials (dB_part, dC_part) and
-// sums over batch as per-batch-row partials (param_part); second dispatches add them in a fixed order,
-// so results are deterministic and there are no atomics.
+// The backward first walks every chunk of a segment at once from its saved entry state
+// (selective_scan_backward_walk: the chunks are independent, one dispatch, chunks along the grid's z), storing
+// the state entering every sub-tile in slots [B, Dc·LP / WG, chunks · chunk / SUB, WG] (vec4); then
+// selective_scan_backward walks the segment's sub-tiles last to first: it recomputes a sub-tile's 4 states into
+// registers (h0 .. h4) from its slot and runs their adjoint g_t = ∂loss/∂h_t = C_t dy'_t + exp(Δ_{t+1} A) g_{t+1}
+// backwards (dy' = dy·silu(z)). Sums over batch rows (∂/∂A_log, ∂/∂D, ∂/∂delta_bias) go out as per-row
+// partials (param_part); second dispatches add the partials in a fixed order, so results are deterministic and
+// there are no atomics.
+// Measured (H200, B 8, L 1024, Dc 1536, N 16, GPU timestamps, bench/scan.py, one process): forward 0.315 ms
+// with loads two sub-tiles ahead (one ahead 0.331; the workgroup-memory forward it replaced 0.499), backward
+// 0.143 (walk) + 0.550 ms (the workgroup-memory backward it replaced 2.504; the walk inside the backward
+// dispatch: 0.728 in all). Loads not issued ahead: backward +0.09 ms, forward +0.37 ms; only the owner's inputs
+// and the entry state ahead: backward +0.03 ms; two sub-tiles ahead in the backward: +0.39 ms.
+// N, LP and SG are pipeline constants; the wrapper keeps LP ≤ SG (else the direct kernels run).
 
 const WG: u32 = 128u;  // mirrored by the wrapper (mambactl/ops/selective_scan.py)
 const CARRY: u32 = 10u;  // carry words per backward thread: g, ∂/∂A (4 each), ∂/∂D, ∂/∂delta_bias
+const SUB: u32 = 4u;     // steps per sub-tile: one owner lane per step (LP ≥ SUB)
 
 override N: u32 = 16u;   // state size
-override NP: u32 = 16u;  // N rounded up to a power of two
-override SPT: u32 = 1u;  // states per thread: 1, 2 or 4 (≤ NP)
-override LP: u32 = 16u;  // threads per channel, NP / SPT
-override CH: u32 = 8u;   // channels per workgroup (CH·LP ≤ WG)
-override T: u32 = 8u;    // steps per tile; divides chunk
-override PF: u32 = 1u;   // items per thread of a staged tile: ceil(T·max(CH, N) / WG), at most 4
-override LANE_SUM: bool = false;  // the forward's sums over n by subgroup butterflies (LP ≤ subgroup lanes)
-override TERM_STEPS: u32 = 8u;  // steps of state_terms: T, or 1 where nothing reads it (the LANE_SUM forward)
+override LP: u32 = 4u;   // lanes per channel: max(SUB, NP / 4)
+override SG: u32 = 32u;  // lanes per subgroup (Runtime.subgroup_size)
 override ACCUMULATE: bool = false;
 
 // Segments (Mesa llvmpipe caps one invocation's loop iterations at 65,535 in total, so there the wrapper splits
 // the walk over time into dispatches; elsewhere one dispatch covers it): the forward runs steps [seg_begin,
-// seg_end) (multiples of T), h entering from last_state when seg_begin > 0; the backward runs chunks kc_hi down to
-// kc_lo + 1 (1-based), its carried sums entering from carry when kc_hi < nchunks and leaving there when kc_lo > 0.
+// seg_end) (multiples of SUB), h entering from last_state when seg_begin > 0; the backward runs chunks kc_hi down
+// to kc_lo + 1 (1-based), its carried sums entering from carry when kc_hi < nchunks and leaving there when
+// kc_lo > 0.
 struct ScanParams { batch: u32, len: u32, channels: u32, chunk: u32, nchunks: u32, seg_begin: u32, seg_end: u32,
                     kc_lo: u32, kc_hi: u32 }
 // Sums over `slices` consecutive blocks of `count` elements.
@@ -70,11 +77,11 @@ struct StepParams { batch: u32, channels: u32, nstate: u32 }
 @group(0) @binding(13) var<storage, read_write> du: array<f32>;
 @group(0) @binding(14) var<storage, read_write> ddelta: array<f32>;
 @group(0) @binding(15) var<storage, read_write> dz: array<f32>;
-@group(0) @binding(16) var<storage, read_write> dB_part: array<f32>;  // [Dc / CH, B, L, N]
-@group(0) @binding(17) var<storage, read_write> dC_part: array<f32>;  // [Dc / CH, B, L, N]
+@group(0) @binding(16) var<storage, read_write> dB_part: array<f32>;  // [slices, B, L, N]
+@group(0) @binding(17) var<storage, read_write> dC_part: array<f32>;  // [slices, B, L, N]
 // [B, Dc, N + 2]: per batch row, ∂loss/∂A_log[d, :], then ∂loss/∂D[d], then ∂loss/∂delta_bias[d]
 @group(0) @binding(18) var<storage, read_write> param_part: array<f32>;
-@group(0) @binding(19) var<storage, read_write> tile_states: array<f32>;  // [B, Dc / CH, tiles per chunk, SPT, WG]
+@group(0) @binding(19) var<storage, read_write> tile_states: array<f32>;  // the CPU kernels' scratch
 @group(0) @binding(20) var<uniform> q: SumParams;
 @group(0) @binding(21) var<storage, read> part: array<f32>;
 @group(0) @binding(22) var<storage, read_write> total: array<f32>;
@@ -86,25 +93,12 @@ struct StepParams { batch: u32, channels: u32, nstate: u32 }
 // Decode: one step for a batch of single tokens, u, delta, z, y [B, Dc], B_t, C_t [B, N], state [B, Dc, N].
 @group(0) @binding(28) var<uniform> st: StepParams;
 @group(0) @binding(29) var<storage, read_write> state: array<f32>;
-@group(0) @binding(30) var<storage, read_write> carry: array<f32>;  // [B, Dc / CH, WG, CARRY]: backward segments
-
-// Per (step of the tile, channel of the workgroup), index s·CH + c.
-var<workgroup> dt_tile: array<f32, T * CH>;        // Δ_t
-var<workgroup> u_tile: array<f32, T * CH>;         // u_t
-var<workgroup> z_tile: array<f32, T * CH>;         // z_t
-var<workgroup> dyg_tile: array<f32, T * CH>;       // dy'_t = dy_t·silu(z_t): the gradient reaching y before the gate
-var<workgroup> dzg_tile: array<f32, T * CH>;       // dy_t·silu'(z_t): dz_t is this times the ungated y_t
-var<workgroup> dsoftplus_tile: array<f32, T * CH>; // ∂Δ_t/∂delta_t
-// Per (step of the tile, state), index s·N + n.
-var<workgroup> B_tile: array<f32, T * N>;
-var<workgroup> C_tile: array<f32, T * N>;
-// Per (step of the tile, channel, state), index s·CH·(N + 1) + c·(N + 1) + n: padding each channel's row by
-// one word puts the N values of one channel, and the same n of consecutive channels, in distinct banks.
-// Without LANE_SUM, state_terms holds C_t·h_t in the forward; in the backward first h_t, then (the adjoint
-// pass overwrites step t once it is past it) g_t·exp(Δ_t A)·h_{t−1}·A, and adjoint holds g_t. In the
-// backward both hold at least WG words (T ≥ 4 and CH·(N + 1) ≥ WG / 2).
-var<workgroup> state_terms: array<f32, TERM_STEPS * CH * (N + 1u)>;
-var<workgroup> adjoint: array<f32, T * CH * (N + 1u)>;
+@group(0) @binding(30) var<storage, read_write> carry: array<f32>;  // backward segments' carried sums
+// The GPU kernels' views: B and C as vec4 rows (bound to the same buffers; read where N = 4·LP) and the
+// backward's state slots [B, Dc·LP / WG, L / SUB, WG] of vec4.
+@group(0) @binding(32) var<storage, read> B4: array<vec4<f32>>;
+@group(0) @binding(33) var<storage, read> C4: array<vec4<f32>>;
+@group(0) @binding(34) var<storage, read_write> slots: array<vec4<f32>>;
 
 fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 
@@ -124,210 +118,6 @@ fn softplus(x: f32) -> f32 {
 
 // Row of a [B, L, Dc] tensor.
 fn row_index(b: u32, t: u32, d: u32) -> u32 { return (b * p.len + t) * p.channels + d; }
-
-// Σ over the LP lanes of a channel (a butterfly; every lane gets the same sum, bit for bit, as a + b = b + a).
-fn lane_sum(v: f32) -> f32 {
-    var s = v;
-    for (var m = LP / 2u; m > 0u; m >>= 1u) { s += subgroupShuffleXor(s, m); }
-    return s;
-}
-
-// A thread's states: component j < SPT of its vec4 registers is state l + j·LP of its channel (the other
-// components stay 0). Every per-state access below is written out per component (no vector or array indexed
-// by a loop counter: those can land in local memory). mask: 1 where that state exists (l + j·LP < N).
-fn state_ok(l: u32, j: u32) -> bool { return SPT > j && l + j * LP < N; }
-fn state_mask(l: u32) -> vec4<f32> {
-    return vec4<f32>(select(0.0, 1.0, state_ok(l, 0u)), select(0.0, 1.0, state_ok(l, 1u)),
-                     select(0.0, 1.0, state_ok(l, 2u)), select(0.0, 1.0, state_ok(l, 3u)));
-}
-fn state_at(l: u32, j: u32) -> u32 { return min(l + j * LP, N - 1u); }
-// B_t or C_t of step s (base = s·N) at the thread's states (clamped past N).
-fn b_states(base: u32, l: u32) -> vec4<f32> {
-    return vec4<f32>(B_tile[base + state_at(l, 0u)], select(0.0, B_tile[base + state_at(l, 1u)], SPT > 1u),
-                     select(0.0, B_tile[base + state_at(l, 2u)], SPT > 2u),
-                     select(0.0, B_tile[base + state_at(l, 3u)], SPT > 3u));
-}
-fn c_states(base: u32, l: u32) -> vec4<f32> {
-    return vec4<f32>(C_tile[base + state_at(l, 0u)], select(0.0, C_tile[base + state_at(l, 1u)], SPT > 1u),
-                     select(0.0, C_tile[base + state_at(l, 2u)], SPT > 2u),
-                     select(0.0, C_tile[base + state_at(l, 3u)], SPT > 3u));
-}
-// The thread's words of a (step, channel) row of state_terms / adjoint (base = s·CH·(N + 1) + c·(N + 1)):
-// states past N are neither stored nor loaded (their words belong to the next channel).
-fn terms_load(base: u32, l: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    if (SPT > 0u) { if (state_ok(l, 0u)) { v.x = state_terms[base + l + 0u * LP]; } }
-    if (SPT > 1u) { if (state_ok(l, 1u)) { v.y = state_terms[base + l + 1u * LP]; } }
-    if (SPT > 2u) { if (state_ok(l, 2u)) { v.z = state_terms[base + l + 2u * LP]; } }
-    if (SPT > 3u) { if (state_ok(l, 3u)) { v.w = state_terms[base + l + 3u * LP]; } }
-    return v;
-}
-fn terms_store(base: u32, l: u32, v: vec4<f32>) {
-    if (SPT > 0u) { if (state_ok(l, 0u)) { state_terms[base + l + 0u * LP] = v.x; } }
-    if (SPT > 1u) { if (state_ok(l, 1u)) { state_terms[base + l + 1u * LP] = v.y; } }
-    if (SPT > 2u) { if (state_ok(l, 2u)) { state_terms[base + l + 2u * LP] = v.z; } }
-    if (SPT > 3u) { if (state_ok(l, 3u)) { state_terms[base + l + 3u * LP] = v.w; } }
-}
-fn adjoint_store(base: u32, l: u32, v: vec4<f32>) {
-    if (SPT > 0u) { if (state_ok(l, 0u)) { adjoint[base + l + 0u * LP] = v.x; } }
-    if (SPT > 1u) { if (state_ok(l, 1u)) { adjoint[base + l + 1u * LP] = v.y; } }
-    if (SPT > 2u) { if (state_ok(l, 2u)) { adjoint[base + l + 2u * LP] = v.z; } }
-    if (SPT > 3u) { if (state_ok(l, 3u)) { adjoint[base + l + 3u * LP] = v.w; } }
-}
-
-// One tile's inputs as loaded from memory: item k (< PF) of a thread is item thread + k·WG of the tile's
-// (step, channel) and (step, state) lists, in member i<k> (members, not an indexed array, so they stay in
-// registers): all of a tile's loads are issued before any is staged. h: the tile's entry state (backward).
-struct Item { x: f32, u: f32, z: f32, dy: f32, b: f32, c: f32 }
-struct Staged { i0: Item, i1: Item, i2: Item, i3: Item, h: vec4<f32> }
-
-// Load item i of what steps [t0, t0 + steps) need: delta + bias, u and B always; C with `with_c`; z with
-// `with_z`. Channels past Dc are left alone (no thread reads them).
-fn fetch_item(b: u32, d0: u32, t0: u32, steps: u32, i: u32, with_c: bool, with_z: bool) -> Item {
-    var it: Item;
-    let d = d0 + i % CH;
-    if (i < steps * CH && d < p.channels) {
-        let row = row_index(b, t0 + i / CH, d);
-        it.x = delta[row] + delta_bias[d];
-        it.u = u[row];
-        if (with_z) { it.z = z[row]; }
-    }
-    if (i < steps * N) {
-        it.b = B[(b * p.len + t0) * N + i];
-        if (with_c) { it.c = C[(b * p.len + t0) * N + i]; }
-    }
-    return it;
-}
-
-fn fetch(b: u32, d0: u32, t0: u32, steps: u32, thread: u32, with_c: bool, with_z: bool) -> Staged {
-    var staged: Staged;
-    staged.i0 = fetch_item(b, d0, t0, steps, thread, with_c, with_z);
-    if (PF > 1u) { staged.i1 = fetch_item(b, d0, t0, steps, thread + WG, with_c, with_z); }
-    if (PF > 2u) { staged.i2 = fetch_item(b, d0, t0, steps, thread + 2u * WG, with_c, with_z); }
-    if (PF > 3u) { staged.i3 = fetch_item(b, d0, t0, steps, thread + 3u * WG, with_c, with_z); }
-    return staged;
-}
-
-fn dy_item(b: u32, d0: u32, t0: u32, steps: u32, i: u32) -> f32 {
-    let d = d0 + i % CH;
-    if (i < steps * CH && d < p.channels) { return dy[row_index(b, t0 + i / CH, d)]; }
-    return 0.0;
-}
-
-// The backward's fetch: everything, dy and the tile's entry state h (at h_slot + j·WG for state j) included.
-fn fetch_grad(b: u32, d0: u32, t0: u32, steps: u32, thread: u32, h_slot: u32, mask: vec4<f32>) -> Staged {
-    var staged = fetch(b, d0, t0, steps, thread, true, true);
-    staged.i0.dy = dy_item(b, d0, t0, steps, thread);
-    if (PF > 1u) { staged.i1.dy = dy_item(b, d0, t0, steps, thread + WG); }
-    if (PF > 2u) { staged.i2.dy = dy_item(b, d0, t0, steps, thread + 2u * WG); }
-    if (PF > 3u) { staged.i3.dy = dy_item(b, d0, t0, steps, thread + 3u * WG); }
-    if (SPT > 0u) { if (mask.x > 0.0) { staged.h.x = tile_states[h_slot + 0u * WG]; } }
-    if (SPT > 1u) { if (mask.y > 0.0) { staged.h.y = tile_states[h_slot + 1u * WG]; } }
-    if (SPT > 2u) { if (mask.z > 0.0) { staged.h.z = tile_states[h_slot + 2u * WG]; } }
-    if (SPT > 3u) { if (mask.w > 0.0) { staged.h.w = tile_states[h_slot + 3u * WG]; } }
-    return staged;
-}
-
-// Write fetched item i into workgroup memory: Δ, u, B, and C, z (forward) or the backward's
-// per-(step, channel) factors (`grad`): dy through the gate, and the gate's and softplus's derivatives.
-fn stage_item(it: Item, d0: u32, steps: u32, i: u32, with_c: bool, with_z: bool, grad: bool) {
-    if (i < steps * CH && d0 + i % CH < p.channels) {
-        let j = i;
-        dt_tile[j] = softplus(it.x);
-        u_tile[j] = it.u;
-        if (with_z) { z_tile[j] = it.z; }
-        if (grad) {
-            let gate = sigmoid(it.z);
-            dyg_tile[j] = it.dy * it.z * gate;
-            dzg_tile[j] = it.dy * gate * (1.0 + it.z * sigmoid(-it.z));  // 1 − σ(z) = σ(−z), no cancellation
-            dsoftplus_tile[j] = select(sigmoid(it.x), 1.0, it.x > 20.0);
-        }
-    }
-    if (i < steps * N) {
-        B_tile[i] = it.b;
-        if (with_c) { C_tile[i] = it.c; }
-    }
-}
-
-fn stage(staged: Staged, d0: u32, steps: u32, thread: u32, with_c: bool, with_z: bool, grad: bool) {
-    stage_item(staged.i0, d0, steps, thread, with_c, with_z, grad);
-    if (PF > 1u) { stage_item(staged.i1, d0, steps, thread + WG, with_c, with_z, grad); }
-    if (PF > 2u) { stage_item(staged.i2, d0, steps, thread + 2u * WG, with_c, with_z, grad); }
-    if (PF > 3u) { stage_item(staged.i3, d0, steps, thread + 3u * WG, with_c, with_z, grad); }
-}
-
-// Grid (Dc / CH, B).
-@compute @workgroup_size(128)
-fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let b = wid.y;
-    let d0 = wid.x * CH;
-    let thread = lid.x;
-    let c = thread / LP;
-    let l = thread % LP;
-    let owns_channel = c < CH && d0 + c < p.channels;
-    let cc = min(c, CH - 1u);  // in-range indices for the lanes that own nothing (their sums are not stored)
-    let mask = select(vec4<f32>(0.0), state_mask(l), owns_channel);
-    let stride = CH * (N + 1u);  // state_terms per step
-    let sb = (b * p.channels + d0 + c) * N + l;  // [B, Dc, N] index of the thread's first state
-    var a = vec4<f32>(0.0);
-    var h = vec4<f32>(0.0);
-    if (SPT > 0u) { if (mask.x > 0.0) { a.x = -exp(A_log[(d0 + c) * N + l + 0u * LP]); } }
-    if (SPT > 1u) { if (mask.y > 0.0) { a.y = -exp(A_log[(d0 + c) * N + l + 1u * LP]); } }
-    if (SPT > 2u) { if (mask.z > 0.0) { a.z = -exp(A_log[(d0 + c) * N + l + 2u * LP]); } }
-    if (SPT > 3u) { if (mask.w > 0.0) { a.w = -exp(A_log[(d0 + c) * N + l + 3u * LP]); } }
-    if (p.seg_begin > 0u) {
-        if (SPT > 0u) { if (mask.x > 0.0) { h.x = last_state[sb + 0u * LP]; } }
-        if (SPT > 1u) { if (mask.y > 0.0) { h.y = last_state[sb + 1u * LP]; } }
-        if (SPT > 2u) { if (mask.z > 0.0) { h.z = last_state[sb + 2u * LP]; } }
-        if (SPT > 3u) { if (mask.w > 0.0) { h.w = last_state[sb + 3u * LP]; } }
-    }
-    for (var t0 = p.seg_begin; t0 < p.seg_end; t0 += T) {
-        if (t0 % p.chunk == 0u) {
-            let cb = ((b * p.nchunks + t0 / p.chunk) * p.channels + d0 + c) * N + l;
-            if (SPT > 0u) { if (mask.x > 0.0) { states[cb + 0u * LP] = h.x; } }
-            if (SPT > 1u) { if (mask.y > 0.0) { states[cb + 1u * LP] = h.y; } }
-            if (SPT > 2u) { if (mask.z > 0.0) { states[cb + 2u * LP] = h.z; } }
-            if (SPT > 3u) { if (mask.w > 0.0) { states[cb + 3u * LP] = h.w; } }
-        }
-        let steps = min(T, p.len - t0);
-        stage(fetch(b, d0, t0, steps, thread, true, true), d0, steps, thread, true, true, false);
-        workgroupBarrier();
-        for (var s = 0u; s < steps; s++) {
-            let dt = dt_tile[s * CH + cc];
-            let uv = u_tile[s * CH + cc];
-            h = exp(dt * a) * h + (dt * uv) * b_states(s * N, l);
-            let term = c_states(s * N, l) * mask * h;
-            if (LANE_SUM) {
-                let sum_ch = lane_sum(term.x + term.y + term.z + term.w);
-                if (owns_channel && l == s % LP) {
-                    let zv = z_tile[s * CH + c];
-                    y[row_index(b, t0 + s, d0 + c)] = (D[d0 + c] * uv + sum_ch) * zv * sigmoid(zv);
-                }
-            } else if (owns_channel) {
-                terms_store(s * stride + cc * (N + 1u), l, term);
-            }
-        }
-        if (!LANE_SUM) {
-            workgroupBarrier();
-            for (var i = thread; i < steps * CH; i += WG) {
-                let s = i / CH;
-                let ci = i % CH;
-                if (d0 + ci < p.channels) {
-                    var acc = D[d0 + ci] * u_tile[i];
-                    for (var m = 0u; m < N; m++) { acc += state_terms[s * stride + ci * (N + 1u) + m]; }
-                    let zv = z_tile[i];
-                    y[row_index(b, t0 + s, d0 + ci)] = acc * zv * sigmoid(zv);
-                }
-            }
-        }
-        workgroupBarrier();  // the next tile overwrites the staged inputs (and state_terms)
-    }
-    // The final state seeds recurrent decoding after a parallel prefill.
-    if (SPT > 0u) { if (mask.x > 0.0) { last_state[sb + 0u * LP] = h.x; } }
-    if (SPT > 1u) { if (mask.y > 0.0) { last_state[sb + 1u * LP] = h.y; } }
-    if (SPT > 2u) { if (mask.z > 0.0) { last_state[sb + 2u * LP] = h.z; } }
-    if (SPT > 3u) { if (mask.w > 0.0) { last_state[sb + 3u * LP] = h.w; } }
-}
 
 // One recurrent step per (batch row, channel), walking its N states in `state` (read and updated):
 // h = exp(Δ A) h + Δ B_t u, y = (C_t·h + D u) · silu(z), Δ = softplus(delta + delta_bias). O(1) per token.
@@ -350,181 +140,453 @@ fn selective_scan_step(@builtin(global_invocation_id) gid: vec3<u32>) {
     y[i] = acc * zv * sigmoid(zv);
 }
 
-// Grid (Dc / CH, B), as the forward.
+// --- GPUs: lanes of a subgroup per channel (see the top) ---------------------------------------------------------
+// The lane's 4 states of row `base` of B, C or saved_states, and of A (0 past N; clamped loads, no branches).
+fn lane_states_B(base: u32, cl: u32) -> vec4<f32> {
+    let n = 4u * cl;
+    if (4u * LP == N) { return B4[(base + n) / 4u]; }
+    return vec4<f32>(select(0.0, B[base + min(n, N - 1u)], n < N),
+                     select(0.0, B[base + min(n + 1u, N - 1u)], n + 1u < N),
+                     select(0.0, B[base + min(n + 2u, N - 1u)], n + 2u < N),
+                     select(0.0, B[base + min(n + 3u, N - 1u)], n + 3u < N));
+}
+fn lane_states_C(base: u32, cl: u32) -> vec4<f32> {
+    let n = 4u * cl;
+    if (4u * LP == N) { return C4[(base + n) / 4u]; }
+    return vec4<f32>(select(0.0, C[base + min(n, N - 1u)], n < N),
+                     select(0.0, C[base + min(n + 1u, N - 1u)], n + 1u < N),
+                     select(0.0, C[base + min(n + 2u, N - 1u)], n + 2u < N),
+                     select(0.0, C[base + min(n + 3u, N - 1u)], n + 3u < N));
+}
+fn lane_states_saved(base: u32, cl: u32) -> vec4<f32> {
+    let n = 4u * cl;
+    if (4u * LP == N) {
+        return vec4<f32>(saved_states[base + n], saved_states[base + n + 1u], saved_states[base + n + 2u],
+                         saved_states[base + n + 3u]);
+    }
+    return vec4<f32>(select(0.0, saved_states[base + min(n, N - 1u)], n < N),
+                     select(0.0, saved_states[base + min(n + 1u, N - 1u)], n + 1u < N),
+                     select(0.0, saved_states[base + min(n + 2u, N - 1u)], n + 2u < N),
+                     select(0.0, saved_states[base + min(n + 3u, N - 1u)], n + 3u < N));
+}
+fn lane_neg_exp_A(d: u32, cl: u32) -> vec4<f32> {
+    let base = d * N;
+    let n = 4u * cl;
+    return vec4<f32>(select(0.0, -exp(A_log[base + min(n, N - 1u)]), n < N),
+                     select(0.0, -exp(A_log[base + min(n + 1u, N - 1u)]), n + 1u < N),
+                     select(0.0, -exp(A_log[base + min(n + 2u, N - 1u)]), n + 2u < N),
+                     select(0.0, -exp(A_log[base + min(n + 3u, N - 1u)]), n + 3u < N));
+}
+
+
+// What the owner lane of a step computes for the channel (row: its [B, L, Dc] index).
+struct OwnedStep { x: f32, dt: f32, uv: f32, dtu: f32, dyg: f32, dzg: f32, dsp: f32 }
+
+fn owned_step(x: f32, uv: f32, zv: f32, dyv: f32, grad: bool) -> OwnedStep {
+    var o: OwnedStep;
+    o.x = x;
+    o.uv = uv;
+    o.dt = softplus(x);
+    o.dtu = o.dt * uv;
+    if (grad) {
+        let gate = sigmoid(zv);
+        o.dyg = dyv * zv * gate;                          // dy through the gate
+        o.dzg = dyv * gate * (1.0 + zv * sigmoid(-zv));   // dz is this times the ungated y
+        o.dsp = select(sigmoid(x), 1.0, x > 20.0);        // ∂Δ/∂delta
+    }
+    return o;
+}
+
+// The loads of a walk group (4 steps from row bc of B): the owner's delta + bias and u, B_t at the lane's states.
+struct WalkLoads { x: f32, uv: f32, B0: vec4<f32>, B1: vec4<f32>, B2: vec4<f32>, B3: vec4<f32> }
+
+fn walk_loads(row: u32, bias: f32, bc: u32, cl: u32) -> WalkLoads {
+    return WalkLoads(delta[row] + bias, u[row], lane_states_B(bc, cl), lane_states_B(bc + N, cl),
+                     lane_states_B(bc + 2u * N, cl), lane_states_B(bc + 3u * N, cl));
+}
+
+// The loads of a backward sub-tile: the owner's delta + bias, u, z, dy; the entry state (slot e); B_t, C_t of
+// its steps (steps past n_in repeat the last: rows bc + i·N with i clamped).
+struct SubLoads { x: f32, uv: f32, zv: f32, dyv: f32, h0: vec4<f32>, B0: vec4<f32>, B1: vec4<f32>, B2: vec4<f32>,
+                  B3: vec4<f32>, C0: vec4<f32>, C1: vec4<f32>, C2: vec4<f32>, C3: vec4<f32> }
+
+fn sub_loads(row: u32, bias: f32, e: u32, bc: u32, n_in: u32, cl: u32) -> SubLoads {
+    let b1 = bc + min(1u, n_in - 1u) * N;
+    let b2 = bc + min(2u, n_in - 1u) * N;
+    let b3 = bc + min(3u, n_in - 1u) * N;
+    return SubLoads(delta[row] + bias, u[row], z[row], dy[row], slots[e],
+                    lane_states_B(bc, cl), lane_states_B(b1, cl), lane_states_B(b2, cl), lane_states_B(b3, cl),
+                    lane_states_C(bc, cl), lane_states_C(b1, cl), lane_states_C(b2, cl), lane_states_C(b3, cl));
+}
+
+// The loads of the chunk's sub-tile jj (1-based; one before the last: whole) for the backward.
+fn sub_loads_whole(b: u32, chunk_start: u32, jj: u32, dd: u32, bias: f32, scratch: u32, cl: u32) -> SubLoads {
+    let t = chunk_start + (jj - 1u) * SUB;
+    return sub_loads(row_index(b, t + min(cl, SUB - 1u), dd), bias, scratch + (jj - 1u) * WG, (b * p.len + t) * N,
+                     SUB, cl);
+}
+
+// Σ over the subgroup's CPS channels of one step's dB (db) and dC (dc) at the lane's states, by a transposing
+// butterfly over the channel bits of the lane (highest first: dB or dC, then the high and the low half of the
+// lane's 4 states); each sum lands in one lane, which stores it at e = ((slice·B + b)·L + t)·N + 4q. The order
+// of every addition is fixed by the lane numbers, so the partials are deterministic.
+fn channel_sums_store(e: u32, cl: u32, lane: u32, db: vec4<f32>, dc: vec4<f32>, store: bool) {
+    let n = 4u * cl;
+    if (SG / LP == 1u) {
+        if (store) {
+            if (n < N) { dB_part[e] = db.x; dC_part[e] = dc.x; }
+            if (n + 1u < N) { dB_part[e + 1u] = db.y; dC_part[e + 1u] = dc.y; }
+            if (n + 2u < N) { dB_part[e + 2u] = db.z; dC_part[e + 2u] = dc.z; }
+            if (n + 3u < N) { dB_part[e + 3u] = db.w; dC_part[e + 3u] = dc.w; }
+        }
+        return;
+    }
+    let is_c = (lane & (SG / 2u)) != 0u;
+    let v4 = select(db, dc, is_c) + subgroupShuffleXor(select(dc, db, is_c), SG / 2u);
+    if (SG / LP == 2u) {
+        if (store) {
+            if (is_c) {
+                if (n < N) { dC_part[e] = v4.x; }
+                if (n + 1u < N) { dC_part[e + 1u] = v4.y; }
+                if (n + 2u < N) { dC_part[e + 2u] = v4.z; }
+                if (n + 3u < N) { dC_part[e + 3u] = v4.w; }
+            } else {
+                if (n < N) { dB_part[e] = v4.x; }
+                if (n + 1u < N) { dB_part[e + 1u] = v4.y; }
+                if (n + 2u < N) { dB_part[e + 2u] = v4.z; }
+                if (n + 3u < N) { dB_part[e + 3u] = v4.w; }
+            }
+        }
+        return;
+    }
+    let hi = (lane & (SG / 4u)) != 0u;
+    let v2 = select(v4.xy, v4.zw, hi) + subgroupShuffleXor(select(v4.zw, v4.xy, hi), SG / 4u);
+    let j2 = n + select(0u, 2u, hi);
+    if (SG / LP == 4u) {
+        if (store) {
+            if (is_c) {
+                if (j2 < N) { dC_part[e + j2 - n] = v2.x; }
+                if (j2 + 1u < N) { dC_part[e + j2 - n + 1u] = v2.y; }
+            } else {
+                if (j2 < N) { dB_part[e + j2 - n] = v2.x; }
+                if (j2 + 1u < N) { dB_part[e + j2 - n + 1u] = v2.y; }
+            }
+        }
+        return;
+    }
+    let odd = (lane & (SG / 8u)) != 0u;
+    var v1 = select(v2.x, v2.y, odd) + subgroupShuffleXor(select(v2.y, v2.x, odd), SG / 8u);
+    for (var m = SG / 16u; m >= LP; m >>= 1u) { v1 += subgroupShuffleXor(v1, m); }  // CPS > 8: plain butterflies
+    let j1 = j2 + select(0u, 1u, odd);
+    // One lane per sum stores (with CPS > 8 the lanes below SG / 8 above the channel's hold copies).
+    if (store && (lane & (SG / 8u - 1u) & ~(LP - 1u)) == 0u && j1 < N) {
+        if (is_c) { dC_part[e + j1 - n] = v1; } else { dB_part[e + j1 - n] = v1; }
+    }
+}
+
+// The sums over n of a sub-tile: yc, gb, gha hold, per step s (component s), the lane's share of C_t·h_t,
+// g_t·B_t and Σ_n gh_t A. A transposing butterfly over lane bits 1 and 0 (then plain ones over the channel's
+// higher lane bits) leaves step (cl mod 4)'s three sums in lane cl: (yc, gb, gha).
+fn lane_step_sums(cl: u32, yc: vec4<f32>, gb: vec4<f32>, gha: vec4<f32>) -> vec3<f32> {
+    let hi = (cl & 2u) != 0u;
+    let yc2 = select(yc.xy, yc.zw, hi) + subgroupShuffleXor(select(yc.zw, yc.xy, hi), 2u);
+    let gb2 = select(gb.xy, gb.zw, hi) + subgroupShuffleXor(select(gb.zw, gb.xy, hi), 2u);
+    let gha2 = select(gha.xy, gha.zw, hi) + subgroupShuffleXor(select(gha.zw, gha.xy, hi), 2u);
+    let odd = (cl & 1u) != 0u;
+    let mine = vec3<f32>(select(yc2.x, yc2.y, odd), select(gb2.x, gb2.y, odd), select(gha2.x, gha2.y, odd));
+    let other = vec3<f32>(select(yc2.y, yc2.x, odd), select(gb2.y, gb2.x, odd), select(gha2.y, gha2.x, odd));
+    var s = mine + subgroupShuffleXor(other, 1u);
+    for (var m = SUB; m < LP; m <<= 1u) { s += subgroupShuffleXor(s, m); }
+    return s;
+}
+
+// Σ over the channel's LP lanes (a butterfly; every lane gets the same sum).
+fn channel_sum(v: vec2<f32>) -> vec2<f32> {
+    var s = v;
+    for (var m = 1u; m < LP; m <<= 1u) { s += subgroupShuffleXor(s, m); }
+    return s;
+}
+
+// The adjoint of one step, private so that the step helper shares them.
+var<private> lb_g: vec4<f32>;   // g = ∂loss/∂h, carried backwards over steps and chunks
+var<private> lb_da: vec4<f32>;  // Σ_t g_t exp(Δ_t A) h_{t−1} Δ_t = ∂loss/∂A[d, n] for this batch row
+
+// Step t of a sub-tile, backwards: h = h_t, prev = h_{t−1}; (dt, dtu, dyg) of the step (broadcast from its
+// owner). Updates g and the ∂/∂A sum, stores the step's dB / dC partials and returns the lane's shares of
+// (C_t·h_t, g_t·B_t, Σ_n gh_t A).
+fn lanes_adjoint_step(h: vec4<f32>, prev: vec4<f32>, decay: vec4<f32>, Bt: vec4<f32>, Ct: vec4<f32>, a: vec4<f32>,
+                      dt: f32, dtu: f32, dyg: f32, e: u32, cl: u32, lane: u32, live: f32, store: bool) -> vec3<f32> {
+    let gn = lb_g + dyg * Ct;
+    let gh = gn * decay * prev;  // ∂loss/∂(Δ_t A)
+    lb_da += gh * dt;
+    channel_sums_store(e, cl, lane, gn * (dtu * live), h * (dyg * live), store);
+    lb_g = gn * decay;
+    return vec3<f32>(dot(Ct, h), dot(gn, Bt), dot(gh, a));
+}
+
+// The forward (grid (ceil(Dc·LP / WG), B)): steps [seg_begin, seg_end) in sub-tiles of SUB steps, the owner lane
+// of each step computing Δ and Δ·u for the channel (broadcast by subgroupShuffle) and writing its y from the
+// sub-tile's sums over n (one transposing butterfly, as lane_step_sums). Saves the state entering each chunk
+// and the last state as the CPU adapters' forwards.
+struct FwdLoads { x: f32, uv: f32, zv: f32, B0: vec4<f32>, B1: vec4<f32>, B2: vec4<f32>, B3: vec4<f32>, C0: vec4<f32>,
+                  C1: vec4<f32>, C2: vec4<f32>, C3: vec4<f32> }
+
+fn fwd_loads(row: u32, bias: f32, bc: u32, n_in: u32, cl: u32) -> FwdLoads {
+    let b1 = bc + min(1u, n_in - 1u) * N;
+    let b2 = bc + min(2u, n_in - 1u) * N;
+    let b3 = bc + min(3u, n_in - 1u) * N;
+    return FwdLoads(delta[row] + bias, u[row], z[row], lane_states_B(bc, cl), lane_states_B(b1, cl),
+                    lane_states_B(b2, cl), lane_states_B(b3, cl), lane_states_C(bc, cl), lane_states_C(b1, cl),
+                    lane_states_C(b2, cl), lane_states_C(b3, cl));
+}
+
+// The loads of the forward's sub-tile at step t (up to seg_end).
+fn fwd_loads_at(b: u32, t: u32, dd: u32, bias: f32, cl: u32) -> FwdLoads {
+    let n_in = min(SUB, p.seg_end - t);
+    return fwd_loads(row_index(b, t + min(cl, n_in - 1u), dd), bias, (b * p.len + t) * N, n_in, cl);
+}
+
+// Σ over the channel's lanes of the 4 steps' shares (component s: step s); lane cl gets step cl mod 4's sum.
+fn lane_step_sum(cl: u32, v: vec4<f32>) -> f32 {
+    let hi = (cl & 2u) != 0u;
+    let v2 = select(v.xy, v.zw, hi) + subgroupShuffleXor(select(v.zw, v.xy, hi), 2u);
+    let odd = (cl & 1u) != 0u;
+    var s = select(v2.x, v2.y, odd) + subgroupShuffleXor(select(v2.y, v2.x, odd), 1u);
+    for (var m = SUB; m < LP; m <<= 1u) { s += subgroupShuffleXor(s, m); }
+    return s;
+}
+
+fn lane_states_store_states(e: u32, cl: u32, h: vec4<f32>) {
+    let n = 4u * cl;
+    if (n < N) { states[e + n] = h.x; }
+    if (n + 1u < N) { states[e + n + 1u] = h.y; }
+    if (n + 2u < N) { states[e + n + 2u] = h.z; }
+    if (n + 3u < N) { states[e + n + 3u] = h.w; }
+}
+fn lane_states_store_last(e: u32, cl: u32, h: vec4<f32>) {
+    let n = 4u * cl;
+    if (n < N) { last_state[e + n] = h.x; }
+    if (n + 1u < N) { last_state[e + n + 1u] = h.y; }
+    if (n + 2u < N) { last_state[e + n + 2u] = h.z; }
+    if (n + 3u < N) { last_state[e + n + 3u] = h.w; }
+}
+
+@compute @workgroup_size(128)
+fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let b = wid.y;
+    let thread = lid.x;
+    let cl = thread % LP;
+    let first = thread % SG - cl;
+    let d = wid.x * (WG / LP) + thread / LP;
+    let valid = d < p.channels;
+    let dd = min(d, p.channels - 1u);
+    let a = lane_neg_exp_A(dd, cl);
+    let bias = delta_bias[dd];
+    let skip = D[dd];
+    let sb = (b * p.channels + dd) * N;  // [B, Dc, N] row of (b, d)
+    var h = vec4<f32>(0.0);
+    if (p.seg_begin > 0u) {
+        let n = 4u * cl;
+        h = vec4<f32>(select(0.0, last_state[sb + min(n, N - 1u)], n < N),
+                      select(0.0, last_state[sb + min(n + 1u, N - 1u)], n + 1u < N),
+                      select(0.0, last_state[sb + min(n + 2u, N - 1u)], n + 2u < N),
+                      select(0.0, last_state[sb + min(n + 3u, N - 1u)], n + 3u < N));
+    }
+    // Each sub-tile's loads are issued two sub-tiles ahead (their latency behind the two sub-tiles before).
+    var next: FwdLoads;
+    var next2: FwdLoads;
+    if (p.seg_begin < p.seg_end) { next = fwd_loads_at(b, p.seg_begin, dd, bias, cl); }
+    if (p.seg_begin + SUB < p.seg_end) { next2 = fwd_loads_at(b, p.seg_begin + SUB, dd, bias, cl); }
+    for (var t = p.seg_begin; t < p.seg_end; t += SUB) {
+        if (t % p.chunk == 0u && valid) {
+            lane_states_store_states(((b * p.nchunks + t / p.chunk) * p.channels + d) * N, cl, h);
+        }
+        let n_in = min(SUB, p.seg_end - t);  // uniform
+        let own_row = row_index(b, t + min(cl, n_in - 1u), dd);
+        let ld = next;
+        next = next2;
+        if (t + 2u * SUB < p.seg_end) { next2 = fwd_loads_at(b, t + 2u * SUB, dd, bias, cl); }
+        let o = owned_step(ld.x, ld.uv, 0.0, 0.0, false);
+        var yc = vec4<f32>(0.0);
+        h = exp(subgroupShuffle(o.dt, first) * a) * h + subgroupShuffle(o.dtu, first) * ld.B0;
+        yc.x = dot(ld.C0, h);
+        if (n_in > 1u) {
+            h = exp(subgroupShuffle(o.dt, first + 1u) * a) * h + subgroupShuffle(o.dtu, first + 1u) * ld.B1;
+            yc.y = dot(ld.C1, h);
+        }
+        if (n_in > 2u) {
+            h = exp(subgroupShuffle(o.dt, first + 2u) * a) * h + subgroupShuffle(o.dtu, first + 2u) * ld.B2;
+            yc.z = dot(ld.C2, h);
+        }
+        if (n_in > 3u) {
+            h = exp(subgroupShuffle(o.dt, first + 3u) * a) * h + subgroupShuffle(o.dtu, first + 3u) * ld.B3;
+            yc.w = dot(ld.C3, h);
+        }
+        let acc = lane_step_sum(cl, yc);
+        if (cl < n_in && valid) { y[own_row] = (skip * ld.uv + acc) * ld.zv * sigmoid(ld.zv); }
+    }
+    if (valid) { lane_states_store_last(sb, cl, h); }
+}
+
+// Grid (ceil(Dc·LP / WG), B, kc_hi − kc_lo): the walk of chunk k = kc_lo + wid.z (0-based) from its saved entry
+// state, storing the state entering each of its sub-tiles at slots[((b·groups + group)·(kc_hi − kc_lo) +
+// wid.z)·per_chunk + i][thread], each walk group's loads issued one group ahead.
+@compute @workgroup_size(128)
+fn selective_scan_backward_walk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                                @builtin(local_invocation_id) lid: vec3<u32>) {
+    let b = wid.y;
+    let k = p.kc_lo + wid.z;  // chunks kc_lo .. kc_hi − 1 (0-based), the backward segment's
+    let thread = lid.x;
+    let cl = thread % LP;
+    let first = thread % SG - cl;  // the channel's lane 0
+    let dd = min(wid.x * (WG / LP) + thread / LP, p.channels - 1u);
+    let a = lane_neg_exp_A(dd, cl);
+    let bias = delta_bias[dd];
+    let chunk_start = k * p.chunk;
+    let last = (min(p.chunk, p.len - chunk_start) - 1u) / SUB * SUB;  // the last sub-tile's first step
+    let per_chunk = (min(p.chunk, p.len) + SUB - 1u) / SUB;
+    let e0 = ((b * nwg.x + wid.x) * (p.kc_hi - p.kc_lo) + wid.z) * per_chunk * WG + thread;
+    var h = lane_states_saved(((b * p.nchunks + k) * p.channels + dd) * N, cl);
+    var next: WalkLoads;
+    if (last > 0u) {
+        next = walk_loads(row_index(b, chunk_start + min(cl, SUB - 1u), dd), bias, (b * p.len + chunk_start) * N, cl);
+    }
+    for (var s0 = 0u; s0 < last; s0 += SUB) {  // whole sub-tiles only
+        let t = chunk_start + s0;
+        slots[e0 + (s0 / SUB) * WG] = h;
+        let w = next;
+        if (s0 + SUB < last) {
+            next = walk_loads(row_index(b, t + SUB + min(cl, SUB - 1u), dd), bias, (b * p.len + t + SUB) * N, cl);
+        }
+        let o = owned_step(w.x, w.uv, 0.0, 0.0, false);
+        h = exp(subgroupShuffle(o.dt, first) * a) * h + subgroupShuffle(o.dtu, first) * w.B0;
+        h = exp(subgroupShuffle(o.dt, first + 1u) * a) * h + subgroupShuffle(o.dtu, first + 1u) * w.B1;
+        h = exp(subgroupShuffle(o.dt, first + 2u) * a) * h + subgroupShuffle(o.dtu, first + 2u) * w.B2;
+        h = exp(subgroupShuffle(o.dt, first + 3u) * a) * h + subgroupShuffle(o.dtu, first + 3u) * w.B3;
+    }
+    slots[e0 + (last / SUB) * WG] = h;
+}
+
+// Grid (ceil(Dc·LP / WG), B): the adjoint, chunks last to first, each from the slots the walk stored.
 @compute @workgroup_size(128)
 fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                            @builtin(local_invocation_id) lid: vec3<u32>) {
     let b = wid.y;
-    let d0 = wid.x * CH;
     let thread = lid.x;
-    let c = thread / LP;
-    let l = thread % LP;
-    let owns_channel = c < CH && d0 + c < p.channels;
-    let cc = min(c, CH - 1u);
-    let mask = select(vec4<f32>(0.0), state_mask(l), owns_channel);
-    let stride = CH * (N + 1u);
-    let row_c = cc * (N + 1u);  // the channel's words in a step of state_terms / adjoint
-    let nch = min(CH, p.channels - d0);  // channels of this workgroup inside Dc
-    var a = vec4<f32>(0.0);
-    if (SPT > 0u) { if (mask.x > 0.0) { a.x = -exp(A_log[(d0 + c) * N + l + 0u * LP]); } }
-    if (SPT > 1u) { if (mask.y > 0.0) { a.y = -exp(A_log[(d0 + c) * N + l + 1u * LP]); } }
-    if (SPT > 2u) { if (mask.z > 0.0) { a.z = -exp(A_log[(d0 + c) * N + l + 2u * LP]); } }
-    if (SPT > 3u) { if (mask.w > 0.0) { a.w = -exp(A_log[(d0 + c) * N + l + 3u * LP]); } }
-    let tiles_per_chunk = (min(p.chunk, p.len) + T - 1u) / T;
-    // tile_states [B, Dc / CH, tiles per chunk, SPT, WG]: the thread's entry state j of tile i at
-    // scratch + (i·SPT + j)·WG.
-    let scratch = (b * nwg.x + wid.x) * tiles_per_chunk * SPT * WG + thread;
-    let part_row = wid.x * p.batch + b;  // this workgroup's slice of dB_part / dC_part
-    var g = vec4<f32>(0.0);   // g_t = ∂loss/∂h_t, carried backwards over tiles and chunks
-    var da = vec4<f32>(0.0);  // Σ_t g_t exp(Δ_t A) h_{t−1} Δ_t = ∂loss/∂A[d, n] for this batch row
-    var d_skip = 0.0;  // Σ dy'·u over this thread's (step, channel) items: ∂loss/∂D
-    var d_bias = 0.0;  // Σ ddelta over the same items: ∂loss/∂delta_bias
+    let cl = thread % LP;
+    let lane = thread % SG;
+    let first = lane - cl;  // the channel's lane 0
+    let d = wid.x * (WG / LP) + thread / LP;
+    let valid = d < p.channels;
+    let dd = min(d, p.channels - 1u);  // lanes past Dc compute on the last channel and store nothing
+    let live = select(0.0, 1.0, valid);
+    // The subgroup's slice of the partials; a subgroup with no channel inside Dc stores none.
+    let slice = d / (SG / LP);
+    let slice_ok = slice * (SG / LP) < p.channels;
+    let a = lane_neg_exp_A(dd, cl);
+    let bias = delta_bias[dd];
+    let skip = D[dd];
+    let per_chunk = (min(p.chunk, p.len) + SUB - 1u) / SUB;  // slots per chunk
+    lb_g = vec4<f32>(0.0);
+    lb_da = vec4<f32>(0.0);
+    var sums = vec2<f32>(0.0);  // this lane's steps' Σ dy'·u (∂loss/∂D) and Σ ddelta (∂loss/∂delta_bias)
     let ci = ((b * nwg.x + wid.x) * WG + thread) * CARRY;
     if (p.kc_hi < p.nchunks) {
-        g = vec4<f32>(carry[ci], carry[ci + 1u], carry[ci + 2u], carry[ci + 3u]);
-        da = vec4<f32>(carry[ci + 4u], carry[ci + 5u], carry[ci + 6u], carry[ci + 7u]);
-        d_skip = carry[ci + 8u];
-        d_bias = carry[ci + 9u];
+        lb_g = vec4<f32>(carry[ci], carry[ci + 1u], carry[ci + 2u], carry[ci + 3u]);
+        lb_da = vec4<f32>(carry[ci + 4u], carry[ci + 5u], carry[ci + 6u], carry[ci + 7u]);
+        sums = vec2<f32>(carry[ci + 8u], carry[ci + 9u]);
     }
     for (var k = min(p.kc_hi, p.nchunks); k > p.kc_lo; k--) {
         let chunk_start = (k - 1u) * p.chunk;
-        let ntiles = (min(p.chunk, p.len - chunk_start) + T - 1u) / T;
-        // Entry state of every tile of the chunk, recomputed from the chunk's saved entry state (the walk stops
-        // at the last tile's entry: its exit state is not needed; all tiles before it are whole).
-        var h = vec4<f32>(0.0);
-        let sb = ((b * p.nchunks + k - 1u) * p.channels + d0 + c) * N + l;
-        if (SPT > 0u) { if (mask.x > 0.0) { h.x = saved_states[sb + 0u * LP]; } }
-        if (SPT > 1u) { if (mask.y > 0.0) { h.y = saved_states[sb + 1u * LP]; } }
-        if (SPT > 2u) { if (mask.z > 0.0) { h.z = saved_states[sb + 2u * LP]; } }
-        if (SPT > 3u) { if (mask.w > 0.0) { h.w = saved_states[sb + 3u * LP]; } }
-        let walked = ntiles - 1u;
-        for (var i = 0u; i < walked; i++) {
-            let t0 = chunk_start + i * T;
-            if (SPT > 0u) { if (mask.x > 0.0) { tile_states[scratch + (i * SPT + 0u) * WG] = h.x; } }
-            if (SPT > 1u) { if (mask.y > 0.0) { tile_states[scratch + (i * SPT + 1u) * WG] = h.y; } }
-            if (SPT > 2u) { if (mask.z > 0.0) { tile_states[scratch + (i * SPT + 2u) * WG] = h.z; } }
-            if (SPT > 3u) { if (mask.w > 0.0) { tile_states[scratch + (i * SPT + 3u) * WG] = h.w; } }
-            stage(fetch(b, d0, t0, T, thread, false, false), d0, T, thread, false, false, false);
-            workgroupBarrier();
-            for (var s = 0u; s < T; s++) {
-                let dt = dt_tile[s * CH + cc];
-                h = exp(dt * a) * h + (dt * u_tile[s * CH + cc]) * b_states(s * N, l);
+        let steps = min(p.chunk, p.len - chunk_start);
+        let nsub = (steps + SUB - 1u) / SUB;
+        let last = (nsub - 1u) * SUB;  // the last sub-tile's first step
+        // The chunk's slots (the walk's of this segment's chunks).
+        let scratch = ((b * nwg.x + wid.x) * (p.kc_hi - p.kc_lo) + k - 1u - p.kc_lo) * per_chunk * WG + thread;
+        // Each sub-tile's loads are issued one sub-tile ahead (their latency behind the sub-tile before; two
+        // ahead measured 0.39 ms slower: more registers than 3 workgroups per SM allow).
+        var next = sub_loads(row_index(b, chunk_start + last + min(cl, steps - last - 1u), dd), bias,
+                             scratch + (nsub - 1u) * WG, (b * p.len + chunk_start + last) * N, steps - last, cl);
+        for (var j = nsub; j > 0u; j--) {
+            let s0 = (j - 1u) * SUB;
+            let n_in = min(SUB, steps - s0);  // steps in this sub-tile (uniform)
+            let t = chunk_start + s0;
+            let own_row = row_index(b, t + min(cl, n_in - 1u), dd);
+            let bc = (b * p.len + t) * N;
+            let ld = next;
+            if (j > 1u) { next = sub_loads_whole(b, chunk_start, j - 1u, dd, bias, scratch, cl); }
+            let o = owned_step(ld.x, ld.uv, ld.zv, ld.dyv, true);
+            // Steps past n_in repeat the last one (their results are not used).
+            let i1 = min(1u, n_in - 1u);
+            let i2 = min(2u, n_in - 1u);
+            let i3 = min(3u, n_in - 1u);
+            let dt0 = subgroupShuffle(o.dt, first);
+            let dt1 = subgroupShuffle(o.dt, first + i1);
+            let dt2 = subgroupShuffle(o.dt, first + i2);
+            let dt3 = subgroupShuffle(o.dt, first + i3);
+            let dtu0 = subgroupShuffle(o.dtu, first);
+            let dtu1 = subgroupShuffle(o.dtu, first + i1);
+            let dtu2 = subgroupShuffle(o.dtu, first + i2);
+            let dtu3 = subgroupShuffle(o.dtu, first + i3);
+            let decay0 = exp(dt0 * a);
+            let decay1 = exp(dt1 * a);
+            let decay2 = exp(dt2 * a);
+            let decay3 = exp(dt3 * a);
+            let h0 = ld.h0;
+            let h1 = decay0 * h0 + dtu0 * ld.B0;
+            let h2 = decay1 * h1 + dtu1 * ld.B1;
+            let h3 = decay2 * h2 + dtu2 * ld.B2;
+            let h4 = decay3 * h3 + dtu3 * ld.B3;
+            let e = ((slice * p.batch + b) * p.len + t) * N + 4u * cl;
+            var r3 = vec3<f32>(0.0);
+            var r2 = vec3<f32>(0.0);
+            var r1 = vec3<f32>(0.0);
+            if (n_in > 3u) {
+                r3 = lanes_adjoint_step(h4, h3, decay3, ld.B3, ld.C3, a, dt3, dtu3, subgroupShuffle(o.dyg, first + 3u),
+                                        e + 3u * N, cl, lane, live, slice_ok);
             }
-            workgroupBarrier();
-        }
-        if (SPT > 0u) { if (mask.x > 0.0) { tile_states[scratch + (walked * SPT + 0u) * WG] = h.x; } }
-        if (SPT > 1u) { if (mask.y > 0.0) { tile_states[scratch + (walked * SPT + 1u) * WG] = h.y; } }
-        if (SPT > 2u) { if (mask.z > 0.0) { tile_states[scratch + (walked * SPT + 2u) * WG] = h.z; } }
-        if (SPT > 3u) { if (mask.w > 0.0) { tile_states[scratch + (walked * SPT + 3u) * WG] = h.w; } }
-        for (var i = ntiles; i > 0u; i--) {
-            let t0 = chunk_start + (i - 1u) * T;
-            let steps = min(T, p.len - t0);
-            let staged = fetch_grad(b, d0, t0, steps, thread, scratch + (i - 1u) * SPT * WG, mask);
-            let h_entry = staged.h;
-            stage(staged, d0, steps, thread, true, false, true);
-            workgroupBarrier();
-            var ht = h_entry;
-            for (var s = 0u; s < steps; s++) {
-                let dt = dt_tile[s * CH + cc];
-                ht = exp(dt * a) * ht + (dt * u_tile[s * CH + cc]) * b_states(s * N, l);
-                if (owns_channel) { terms_store(s * stride + row_c, l, ht); }
+            if (n_in > 2u) {
+                r2 = lanes_adjoint_step(h3, h2, decay2, ld.B2, ld.C2, a, dt2, dtu2, subgroupShuffle(o.dyg, first + 2u),
+                                        e + 2u * N, cl, lane, live, slice_ok);
             }
-            workgroupBarrier();
-            // From h_t: dz (needs the ungated y_t) per (step, channel) and dC per (step, state).
-            for (var i = thread; i < steps * CH; i += WG) {
-                let s = i / CH;
-                let ch = i % CH;
-                if (ch < nch) {
-                    var acc = D[d0 + ch] * u_tile[i];
-                    for (var m = 0u; m < N; m++) {
-                        acc += C_tile[s * N + m] * state_terms[s * stride + ch * (N + 1u) + m];
-                    }
-                    dz[row_index(b, t0 + s, d0 + ch)] = acc * dzg_tile[i];
+            if (n_in > 1u) {
+                r1 = lanes_adjoint_step(h2, h1, decay1, ld.B1, ld.C1, a, dt1, dtu1, subgroupShuffle(o.dyg, first + 1u),
+                                        e + N, cl, lane, live, slice_ok);
+            }
+            let r0 = lanes_adjoint_step(h1, h0, decay0, ld.B0, ld.C0, a, dt0, dtu0, subgroupShuffle(o.dyg, first),
+                                        e, cl, lane, live, slice_ok);
+            let own = lane_step_sums(cl, vec4<f32>(r0.x, r1.x, r2.x, r3.x), vec4<f32>(r0.y, r1.y, r2.y, r3.y),
+                                     vec4<f32>(r0.z, r1.z, r2.z, r3.z));  // (yc, gb, gha) of step cl
+            if (cl < n_in) {
+                let dx = (own.z + o.uv * own.y) * o.dsp;
+                if (valid) {
+                    dz[own_row] = (skip * o.uv + own.x) * o.dzg;
+                    du[own_row] = skip * o.dyg + o.dt * own.y;
+                    ddelta[own_row] = dx;
                 }
+                sums += vec2<f32>(o.dyg * o.uv, dx);
             }
-            for (var i = thread; i < steps * N; i += WG) {
-                let s = i / N;
-                let m = i % N;
-                var acc = 0.0;
-                for (var ch = 0u; ch < nch; ch++) {
-                    acc += state_terms[s * stride + ch * (N + 1u) + m] * dyg_tile[s * CH + ch];
-                }
-                dC_part[(part_row * p.len + t0) * N + i] = acc;
-            }
-            workgroupBarrier();
-            // The adjoint, last step to first. Step s reads h_{s−1} before step s − 1 overwrites its words.
-            if (owns_channel) {
-                for (var s = steps; s > 0u; s--) {
-                    let si = s - 1u;
-                    g += dyg_tile[si * CH + c] * c_states(si * N, l) * mask;
-                    let dt = dt_tile[si * CH + c];
-                    let decay = exp(dt * a);
-                    var h_prev = h_entry;
-                    if (si > 0u) { h_prev = terms_load((si - 1u) * stride + row_c, l); }
-                    let gh = g * decay * h_prev;  // ∂loss/∂(Δ_t A)
-                    da += gh * dt;
-                    terms_store(si * stride + row_c, l, gh * a);
-                    adjoint_store(si * stride + row_c, l, g);
-                    g *= decay;
-                }
-            }
-            workgroupBarrier();
-            // du, ddelta per (step, channel); dB per (step, state).
-            for (var i = thread; i < steps * CH; i += WG) {
-                let s = i / CH;
-                let ch = i % CH;
-                if (ch < nch) {
-                    var gb = 0.0;   // Σ_n g_t[n] B_t[n] = ∂loss/∂(Δ_t u_t)
-                    var gha = 0.0;  // Σ_n g_t[n] exp(Δ_t A[n]) h_{t−1}[n] A[n]
-                    for (var m = 0u; m < N; m++) {
-                        gb += adjoint[s * stride + ch * (N + 1u) + m] * B_tile[s * N + m];
-                        gha += state_terms[s * stride + ch * (N + 1u) + m];
-                    }
-                    let row = row_index(b, t0 + s, d0 + ch);
-                    du[row] = D[d0 + ch] * dyg_tile[i] + dt_tile[i] * gb;
-                    let dx = (gha + u_tile[i] * gb) * dsoftplus_tile[i];
-                    ddelta[row] = dx;
-                    d_skip += dyg_tile[i] * u_tile[i];
-                    d_bias += dx;
-                }
-            }
-            for (var i = thread; i < steps * N; i += WG) {
-                let s = i / N;
-                let m = i % N;
-                var acc = 0.0;
-                for (var ch = 0u; ch < nch; ch++) {
-                    acc += adjoint[s * stride + ch * (N + 1u) + m] * dt_tile[s * CH + ch] * u_tile[s * CH + ch];
-                }
-                dB_part[(part_row * p.len + t0) * N + i] = acc;
-            }
-            workgroupBarrier();  // the next tile overwrites the staged inputs and terms
         }
     }
     if (p.kc_lo > 0u) {  // uniform: more chunks follow in another dispatch
-        carry[ci] = g.x; carry[ci + 1u] = g.y; carry[ci + 2u] = g.z; carry[ci + 3u] = g.w;
-        carry[ci + 4u] = da.x; carry[ci + 5u] = da.y; carry[ci + 6u] = da.z; carry[ci + 7u] = da.w;
-        carry[ci + 8u] = d_skip;
-        carry[ci + 9u] = d_bias;
+        carry[ci] = lb_g.x; carry[ci + 1u] = lb_g.y; carry[ci + 2u] = lb_g.z; carry[ci + 3u] = lb_g.w;
+        carry[ci + 4u] = lb_da.x; carry[ci + 5u] = lb_da.y; carry[ci + 6u] = lb_da.z; carry[ci + 7u] = lb_da.w;
+        carry[ci + 8u] = sums.x;
+        carry[ci + 9u] = sums.y;
         return;
     }
-    let pb = (b * p.channels + d0 + c) * (N + 2u) + l;
-    // ∂/∂A_log = ∂/∂A · A
-    if (SPT > 0u) { if (mask.x > 0.0) { param_part[pb + 0u * LP] = da.x * a.x; } }
-    if (SPT > 1u) { if (mask.y > 0.0) { param_part[pb + 1u * LP] = da.y * a.y; } }
-    if (SPT > 2u) { if (mask.z > 0.0) { param_part[pb + 2u * LP] = da.z * a.z; } }
-    if (SPT > 3u) { if (mask.w > 0.0) { param_part[pb + 3u * LP] = da.w * a.w; } }
-    // Add each channel's partials of ∂/∂D and ∂/∂delta_bias in workgroup memory (thread i summed the
-    // (step, channel) items of channel i % CH; CH divides WG).
-    state_terms[thread] = d_skip;
-    adjoint[thread] = d_bias;
-    workgroupBarrier();
-    if (thread < nch) {
-        var skip = 0.0;
-        var bias = 0.0;
-        for (var i = thread; i < WG; i += CH) { skip += state_terms[i]; bias += adjoint[i]; }
-        let base = (b * p.channels + d0 + thread) * (N + 2u) + N;
-        param_part[base] = skip;
-        param_part[base + 1u] = bias;
+    let channel_sums = channel_sum(sums);
+    if (!valid) { return; }
+    let pb = (b * p.channels + d) * (N + 2u);
+    let n = 4u * cl;
+    let dA_log_part = lb_da * a;  // ∂/∂A_log = ∂/∂A · A
+    if (n < N) { param_part[pb + n] = dA_log_part.x; }
+    if (n + 1u < N) { param_part[pb + n + 1u] = dA_log_part.y; }
+    if (n + 2u < N) { param_part[pb + n + 2u] = dA_log_part.z; }
+    if (n + 3u < N) { param_part[pb + n + 3u] = dA_log_part.w; }
+    if (cl == 0u) {
+        param_part[pb + N] = channel_sums.x;
+        param_part[pb + N + 1u] = channel_sums.y;
     }
 }
 

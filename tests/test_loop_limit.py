@@ -128,19 +128,26 @@ def test_selective_scan_subgroup_long(gpu):
 
 @pytest.mark.parametrize("path", ["tiled", "direct"])
 def test_selective_scan_long(gpu, path):
-    """B 1, L 2048, Dc 2, N 128 (one channel per workgroup, tiles of T = 4): a forward thread runs ~144 iterations
-    per tile (73k over L), a backward thread ~303 per tile (155k). (At N = 16 the counts are 30 and 84 per tile of
-    8: under the budget up to L ≈ 17k and 6k.) The direct kernels (CPU adapters): a forward invocation 129 per
-    step (264k over L), a backward one ~33k per chunk of 128 steps (534k): one chunk per dispatch."""
-    from mambactl.ops.selective_scan import (backward_loops_per_tile, direct_backward_loops_per_chunk,
-                                             direct_forward_loops_per_step, forward_loops_per_tile, selective_scan,
-                                             selective_scan_backward)
+    """The direct kernels (CPU adapters): B 1, L 2048, Dc 2, N 128: a forward invocation runs 129 iterations per
+    step (264k over L), a backward one ~33k per chunk of 128 steps (534k): one chunk per dispatch. The tiled
+    (GPU) kernels, whose loops run once per sub-tile of 4 steps: B 1, L 32,768, Dc 2, N 32 (8 lanes per
+    channel): the wrapper counts 4 iterations per step in the forward (131k over L) and 289 per chunk in the
+    backward (74k), so both are split into segments on llvmpipe."""
+    from mambactl.ops.selective_scan import (direct_backward_loops_per_chunk, direct_forward_loops_per_step,
+                                             lanes_backward_loops_per_chunk, lanes_fit, lanes_forward_loops_per_step,
+                                             selective_scan, selective_scan_backward)
     from test_ops_selective_scan import GRADS, NAMES, make_inputs, reference
 
-    B, L, Dc, N = 1, 2048, 2, 128
-    assert L // 4 * forward_loops_per_tile(N, 4) > BUDGET and L // 4 * backward_loops_per_tile(N, 4) > BUDGET
-    assert L * direct_forward_loops_per_step(N) > BUDGET
-    assert L // 128 * direct_backward_loops_per_chunk(N, 128) > BUDGET
+    if path == "tiled":
+        B, L, Dc, N = 1, 32_768, 2, 32
+        if not lanes_fit(gpu, N):
+            pytest.skip("the tiled kernels need 8-lane subgroups for N = 32")
+        assert L * lanes_forward_loops_per_step(N) > BUDGET
+        assert L // 128 * lanes_backward_loops_per_chunk(N, 128, gpu.subgroup_size) > BUDGET
+    else:
+        B, L, Dc, N = 1, 2048, 2, 128
+        assert L * direct_forward_loops_per_step(N) > BUDGET
+        assert L // 128 * direct_backward_loops_per_chunk(N, 128) > BUDGET
     x = make_inputs(B, L, Dc, N)
     dy = rng_normal(1, B, L, Dc)
     y, saved = selective_scan(*(gpu.from_numpy(x[k]) for k in NAMES), path=path)

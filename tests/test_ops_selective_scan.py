@@ -6,9 +6,9 @@ import pytest
 
 from mambactl.errors import ShapeError
 from mambactl.ops import selective_scan as scan
-from mambactl.ops.selective_scan import (PATHS, SUBGROUP_LANES, SUBGROUP_MAX_STATE, channels_per_group,
-                                         direct_per_thread, selective_scan, selective_scan_backward,
-                                         lane_sums_fit, selective_scan_step, subgroup_groups, tile_steps)
+from mambactl.ops.selective_scan import (PATHS, SUBGROUP_LANES, SUBGROUP_MAX_STATE, channel_lanes, direct_per_thread,
+                                         lanes_fit, selective_scan, selective_scan_backward, selective_scan_step,
+                                         subgroup_groups)
 from mambactl.reference import selective_scan as ref
 from mambactl.reference.activations import softplus, softplus_backward
 
@@ -49,7 +49,10 @@ def rel_err(got, want):
 
 
 def skip_unsupported(rt, nstate, *paths):
-    """The subgroup kernels run only on 8-lane subgroups (lavapipe on AVX2) and for N ≤ 16."""
+    """The subgroup kernels run only on 8-lane subgroups (lavapipe on AVX2) and for N ≤ 16; the tiled ones where
+    a channel's lanes fit a subgroup (N ≤ 4 · lanes: 32 on lavapipe, 128 on NVIDIA)."""
+    if "tiled" in paths and not lanes_fit(rt, nstate):
+        pytest.skip(f"{channel_lanes(nstate)} lanes per channel do not fit this adapter's subgroups")
     if "subgroup" in paths and rt.subgroup_size != SUBGROUP_LANES:
         pytest.skip(f"the subgroup path needs {SUBGROUP_LANES}-lane subgroups (this adapter: {rt.subgroup_size})")
     if "subgroup" in paths and nstate > SUBGROUP_MAX_STATE:
@@ -88,42 +91,41 @@ def test_matches_reference(rt, path, batch, length, channels, nstate, chunk):
         assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
 
 
-TILED_VARIANTS = [{"SPT": 1, "LANE_SUM": 0}, {"SPT": 1, "LANE_SUM": 1}, {"SPT": 2, "LANE_SUM": 1},
-                  {"SPT": 4, "LANE_SUM": 0}, {"SPT": 1, "T": 16}, {"SPT": 4, "LANE_SUM": 1, "T": 4}]
-
-
-@pytest.mark.parametrize("variant", TILED_VARIANTS, ids=lambda v: ",".join(f"{k}={x}" for k, x in v.items()))
 @pytest.mark.parametrize("batch,length,channels,nstate,chunk", [
-    (2, 63, 9, 5, 16),     # N = 5: 8 lanes per channel, 3 of them without a state; L not a multiple of the tile
-    (2, 65, 70, 16, 32),   # channels not a multiple of the 8 per workgroup
-    (1, 50, 37, 3, 32),    # N = 3: 32 channels of 4 lanes; a second, partial workgroup
-    (2, 70, 6, 20, 32),    # N = 20: 32 lanes of states, 12 of them padding
-    (1, 17, 3, 128, 16),   # N = 128: 4 staged items per thread
+    (2, 63, 9, 5, 16),     # N = 5: 4 lanes per channel, 2 of them without a state; L not a multiple of 4
+    (2, 65, 70, 16, 32),   # channels not a multiple of a subgroup's or a workgroup's
+    (1, 50, 37, 3, 32),    # N = 3: one lane of 4 holds the states
+    (2, 70, 6, 20, 32),    # N = 20: 8 lanes per channel, 3 of them without a state
+    (2, 41, 13, 64, 8),    # N = 64: 16 lanes per channel (where subgroups have 16 or more)
+    (1, 17, 3, 128, 16),   # N = 128: 32 lanes per channel (where subgroups have 32 or more)
 ])
-def test_tiled_variants_match_reference(rt, monkeypatch, variant, batch, length, channels, nstate, chunk):
-    """The tiled kernels' pipeline-constant variants (states per thread, the forward's lane sums over n, tile
-    lengths; the defaults are 4 states per thread and lane sums in the forward where they fit, 1 state per
-    thread and workgroup sums in the backward) match the reference, and their dispatch segments are bit-identical
-    to one dispatch."""
-    spt = variant["SPT"]
-    if variant.get("LANE_SUM") and not lane_sums_fit(rt, nstate, spt):
-        pytest.skip("a channel's lanes do not fit this adapter's subgroups")
-    if chunk % variant.get("T", 4) or scan.items_per_thread(nstate, variant.get("T", 4), spt) > scan.MAX_ITEMS:
-        pytest.skip("the tile does not divide the chunk or stages too many items")
-    monkeypatch.setattr(scan, "TILED_VARIANT", dict(variant))
-    x = make_inputs(batch, length, channels, nstate, seed=12)
-    dy = np.random.default_rng(13).standard_normal((batch, length, channels)).astype(np.float32)
-    y, grads, _ = run_gpu(rt, x, dy, chunk, path="tiled")
+def test_tiled_matches_reference(rt, monkeypatch, batch, length, channels, nstate, chunk):
+    """The GPU kernels (lanes of a subgroup per channel: the default where they fit) match the reference, run
+    as the forward, the chunk-parallel walk and the backward, and their dispatch segments (forward by sub-tiles,
+    backward by chunks, also where the state slots' memory sets them) are bit-identical to one dispatch."""
+    skip_unsupported(rt, nstate, "tiled")
+    entries = []
+    run = rt.run
+    monkeypatch.setattr(rt, "run", lambda entry, *a, **k: (entries.append(entry), run(entry, *a, **k)))
+    x = make_inputs(batch, length, channels, nstate, seed=16)
+    dy = np.random.default_rng(17).standard_normal((batch, length, channels)).astype(np.float32)
+    y, grads, saved = run_gpu(rt, x, dy, chunk, path="tiled")
+    assert {"selective_scan_forward", "selective_scan_backward_walk", "selective_scan_backward"} <= set(entries)
     y_ref, grads_ref = reference(x, dy)
     assert rel_err(y, y_ref) < 1e-4
     for name, got, want in zip(GRADS, grads, grads_ref):
         assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
-    args = [rt.from_numpy(x[k]) for k in NAMES]
-    y2, saved = selective_scan(*args, chunk=chunk, segment=1, path="tiled")
-    g2 = selective_scan_backward(saved, rt.from_numpy(dy), segment=1, path="tiled")
-    assert np.array_equal(y2.numpy(), y)
-    for name, a, b in zip(GRADS, grads, g2):
+    again = selective_scan_backward(saved, rt.from_numpy(dy), segment=1, path="tiled")
+    for name, a, b in zip(GRADS, grads, again):
         assert np.array_equal(a, b.numpy()), name
+    monkeypatch.setattr(scan, "SLOT_BYTES", 1)  # segments of one chunk for the slots' memory
+    again = selective_scan_backward(saved, rt.from_numpy(dy), path="tiled")
+    for name, a, b in zip(GRADS, grads, again):
+        assert np.array_equal(a, b.numpy()), name
+    y2, saved2 = selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), chunk=chunk, segment=4, path="tiled")
+    assert np.array_equal(y2.numpy(), y)
+    assert np.array_equal(saved2.states.numpy(), saved.states.numpy())
+    assert np.array_equal(saved2.last_state.numpy(), saved.last_state.numpy())
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -159,7 +161,7 @@ def test_saved_states_are_chunk_boundaries_only(rt, path):
     extra = sum(t.size for t in vars(saved).values() if hasattr(t, "buffer") and id(t.buffer) not in inputs)
     assert extra == batch * channels * nstate * (n_chunks + 1)  # chunk entry states + the last state
     assert extra <= batch * channels * nstate * (length / chunk + 2)
-    assert channels_per_group(16) == 8
+    assert channel_lanes(16) == 4 and channel_lanes(3) == 4 and channel_lanes(20) == 8
 
 
 @pytest.mark.parametrize("batch,length,channels,nstate,chunk,per_thread", [
@@ -222,10 +224,9 @@ def test_direct_path_choice(rt, monkeypatch):
         selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), path="fast")
 
 
-def test_forward_without_subgroups_takes_the_direct_path(rt, monkeypatch):
-    """On a GPU without the subgroup feature the tiled forward (whose entry point uses subgroup operations) is
-    not compiled: the forward takes the direct kernel, the backward stays tiled, and forcing the tiled forward
-    is refused."""
+def test_without_subgroups_takes_the_direct_path(rt, monkeypatch):
+    """On a GPU without the subgroup feature the tiled kernels (which use subgroup operations) are not compiled:
+    the forward and the backward take the direct kernels, and forcing the tiled ones is refused."""
     monkeypatch.setattr(scan, "is_cpu", lambda rt: False)
     monkeypatch.setattr(rt, "features", tuple(f for f in rt.features if f != "subgroup"))
     x = make_inputs(2, 19, 5, 4, seed=14)
@@ -234,19 +235,14 @@ def test_forward_without_subgroups_takes_the_direct_path(rt, monkeypatch):
     run = rt.run
     monkeypatch.setattr(rt, "run", lambda entry, *a, **k: (entries.append(entry), run(entry, *a, **k)))
     y, grads, saved = run_gpu(rt, x, dy, chunk=8)
-    assert {"selective_scan_forward_direct", "selective_scan_backward"} <= set(entries)
-    assert "selective_scan_forward" not in entries
+    assert {"selective_scan_forward_direct", "selective_scan_backward_direct"} <= set(entries)
+    assert not {"selective_scan_forward", "selective_scan_backward"} & set(entries)
     y_ref, grads_ref = reference(x, dy)
     assert rel_err(y, y_ref) < 1e-4
     for name, got, want in zip(GRADS, grads, grads_ref):
         assert rel_err(got, want) < 1e-4, name
     with pytest.raises(ShapeError, match="subgroup feature"):
         selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), path="tiled")
-
-
-def test_tile_choice():
-    assert [tile_steps(n, 128) for n in (1, 4, 16, 20, 128)] == [8, 4, 8, 16, 4]
-    assert tile_steps(20, 24) == 8
 
 
 def test_shape_errors(rt):

@@ -7,14 +7,16 @@ layout, with A passed as A_log:
     h_t = exp(Δ_t A) h_{t−1} + Δ_t B_t u_t,  y_t = (C_t·h_t + D u_t) · silu(z_t).
 
 Memory: the forward keeps the state entering each chunk of `chunk` steps ([B, ceil(L / chunk), Dc, N]; chunk
-16 on the tiled path by default, 128 on the others); the backward recomputes the states in between. Its
-transient buffers are the tile entry states of one chunk ([B, Dc / CH, ceil(min(chunk, L) / T), 1, 128]) and
-the per-workgroup partials of dB and dC (2 × [Dc / CH, B, L, N]), where CH, the channels per workgroup, is
-min(128 / N, 32) rounded down to a power of two (8 for N = 16), and T, the steps per tile, is the largest of
-16, 8, 4 that divides `chunk` and keeps workgroup memory within 16 KiB (8 for N = 16). The tiled forward holds
-4 states per thread and sums over n by subgroup butterflies where a channel's N / 4 lanes (N rounded up to a
-power of two) fit a subgroup (CH = 32 at N = 16), else 1 state per thread and sums in workgroup memory; its
-entry point uses subgroup operations, so adapters without the `subgroup` feature take the direct forward.
+128 by default); the backward recomputes the states in between.
+
+GPUs (`path="tiled"`): LP = max(4, NP / 4) lanes of a subgroup per (batch row, channel), 4 states each in vec4
+registers (NP: N rounded up to a power of two), no workgroup memory or barriers (kernels/selective_scan.wgsl
+says why and what was measured); they need the `subgroup` feature and a channel's LP lanes within one subgroup
+(N ≤ 4 · subgroup lanes: N ≤ 128 on NVIDIA), elsewhere the direct kernels run. The backward's transient
+buffers are the state entering every 4th step (slots [B, ceil(Dc·LP / 128), n_chunks · ceil(min(chunk, L) / 4),
+128] of vec4: about B·L·Dc·N bytes, 201 MB per layer at the 130m shape, written by the chunk-parallel walk and
+read once by the adjoint) and the per-subgroup partials of dB and dC (2 × [ceil(Dc / CPS), B, L, N], CPS =
+subgroup lanes / LP channels per subgroup: 8 at N = 16 on NVIDIA).
 
 CPU adapters (`rt.info.type == "CPU"`, e.g. Mesa llvmpipe) take barrier-free kernels instead (`path="direct"`;
 `path="tiled"` / `"direct"` forces either): one invocation per (batch row, channel) walks time with its N states
@@ -40,26 +42,24 @@ from dataclasses import dataclass
 
 from mambactl.errors import ShapeError
 from mambactl.ops.checks import (LOOP_BUDGET, SEGMENT_BUDGET, SUBGROUP_LANES, cpu_subgroups, expect, grid_1d, is_cpu,
-                                 is_llvmpipe, require_subgroup_lanes, segment_length, segments)
+                                 is_llvmpipe, loop_budget, require_subgroup_lanes, segment_length, segments)
 from mambactl.runtime.tensor import Tensor
 
 WORKGROUP = 128  # mirrors WG in kernels/selective_scan.wgsl
-MAX_CHANNELS_PER_GROUP = 32  # bounds the per-(step, channel) tiles when N is tiny
-MAX_STATE = WORKGROUP  # one thread per state of a channel
-TILES = (16, 8, 4)  # steps per tile, largest first
-# WebGPU's guaranteed workgroup memory. Devices with more would take longer tiles, but on an H200 those ran
-# slower (fewer workgroups resident per SM), so the tile is sized to this on every device.
-WORKGROUP_MEMORY = 16384
+MAX_STATE = WORKGROUP  # the largest N (A_log's second dimension) any path takes
 CHUNK_MULTIPLE = 8
 CARRY_WORDS = 10  # CARRY in the kernel: a backward thread's carried sums between segments
-MAX_ITEMS = 4  # staged items per thread: the vec4 registers of Staged in the kernel
-# Steps between saved states. On the tiled path shorter chunks walk less in the backward (it recomputes a
-# chunk's tile entry states by walking all of the chunk's tiles but the last: H200, B 8, L 1024, Dc 1536, N 16,
-# the backward's dispatches 2.59 / 2.52 / 2.46 / 2.35 ms at chunk 128 / 32 / 16 / 8) but save more states
-# ([B, L / chunk, Dc, N]: 6 MB per layer at 128, 50 MB at 16, i.e. about one more activation-sized tensor per
-# layer at N 16). 128 keeps the memory; the 0.1 ms per layer is not worth a GB at the 130m shape.
+# Steps between saved states. The GPU backward walks every chunk from its saved entry state (all chunks in one
+# dispatch), so the chunk trades the saved states ([B, L / chunk, Dc, N]: 6 MB per layer at 128 and N = 16)
+# against that walk's parallelism: H200, B 8, L 1024, Dc 1536, N 16, the backward's dispatches 0.772 / 0.785 /
+# 0.788 ms at chunk 64 / 128 / 256; 128 keeps the memory small.
 DEFAULT_CHUNK = 128
 PATHS = ("tiled", "direct", "subgroup")
+LANE_SUB = 4  # SUB in the kernel: steps per sub-tile of the GPU kernels, one owner lane each
+LANE_STATES = 4  # states per lane of the GPU kernels (a vec4)
+# The GPU backward's state slots per segment of chunks at most (B·L·Dc·N bytes for all chunks: 201 MB at the
+# 130m shape, one segment); longer or wider shapes take several segments (and stay within the binding limit).
+SLOT_BYTES = 256 * 2**20
 SUBGROUP_MAX_STATE = 16  # SG_N in the kernel: the subgroup kernels hold the state in four vec4 registers
 SUBGROUP_SUBCHUNK = 4  # SUBCHUNK in the kernel: steps per scratch slot of the subgroup backward
 # Direct backward: invocations (B·G) to aim for when giving each several channels; enough SIMD batches for the
@@ -86,48 +86,21 @@ class ScanSaved:
     last_state: Tensor  # [B, Dc, N]: the state after the last step (to continue recurrently)
 
 
-def lanes_per_channel(nstate: int) -> int:
-    """NP: N rounded up to a power of two (the tiled kernels' threads of a channel times its states per
-    thread; a channel's lanes are an aligned block, so subgroup butterflies over them stay inside it)."""
-    return 1 << (int(nstate) - 1).bit_length()
+def channel_lanes(nstate: int) -> int:
+    """LP of the GPU kernels: a channel's lanes, max(SUB, NP / 4) with NP = N rounded up to a power of two (4
+    states per lane, one owner lane per step of a sub-tile)."""
+    padded = 1 << (int(nstate) - 1).bit_length()
+    return max(LANE_SUB, padded // LANE_STATES)
 
 
-def states_per_thread(nstate: int, spt: int = 1) -> int:
-    """SPT of the tiled kernels, at most NP."""
-    return min(int(spt), lanes_per_channel(nstate))
+def lanes_fit(rt, nstate: int) -> bool:
+    """Whether the GPU kernels run here: subgroups, and a channel's lanes within one (NVIDIA: N ≤ 128)."""
+    return "subgroup" in rt.features and channel_lanes(nstate) <= rt.subgroup_size
 
 
-def channels_per_group(nstate: int, spt: int = 1) -> int:
-    """Channels per workgroup: min(128 / LP, 32) with LP = NP / SPT threads per channel, a power of two that
-    divides the workgroup (for SPT = 1 the same as the largest power of two ≤ min(128 / N, 32))."""
-    lanes = lanes_per_channel(nstate) // states_per_thread(nstate, spt)
-    return min(WORKGROUP // lanes, MAX_CHANNELS_PER_GROUP)
-
-
-def items_per_thread(nstate: int, tile: int, spt: int = 1) -> int:
-    """PF: a thread's items of a staged tile's (step, channel) and (step, state) lists."""
-    return -(-tile * max(channels_per_group(nstate, spt), nstate) // WORKGROUP)
-
-
-def tile_memory(nstate: int, tile: int, spt: int = 1, lane_sum: bool = False) -> int:
-    """Bytes of workgroup memory of the tiled kernels: six [T, CH] and two [T, N] staging tiles, and two
-    [T, CH·(N + 1)] tiles of terms; the LANE_SUM forward reads neither (one step of state_terms is declared)."""
-    ch = channels_per_group(nstate, spt)
-    terms = ch * (nstate + 1) * (1 if lane_sum else 2 * tile)
-    return 4 * (tile * (6 * ch + 2 * nstate) + terms)
-
-
-def tile_steps(nstate: int, chunk: int, spt: int = 1, lane_sum: bool = False,
-               memory: int = WORKGROUP_MEMORY) -> int:
-    """Steps per tile: the largest of TILES that divides `chunk`, whose workgroup memory fits `memory` and
-    whose staged items fit the kernels' 4 registers per thread (PF ≤ MAX_ITEMS); T = 4 always does at SPT = 1
-    or with LANE_SUM (N ≤ 128, chunk a multiple of 8)."""
-    fits = [t for t in TILES if chunk % t == 0 and tile_memory(nstate, t, spt, lane_sum) <= memory
-            and items_per_thread(nstate, t, spt) <= MAX_ITEMS]
-    if not fits:
-        raise ShapeError(f"selective_scan: no tile of {TILES} fits {memory} bytes of workgroup memory at "
-                         f"N = {nstate}, {spt} states per thread")
-    return fits[0]
+def channels_per_subgroup(rt, nstate: int) -> int:
+    """CPS: the GPU backward's channels per subgroup, so ceil(Dc / CPS) slices of dB / dC partials."""
+    return rt.subgroup_size // channel_lanes(nstate)
 
 
 def _check_inputs(op: str, u, delta, A_log, B, C, D, z, delta_bias) -> tuple[int, int, int, int]:
@@ -154,31 +127,17 @@ def _scan_params(batch: int, length: int, channels: int, chunk: int) -> dict:
                 seg_end=length, kc_lo=0, kc_hi=nchunks)
 
 
-# Loop iterations per invocation (upper bounds, no unrolling assumed, either LANE_SUM choice, SPT of them per
-# per-state helper), for Mesa
-# llvmpipe's budget of 65,535 (mambactl/ops/checks.py), per tile of T steps: PF items per fetch and per stage,
-# a[items] = ceil(T·CH / WG) passes over (step, channel) items, s[items] = ceil(T·N / WG) over (step, state)
-# items, log2(NP) per lane sum.
-def _tile_passes(nstate: int, tile: int, spt: int = 1) -> tuple[int, int]:
-    ch = channels_per_group(nstate, spt)
-    return -(-tile * ch // WORKGROUP), -(-tile * nstate // WORKGROUP)
+# Loop iterations per invocation (upper bounds, no unrolling assumed), for Mesa llvmpipe's budget of 65,535
+# (mambactl/ops/checks.py). GPU kernels, per sub-tile of SUB steps: its loop, the butterflies over the channel's
+# lane bits past SUB and, per step, those over the subgroup's channels past 8.
+def lanes_forward_loops_per_step(nstate: int) -> int:
+    return 1 + (channel_lanes(nstate).bit_length() - 1)
 
 
-def forward_loops_per_tile(nstate: int, tile: int, spt: int = 1) -> int:
-    a, _ = _tile_passes(nstate, tile, spt)
-    butterfly = lanes_per_channel(nstate).bit_length() - 1
-    per_step = 1 + butterfly + 3 * spt  # the step, the lane sum, B_t, C_t and the terms at the thread's states
-    return 1 + 2 * items_per_thread(nstate, tile, spt) + spt + tile * per_step + a * (1 + nstate)
-
-
-def backward_loops_per_tile(nstate: int, tile: int, spt: int = 1) -> int:
-    a, st = _tile_passes(nstate, tile, spt)
-    ch = channels_per_group(nstate, spt)
-    staging = 1 + 2 * items_per_thread(nstate, tile, spt) + 3 * spt
-    walk = staging + tile * (1 + spt)
-    recompute = tile * (1 + 2 * spt)
-    sums = 2 * a * (1 + nstate) + 2 * st * (1 + ch) + tile * (1 + 4 * spt)
-    return walk + staging + recompute + sums
+def lanes_backward_loops_per_chunk(nstate: int, steps: int, subgroup: int) -> int:
+    lanes = channel_lanes(nstate)
+    per_sub = 1 + (lanes.bit_length() - 1) + LANE_SUB * max(1, (subgroup // lanes).bit_length() - 4)
+    return 1 + -(-steps // LANE_SUB) * (1 + per_sub)
 
 
 def direct_forward_loops_per_step(nstate: int) -> int:
@@ -234,17 +193,21 @@ def _choose_path(rt, op: str, path: str | None, nstate: int, steps: int) -> str:
     if path is not None:
         if path not in PATHS:
             raise ShapeError(f"{op}: unknown path {path!r}; one of {PATHS} or None")
+        if path == "tiled" and not lanes_fit(rt, nstate):
+            raise ShapeError(f"{op}: the tiled kernels need the subgroup feature and a channel's "
+                             f"{channel_lanes(nstate)} lanes in one subgroup; this adapter has "
+                             f"{rt.subgroup_size or 'no subgroups'}")
         return path
     if not is_cpu(rt):
-        return "tiled"
+        return "tiled" if lanes_fit(rt, nstate) else "direct"
     if nstate <= SUBGROUP_MAX_STATE and cpu_subgroups(rt):
         one = subgroup_backward_loops_per_chunk(nstate, steps) + subgroup_fixed(nstate)
         if not (is_llvmpipe(rt) and one > LOOP_BUDGET):
             return "subgroup"
     # The direct backward walks a whole chunk per dispatch; where one chunk is over llvmpipe's budget the tiled
-    # kernels (finer segments) take it.
+    # kernels (finer segments) take it where they fit (else the direct one refuses the shape).
     one = direct_backward_loops_per_chunk(nstate, steps) + direct_backward_fixed(nstate)
-    return "tiled" if is_llvmpipe(rt) and one > LOOP_BUDGET else "direct"
+    return "tiled" if is_llvmpipe(rt) and one > LOOP_BUDGET and lanes_fit(rt, nstate) else "direct"
 
 
 def _check_subgroup(rt, op: str, nstate: int) -> None:
@@ -253,48 +216,8 @@ def _check_subgroup(rt, op: str, nstate: int) -> None:
     require_subgroup_lanes(rt, f"{op}: the subgroup path")
 
 
-# Overrides of the tiled kernels' choices, by pipeline-constant name (SPT, LANE_SUM, T): one process times
-# several variants (bench/scan.py --variant), tests run each. Empty: the defaults of `_constants`.
-TILED_VARIANT: dict = {}
-# The forward's default where a channel's lanes fit a subgroup: 4 states per thread, sums over n by lane
-# butterflies (H200, N 16: 0.49 ms per layer, 0.68 with SPT = 1 and workgroup sums). The backward keeps one
-# state per thread and workgroup sums (2.6 ms; 3.3-5.8 ms with more states per thread or lane sums).
-FORWARD_SPT = 4
-
-
-def lane_sums_fit(rt, nstate: int, spt: int = 1) -> bool:
-    """Whether a channel's LP = NP / SPT lanes fit in one subgroup (the tiled forward's LANE_SUM)."""
-    lanes = lanes_per_channel(nstate) // states_per_thread(nstate, spt)
-    return "subgroup" in rt.features and lanes <= rt.subgroup_size
-
-
-def _constants(rt, op: str, nstate: int, chunk: int, forward: bool) -> dict:
-    """The tiled forward's (`forward`) or backward's pipeline constants: the defaults, or TILED_VARIANT's."""
-    v = dict(TILED_VARIANT)
-    unknown = set(v) - {"SPT", "LANE_SUM", "T"}
-    if unknown:
-        raise ShapeError(f"{op}: unknown tiled variant constants {sorted(unknown)}")
-    fits = forward and lane_sums_fit(rt, nstate, FORWARD_SPT)
-    spt = states_per_thread(nstate, int(v.get("SPT", FORWARD_SPT if fits else 1)))
-    if spt not in (1, 2, 4):
-        raise ShapeError(f"{op}: SPT is {spt}; 1, 2 or 4 states per thread")
-    lanes = lanes_per_channel(nstate) // spt
-    lane_sum = forward and bool(v.get("LANE_SUM", lane_sums_fit(rt, nstate, spt)))
-    if lane_sum and not lane_sums_fit(rt, nstate, spt):
-        raise ShapeError(f"{op}: LANE_SUM needs {lanes} lanes per subgroup; this adapter has "
-                         f"{rt.subgroup_size or 'no subgroups'}")
-    # Several states per thread with workgroup sums (variants only) put 4x the channels' terms in a workgroup:
-    # those take what the device has.
-    memory = WORKGROUP_MEMORY
-    if spt > 1 and not lane_sum:
-        memory = int(rt.limits.get("max-compute-workgroup-storage-size", WORKGROUP_MEMORY))
-    tile = int(v["T"]) if "T" in v else tile_steps(nstate, chunk, spt, lane_sum, memory)
-    if chunk % tile or items_per_thread(nstate, tile, spt) > MAX_ITEMS or tile < 4:
-        raise ShapeError(f"{op}: T = {tile} must divide chunk {chunk}, be at least 4 and stage at most "
-                         f"{MAX_ITEMS} items per thread")
-    return {"N": nstate, "NP": lanes_per_channel(nstate), "SPT": spt, "LP": lanes,
-            "CH": channels_per_group(nstate, spt), "T": tile, "PF": items_per_thread(nstate, tile, spt),
-            "LANE_SUM": lane_sum, "TERM_STEPS": 1 if lane_sum else tile}
+def _lanes_constants(rt, nstate: int) -> dict:
+    return {"N": nstate, "LP": channel_lanes(nstate), "SG": rt.subgroup_size}
 
 
 def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor,
@@ -303,10 +226,10 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
     """u, delta, z [B, L, Dc]; A_log [Dc, N]; B, C [B, L, N]; D, delta_bias [Dc] -> (y [B, L, Dc], saved).
 
     `chunk` (a positive multiple of 8) is the number of steps between saved states (None: DEFAULT_CHUNK).
-    `segment`: steps per dispatch
-    (rounded up to a tile; h carried in last_state). None: one dispatch, except on Mesa llvmpipe, whose
-    per-invocation loop budget sets it (mambactl/ops/checks.py). `path`: "tiled" (GPUs), "direct" (CPU adapters)
-    or None (by the adapter type); the direct forward's segments are not rounded to a tile.
+    `segment`: steps per dispatch (rounded up to a sub-tile of 4 steps on the tiled path; h carried in
+    last_state). None: one dispatch, except on Mesa llvmpipe, whose per-invocation loop budget sets it
+    (mambactl/ops/checks.py). `path`: "tiled" (GPUs), "direct", "subgroup" (CPU adapters) or None (by the
+    adapter; see the module docstring).
     """
     op = "selective_scan"
     batch, length, channels, nstate = _check_inputs(op, u, delta, A_log, B, C, D, z, delta_bias)
@@ -315,12 +238,6 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
     rt = u.runtime
     chunk = chunk or DEFAULT_CHUNK
     chosen = _choose_path(rt, op, path, nstate, min(chunk, length))
-    if chosen == "tiled" and "subgroup" not in rt.features:
-        # The tiled forward's entry point uses subgroup operations (its lane sums; kernels.py leaves it out of
-        # the module elsewhere); the direct forward uses none and saves the same states.
-        if path == "tiled":
-            raise ShapeError(f"{op}: the tiled forward needs the adapter's subgroup feature")
-        chosen = "direct"
     params = _scan_params(batch, length, channels, chunk)
     y = rt.empty(u.shape)
     states = rt.empty((batch, params["nchunks"], channels, nstate))
@@ -345,16 +262,14 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
                    u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states,
                    last_state=last_state, ngroups=0, per_thread=0, **params)
         return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
-    constants = _constants(rt, op, nstate, chunk, True)
-    tile = constants["T"]
-    seg = segment_length(rt, op, tuple(u.shape), length,
-                         -(-forward_loops_per_tile(nstate, tile, constants["SPT"]) // tile), 64,
-                         multiple=tile, segment=segment)
+    constants = _lanes_constants(rt, nstate)
+    grid = (-(-channels * constants["LP"] // WORKGROUP), batch)
+    seg = segment_length(rt, op, tuple(u.shape), length, lanes_forward_loops_per_step(nstate), 16,
+                         multiple=LANE_SUB, segment=segment)
     for t0, t1 in segments(length, seg):
         params.update(seg_begin=t0, seg_end=t1)
-        rt.run("selective_scan_forward", (-(-channels // constants["CH"]), batch), constants, u=u, delta=delta,
-               A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states, last_state=last_state,
-               **params)
+        rt.run("selective_scan_forward", grid, constants, u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z,
+               delta_bias=delta_bias, y=y, states=states, last_state=last_state, B4=B, C4=C, **params)
     return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
 
 
@@ -445,21 +360,32 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
                    param_part=param_part, tile_states=scratch, carry=carry, ngroups=groups, per_thread=per,
                    **params)
     else:
-        constants = _constants(rt, op, nstate, s.chunk, False)
-        groups, tile = -(-channels // constants["CH"]), constants["T"]
+        constants = _lanes_constants(rt, nstate)
+        groups = -(-channels // channels_per_subgroup(rt, nstate))  # the partials' slices: one per subgroup
         dB_part = rt.empty((groups, batch, length, nstate))
         dC_part = rt.empty((groups, batch, length, nstate))
-        spt = constants["SPT"]
-        tile_states = rt.empty((batch, groups, -(-min(s.chunk, length) // tile), spt, WORKGROUP))
-        per_chunk = -(-min(s.chunk, length) // tile) * backward_loops_per_tile(nstate, tile, spt)
-        seg = segment_length(rt, op, tuple(s.u.shape), nchunks, per_chunk, 4 * WORKGROUP, segment=segment)
-        carry = rt.empty((batch, groups, WORKGROUP, CARRY_WORDS))
+        grid = (-(-channels * constants["LP"] // WORKGROUP), batch)
+        per_chunk = -(-min(s.chunk, length) // LANE_SUB)
+        carry = rt.empty((batch, grid[0], WORKGROUP, CARRY_WORDS))
+        # Segments of chunks: llvmpipe's loop budget, and the slots of one segment within SLOT_BYTES (one
+        # dispatch at the 130m shape); each segment walks its chunks at once (one chunk per invocation, within
+        # llvmpipe's budget if a chunk is), then runs their adjoint.
+        seg = segment_length(rt, op, tuple(s.u.shape), nchunks,
+                             lanes_backward_loops_per_chunk(nstate, min(s.chunk, length), rt.subgroup_size),
+                             16, segment=segment)
+        chunk_bytes = batch * grid[0] * per_chunk * WORKGROUP * LANE_STATES * 4
+        seg = max(1, min(seg, min(SLOT_BYTES, rt.max_binding) // chunk_bytes))
+        loop_budget(rt, op, tuple(s.u.shape), 1 + per_chunk)
+        slots = rt.empty((batch, grid[0], min(seg, nchunks) * per_chunk, WORKGROUP, LANE_STATES))
+        views = dict(B4=s.B, C4=s.C, slots=slots)
         for hi in range(nchunks, 0, -seg):
             params.update(kc_lo=max(0, hi - seg), kc_hi=hi)
-            rt.run("selective_scan_backward", (groups, batch), constants, u=s.u, delta=s.delta, A_log=s.A_log,
-                   B=s.B, C=s.C, D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy, saved_states=s.states, du=du,
-                   ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part, param_part=param_part,
-                   tile_states=tile_states, carry=carry, **params)
+            rt.run("selective_scan_backward_walk", (grid[0], batch, hi - params["kc_lo"]), constants, u=s.u,
+                   delta=s.delta, A_log=s.A_log, B=s.B, delta_bias=s.delta_bias, saved_states=s.states, **views,
+                   **params)
+            rt.run("selective_scan_backward", grid, constants, u=s.u, delta=s.delta, A_log=s.A_log, B=s.B, C=s.C,
+                   D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy, saved_states=s.states, du=du, ddelta=ddelta,
+                   dz=dz, dB_part=dB_part, dC_part=dC_part, param_part=param_part, carry=carry, **views, **params)
     dB, dC = rt.empty(s.B.shape), rt.empty(s.C.shape)
     count = batch * length * nstate
     rt.run("selective_scan_sum_slices", grid_1d(count), part=dB_part, total=dB, count=count, slices=groups)
