@@ -936,16 +936,22 @@ fn selective_scan_forward_subgroup(@builtin(global_invocation_id) gid: vec3<u32>
     }
     let bias = delta_bias[d];
     let skip = D[d];
-    for (var t = dp.seg_begin; t < dp.seg_end; t++) {
-        let row = direct_row(b, t, d);
-        if (t % dp.chunk == 0u && valid) { save_states(((b * dp.nchunks + t / dp.chunk) * dp.channels + d) * N, h); }
-        let dt = softplus(delta[row] + bias);
-        let uv = u[row];
-        let bc = (b * dp.len + t) * N;
-        h = s_add(s_mul(s_exp(s_scale(a, dt)), h), s_scale(shared_B(bc, lane), dt * uv));
-        let acc = s_dot(shared_C(bc, lane), h);
-        let zv = z[row];
-        if (valid) { y[row] = (skip * uv + acc) * zv * sigmoid(zv); }
+    // Chunk by chunk, so the save at a chunk's start is in no step: lavapipe runs an `if` body every time, taken
+    // or not, and a save inside the step loop cost its stores at every step.
+    let chunk = opaque(dp.chunk);
+    let seg_end = opaque(dp.seg_end);
+    for (var t0 = opaque(dp.seg_begin); t0 < seg_end; t0 = min((t0 / chunk + 1u) * chunk, seg_end)) {
+        if (t0 % chunk == 0u && valid) { save_states(((b * dp.nchunks + t0 / chunk) * dp.channels + d) * N, h); }
+        for (var t = t0; t < min((t0 / chunk + 1u) * chunk, seg_end); t++) {
+            let row = direct_row(b, t, d);
+            let dt = softplus(delta[row] + bias);
+            let uv = u[row];
+            let bc = (b * dp.len + t) * N;
+            h = s_add(s_mul(s_exp(s_scale(a, dt)), h), s_scale(shared_B(bc, lane), dt * uv));
+            let acc = s_dot(shared_C(bc, lane), h);
+            let zv = z[row];
+            if (valid) { y[row] = (skip * uv + acc) * zv * sigmoid(zv); }
+        }
     }
     if (valid) {
         to_words(h);
@@ -1072,14 +1078,13 @@ fn selective_scan_backward_subgroup(@builtin(global_invocation_id) gid: vec3<u32
         let steps = min(dp.chunk, dp.len - t0);
         // The chunk's entry state is sub-chunk 0's; the walk stores those of the others (none at chunk ≤ 4).
         let entry = load_saved_states(((sg_b * dp.nchunks + k - 1u) * dp.channels + d) * N);
-        if (WALK) {
+        if (WALK) {  // sub-chunk by sub-chunk (no `if` per step: see the forward), each storing the next one's entry
             var h = entry;
             let last = (steps - 1u) / SUBCHUNK * SUBCHUNK;  // the last sub-chunk's first step: the walk ends there
-            for (var s = 0u; s < last; s++) {
-                if (s % SUBCHUNK == 0u && s > 0u) { scratch_store((s / SUBCHUNK) * slot_vec4s + slot0, h); }
-                h = sg_advance(h, t0 + s);
+            for (var s = 0u; s < last; s += SUBCHUNK) {
+                for (var k4 = 0u; k4 < SUBCHUNK; k4++) { h = sg_advance(h, t0 + s + k4); }
+                scratch_store((s / SUBCHUNK + 1u) * slot_vec4s + slot0, h);
             }
-            if (last > 0u) { scratch_store((last / SUBCHUNK) * slot_vec4s + slot0, h); }
         }
         for (var j = (steps + SUBCHUNK - 1u) / SUBCHUNK; j > 0u; j--) {
             let s0 = (j - 1u) * SUBCHUNK;
