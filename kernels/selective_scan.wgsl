@@ -777,12 +777,18 @@ fn selective_scan_backward_direct(@builtin(global_invocation_id) gid: vec3<u32>,
 // array with a dynamic index goes through memory the same way, while arithmetic on registers and
 // subgroupBroadcast from a constant lane cost ~0.02 ns per lane. So B_t and C_t, the same for all channels,
 // are loaded once per subgroup (lane l holds states l and 8 + l) and broadcast; the sums of dB and dC over
-// the subgroup's channels are a butterfly of subgroupShuffleXor (subgroupAdd costs ~2 ns there); and the
-// per-state loops of the direct kernels become straight-line vec4 code. The backward keeps one scratch slot
-// (16 words) per SUBCHUNK = 4 steps and recomputes each sub-chunk's states into registers (below).
+// the subgroup's channels are a reduce-scatter butterfly of subgroupShuffleXor (subgroupAdd costs ~2 ns there);
+// and the per-state loops of the direct kernels become straight-line vec4 code. The backward keeps one scratch
+// slot (16 words, as 4 vec4) per SUBCHUNK = 4 steps and recomputes each sub-chunk's states into registers
+// (below). Saved states and the scratch move as vec4 (about two scalars' price there) where N allows it; no
+// `if` that a step rarely takes sits in a step loop (lavapipe runs every `if` body: docs/architecture.md).
 // The wrapper (ops/selective_scan.py) takes these where Runtime.subgroup_size is 8. Same saved format
 // (states [B, n_chunks, Dc, N], last_state); dB_part, dC_part [Dc / 8 rounded up, B, L, N]; the scratch
-// tile_states [ceil(min(chunk, L) / 4), B · padded Dc / 8, 16, 8]; carry, param_part as in the direct backward.
+// scratch4 [ceil(min(chunk, L) / 4), B · padded Dc / 8, 4, 8] vec4 (slot 0 unused: sub-chunk 0 starts from the
+// saved state); carry, param_part as in the direct backward. Measured on lavapipe, tiny shape (B 8, L 64, Dc 128,
+// N 16, chunk 128), one worker thread's CPU per call, minimum of 12 rounds, 4 process pairs interleaved with
+// c8c2f4f's kernels on a loaded machine (load 3.5-3.9), 2026-12-02 00:06 UTC: forward 3.09-5.22 -> 1.98-3.22 ms
+// (0.38-0.66x pair by pair), backward with its sums 8.7-15.7 -> 7.0-11.9 ms (0.45-0.82x).
 const SG_N: u32 = 16u;  // SUBGROUP_MAX_STATE in the wrapper
 
 struct State16 { g0: vec4<f32>, g1: vec4<f32>, g2: vec4<f32>, g3: vec4<f32> }
@@ -1030,7 +1036,9 @@ fn sg_adjoint(t: u32, h: State16, prev: State16, terms: StepTerms) {
 // the state entering every SUBCHUNK-th step in the scratch; then each sub-chunk of SUBCHUNK steps, last to
 // first, recomputes its states into registers (h0 .. h4, the helpers written out SUBCHUNK times) and runs
 // their adjoint. That walks the recurrence twice, but moves 2 · 16 / SUBCHUNK scratch words per step
-// instead of 32 (the scratch was 2/3 of this kernel's time with one slot per step).
+// instead of 32 (the scratch was 2/3 of this kernel's time with one slot per step). Measured and not kept:
+// chunk = SUBCHUNK (the forward saving every 4th state, so the backward walks nothing): 11.6 against 7.3 ms
+// per backward at the tiny shape, though callgrind counted 11% fewer instructions.
 const SUBCHUNK: u32 = 4u;
 // Lavapipe runs the body of every `if` with a lane mask whether or not a lane takes it (it does not branch
 // around bodies), so code that a shape never needs is compiled out by these constants rather than skipped:
