@@ -99,6 +99,12 @@ struct StepParams { batch: u32, channels: u32, nstate: u32 }
 @group(0) @binding(32) var<storage, read> B4: array<vec4<f32>>;
 @group(0) @binding(33) var<storage, read> C4: array<vec4<f32>>;
 @group(0) @binding(34) var<storage, read_write> slots: array<vec4<f32>>;
+// The subgroup kernels' vec4 views (lavapipe moves a vec4 for about the price of two scalar loads or stores:
+// ~12 ns per 8-lane scalar load, ~24 per vec4, bench-style micro-kernels): states and saved_states as vec4 where
+// N is a multiple of 4 (the wrapper binds the same tensors to both names), and the backward's scratch.
+@group(0) @binding(35) var<storage, read_write> states4: array<vec4<f32>>;
+@group(0) @binding(36) var<storage, read> saved_states4: array<vec4<f32>>;
+@group(0) @binding(37) var<storage, read_write> scratch4: array<vec4<f32>>;
 
 fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 
@@ -833,12 +839,18 @@ fn selective_scan_backward_direct(@builtin(global_invocation_id) gid: vec3<u32>,
 // array with a dynamic index goes through memory the same way, while arithmetic on registers and
 // subgroupBroadcast from a constant lane cost ~0.02 ns per lane. So B_t and C_t, the same for all channels,
 // are loaded once per subgroup (lane l holds states l and 8 + l) and broadcast; the sums of dB and dC over
-// the subgroup's channels are a butterfly of subgroupShuffleXor (subgroupAdd costs ~2 ns there); and the
-// per-state loops of the direct kernels become straight-line vec4 code. The backward keeps one scratch slot
-// (16 words) per SUBCHUNK = 4 steps and recomputes each sub-chunk's states into registers (below).
+// the subgroup's channels are a reduce-scatter butterfly of subgroupShuffleXor (subgroupAdd costs ~2 ns there);
+// and the per-state loops of the direct kernels become straight-line vec4 code. The backward keeps one scratch
+// slot (16 words, as 4 vec4) per SUBCHUNK = 4 steps and recomputes each sub-chunk's states into registers
+// (below). Saved states and the scratch move as vec4 (about two scalars' price there) where N allows it; no
+// `if` that a step rarely takes sits in a step loop (lavapipe runs every `if` body: docs/architecture.md).
 // The wrapper (ops/selective_scan.py) takes these where Runtime.subgroup_size is 8. Same saved format
 // (states [B, n_chunks, Dc, N], last_state); dB_part, dC_part [Dc / 8 rounded up, B, L, N]; the scratch
-// tile_states [ceil(min(chunk, L) / 4), B · padded Dc / 8, 16, 8]; carry, param_part as in the direct backward.
+// scratch4 [ceil(min(chunk, L) / 4), B · padded Dc / 8, 4, 8] vec4 (slot 0 unused: sub-chunk 0 starts from the
+// saved state); carry, param_part as in the direct backward. Measured on lavapipe, tiny shape (B 8, L 64, Dc 128,
+// N 16, chunk 128), one worker thread's CPU per call, minimum of 12 rounds, 4 process pairs interleaved with
+// c8c2f4f's kernels on a loaded machine (load 3.5-3.9), 2026-12-02 00:06 UTC: forward 3.09-5.22 -> 1.98-3.22 ms
+// (0.38-0.66x pair by pair), backward with its sums 8.7-15.7 -> 7.0-11.9 ms (0.45-0.82x).
 const SG_N: u32 = 16u;  // SUBGROUP_MAX_STATE in the wrapper
 
 struct State16 { g0: vec4<f32>, g1: vec4<f32>, g2: vec4<f32>, g3: vec4<f32> }
@@ -860,16 +872,6 @@ fn lanes_lo4(v: f32) -> vec4<f32> {
 fn lanes_hi4(v: f32) -> vec4<f32> {
     return vec4<f32>(subgroupBroadcast(v, 4u), subgroupBroadcast(v, 5u), subgroupBroadcast(v, 6u), subgroupBroadcast(v, 7u));
 }
-// Σ over the 8 lanes by a butterfly (lanes pair across 4, 2, 1): on lavapipe 5× cheaper than 8 broadcasts (and
-// subgroupAdd is ~6× dearer still). Each lane adds in its own fixed order; store_partials takes group j from
-// lane j only, so the stored sums are deterministic.
-fn lanes_sum4(v: vec4<f32>) -> vec4<f32> {
-    let a = v + subgroupShuffleXor(v, 4u);
-    let b = a + subgroupShuffleXor(a, 2u);
-    return b + subgroupShuffleXor(b, 1u);
-}
-fn lanes_sum(a: State16) -> State16 { return State16(lanes_sum4(a.g0), lanes_sum4(a.g1), lanes_sum4(a.g2), lanes_sum4(a.g3)); }
-
 // B_t or C_t (row bc of [B, L, N]) in every lane: lane l loads states l and 8 + l (0 past N).
 fn shared_B(bc: u32, lane: u32) -> State16 {
     let v0 = select(0.0, B[bc + min(lane, N - 1u)], lane < N);
@@ -897,48 +899,84 @@ fn to_words(a: State16) {
     words[12] = a.g3.x; words[13] = a.g3.y; words[14] = a.g3.z; words[15] = a.g3.w;
 }
 
-// A scratch slot: invocation i's 16 states at slot s are words (s · lanes / 8 + i / 8) · 128 + n · 8 + i % 8
-// (lanes = B · padded Dc): a subgroup's slot is 512 contiguous bytes and one load or store of its 8 lanes
-// touches 32 of them. (A layout [invocation][slot][n] put each lane 4 KiB from the next, so a load's 8 lines
-// shared one L1 set, and the scratch traffic cost ~2× the rest of the backward.) e is the word of state 0.
+// A scratch slot: invocation i's 16 states at slot s are the vec4s (s · lanes / 8 + i / 8) · 32 + g · 8 + i % 8,
+// g < 4 (states 4g .. 4g + 3; lanes = B · padded Dc): a subgroup's slot is 512 contiguous bytes and one vec4
+// access of its 8 lanes touches 128 of them. (A layout [invocation][slot][n] put each lane 4 KiB from the next,
+// so a load's 8 lines shared one L1 set.) e is the vec4 of group 0.
 fn scratch_store(e: u32, a: State16) {
-    tile_states[e] = a.g0.x; tile_states[e + 8u] = a.g0.y; tile_states[e + 16u] = a.g0.z;
-    tile_states[e + 24u] = a.g0.w;
-    tile_states[e + 32u] = a.g1.x; tile_states[e + 40u] = a.g1.y; tile_states[e + 48u] = a.g1.z;
-    tile_states[e + 56u] = a.g1.w;
+    scratch4[e] = a.g0;
+    scratch4[e + 8u] = a.g1;
     if (N > 8u) {
-        tile_states[e + 64u] = a.g2.x; tile_states[e + 72u] = a.g2.y;
-        tile_states[e + 80u] = a.g2.z; tile_states[e + 88u] = a.g2.w;
-        tile_states[e + 96u] = a.g3.x; tile_states[e + 104u] = a.g3.y;
-        tile_states[e + 112u] = a.g3.z; tile_states[e + 120u] = a.g3.w;
+        scratch4[e + 16u] = a.g2;
+        scratch4[e + 24u] = a.g3;
     }
 }
 fn scratch_load(e: u32) -> State16 {
     var hi0 = vec4<f32>(0.0);
     var hi1 = vec4<f32>(0.0);
     if (N > 8u) {
-        hi0 = vec4<f32>(tile_states[e + 64u], tile_states[e + 72u], tile_states[e + 80u],
-                        tile_states[e + 88u]);
-        hi1 = vec4<f32>(tile_states[e + 96u], tile_states[e + 104u], tile_states[e + 112u],
-                        tile_states[e + 120u]);
+        hi0 = scratch4[e + 16u];
+        hi1 = scratch4[e + 24u];
     }
-    return State16(vec4<f32>(tile_states[e], tile_states[e + 8u], tile_states[e + 16u], tile_states[e + 24u]),
-                   vec4<f32>(tile_states[e + 32u], tile_states[e + 40u], tile_states[e + 48u],
-                             tile_states[e + 56u]), hi0, hi1);
+    return State16(scratch4[e], scratch4[e + 8u], hi0, hi1);
 }
 
-// Group j (lane j < 4) of the subgroup's dB and dC sums to the partials at e (states 4j .. 4j + 3 below N).
-fn store_partials(e: u32, lane: u32, db: State16, dc: State16) {
-    if (lane >= 4u || 4u * lane >= N) { return; }
-    let vb = select(select(select(db.g0, db.g1, lane == 1u), db.g2, lane == 2u), db.g3, lane == 3u);
-    let vc = select(select(select(dc.g0, dc.g1, lane == 1u), dc.g2, lane == 2u), dc.g3, lane == 3u);
-    let n = e + 4u * lane;
-    dB_part[n] = vb.x;
-    dC_part[n] = vc.x;
-    if (4u * lane + 1u < N) { dB_part[n + 1u] = vb.y; dC_part[n + 1u] = vc.y; }
-    if (4u * lane + 2u < N) { dB_part[n + 2u] = vb.z; dC_part[n + 2u] = vc.z; }
-    if (4u * lane + 3u < N) { dB_part[n + 3u] = vb.w; dC_part[n + 3u] = vc.w; }
+// Σ over the 8 lanes of a State16, reduce-scattered: lane l ends with the sums of states 2l and 2l + 1. Each
+// butterfly level keeps the half of its values named by one bit of the lane and adds its partner's copy of
+// that half (lanes 4 apart trade states 0-7 / 8-15, then 2 apart 4-state halves, then 1 apart pairs): 10
+// shuffles instead of lanes_sum's 48, and every lane stores 2 words instead of lanes 0-3 storing 4.
+fn lanes_sum_scatter(a: State16, lane: u32) -> vec2<f32> {
+    let lo = (lane & 4u) == 0u;
+    let k0 = select(a.g2, a.g0, lo) + subgroupShuffleXor(select(a.g0, a.g2, lo), 4u);
+    let k1 = select(a.g3, a.g1, lo) + subgroupShuffleXor(select(a.g1, a.g3, lo), 4u);
+    let mid = (lane & 2u) == 0u;
+    let m = select(k1, k0, mid) + subgroupShuffleXor(select(k0, k1, mid), 2u);
+    let first = (lane & 1u) == 0u;
+    return select(m.zw, m.xy, first) + subgroupShuffleXor(select(m.xy, m.zw, first), 1u);
 }
+
+// Lane l's two words (states 2l, 2l + 1 below N) of the subgroup's dB and dC sums to the partials at e.
+fn store_scattered(e: u32, lane: u32, db: vec2<f32>, dc: vec2<f32>) {
+    let n = 2u * lane;
+    if (n < N) { dB_part[e + n] = db.x; dC_part[e + n] = dc.x; }
+    if (n + 1u < N) { dB_part[e + n + 1u] = db.y; dC_part[e + n + 1u] = dc.y; }
+}
+
+// The N states at word sb of [.., N] saved states (sb a multiple of N): four vec4 accesses where N is a multiple
+// of 4, else N scalar ones through `words`.
+fn save_states(sb: u32, a: State16) {
+    if (N % 4u == 0u) {
+        let e = sb / 4u;
+        states4[e] = a.g0;
+        if (N > 4u) { states4[e + 1u] = a.g1; }
+        if (N > 8u) { states4[e + 2u] = a.g2; }
+        if (N > 12u) { states4[e + 3u] = a.g3; }
+    } else {
+        to_words(a);
+        for (var n = 0u; n < N; n++) { states[sb + n] = words[n]; }
+    }
+}
+fn load_saved_states(sb: u32) -> State16 {
+    if (N % 4u == 0u) {
+        let e = sb / 4u;
+        var a = State16(saved_states4[e], vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+        if (N > 4u) { a.g1 = saved_states4[e + 1u]; }
+        if (N > 8u) { a.g2 = saved_states4[e + 2u]; }
+        if (N > 12u) { a.g3 = saved_states4[e + 3u]; }
+        return a;
+    }
+    for (var n = 0u; n < SG_N; n++) { words[n] = select(0.0, saved_states[sb + min(n, N - 1u)], n < N); }
+    return from_words();
+}
+
+// A uniform parameter that Mesa 22.3 lavapipe cannot inline. Lavapipe inlines the uniform values that decide
+// branches and loop exits into a recompiled pipeline at every dispatch whose uniforms changed (here: every
+// dispatch, the ring's offset moves), and stops only if its first inlined compile shrank the shader by less
+// than half; its test (before − after < before / 2) is unsigned, so a compile that grew (loops unrolled) passes
+// it and recompiles forever. A variant of the subgroup backward did: ~12 ms of CPU per dispatch on lavapipe's
+// queue thread, invisible in the kernel's own time. A subgroup broadcast (an intrinsic, not an ALU op) hides
+// the value from that search, for the price of one lane shuffle.
+fn opaque(x: u32) -> u32 { return subgroupBroadcast(x, 0u); }
 
 // A = −exp(A_log[d, :]) (0 past N, so those states never move).
 fn neg_exp_A(d: u32) -> State16 {
@@ -966,20 +1004,22 @@ fn selective_scan_forward_subgroup(@builtin(global_invocation_id) gid: vec3<u32>
     }
     let bias = delta_bias[d];
     let skip = D[d];
-    for (var t = dp.seg_begin; t < dp.seg_end; t++) {
-        let row = direct_row(b, t, d);
-        if (t % dp.chunk == 0u && valid) {
-            let sb = ((b * dp.nchunks + t / dp.chunk) * dp.channels + d) * N;
-            to_words(h);
-            for (var n = 0u; n < N; n++) { states[sb + n] = words[n]; }
+    // Chunk by chunk, so the save at a chunk's start is in no step: lavapipe runs an `if` body every time, taken
+    // or not, and a save inside the step loop cost its stores at every step.
+    let chunk = opaque(dp.chunk);
+    let seg_end = opaque(dp.seg_end);
+    for (var t0 = opaque(dp.seg_begin); t0 < seg_end; t0 = min((t0 / chunk + 1u) * chunk, seg_end)) {
+        if (t0 % chunk == 0u && valid) { save_states(((b * dp.nchunks + t0 / chunk) * dp.channels + d) * N, h); }
+        for (var t = t0; t < min((t0 / chunk + 1u) * chunk, seg_end); t++) {
+            let row = direct_row(b, t, d);
+            let dt = softplus(delta[row] + bias);
+            let uv = u[row];
+            let bc = (b * dp.len + t) * N;
+            h = s_add(s_mul(s_exp(s_scale(a, dt)), h), s_scale(shared_B(bc, lane), dt * uv));
+            let acc = s_dot(shared_C(bc, lane), h);
+            let zv = z[row];
+            if (valid) { y[row] = (skip * uv + acc) * zv * sigmoid(zv); }
         }
-        let dt = softplus(delta[row] + bias);
-        let uv = u[row];
-        let bc = (b * dp.len + t) * N;
-        h = s_add(s_mul(s_exp(s_scale(a, dt)), h), s_scale(shared_B(bc, lane), dt * uv));
-        let acc = s_dot(shared_C(bc, lane), h);
-        let zv = z[row];
-        if (valid) { y[row] = (skip * uv + acc) * zv * sigmoid(zv); }
     }
     if (valid) {
         to_words(h);
@@ -1040,9 +1080,9 @@ fn sg_adjoint(t: u32, h: State16, prev: State16, terms: StepTerms) {
     let gha = s_dot(gh, sg_a);
     let gb = s_dot(gn, Bt);                               // ∂loss/∂(Δ_t u_t)
     let zero = s_splat(0.0);
-    let db = lanes_sum(s_select(zero, s_scale(gn, dtu), sg_valid));
-    let dc = lanes_sum(s_select(zero, s_scale(h, dyg), sg_valid));
-    store_partials(((sg_grp * dp.batch + sg_b) * dp.len + t) * N, sg_lane, db, dc);
+    store_scattered(((sg_grp * dp.batch + sg_b) * dp.len + t) * N, sg_lane,
+                    lanes_sum_scatter(s_select(zero, s_scale(gn, dtu), sg_valid), sg_lane),
+                    lanes_sum_scatter(s_select(zero, s_scale(h, dyg), sg_valid), sg_lane));
     sg_g = s_mul(gn, decay);
     let dx = (gha + uv * gb) * dsp;
     if (sg_valid) {
@@ -1058,8 +1098,16 @@ fn sg_adjoint(t: u32, h: State16, prev: State16, terms: StepTerms) {
 // the state entering every SUBCHUNK-th step in the scratch; then each sub-chunk of SUBCHUNK steps, last to
 // first, recomputes its states into registers (h0 .. h4, the helpers written out SUBCHUNK times) and runs
 // their adjoint. That walks the recurrence twice, but moves 2 · 16 / SUBCHUNK scratch words per step
-// instead of 32 (the scratch was 2/3 of this kernel's time with one slot per step).
+// instead of 32 (the scratch was 2/3 of this kernel's time with one slot per step). Measured and not kept:
+// chunk = SUBCHUNK (the forward saving every 4th state, so the backward walks nothing): 11.6 against 7.3 ms
+// per backward at the tiny shape, though callgrind counted 11% fewer instructions.
 const SUBCHUNK: u32 = 4u;
+// Lavapipe runs the body of every `if` with a lane mask whether or not a lane takes it (it does not branch
+// around bodies), so code that a shape never needs is compiled out by these constants rather than skipped:
+// WALK false where chunk ≤ SUBCHUNK (every sub-chunk starts from a saved state: no walk, no scratch), TAIL false
+// where every sub-chunk has SUBCHUNK steps (L and chunk multiples of it).
+override WALK: bool = true;
+override TAIL: bool = true;
 
 @compute @workgroup_size(64)
 fn selective_scan_backward_subgroup(@builtin(global_invocation_id) gid: vec3<u32>,
@@ -1074,15 +1122,18 @@ fn selective_scan_backward_subgroup(@builtin(global_invocation_id) gid: vec3<u32
     sg_grp = (i % padded) / 8u;
     sg_d = min(i % padded, dp.channels - 1u);
     let d = sg_d;
-    let slot0 = (i / 8u) * 128u + i % 8u;  // scratch word of state 0 at slot 0
-    let slot_words = dp.batch * padded * SG_N;
+    let slot0 = (i / 8u) * 32u + i % 8u;  // scratch vec4 of states 0-3 at slot 0
+    let slot_vec4s = dp.batch * padded * 4u;
     let cb = (sg_b * dp.channels + d) * (2u * N + 2u);
     sg_a = neg_exp_A(d);
     sg_g = s_splat(0.0);
     sg_da = s_splat(0.0);
     sg_d_skip = 0.0;
     sg_d_bias = 0.0;
-    if (dp.kc_hi < dp.nchunks) {  // resume from the carry of the dispatch before
+    let kc_lo = opaque(dp.kc_lo);
+    let kc_hi = opaque(dp.kc_hi);
+    let nchunks = opaque(dp.nchunks);
+    if (kc_hi < nchunks) {  // resume from the carry of the dispatch before
         for (var n = 0u; n < SG_N; n++) { words[n] = select(0.0, carry[cb + min(n, N - 1u)], n < N); }
         sg_g = from_words();
         for (var n = 0u; n < SG_N; n++) { words[n] = select(0.0, carry[cb + N + min(n, N - 1u)], n < N); }
@@ -1092,23 +1143,25 @@ fn selective_scan_backward_subgroup(@builtin(global_invocation_id) gid: vec3<u32
     }
     sg_bias = delta_bias[d];
     sg_skip = D[d];
-    for (var k = min(dp.kc_hi, dp.nchunks); k > dp.kc_lo; k--) {
+    for (var k = min(kc_hi, nchunks); k > kc_lo; k--) {
         let t0 = (k - 1u) * dp.chunk;
         let steps = min(dp.chunk, dp.len - t0);
-        let sb = ((sg_b * dp.nchunks + k - 1u) * dp.channels + d) * N;
-        for (var n = 0u; n < SG_N; n++) { words[n] = select(0.0, saved_states[sb + min(n, N - 1u)], n < N); }
-        var h = from_words();
-        let last = (steps - 1u) / SUBCHUNK * SUBCHUNK;  // the last sub-chunk's first step: the walk ends there
-        for (var s = 0u; s < last; s++) {
-            if (s % SUBCHUNK == 0u) { scratch_store((s / SUBCHUNK) * slot_words + slot0, h); }
-            h = sg_advance(h, t0 + s);
+        // The chunk's entry state is sub-chunk 0's; the walk stores those of the others (none at chunk ≤ 4).
+        let entry = load_saved_states(((sg_b * dp.nchunks + k - 1u) * dp.channels + d) * N);
+        if (WALK) {  // sub-chunk by sub-chunk (no `if` per step: see the forward), each storing the next one's entry
+            var h = entry;
+            let last = (steps - 1u) / SUBCHUNK * SUBCHUNK;  // the last sub-chunk's first step: the walk ends there
+            for (var s = 0u; s < last; s += SUBCHUNK) {
+                for (var k4 = 0u; k4 < SUBCHUNK; k4++) { h = sg_advance(h, t0 + s + k4); }
+                scratch_store((s / SUBCHUNK + 1u) * slot_vec4s + slot0, h);
+            }
         }
-        scratch_store((last / SUBCHUNK) * slot_words + slot0, h);
         for (var j = (steps + SUBCHUNK - 1u) / SUBCHUNK; j > 0u; j--) {
             let s0 = (j - 1u) * SUBCHUNK;
             let n_in = min(SUBCHUNK, steps - s0);
             let t = t0 + s0;
-            let h0 = scratch_load((j - 1u) * slot_words + slot0);
+            var h0 = entry;
+            if (WALK && j > 1u) { h0 = scratch_load((j - 1u) * slot_vec4s + slot0); }
             let h1 = sg_advance(h0, t);
             let k0 = sg_terms;
             var h2 = h1;
@@ -1117,17 +1170,17 @@ fn selective_scan_backward_subgroup(@builtin(global_invocation_id) gid: vec3<u32
             var k1 = k0;
             var k2 = k0;
             var k3 = k0;
-            if (n_in > 1u) { h2 = sg_advance(h1, t + 1u); k1 = sg_terms; }
-            if (n_in > 2u) { h3 = sg_advance(h2, t + 2u); k2 = sg_terms; }
-            if (n_in > 3u) { h4 = sg_advance(h3, t + 3u); k3 = sg_terms; }
-            if (n_in > 3u) { sg_adjoint(t + 3u, h4, h3, k3); }
-            if (n_in > 2u) { sg_adjoint(t + 2u, h3, h2, k2); }
-            if (n_in > 1u) { sg_adjoint(t + 1u, h2, h1, k1); }
+            if (!TAIL || n_in > 1u) { h2 = sg_advance(h1, t + 1u); k1 = sg_terms; }
+            if (!TAIL || n_in > 2u) { h3 = sg_advance(h2, t + 2u); k2 = sg_terms; }
+            if (!TAIL || n_in > 3u) { h4 = sg_advance(h3, t + 3u); k3 = sg_terms; }
+            if (!TAIL || n_in > 3u) { sg_adjoint(t + 3u, h4, h3, k3); }
+            if (!TAIL || n_in > 2u) { sg_adjoint(t + 2u, h3, h2, k2); }
+            if (!TAIL || n_in > 1u) { sg_adjoint(t + 1u, h2, h1, k1); }
             sg_adjoint(t, h1, h0, k0);
         }
     }
     if (!sg_valid) { return; }
-    if (dp.kc_lo > 0u) {  // more chunks follow in another dispatch
+    if (kc_lo > 0u) {  // more chunks follow in another dispatch
         to_words(sg_g);
         for (var n = 0u; n < N; n++) { carry[cb + n] = words[n]; }
         to_words(sg_da);

@@ -251,7 +251,7 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
             params.update(seg_begin=t0, seg_end=t1)
             rt.run("selective_scan_forward_subgroup", grid_1d(batch * groups * SUBGROUP_LANES, DIRECT_FORWARD_GROUP),
                    {"N": nstate}, u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y,
-                   states=states, last_state=last_state, ngroups=groups, per_thread=1, **params)
+                   states=states, states4=states, last_state=last_state, ngroups=groups, per_thread=1, **params)
         return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
     if chosen == "direct":
         seg = segment_length(rt, op, tuple(u.shape), length, direct_forward_loops_per_step(nstate), 2 * nstate,
@@ -339,10 +339,12 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
         for hi in range(nchunks, 0, -seg):
             params.update(kc_lo=max(0, hi - seg), kc_hi=hi)
             rt.run("selective_scan_backward_subgroup", grid_1d(batch * groups * SUBGROUP_LANES, DIRECT_FORWARD_GROUP),
-                   {"N": nstate}, u=s.u, delta=s.delta, A_log=s.A_log, B=s.B, C=s.C, D=s.D, z=s.z,
-                   delta_bias=s.delta_bias, dy=dy, saved_states=s.states, du=du, ddelta=ddelta, dz=dz,
-                   dB_part=dB_part, dC_part=dC_part, param_part=param_part, tile_states=scratch, carry=carry,
-                   ngroups=groups, per_thread=1, **params)
+                   {"N": nstate, "WALK": span > SUBGROUP_SUBCHUNK,
+                    "TAIL": bool(length % SUBGROUP_SUBCHUNK or s.chunk % SUBGROUP_SUBCHUNK)},
+                   u=s.u, delta=s.delta, A_log=s.A_log, B=s.B, C=s.C, D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy,
+                   saved_states=s.states, saved_states4=s.states, du=du, ddelta=ddelta, dz=dz, dB_part=dB_part,
+                   dC_part=dC_part, param_part=param_part, scratch4=scratch, carry=carry, ngroups=groups,
+                   per_thread=1, **params)
     elif chosen == "direct":
         per, groups = direct_per_thread(rt, batch, length, channels, nstate, s.chunk, per_thread)
         dB_part = rt.empty((groups, batch, length, nstate))

@@ -51,6 +51,7 @@ class Runtime:
         self.pool = BufferPool(self.device)
         self._shader_modules: dict[tuple[str, bool], object] = {}  # (module, with its subgroup functions)
         self._pipelines: dict[tuple, tuple] = {}
+        self._recipes: dict = {}  # run()'s per-(entry, constants) cache (_recipe)
         self._uniforms = self.device.create_buffer(
             size=_UNIFORM_SLOT * _UNIFORM_SLOTS, usage=wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
         )
@@ -115,42 +116,67 @@ class Runtime:
         return self._pipelines[key]
 
     # recording --------------------------------------------------------------------------------------
+    def _recipe(self, entry: str, constants: dict | None) -> tuple:
+        """What `run` needs per (entry, constants as given), cached: a training step records ~80 dispatches and
+        on a 2-core CPU adapter the host's Python per dispatch is part of every step (the adapter runs a
+        submit on the submitting thread's time; docs/architecture.md). -> (pipeline, layout, entry point, its
+        bindings as (name, is_uniform), the uniform fields' names, their struct packer, the slot's padding)."""
+        key = (entry, tuple(constants.items())) if constants else entry
+        recipe = self._recipes.get(key)
+        if recipe is None:
+            pipe, bgl, ep = self.pipeline(entry, constants)
+            packer = struct.Struct("<" + "".join(_PACK[t] for _, t in ep.params))
+            recipe = self._recipes[key] = (pipe, bgl, ep, tuple((b.name, b.kind == "uniform") for b in ep.bindings),
+                                           tuple(name for name, _ in ep.params), packer,
+                                           bytes(_UNIFORM_SLOT - packer.size))
+        return recipe
+
     def run(self, entry: str, groups, constants: dict | None = None, **args) -> None:
         """Record one dispatch. `args` names every buffer (Tensor) and uniform field (number) it uses."""
-        pipe, bgl, ep = self.pipeline(entry, constants)
+        pipe, bgl, ep, bindings, fields, packer, pad = self._recipe(entry, constants)
         groups = tuple(int(g) for g in groups) + (1,) * (3 - len(groups))
         if min(groups) < 1 or max(groups) > self.max_groups:
             raise ShapeError(f"{entry}: workgroup grid {groups} outside [1, {self.max_groups}] per dimension")
-        offsets, buffers = [], []
-        for b in ep.bindings:
-            if b.kind == "uniform":
+        offsets, buffers, key = [], [], [id(bgl)]
+        for name, uniform in bindings:
+            if uniform:
                 if len(self._uniform_bytes) // _UNIFORM_SLOT >= _UNIFORM_SLOTS:
                     self.flush()
                 offsets.append(len(self._uniform_bytes))
-                self._uniform_bytes += self._pack_params(entry, ep.params, args)
+                try:
+                    values = [args[f] for f in fields]
+                except KeyError as e:
+                    raise ShapeError(f"{entry}: uniform parameter {e.args[0]!r} not given") from None
+                self._uniform_bytes += packer.pack(*values)
+                self._uniform_bytes += pad
                 buffers.append(self._uniforms)
+                key.append(id(self._uniforms))
                 continue
-            t = args.get(b.name)
+            t = args.get(name)
             if not isinstance(t, Tensor):
-                raise ShapeError(f"{entry}: buffer {b.name!r} not given (got {type(t).__name__})")
-            if t.nbytes > self.max_binding:
+                raise ShapeError(f"{entry}: buffer {name!r} not given (got {type(t).__name__})")
+            nbytes = 4 * t.size
+            if nbytes > self.max_binding:
                 raise ShapeError(
-                    f"{entry}: tensor {b.name!r} {t.shape} is {t.nbytes} bytes, over this device's storage binding "
+                    f"{entry}: tensor {name!r} {t.shape} is {nbytes} bytes, over this device's storage binding "
                     f"limit of {self.max_binding} bytes"
                 )
             buf = t.buffer
             # A pooled tensor binds its whole buffer; a view at an offset (an Arena's) binds its own bytes, so a
             # small view of a large buffer stays inside the storage binding limit.
-            whole = t.offset == 0 and buf.size <= self.max_binding
-            buffers.append((buf, t.offset, buf.size if whole else max(4, t.nbytes)))
+            size = buf.size
+            if t.offset or size > self.max_binding:
+                size = max(4, nbytes)
+            buffers.append((buf, t.offset, size))
+            key += (id(buf), t.offset, size)
         label = None if self.gpu_times is None else (entry, constants)
-        self._pending.append(("dispatch", pipe, self._bind_group(bgl, ep, buffers), offsets, groups, label))
+        self._pending.append(("dispatch", pipe, self._bind_group(bgl, ep, buffers, tuple(key)), offsets, groups, label))
         if len(self._pending) >= DISPATCHES_PER_SUBMIT:
             self.flush()
 
-    def _bind_group(self, bgl, ep, buffers: list):
-        """`buffers`: per binding, the uniform ring or a tensor's (buffer, byte offset, bytes bound)."""
-        key = (id(bgl), *(id(b) if not isinstance(b, tuple) else (id(b[0]), b[1], b[2]) for b in buffers))
+    def _bind_group(self, bgl, ep, buffers: list, key: tuple):
+        """`buffers`: per binding, the uniform ring or a tensor's (buffer, byte offset, bytes bound); `key`
+        names them (the layout's id, then the ring's id or each buffer's id, offset and size)."""
         hit = self._bind_groups.get(key)
         if hit is None:
             if len(self._bind_groups) >= _BIND_GROUP_CACHE:
@@ -165,16 +191,6 @@ class Runtime:
                 entries.append({"binding": b.number, "resource": {"buffer": buf, "offset": offset, "size": size}})
             hit = self._bind_groups[key] = (self.device.create_bind_group(layout=bgl, entries=entries), buffers)
         return hit[0]
-
-    @staticmethod
-    def _pack_params(entry: str, fields, args) -> bytes:
-        values = []
-        for name, ty in fields:
-            if name not in args:
-                raise ShapeError(f"{entry}: uniform parameter {name!r} not given")
-            values.append(args[name])
-        raw = struct.pack("<" + "".join(_PACK[t] for _, t in fields), *values)
-        return raw + bytes(_UNIFORM_SLOT - len(raw))
 
     def copy(self, src: Tensor, dst: Tensor, nbytes: int | None = None, src_offset: int = 0, dst_offset: int = 0) -> None:
         """Record a buffer-to-buffer copy (ordered with the dispatches around it)."""
