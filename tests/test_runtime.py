@@ -259,3 +259,19 @@ def test_arena_views_bind_at_their_offsets(rt):
     loose = [rt.from_numpy(d) for d in data]
     assert [first for first, _ in spans(views[::-1], keys=[0, 0, 1, 1])] == [3, 1]  # in layout order
     assert [first for first, _ in spans(loose)] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("given", [None, "3"])
+def test_software_adapter_threads_default_to_twice_the_cores(given):
+    # Mesa's software adapters read LP_NUM_THREADS when the adapters are enumerated; a value the user set wins.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "LP_NUM_THREADS"}
+    if given is not None:
+        env["LP_NUM_THREADS"] = given
+    code = ("import os; from mambactl.runtime import device; device._enumerate(); "
+            "print(os.environ['LP_NUM_THREADS'])")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == (given or str(2 * (os.cpu_count() or 1)))
