@@ -56,7 +56,7 @@ def mamba3_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig
     shape5 = lambda t: t.reshape(batch, length, d.heads, d.rank, -1)  # noqa: E731
     shape3 = lambda t: t.reshape(batch, length, d.heads)  # noqa: E731
     ys, scan_saved = mamba3_scan(shape5(pr["q"]), shape5(pr["k"]), shape5(pr["v"]), shape3(pr["adt"]),
-                                 shape3(pr["dt"]), shape3(pr["lam"]), chunk=cfg.mamba3.chunk_size)
+                                 shape3(pr["dt"]), shape3(pr["lam"]))  # the op picks its chunk, not chunk_size
     norm_w = p["norm.weight"] if cfg.mamba3.is_outproj_norm else None
     out, fin = mamba3_finish(ys.reshape(M, d.heads, d.rank, d.headdim), pr["v"], pr["zr"], p["D"], norm_w, mimo[2],
                              d, NORM_EPS)
