@@ -498,9 +498,15 @@ fn ssd_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 }
 
 // ==== The tile engine: every chunk-level product of the SSD as one batched, masked GEMM ====================
-// ssd_tile computes one 64 × 64 output tile per 256-thread workgroup, each thread a 4 × 4 register block
-// (rows 4·ty + i, columns 4·tx + j; a warp covers 8 column blocks × 4 row blocks, as linear.wgsl's matmul, so
-// its shared reads are 8 consecutive vec4s or broadcasts), stepping K by 16 through double-buffered shared
+// ssd_tile computes one 64 × 64 output tile per workgroup: its 16 × 16 blocks of 4 × 4 outputs (rows 4·ty + i,
+// columns 4·tx + j) are TM × TN blocks a thread (pipeline constants: 1 × 1 with 256 threads, 1 × 2 = 4 × 8
+// outputs with 128, 2 × 2 = 8 × 8 with 64), so a thread reads TM + TN vec4s of the staged tiles per k for
+// 16·TM·TN FMAs (at 1 × 1 those shared reads, not the FMAs, bound the multiply). A thread's blocks are
+// (ty + a·16/TM, tx + b·16/TN); a warp covers 8 column blocks × 4 row blocks, as linear.wgsl's matmul, so its
+// shared reads are 8 consecutive vec4s or broadcasts. Everything per thread of the 256-thread layout (the
+// loaders: one vec4 of A and of B per 4 × 4 block; the row and crossing sums) runs for each of a thread's
+// TM·TN "virtual threads" t + v·WGT, so the tile's layout, its workgroup arrays and its sums (their order
+// included) are the same for every TM × TN. It steps K by 16 through double-buffered shared
 // tiles (k-major vec4 rows, one barrier a step; the next step's operands are loaded from memory into registers
 // while this one is multiplied), the 16 k steps written out so every shared index but the thread's is a
 // constant. Each product has one or two K phases whose operands are read by mode-specific loaders that apply
@@ -575,8 +581,13 @@ var<workgroup> t_col_rlo: array<f32, 64>;
 var<workgroup> t_col_sc: array<f32, 64>;
 var<workgroup> t_mid: array<f32, 256>;     // [row sub-block (4)][chunk sub-block (≤ 64)]: Σ a strictly between
 
-var<private> e_tx: u32;
-var<private> e_ty: u32;
+override TM: u32 = 1u;  // row blocks of 4 per thread (1 or 2)
+override TN: u32 = 1u;  // column blocks of 4 per thread (1 or 2)
+override WGT: u32 = 256u / (TM * TN);  // ssd_tile's threads
+const MAX_VT: u32 = 4u;  // TM·TN at most
+
+var<private> e_tx: u32;  // the thread's first column block (of 16); the others at + 16 / TN
+var<private> e_ty: u32;  // and first row block, the others at + 16 / TM
 var<private> e_b: u32;
 var<private> e_c: u32;
 var<private> e_h: u32;      // the head (M_Y, M_STATE, M_DXD, M_DCB's current one)
@@ -592,9 +603,13 @@ var<private> e_ke2: u32;
 var<private> e_steps1: u32;  // k steps of phase 1
 var<private> e_pair_end: u32;   // M_DB, M_DC: the end of the pair phase's K range
 var<private> e_state_end: u32;  // and of the state phase's (hpg·P)
-var<private> e_acc: mat4x4<f32>;  // e_acc[i][j]: row 4·ty + i, column 4·tx + j
-var<private> e_la: vec4<f32>;
-var<private> e_lb: vec4<f32>;
+// e_acc[a·TN + b][i][j]: row 4·blk_ty(a) + i, column 4·blk_tx(b) + j
+var<private> e_acc: array<mat4x4<f32>, MAX_VT>;
+var<private> e_la: array<vec4<f32>, MAX_VT>;  // the loads of virtual thread t + v·WGT
+var<private> e_lb: array<vec4<f32>, MAX_VT>;
+
+fn blk_ty(a: u32) -> u32 { return e_ty + a * (16u / TM); }
+fn blk_tx(b: u32) -> u32 { return e_tx + b * (16u / TN); }
 
 fn count4(start: u32, limit: u32) -> u32 { return min(4u, limit - min(start, limit)); }
 
@@ -668,7 +683,7 @@ fn dec4(row: u32, s0: u32) -> vec4<f32> {
     return v;
 }
 
-// The sub-block sums of head h for the tile rows and t_mid for every chunk sub-block (tid < 256).
+// The sub-block sums of head h for the tile rows and t_mid for every chunk sub-block.
 fn stage_row_decays(h: u32, tid: u32) {
     let q = td.chunk;
     if (tid < 64u) {
@@ -683,16 +698,18 @@ fn stage_row_decays(h: u32, tid: u32) {
         t_row_rlo[tid] = rlo;
     }
     let nsub = (q + SUB - 1u) / SUB;
-    let i = tid / 64u;  // row sub-block of the tile
-    let j = tid % 64u;  // chunk sub-block
-    let kr = e_m0 / SUB + i;
-    var between = 0.0;
-    if (j < nsub) {
-        for (var k = min(kr, j) + 1u; k < max(kr, j); k++) {
-            if (k * SUB + SUB <= q) { between += e_dec(h, LO, k * SUB + SUB - 1u); }
+    for (var u = tid; u < 256u; u += WGT) {
+        let i = u / 64u;  // row sub-block of the tile
+        let j = u % 64u;  // chunk sub-block
+        let kr = e_m0 / SUB + i;
+        var between = 0.0;
+        if (j < nsub) {
+            for (var k = min(kr, j) + 1u; k < max(kr, j); k++) {
+                if (k * SUB + SUB <= q) { between += e_dec(h, LO, k * SUB + SUB - 1u); }
+            }
         }
+        t_mid[i * 64u + j] = between;
     }
-    t_mid[i * 64u + j] = between;
 }
 
 // This thread's 4 elements of A for the k step at k0 (phase 1 or 2), as the loaders described above.
@@ -834,45 +851,61 @@ fn b_kcontig(phase2: bool) -> bool {
     return false;
 }
 
-fn e_fetch(t: u32, step: u32) {
+fn e_fetch(tid: u32, step: u32) {
     let phase2 = step >= e_steps1;
     var k0 = e_kb1 + step * 16u;
     if (phase2) { k0 = e_kb2 + (step - e_steps1) * 16u; }
-    e_la = fetch_a(t, k0, phase2);
-    e_lb = fetch_b(t, k0, phase2);
+    for (var v = 0u; v < TM * TN; v++) {
+        e_la[v] = fetch_a(tid + v * WGT, k0, phase2);
+        e_lb[v] = fetch_b(tid + v * WGT, k0, phase2);
+    }
 }
 
-fn e_commit(t: u32, step: u32, buf: u32) {
+fn e_commit(tid: u32, step: u32, buf: u32) {
     let phase2 = step >= e_steps1;
-    if (a_kcontig(phase2)) {  // transpose: the four k values go to four k rows
-        let m = t >> 2u;
-        let k = (t & 3u) * 4u;
-        let base = buf * 16u * SROW + m / 4u;
-        stage[base + k * SROW][m % 4u] = e_la.x;
-        stage[base + (k + 1u) * SROW][m % 4u] = e_la.y;
-        stage[base + (k + 2u) * SROW][m % 4u] = e_la.z;
-        stage[base + (k + 3u) * SROW][m % 4u] = e_la.w;
-    } else {
-        stage[(buf * 16u + (t >> 4u)) * SROW + (t & 15u)] = e_la;
-    }
-    if (b_kcontig(phase2)) {
-        let n = t >> 2u;
-        let k = (t & 3u) * 4u;
-        let base = B_OFF + buf * 16u * SROW + n / 4u;
-        stage[base + k * SROW][n % 4u] = e_lb.x;
-        stage[base + (k + 1u) * SROW][n % 4u] = e_lb.y;
-        stage[base + (k + 2u) * SROW][n % 4u] = e_lb.z;
-        stage[base + (k + 3u) * SROW][n % 4u] = e_lb.w;
-    } else {
-        stage[B_OFF + (buf * 16u + (t >> 4u)) * SROW + (t & 15u)] = e_lb;
+    for (var v = 0u; v < TM * TN; v++) {
+        let t = tid + v * WGT;
+        let la = e_la[v];
+        let lb = e_lb[v];
+        if (a_kcontig(phase2)) {  // transpose: the four k values go to four k rows
+            let m = t >> 2u;
+            let k = (t & 3u) * 4u;
+            let base = buf * 16u * SROW + m / 4u;
+            stage[base + k * SROW][m % 4u] = la.x;
+            stage[base + (k + 1u) * SROW][m % 4u] = la.y;
+            stage[base + (k + 2u) * SROW][m % 4u] = la.z;
+            stage[base + (k + 3u) * SROW][m % 4u] = la.w;
+        } else {
+            stage[(buf * 16u + (t >> 4u)) * SROW + (t & 15u)] = la;
+        }
+        if (b_kcontig(phase2)) {
+            let n = t >> 2u;
+            let k = (t & 3u) * 4u;
+            let base = B_OFF + buf * 16u * SROW + n / 4u;
+            stage[base + k * SROW][n % 4u] = lb.x;
+            stage[base + (k + 1u) * SROW][n % 4u] = lb.y;
+            stage[base + (k + 2u) * SROW][n % 4u] = lb.z;
+            stage[base + (k + 3u) * SROW][n % 4u] = lb.w;
+        } else {
+            stage[B_OFF + (buf * 16u + (t >> 4u)) * SROW + (t & 15u)] = lb;
+        }
     }
 }
 
 fn e_kstep(buf: u32, k: u32) {
-    let a = stage[(buf * 16u + k) * SROW + e_ty];
-    let b = stage[B_OFF + (buf * 16u + k) * SROW + e_tx];
-    e_acc = mat4x4<f32>(fma(vec4<f32>(a.x), b, e_acc[0]), fma(vec4<f32>(a.y), b, e_acc[1]),
-                      fma(vec4<f32>(a.z), b, e_acc[2]), fma(vec4<f32>(a.w), b, e_acc[3]));
+    var a: array<vec4<f32>, 2>;
+    var b: array<vec4<f32>, 2>;
+    for (var i = 0u; i < TM; i++) { a[i] = stage[(buf * 16u + k) * SROW + blk_ty(i)]; }
+    for (var j = 0u; j < TN; j++) { b[j] = stage[B_OFF + (buf * 16u + k) * SROW + blk_tx(j)]; }
+    for (var i = 0u; i < TM; i++) {
+        for (var j = 0u; j < TN; j++) {
+            let m = e_acc[i * TN + j];
+            let av = a[i];
+            let bv = b[j];
+            e_acc[i * TN + j] = mat4x4<f32>(fma(vec4<f32>(av.x), bv, m[0]), fma(vec4<f32>(av.y), bv, m[1]),
+                                            fma(vec4<f32>(av.z), bv, m[2]), fma(vec4<f32>(av.w), bv, m[3]));
+        }
+    }
 }
 
 fn e_multiply(buf: u32) {
@@ -882,10 +915,15 @@ fn e_multiply(buf: u32) {
     e_kstep(buf, 12u); e_kstep(buf, 13u); e_kstep(buf, 14u); e_kstep(buf, 15u);
 }
 
-// Σ over the tile's 16 column blocks of this thread's per-row values, in order, for the 64 rows:
-// returns the sum of row r = tid (valid for tid < 64). Ends with a barrier (t_red is reused).
-fn row_sum(part: vec4<f32>, tid: u32) -> f32 {
-    for (var i = 0u; i < 4u; i++) { t_red[(e_ty * 4u + i) * 16u + e_tx] = part[i]; }
+// Σ over the tile's 16 column blocks of the per-row values of each block (part[a·TN + b][i]: row
+// 4·blk_ty(a) + i, column block blk_tx(b)), in order, for the 64 rows: returns the sum of row r = tid (valid
+// for tid < 64). Ends with a barrier (t_red is reused).
+fn row_sum(part: array<vec4<f32>, MAX_VT>, tid: u32) -> f32 {
+    for (var a = 0u; a < TM; a++) {
+        for (var b = 0u; b < TN; b++) {
+            for (var i = 0u; i < 4u; i++) { t_red[(blk_ty(a) * 4u + i) * 16u + blk_tx(b)] = part[a * TN + b][i]; }
+        }
+    }
     workgroupBarrier();
     var sum = 0.0;
     if (tid < 64u) {
@@ -895,29 +933,33 @@ fn row_sum(part: vec4<f32>, tid: u32) -> f32 {
     return sum;
 }
 
-// Row dots of the accumulator with x or dy over this thread's 4 columns.
-fn row_dots(with_dy: bool) -> vec4<f32> {
-    var part = vec4<f32>(0.0);
-    for (var i = 0u; i < 4u; i++) {
-        let r = e_m0 + e_ty * 4u + i;
-        let n = e_n0 + e_tx * 4u;
-        let valid = select(0u, count4(n, td.headdim), r < e_steps);
-        var o = vec4<f32>(0.0);
-        if (with_dy) { o = ld4_dy(e_xi(min(r, e_steps - 1u), e_h, n), valid); }
-        else { o = ld4_x(e_xi(min(r, e_steps - 1u), e_h, n), valid); }
-        part[i] = dot(e_acc[i], o);
+// Row dots of the accumulator with x or dy over each block's 4 columns.
+fn row_dots(with_dy: bool) -> array<vec4<f32>, MAX_VT> {
+    var part: array<vec4<f32>, MAX_VT>;
+    for (var v = 0u; v < TM * TN; v++) {
+        for (var i = 0u; i < 4u; i++) {
+            let r = e_m0 + blk_ty(v / TN) * 4u + i;
+            let n = e_n0 + blk_tx(v % TN) * 4u;
+            let valid = select(0u, count4(n, td.headdim), r < e_steps);
+            var o = vec4<f32>(0.0);
+            if (with_dy) { o = ld4_dy(e_xi(min(r, e_steps - 1u), e_h, n), valid); }
+            else { o = ld4_x(e_xi(min(r, e_steps - 1u), e_h, n), valid); }
+            part[v][i] = dot(e_acc[v][i], o);
+        }
     }
     return part;
 }
 
-// Row dots of the accumulator with C_t over this thread's 4 columns n (M_DC with DC_U).
-fn row_dots_c() -> vec4<f32> {
-    var part = vec4<f32>(0.0);
-    for (var i = 0u; i < 4u; i++) {
-        let r = e_m0 + e_ty * 4u + i;
-        let n = e_n0 + e_tx * 4u;
-        let valid = select(0u, count4(n, td.nstate), r < e_steps);
-        part[i] = dot(e_acc[i], ld4_c(e_bci(min(r, e_steps - 1u), n), valid));
+// Row dots of the accumulator with C_t over each block's 4 columns n (M_DC with DC_U).
+fn row_dots_c() -> array<vec4<f32>, MAX_VT> {
+    var part: array<vec4<f32>, MAX_VT>;
+    for (var v = 0u; v < TM * TN; v++) {
+        for (var i = 0u; i < 4u; i++) {
+            let r = e_m0 + blk_ty(v / TN) * 4u + i;
+            let n = e_n0 + blk_tx(v % TN) * 4u;
+            let valid = select(0u, count4(n, td.nstate), r < e_steps);
+            part[v][i] = dot(e_acc[v][i], ld4_c(e_bci(min(r, e_steps - 1u), n), valid));
+        }
     }
     return part;
 }
@@ -941,7 +983,11 @@ fn e_run(tid: u32, first: u32, last: u32) {
     e_multiply(buf);
 }
 
-fn zero_acc() { e_acc = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0)); }
+fn zero_acc() {
+    for (var v = 0u; v < TM * TN; v++) {
+        e_acc[v] = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    }
+}
 
 fn store_row(i: u32, v: vec4<f32>, valid: u32) {
     if (VEC4) {
@@ -967,39 +1013,48 @@ fn pair_tiles(idx: u32) -> vec2<u32> {
 fn f_idx(t: u32, o: u32) -> u32 { return t * 64u + (o + t) % 64u; }
 
 fn ssd_dcb_crossing(tid: u32, pair: u32, npairs: u32) {
-    // Row prefix sums: 4 threads a row, 16 columns each, then the earlier quarters' totals added.
-    let row = tid >> 2u;
-    let quarter = tid & 3u;
-    var run = 0.0;
-    for (var o = quarter * 16u; o < quarter * 16u + 16u; o++) {
-        let i = f_idx(row, o);
-        run += stage[i >> 2u][i & 3u];
-        stage[i >> 2u][i & 3u] = run;
+    // Row prefix sums: 4 (virtual) threads a row, 16 columns each, then the earlier quarters' totals added.
+    for (var t = tid; t < 256u; t += WGT) {
+        let row = t >> 2u;
+        let quarter = t & 3u;
+        var run = 0.0;
+        for (var o = quarter * 16u; o < quarter * 16u + 16u; o++) {
+            let i = f_idx(row, o);
+            run += stage[i >> 2u][i & 3u];
+            stage[i >> 2u][i & 3u] = run;
+        }
+        t_red[t] = run;
     }
-    t_red[tid] = run;
     workgroupBarrier();
-    var before = 0.0;
-    for (var k = 0u; k < quarter; k++) { before += t_red[row * 4u + k]; }
-    for (var o = quarter * 16u; o < quarter * 16u + 16u; o++) {
-        let i = f_idx(row, o);
-        stage[i >> 2u][i & 3u] += before;
+    for (var t = tid; t < 256u; t += WGT) {
+        let row = t >> 2u;
+        let quarter = t & 3u;
+        var before = 0.0;
+        for (var k = 0u; k < quarter; k++) { before += t_red[row * 4u + k]; }
+        for (var o = quarter * 16u; o < quarter * 16u + 16u; o++) {
+            let i = f_idx(row, o);
+            stage[i >> 2u][i & 3u] += before;
+        }
     }
     workgroupBarrier();
     // Column sums: 4 threads a column j (σ = n0 + 1 + j), 16 rows each; rows t ≥ σ on the diagonal tile.
-    let j = tid >> 2u;
     let diag = e_m0 == e_n0;
-    var first = 0u;
-    if (diag) { first = j + 1u; }
-    var col = 0.0;
-    var last = 0.0;  // Σ over the quarter's rows t ≥ m0 + j of F[t][63] (the row-suffix range)
-    for (var r = quarter * 16u; r < quarter * 16u + 16u; r++) {
-        let i = f_idx(r, j);
-        if (r >= first) { col += stage[i >> 2u][i & 3u]; }
-        let i63 = f_idx(r, 63u);
-        if (r >= j) { last += stage[i63 >> 2u][i63 & 3u]; }
+    for (var t = tid; t < 256u; t += WGT) {
+        let j = t >> 2u;
+        let quarter = t & 3u;
+        var first = 0u;
+        if (diag) { first = j + 1u; }
+        var col = 0.0;
+        var last = 0.0;  // Σ over the quarter's rows t ≥ m0 + j of F[t][63] (the row-suffix range)
+        for (var r = quarter * 16u; r < quarter * 16u + 16u; r++) {
+            let i = f_idx(r, j);
+            if (r >= first) { col += stage[i >> 2u][i & 3u]; }
+            let i63 = f_idx(r, 63u);
+            if (r >= j) { last += stage[i63 >> 2u][i63 & 3u]; }
+        }
+        t_red[256u + t] = col;
+        t_red[512u + t] = last;
     }
-    t_red[256u + tid] = col;
-    t_red[512u + tid] = last;
     workgroupBarrier();
     if (tid < 64u) {
         var cs = 0.0;
@@ -1014,7 +1069,7 @@ fn ssd_dcb_crossing(tid: u32, pair: u32, npairs: u32) {
     workgroupBarrier();
     let q = td.chunk;
     let out_base = (((e_b * td.heads + e_h) * td.nchunks + e_c) * npairs + pair) * q;
-    for (var sigma = tid; sigma < q; sigma += 256u) {
+    for (var sigma = tid; sigma < q; sigma += WGT) {
         var v = 0.0;
         if (sigma > e_n0 && sigma < e_n0 + 64u) { v = t_red[768u + sigma - e_n0 - 1u]; }
         if (!diag) {
@@ -1026,12 +1081,13 @@ fn ssd_dcb_crossing(tid: u32, pair: u32, npairs: u32) {
     workgroupBarrier();
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WGT)
 fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let warp = tid >> 5u;
     let lane = tid & 31u;
-    e_tx = (warp & 1u) * 8u + (lane & 7u);
-    e_ty = (warp >> 1u) * 4u + (lane >> 3u);
+    let col_warps = 2u / TN;  // warps side by side over the 16 / TN column blocks of the thread grid
+    e_tx = (warp % col_warps) * 8u + (lane & 7u);
+    e_ty = (warp / col_warps) * 4u + (lane >> 3u);
     let q = td.chunk;
     let hpg = td.heads / td.ngroups;
     let tiles_q = (q + 63u) / 64u;
@@ -1130,14 +1186,18 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     }
 
     if (MODE == M_DCB) {
-        var dcb = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+        var dcb: array<mat4x4<f32>, MAX_VT>;
+        for (var v = 0u; v < TM * TN; v++) {
+            dcb[v] = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+        }
         let h_lo = split * td.heads_per_split;
         let h_hi = min(h_lo + td.heads_per_split, hpg);
         for (var hl = h_lo; hl < h_hi; hl++) {
             e_h = e_g * hpg + hl;
-            if (tid < 64u) {
-                let r = e_m0 + tid;
-                let o = e_n0 + tid;
+            for (var u = tid; u < 80u; u += WGT) {  // 64 rows and columns' tables, then 16 t_mid entries
+            if (u < 64u) {
+                let r = e_m0 + u;
+                let o = e_n0 + u;
                 var lo = 0.0;
                 var clo = 0.0;
                 var crlo = 0.0;
@@ -1150,50 +1210,55 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
                     csc = e_dec(e_h, SCALE, o);
                     if (HAS_DIAG) { cdg = e_dec(e_h, DIAG, o); }
                 }
-                t_row_lo[tid] = lo;
-                t_col_lo[tid] = clo;
-                t_col_rlo[tid] = crlo;
-                t_col_sc[tid] = csc;
-                t_row_w[tid] = cdg;
-            } else if (tid < 80u) {
-                let kr = e_m0 / SUB + (tid - 64u) / 4u;
-                let ko = e_n0 / SUB + (tid - 64u) % 4u;
+                t_row_lo[u] = lo;
+                t_col_lo[u] = clo;
+                t_col_rlo[u] = crlo;
+                t_col_sc[u] = csc;
+                t_row_w[u] = cdg;
+            } else {
+                let kr = e_m0 / SUB + (u - 64u) / 4u;
+                let ko = e_n0 / SUB + (u - 64u) % 4u;
                 var between = 0.0;
                 for (var k = min(kr, ko) + 1u; k < max(kr, ko); k++) {
                     if (k * SUB + SUB <= q) { between += e_dec(e_h, LO, k * SUB + SUB - 1u); }
                 }
-                t_mid[tid - 64u] = between;
+                t_mid[u - 64u] = between;
+            }
             }
             zero_acc();
             e_run(tid, 0u, total);  // e_acc = dy_t·x_s over the tile (its barriers publish the tables)
             workgroupBarrier();  // every thread is past its last multiply: F may overwrite the staged tiles
+            for (var v = 0u; v < TM * TN; v++) {
+            let c0 = blk_tx(v % TN) * 4u;
             for (var i = 0u; i < 4u; i++) {
-                let r = e_ty * 4u + i;
+                let r = blk_ty(v / TN) * 4u + i;
                 let t = e_m0 + r;
-                let cbv = ld4_pair(e_pri(min(t, q - 1u), e_n0 + e_tx * 4u),
-                                   select(0u, count4(e_n0 + e_tx * 4u, q), t < e_steps), 1u);
+                let cbv = ld4_pair(e_pri(min(t, q - 1u), e_n0 + c0), select(0u, count4(e_n0 + c0, q), t < e_steps), 1u);
                 for (var j = 0u; j < 4u; j++) {
-                    let o = e_tx * 4u + j;
+                    let o = c0 + j;
                     let s = e_n0 + o;
                     let ok = s <= t && t < e_steps;
                     var dsum = t_row_lo[r] - t_col_lo[o];
                     if (t / SUB != s / SUB) { dsum = t_row_lo[r] + t_col_rlo[o] + t_mid[(r / SUB) * 4u + o / SUB]; }
                     var csc = t_col_sc[o];
                     if (HAS_DIAG && s == t) { csc = t_row_w[o]; }  // step t's own term: weight diag_t
-                    let gv = select(0.0, e_acc[i][j] * exp(min(dsum, 0.0)) * csc, ok);
-                    dcb[i][j] += gv;
+                    let gv = select(0.0, e_acc[v][i][j] * exp(min(dsum, 0.0)) * csc, ok);
+                    dcb[v][i][j] += gv;
                     let fi = f_idx(r, o);
                     stage[fi >> 2u][fi & 3u] = gv * cbv[j];
                 }
+            }
             }
             workgroupBarrier();
             ssd_dcb_crossing(tid, wid.x, npairs);
         }
         let plane = td.batch * td.nchunks * td.ngroups * q * q;
-        for (var i = 0u; i < 4u; i++) {
-            let t = e_m0 + e_ty * 4u + i;
-            let s = e_n0 + e_tx * 4u;
-            if (t < q) { store_row(split * plane + e_pri(t, s), dcb[i], count4(s, q)); }
+        for (var v = 0u; v < TM * TN; v++) {
+            for (var i = 0u; i < 4u; i++) {
+                let t = e_m0 + blk_ty(v / TN) * 4u + i;
+                let s = e_n0 + blk_tx(v % TN) * 4u;
+                if (t < q) { store_row(split * plane + e_pri(t, s), dcb[v][i], count4(s, q)); }
+            }
         }
         return;
     }
@@ -1213,22 +1278,25 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         e_run(tid, 0u, total);
     }
 
+    for (var vb = 0u; vb < TM * TN; vb++) {
     for (var i = 0u; i < 4u; i++) {
-        let r = e_m0 + e_ty * 4u + i;
-        let n = e_n0 + e_tx * 4u;
+        let r = e_m0 + blk_ty(vb / TN) * 4u + i;
+        let n = e_n0 + blk_tx(vb % TN) * 4u;
+        let acc = e_acc[vb][i];
         if (MODE == M_CB) {
-            if (r < q) { store_row(e_pri(r, n), e_acc[i], count4(n, q)); }
+            if (r < q) { store_row(e_pri(r, n), acc, count4(n, q)); }
         } else if (MODE == M_Y && PAIRS) {
             if (r < e_steps) {
-                var v = e_acc[i];
+                var v = acc;
                 if (HAS_D) { v += skip[e_h] * ld4_x(e_xi(r, e_h, n), count4(n, td.headdim)); }
                 store_row(e_xi(r, e_h, n), v, count4(n, td.headdim));
             }
         } else if (MODE == M_STATE) {
-            if (r < td.headdim) { store_row(e_sti(e_h, r, n), e_acc[i], count4(n, td.nstate)); }
+            if (r < td.headdim) { store_row(e_sti(e_h, r, n), acc, count4(n, td.nstate)); }
         } else if (MODE == M_DB || MODE == M_DC) {
-            if (r < e_steps) { store_row(e_bci(r, n), e_acc[i], count4(n, td.nstate)); }
+            if (r < e_steps) { store_row(e_bci(r, n), acc, count4(n, td.nstate)); }
         }
+    }
     }
     if (MODE == M_Y && !PAIRS) {  // U_t = dy_t·(state term)_t
         let u = row_sum(row_dots(true), tid);
@@ -1237,21 +1305,24 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     if (MODE == M_DXD) {  // dx = sc dxd (+ D dy); x·dxd into row_part; Σ dy·x for ∂D
         let xd = row_sum(row_dots(false), tid);
         if (tid < 64u && e_m0 + tid < e_steps) { row_part[row_at + e_m0 + tid] = xd; }
-        var dd = vec4<f32>(0.0);
+        var dd: array<vec4<f32>, MAX_VT>;
+        for (var vb = 0u; vb < TM * TN; vb++) {
+        dd[vb] = vec4<f32>(0.0);
         for (var i = 0u; i < 4u; i++) {
-            let r = e_m0 + e_ty * 4u + i;
-            let n = e_n0 + e_tx * 4u;
+            let row = blk_ty(vb / TN) * 4u + i;
+            let r = e_m0 + row;
+            let n = e_n0 + blk_tx(vb % TN) * 4u;
             if (r < e_steps) {
                 let valid = count4(n, td.headdim);
                 let xo = ld4_x(e_xi(r, e_h, n), valid);
                 let go = ld4_dy(e_xi(r, e_h, n), valid);
-                let row = e_ty * 4u + i;
-                var v = e_acc[i] * t_row_sc[row];
+                var v = e_acc[vb][i] * t_row_sc[row];
                 if (HAS_D) { v += skip[e_h] * go; }
                 if (HAS_DIAG) { v += (t_col_rlo[row] * t_col_lo[row]) * go; }  // the diagonal: diag_s (C_s·B_s) dy_s
-                dd[i] = dot(xo, go);
+                dd[vb][i] = dot(xo, go);
                 store_row(e_xi(r, e_h, n), v, valid);
             }
+        }
         }
         let dsum = row_sum(dd, tid);  // per row (x·dy over the tile's columns), then the 64 rows in order
         // ∂diag pieces, as row_part (ssd_rows_backward reads them as row_part3)
