@@ -11,9 +11,8 @@
 // thread per output element or state-dim pair (mamba3_prep_forward, mamba3_prep_backward), consecutive threads
 // on consecutive addresses. Sums over heads (∂angle, and ∂Bn, ∂Cn over the heads of a group) and the ∂dd_dt
 // column, which needs Σ over angles of the ∂θ running sum, are mamba3_prep_reduce's: fixed order, no atomics.
-// finish: y_r = ys_r + D v_r (SKIP; without it the scan's output already has the D skip: Mamba-3 SISO runs the SSD
-// core with D, so y is ys and neither y nor ∂D is computed here); yn = RMSNorm over P per (head, rank) times
-// norm.weight (with NORM) or y; o_r = yn_r ⊙ silu(zr_r); out = Σ_r mimo_o_r ⊙ o_r (SISO: out = o).
+// finish: y_r = ys_r + D v_r; yn = RMSNorm over P per (head, rank) times norm.weight (with NORM) or y;
+// o_r = yn_r ⊙ silu(zr_r); out = Σ_r mimo_o_r ⊙ o_r (SISO: out = o). A workgroup per (row, head, rank).
 // SISO has zr = z (mimo_z = 1), so no zr is stored: the finish reads z in place from proj's columns and writes dz
 // into dproj's (FinishParams' zstride / dzstride: the row strides of zr_in / dzr_out), and mamba3_prep_forward /
 // _backward write neither zr nor the z columns there.
@@ -26,7 +25,6 @@ const TL: u32 = 16u;
 
 override NORM: bool = false;
 override MIMO: bool = true;  // finish backward: mimo_o read and ∂mimo_o partials (false for SISO)
-override SKIP: bool = true;  // finish: y = ys + D v and the ∂D partials; prep backward: dv += D dys
 
 // The θ walks cover steps [seg_begin, seg_end) (the wrapper splits them into dispatches on Mesa llvmpipe, whose
 // per-invocation loop budget is 65,535 iterations): the forward's running θ enters from theta at step
@@ -299,10 +297,8 @@ fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
         let rh = row * H + h;
         let pr = row * p.cols;
         if (x >= E) {
-            if (p.mimo == 0u) {  // SISO: dx = dv (+ D dys); dz is already in dproj (mamba3_finish_backward)
-                var dvt = dv[rh * P + c];
-                if (SKIP) { dvt += D[h] * dys_in[rh * P + c]; }
-                dproj[pr + di + h * P + c] = dvt;
+            if (p.mimo == 0u) {  // SISO: dx = dv + D dys; dz is already in dproj (mamba3_finish_backward)
+                dproj[pr + di + h * P + c] = dv[rh * P + c] + D[h] * dys_in[rh * P + c];
                 continue;
             }
             let xv = proj[pr + di + h * P + c];
@@ -311,8 +307,7 @@ fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
             var dz = 0.0;
             for (var r = 0u; r < R; r++) {
                 let vi = (rh * R + r) * P + c;
-                var dvt = dv[vi];
-                if (SKIP) { dvt += D[h] * dys_in[vi]; }
+                let dvt = dv[vi] + D[h] * dys_in[vi];
                 let dzv = dzr[vi];
                 let mi = (h * R + r) * P + c;
                 dx += dvt * mimo_x[mi];
@@ -485,22 +480,16 @@ fn mamba3_finish_forward(@builtin(local_invocation_index) local: u32, @builtin(w
     let base = i * P;
     let zbase = (i / (fp.frank * fp.fheads)) * fp.zstride + (i % (fp.frank * fp.fheads)) * P;
     var ss = 0.0;
-    if (NORM || SKIP) {
-        for (var c = it.lane; c < walk; c += FL) {
-            var yv = ys[base + c];
-            if (SKIP) {
-                yv += D[h] * v_in[base + c];
-                y[base + c] = yv;
-            }
-            ss += yv * yv;
-        }
+    for (var c = it.lane; c < walk; c += FL) {
+        let yv = ys[base + c] + D[h] * v_in[base + c];
+        y[base + c] = yv;
+        ss += yv * yv;
     }
     var rs = 1.0;
     if (NORM) { rs = inverseSqrt(finish_sum(local, it.lane, ss) / f32(P) + fp.eps); }
     if (it.live && it.lane == 0u) { rstd[i] = rs; }
     for (var c = it.lane; c < walk; c += FL) {
-        var yn = ys[base + c];
-        if (SKIP) { yn = y[base + c]; }
+        var yn = y[base + c];
         if (NORM) { yn = yn * rs * norm_w[h * P + c]; }
         let zv = zr_in[zbase + c];
         o[base + c] = yn * zv * sigmoid(zv);
@@ -562,7 +551,6 @@ fn mamba3_finish_backward(@builtin(local_invocation_index) local: u32, @builtin(
         }
     }
     if (NORM) { dot = finish_sum(local, it.lane, dot); }
-    if (!NORM && !SKIP) { return; }  // dys is final; no ∂D here (the scan had the skip)
     var dd = 0.0;
     for (var c = it.lane; c < walk; c += FL) {
         var g = dys[base + c];
@@ -570,9 +558,8 @@ fn mamba3_finish_backward(@builtin(local_invocation_index) local: u32, @builtin(
             g = rs * (g * norm_w[h * P + c] - y_in[base + c] * rs * dot / f32(P));
             dys[base + c] = g;
         }
-        if (SKIP) { dd += g * v_in[base + c]; }
+        dd += g * v_in[base + c];
     }
-    if (!SKIP) { return; }
     dd = finish_sum(local, it.lane, dd);
     if (it.live && it.lane == 0u) { dD_part[(row * fp.frank + r) * fp.fheads + h] = dd; }
 }

@@ -45,9 +45,8 @@ def make_inputs(d, seed=0, dt_shift=0.0):
     return x, g
 
 
-def reference(d, x, g, skip=True):
-    """-> (forward dict, backward dict) in float64, as mamba3_prep / mamba3_prep_backward return them (`skip`:
-    dv gets D·dys; without it the scan had the skip)."""
+def reference(d, x, g):
+    """-> (forward dict, backward dict) in float64, as mamba3_prep / mamba3_prep_backward return them."""
     x = {k: v.astype(np.float64) for k, v in x.items()}
     g = {k: v.astype(np.float64) for k, v in g.items()}
     b, l, H, R, G, N, P, S = d.batch, d.length, d.heads, d.rank, d.groups, d.nstate, d.headdim, d.angles
@@ -66,7 +65,7 @@ def reference(d, x, g, skip=True):
                dt=dt, lam=sigmoid(trap), theta=theta)
 
     dq, dk = g["dq"].reshape(q.shape), g["dk"].reshape(k.shape)
-    dv = g["dv"].reshape(b, l, H, R, P) + skip * x["D"][:, None, None] * g["dys"].reshape(b, l, H, R, P)
+    dv = g["dv"].reshape(b, l, H, R, P) + x["D"][:, None, None] * g["dys"].reshape(b, l, H, R, P)
     dzr = g["dzr"].reshape(b, l, H, R, P)
     dqb, dthq = ref.rotate_backward(q, theta, pairs, dq)
     dkb, dthk = ref.rotate_backward(k, theta, pairs, dk)
@@ -91,7 +90,7 @@ def reference(d, x, g, skip=True):
     return fwd, bwd
 
 
-def run_gpu(gpu, d, x, g, segment=None, skip=True):
+def run_gpu(gpu, d, x, g, segment=None):
     t = {k: gpu.from_numpy(v) for k, v in {**x, **g}.items()}
     dzr, dproj = t["dzr"], None
     if not d.mimo:
@@ -104,7 +103,7 @@ def run_gpu(gpu, d, x, g, segment=None, skip=True):
     pr = mamba3_prep(t["proj"], t["Bn"], t["Cn"], t["dt_bias"], t["B_bias"], t["C_bias"], t["mimo_x"],
                      t["mimo_z"], d, A_FLOOR, segment=segment)
     bw = mamba3_prep_backward(t["proj"], t["dt_bias"], t["mimo_x"], t["mimo_z"], t["D"], pr, t["dq"], t["dk"],
-                              t["dv"], dzr, t["dadt"], t["ddt"], t["dlam"], t["dys"] if skip else None, d, A_FLOOR,
+                              t["dv"], dzr, t["dadt"], t["ddt"], t["dlam"], t["dys"], d, A_FLOOR,
                               segment=segment, dproj=dproj)
     fwd = {k: v.numpy() for k, v in pr.items()}
     if not d.mimo:  # zr = z in place: "zr" is proj itself
@@ -135,12 +134,11 @@ SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("skip", [True, False])  # dv += D·dys here, or the scan had the skip (Mamba-3 SISO)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_prep_matches_reference(gpu, shape, skip):
+def test_prep_matches_reference(gpu, shape):
     d = Mamba3Dims(*shape)
     x, g = make_inputs(d)
-    check(d, run_gpu(gpu, d, x, g, skip=skip), reference(d, x, g, skip), 1e-5)
+    check(d, run_gpu(gpu, d, x, g), reference(d, x, g), 1e-5)
 
 
 @pytest.mark.parametrize("segment", [1, 7])
@@ -182,12 +180,11 @@ def test_siso_takes_no_mimo_tensors(gpu):
                     A_FLOOR)
 
 
-def finish_reference(d, f, norm, skip=True):
-    """mambactl/reference/mamba3.py's _finish and its backward (mamba3_block_backward's first lines), float64
-    (`skip` False: ys already has the D skip, and there is no ∂D)."""
+def finish_reference(d, f, norm):
+    """mambactl/reference/mamba3.py's _finish and its backward (mamba3_block_backward's first lines), float64."""
     f = {k: v.astype(np.float64) for k, v in f.items()}
     M, H, R, P = d.rows, d.heads, d.rank, d.headdim
-    y = f["ys"] + skip * f["D"][:, None, None] * f["v"]
+    y = f["ys"] + f["D"][:, None, None] * f["v"]
     w = f["norm_w"].reshape(H, 1, P)
     yn = ref.rmsnorm(y, w, ref.NORM_EPS) if norm else y
     o = yn * ref.silu(f["zr"])
@@ -196,9 +193,7 @@ def finish_reference(d, f, norm, skip=True):
     dzr = ref.silu_backward(f["zr"], do * yn)
     dyn = do * ref.silu(f["zr"])
     dys = ref.rmsnorm_backward(y, w, dyn, ref.NORM_EPS)[0] if norm else dyn
-    back = dict(dys=dys, dzr=dzr)
-    if skip:
-        back["dD"] = np.sum(dys * f["v"], axis=3).transpose(0, 2, 1).reshape(M * R, H)
+    back = dict(dys=dys, dzr=dzr, dD=np.sum(dys * f["v"], axis=3).transpose(0, 2, 1).reshape(M * R, H))
     if norm:
         back["dnw"] = (dyn * ref.rmsnorm(y, 1.0, ref.NORM_EPS)).transpose(0, 2, 1, 3).reshape(M * R, H * P)
     if d.mimo:
@@ -211,11 +206,11 @@ FINISH_SHAPES = [(5, 3, 4, 1, False, False), (5, 3, 4, 1, False, True), (3, 2, 1
                  (4, 2, 70, 3, True, True), (4, 3, 5, 2, True, False), (2, 24, 64, 1, False, False)]
 
 
-# SISO as the model runs it: the skip in the scan (skip False) and z / dz in place in proj / dproj's columns
+# SISO as the model runs it: z / dz in place in proj / dproj's columns
 SISO_IN_PLACE = [(5, 3, 4, 1, False, False), (3, 2, 130, 1, False, True), (2, 24, 64, 1, False, False)]
 
 
-def finish_case(gpu, d, rows, heads, headdim, rank, mimo, norm, lanes, skip=True, in_place=False):
+def finish_case(gpu, d, rows, heads, headdim, rank, mimo, norm, lanes, in_place=False):
     rng = np.random.default_rng(7)
     M, H, R, P = d.rows, heads, rank, headdim
     f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
@@ -229,10 +224,10 @@ def finish_case(gpu, d, rows, heads, headdim, rank, mimo, norm, lanes, skip=True
         proj = f32(M, d.cols)
         proj[:, :H * P] = f["zr"].reshape(M, -1)
         zr, dz_into = gpu.from_numpy(proj), gpu.from_numpy(np.full((M, d.cols), np.nan, np.float32))
-    out, saved = mamba3_finish(t["ys"], t["v"], zr, t["D"], norm_w, mimo_o, d, ref.NORM_EPS, lanes=lanes, skip=skip)
+    out, saved = mamba3_finish(t["ys"], t["v"], zr, t["D"], norm_w, mimo_o, d, ref.NORM_EPS, lanes=lanes)
     back = mamba3_finish_backward(saved, t["v"], zr, t["D"], norm_w, mimo_o, t["dout"], d, ref.NORM_EPS,
-                                  lanes=lanes, skip=skip, dz_into=dz_into)
-    out_ref, back_ref = finish_reference(d, f, norm, skip)
+                                  lanes=lanes, dz_into=dz_into)
+    out_ref, back_ref = finish_reference(d, f, norm)
     assert rel(out.numpy(), out_ref) < 1e-5
     if in_place:
         assert back["dzr"] is None
@@ -243,7 +238,6 @@ def finish_case(gpu, d, rows, heads, headdim, rank, mimo, norm, lanes, skip=True
         got = np.asarray(back[name].numpy() if hasattr(back[name], "numpy") else back[name]).reshape(want.shape)
         assert rel(got, want) < 1e-5, (name, rel(got, want))
     assert (back["dmo"] is None) == (not mimo)
-    assert (back["dD"] is None) == (not skip)
 
 
 @pytest.mark.parametrize("lanes", [1, 16, 64])  # CPU adapters, a sum over few lanes, GPUs
@@ -258,7 +252,6 @@ def test_finish_matches_reference(gpu, rows, heads, headdim, rank, mimo, norm, l
 @pytest.mark.parametrize("lanes", [1, 64])
 @pytest.mark.parametrize("rows,heads,headdim,rank,mimo,norm", SISO_IN_PLACE)
 def test_finish_siso_in_place(gpu, rows, heads, headdim, rank, mimo, norm, lanes):
-    """SISO as Mamba-3's block runs it: ys has the skip already (no y copy, no ∂D), z read from proj's columns
-    and dz written into dproj's."""
+    """SISO as Mamba-3's block runs it: z read from proj's columns and dz written into dproj's."""
     d = Mamba3Dims(1, rows, heads, headdim, rank, 1, 8, 2, mimo)
-    finish_case(gpu, d, rows, heads, headdim, rank, mimo, norm, lanes, skip=False, in_place=True)
+    finish_case(gpu, d, rows, heads, headdim, rank, mimo, norm, lanes, in_place=True)

@@ -72,36 +72,6 @@ def test_matches_reference(gpu, batch, length, heads, rank, nstate, headdim, chu
         assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
 
 
-@pytest.mark.parametrize("chunk", [3, None])  # several chunks with a ragged last one; the adapter's pick
-def test_siso_with_the_skip(gpu, chunk):
-    """SISO with D (how Mamba-3's block runs it): y = h q + D v from the SSD core, ∂D added into grads["D"] and
-    D·dy into dv; MIMO refuses D, and a backward without grads["D"] is refused."""
-    batch, length, heads, nstate, headdim = 2, 13, 3, 8, 4
-    x = make_inputs(batch, length, heads, 1, nstate, headdim, seed=5)
-    rng = np.random.default_rng(6)
-    D = rng.standard_normal(heads).astype(np.float32)
-    dD0 = rng.standard_normal(heads).astype(np.float32)
-    dy = rng.standard_normal((batch, length, heads, 1, headdim)).astype(np.float32)
-    t = [gpu.from_numpy(x[k]) for k in NAMES]
-    y, saved = mamba3_scan(*t, chunk=chunk, D=gpu.from_numpy(D))
-    dD = gpu.from_numpy(dD0.copy())
-    grads = [g.numpy() for g in mamba3_scan_backward(saved, gpu.from_numpy(dy), grads={"D": dD})]
-    x64 = [x[k].astype(np.float64) for k in NAMES]
-    skip = D[:, None, None].astype(np.float64) * x64[2]
-    assert rel_err(y.numpy(), ref.mamba3_scan(*x64, chunk_size=8) + skip) < 1e-4
-    grads_ref = list(ref.mamba3_scan_backward(*x64, dy.astype(np.float64)))
-    grads_ref[2] = grads_ref[2] + D[:, None, None] * dy  # dv gets D dy
-    for name, got, want in zip(GRADS, grads, grads_ref):
-        assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
-    want_dD = dD0 + np.einsum("blhrp,blhrp->h", dy.astype(np.float64), x64[2])
-    assert rel_err(dD.numpy(), want_dD) < 1e-5
-    with pytest.raises(ShapeError, match="give grads"):
-        mamba3_scan_backward(saved, gpu.from_numpy(dy))
-    xm = make_inputs(1, 4, 2, 2, 4, 3)
-    with pytest.raises(ShapeError, match="D is given for MIMO"):
-        mamba3_scan(*(gpu.from_numpy(xm[k]) for k in NAMES), D=gpu.from_numpy(D[:2]))
-
-
 def test_deterministic_and_chunk_independent(gpu):
     x = make_inputs(2, 40, 2, 2, 8, 4, seed=2)
     dy = np.random.default_rng(3).standard_normal((2, 40, 2, 2, 4)).astype(np.float32)

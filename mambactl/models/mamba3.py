@@ -55,12 +55,11 @@ def mamba3_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig
     pr = proj_saved["prep"]
     shape5 = lambda t: t.reshape(batch, length, d.heads, d.rank, -1)  # noqa: E731
     shape3 = lambda t: t.reshape(batch, length, d.heads)  # noqa: E731
-    # SISO: the SSD core adds the D skip (so the finish neither adds it nor sums ∂D); the op picks its chunk
     ys, scan_saved = mamba3_scan(shape5(pr["q"]), shape5(pr["k"]), shape5(pr["v"]), shape3(pr["adt"]),
-                                 shape3(pr["dt"]), shape3(pr["lam"]), D=None if d.mimo else p["D"])
+                                 shape3(pr["dt"]), shape3(pr["lam"]))  # the op picks its chunk, not chunk_size
     norm_w = p["norm.weight"] if cfg.mamba3.is_outproj_norm else None
     out, fin = mamba3_finish(ys.reshape(M, d.heads, d.rank, d.headdim), pr["v"], pr["zr"], p["D"], norm_w, mimo[2],
-                             d, NORM_EPS, skip=d.mimo)
+                             d, NORM_EPS)
     result = linear.linear(out, p["out_proj.weight"])
     saved = dict(x=x, **proj_saved, scan=scan_saved, fin=fin, out=out, dims=d, mimo=mimo)
     return result, saved
@@ -75,21 +74,20 @@ def mamba3_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfi
     pr = s["prep"]
     dout_mix, _, _ = linear.linear_backward(s["out"], p["out_proj.weight"], dout, dw=g["out_proj.weight"])
     norm_w = p["norm.weight"] if cfg.mamba3.is_outproj_norm else None
-    # SISO: dz goes straight into dproj's z columns (z is read in place); the scan owns the D skip and ∂D
+    # SISO: dz goes straight into dproj's z columns (z is read in place there)
     dproj = None if d.mimo else dout.runtime.empty((M, d.cols))
     fb = mamba3_finish_backward(s["fin"], pr["v"], pr["zr"], p["D"], norm_w, mimo_o, dout_mix, d, NORM_EPS,
-                                skip=d.mimo, dz_into=dproj)
+                                dz_into=dproj)
     if norm_w is not None:
         column_sums(fb["dnw"], out=g["norm.weight"])
+    column_sums(fb["dD"], out=g["D"])
     if d.mimo:
-        column_sums(fb["dD"], out=g["D"])
         column_sums(fb["dmo"], out=g["mimo_o"].reshape(-1))
-    dq, dk, dv, dadt, ddt, dlam = mamba3_scan_backward(s["scan"], fb["dys"].reshape(d.batch, d.length, H, R, P),
-                                                       grads=None if d.mimo else {"D": g["D"]})
+    dq, dk, dv, dadt, ddt, dlam = mamba3_scan_backward(s["scan"], fb["dys"].reshape(d.batch, d.length, H, R, P))
     flat = lambda t: t.reshape(M, -1)  # noqa: E731
     bw = mamba3_prep_backward(s["proj"], p["dt_bias"], mimo_x, mimo_z, p["D"], pr, flat(dq), flat(dk), flat(dv),
-                              fb["dzr"], flat(dadt), flat(ddt), flat(dlam), fb["dys"] if d.mimo else None, d,
-                              cfg.mamba3.A_floor, dproj=dproj)
+                              fb["dzr"], flat(dadt), flat(ddt), flat(dlam), fb["dys"], d, cfg.mamba3.A_floor,
+                              dproj=dproj)
     dproj = bw["dproj"]
     column_sums(flat(bw["dkb"]), out=g["B_bias"].reshape(-1))
     column_sums(flat(bw["dqb"]), out=g["C_bias"].reshape(-1))

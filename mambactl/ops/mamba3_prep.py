@@ -155,10 +155,10 @@ def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: T
 
 def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: Tensor, D: Tensor, prep: dict,
                          dq: Tensor, dk: Tensor, dv: Tensor, dzr: Tensor | None, dadt: Tensor, ddt: Tensor,
-                         dlam: Tensor, dys: Tensor | None, d: Mamba3Dims, a_floor: float, segment: int | None = None,
+                         dlam: Tensor, dys: Tensor, d: Mamba3Dims, a_floor: float, segment: int | None = None,
                          dproj: Tensor | None = None) -> dict:
-    """Gradients of `mamba3_prep` (dv is the scan's; D·dys, the skip's share, is added here unless dys is None:
-    the scan had the skip, as SISO's SSD core does). mimo_x, mimo_z: None for SISO.
+    """Gradients of `mamba3_prep` (dv is the scan's; D·dys, the skip's share, is added here). mimo_x, mimo_z:
+    None for SISO.
 
     SISO (zr = z in place): dzr must be None and `dproj` [M, cols] given, with its z columns already written by
     `mamba3_finish_backward(..., dz_into=dproj)`; this writes the rest of it. MIMO: dzr [M, H, R, P], and dproj
@@ -184,16 +184,13 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: 
                              "mamba3_finish_backward's dz_into) and no dzr")
         expect(op, "dproj", dproj, (M, d.cols))
         dzr = dt_bias  # not read
-    skip = dys is not None
-    if not skip:
-        dys = dt_bias  # not read
     # SISO writes no ∂mimo partials: one-element stand-ins fill those bindings
     mimo_shape = (M, H, R, P) if d.mimo else (1,)
     res = dict(dproj=dproj, dqb=rt.empty((M, H, R, N)), dkb=rt.empty((M, H, R, N)), dvx=rt.empty(mimo_shape),
                dzz=rt.empty(mimo_shape))
     dth = rt.empty((M, H, max(S, 1)))  # ∂loss/∂θ per step, then its reverse running sum
     params = _prep_params(d, a_floor)
-    rt.run("mamba3_prep_backward", _item_grid(rt, d, 1 + R), {"SKIP": skip}, proj=proj, dt_bias=dt_bias,
+    rt.run("mamba3_prep_backward", _item_grid(rt, d, 1 + R), proj=proj, dt_bias=dt_bias,
            mimo_x=mimo_x, mimo_z=mimo_z, D=D, lam=prep["lam"], q_in=prep["q"], k_in=prep["k"],
            theta_in=prep["theta"], dq=dq, dk=dk, dv=dv, dzr=dzr, dadt=dadt, dlam=dlam, dys_in=dys, dth=dth, **res,
            **params)
@@ -243,10 +240,9 @@ def finish_loops(headdim: int, lanes: int) -> int:
 
 
 def mamba3_finish(ys: Tensor, v: Tensor, zr: Tensor, D: Tensor, norm_w: Tensor | None, mimo_o: Tensor | None,
-                  d: Mamba3Dims, eps: float, lanes: int | None = None, skip: bool = True) -> tuple[Tensor, dict]:
+                  d: Mamba3Dims, eps: float, lanes: int | None = None) -> tuple[Tensor, dict]:
     """ys, v, zr [M, H, R, P] -> (out [M, H·P], saved: y, rstd, o). mimo_o [H, R, P] for MIMO, None for SISO
     (out is o itself there: R = 1 and mimo_o = 1); SISO's zr may be proj [M, cols] (z in place: mamba3_prep's).
-    `skip`: y = ys + D v; False: ys already has the skip (the SSD core's D), so y is ys (not copied; v unread).
     `lanes`: see `finish_lanes`."""
     op = "mamba3_finish"
     M, H, R, P = d.rows, d.heads, d.rank, d.headdim
@@ -256,12 +252,10 @@ def mamba3_finish(ys: Tensor, v: Tensor, zr: Tensor, D: Tensor, norm_w: Tensor |
     lanes = finish_lanes(rt, lanes)
     loop_budget(rt, op, (M, H, R, P), finish_loops(P, lanes))
     norm = norm_w is not None
-    y = rt.empty((M, H, R, P)) if skip else ys
-    rstd, o = rt.empty((M, H, R)), rt.empty((M, H, R, P))
+    y, rstd, o = rt.empty((M, H, R, P)), rt.empty((M, H, R)), rt.empty((M, H, R, P))
     nw = norm_w if norm else D  # an unused binding when there is no norm
-    rt.run("mamba3_finish_forward", grid_1d(M * H * R * lanes, FINISH_GROUP),
-           {"NORM": norm, "FL": lanes, "SKIP": skip}, ys=ys, v_in=v, zr_in=zr, D=D, norm_w=nw,
-           y=y if skip else rt.empty((1,)), rstd=rstd, o=o, **_finish_params(d, eps, zstride))
+    rt.run("mamba3_finish_forward", grid_1d(M * H * R * lanes, FINISH_GROUP), {"NORM": norm, "FL": lanes}, ys=ys,
+           v_in=v, zr_in=zr, D=D, norm_w=nw, y=y, rstd=rstd, o=o, **_finish_params(d, eps, zstride))
     if not d.mimo:
         return o.reshape(M, H * P), dict(y=y, rstd=rstd, o=o)
     out = rt.empty((M, H * P))
@@ -272,11 +266,11 @@ def mamba3_finish(ys: Tensor, v: Tensor, zr: Tensor, D: Tensor, norm_w: Tensor |
 
 def mamba3_finish_backward(saved: dict, v: Tensor, zr: Tensor, D: Tensor, norm_w: Tensor | None,
                            mimo_o: Tensor | None, dout: Tensor, d: Mamba3Dims, eps: float,
-                           lanes: int | None = None, skip: bool = True, dz_into: Tensor | None = None) -> dict:
+                           lanes: int | None = None, dz_into: Tensor | None = None) -> dict:
     """dout [M, H·P] -> dict: dys, dzr [M, H, R, P]; per-row partials dnw [M·R, H·P] (with the norm),
-    dmo [M, H·R·P] (MIMO; None for SISO, whose mimo_o is None) and dD [M·R, H] (None without `skip`: the
-    scan had the skip and owns ∂D), to be summed over rows. `skip` as the forward's. `dz_into` (SISO, with zr in
-    proj): dproj [M, cols], whose z columns get dz in place; dzr is None then. `lanes`: see `finish_lanes`."""
+    dmo [M, H·R·P] (MIMO; None for SISO, whose mimo_o is None) and dD [M·R, H], to be summed over rows.
+    `dz_into` (SISO, with zr in proj): dproj [M, cols], whose z columns get dz in place; dzr is None then.
+    `lanes`: see `finish_lanes`."""
     op = "mamba3_finish_backward"
     M, H, R, P = d.rows, d.heads, d.rank, d.headdim
     rt = dout.runtime
@@ -289,11 +283,11 @@ def mamba3_finish_backward(saved: dict, v: Tensor, zr: Tensor, D: Tensor, norm_w
     norm = norm_w is not None
     res = dict(dys=rt.empty((M, H, R, P)), dzr=dzr if dz_into is None else None,
                dmo=rt.empty((M, H * R * P)) if d.mimo else None,
-               dD=rt.empty((M * R, H)) if skip else None, dnw=rt.empty((M * R, H * P)) if norm else rt.empty((1,)))
+               dD=rt.empty((M * R, H)), dnw=rt.empty((M * R, H * P)) if norm else rt.empty((1,)))
     rt.run("mamba3_finish_backward", grid_1d(M * H * R * lanes, FINISH_GROUP),
-           {"NORM": norm, "MIMO": d.mimo, "FL": lanes, "SKIP": skip}, y_in=saved["y"],
+           {"NORM": norm, "MIMO": d.mimo, "FL": lanes}, y_in=saved["y"],
            rstd_in=saved["rstd"], o_in=saved["o"], v_in=v, zr_in=zr, norm_w=norm_w if norm else D, mimo_o=mimo_o,
            dout=dout, dys=res["dys"], dzr_out=dzr, dnw_part=res["dnw"],
-           dmo_part=res["dmo"] if d.mimo else rt.empty((1,)), dD_part=res["dD"] if skip else rt.empty((1,)),
+           dmo_part=res["dmo"] if d.mimo else rt.empty((1,)), dD_part=res["dD"],
            **_finish_params(d, eps, zstride, dzstride))
     return res

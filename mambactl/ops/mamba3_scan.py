@@ -137,10 +137,8 @@ _FIXED = 4 * MAX_STATE + 64  # per dispatch: the state's init and store, the p-b
 
 
 def mamba3_scan(q: Tensor, k: Tensor, v: Tensor, adt: Tensor, dt: Tensor, lam: Tensor,
-                chunk: int | None = None, segment: int | None = None,
-                D: Tensor | None = None) -> tuple[Tensor, Mamba3ScanSaved]:
-    """-> (y [B, L, H, R, P], saved); with D [H] (SISO only) y_t = h_t q_t + D v_t, the skip done by the SSD core
-    (its ∂D then comes from `mamba3_scan_backward`'s grads). `chunk` (positive) is the number of steps between saved states (SISO: the
+                chunk: int | None = None, segment: int | None = None) -> tuple[Tensor, Mamba3ScanSaved]:
+    """-> (y [B, L, H, R, P], saved). `chunk` (positive) is the number of steps between saved states (SISO: the
     SSD core's chunk, min(chunk, MAX_CHUNK, L); the result does not depend on it beyond float rounding). None:
     SISO takes the core's pick for the adapter and shape (ops/ssd.py `kernel_chunk`), MIMO DEFAULT_CHUNK (both
     ops/ssd.py's FORCE_CHUNK when set); the model config's chunk_size (mamba_ssm's) is not read. adt ≤ 0 (a decay).
@@ -156,9 +154,7 @@ def mamba3_scan(q: Tensor, k: Tensor, v: Tensor, adt: Tensor, dt: Tensor, lam: T
     if rank == 1:
         if chunk is None:
             chunk = kernel_chunk(q.runtime, length, heads, heads)
-        return _siso_scan(q, k, v, adt, dt, lam, int(chunk), segment, D)
-    if D is not None:
-        raise ShapeError(f"{op}: D is given for MIMO (rank {rank}); its skip is mamba3_finish's")
+        return _siso_scan(q, k, v, adt, dt, lam, int(chunk), segment)
     if chunk is None:
         chunk = DEFAULT_CHUNK if ssd.FORCE_CHUNK is None else ssd.FORCE_CHUNK
     params = _params(*dims, int(chunk))
@@ -194,21 +190,18 @@ def _core_segment(segment: int | None, chunk: int) -> int | None:
     return None if segment is None else max(1, -(-int(segment) // chunk))
 
 
-def _siso_scan(q, k, v, adt, dt, lam, chunk: int, segment: int | None, D=None) -> tuple[Tensor, Mamba3ScanSaved]:
+def _siso_scan(q, k, v, adt, dt, lam, chunk: int, segment: int | None) -> tuple[Tensor, Mamba3ScanSaved]:
     q4, k4, v4 = _siso_views(q, k, v)
     scale, diag = mamba3_fold_scale(dt, lam)
     chunk = min(chunk, MAX_CHUNK)
-    y, core = ssd_chunked(v4, adt, scale, k4, q4, D, chunk=chunk, segment=_core_segment(segment, chunk), diag=diag)
+    y, core = ssd_chunked(v4, adt, scale, k4, q4, chunk=chunk, segment=_core_segment(segment, chunk), diag=diag)
     return y.reshape(v.shape), Mamba3ScanSaved(q, k, v, adt, dt, lam, core.states, core.chunk, core.last_state,
                                                core)
 
 
-def _siso_scan_backward(s: Mamba3ScanSaved, dy: Tensor, segment: int | None, grads):
+def _siso_scan_backward(s: Mamba3ScanSaved, dy: Tensor, segment: int | None):
     dy4 = dy.reshape(_siso_views(s.q, s.k, s.v)[2].shape)
-    if s.core.D is not None and not (grads and "D" in grads):
-        raise ShapeError("mamba3_scan_backward: the forward had D; give grads['D'] to add its gradient into")
-    dv, dadt, dscale, dk, dq, _, ddiag = ssd_chunked_backward(s.core, dy4, grads if s.core.D is not None else None,
-                                                              segment=_core_segment(segment, s.chunk))
+    dv, dadt, dscale, dk, dq, _, ddiag = ssd_chunked_backward(s.core, dy4, segment=_core_segment(segment, s.chunk))
     ddt, dlam = mamba3_fold_backward(s.dt, s.lam, dscale, ddiag)
     return dq.reshape(s.q.shape), dk.reshape(s.k.shape), dv.reshape(s.v.shape), dadt, ddt, dlam
 
@@ -253,10 +246,8 @@ def _backward_segments(rt, op: str, shape, length: int, rank: int, nstate: int, 
     return out
 
 
-def mamba3_scan_backward(saved: Mamba3ScanSaved, dy: Tensor, segment: int | None = None,
-                         grads: dict | None = None):
-    """dy [B, L, H, R, P] -> (dq, dk, dv, dadt, ddt, dlam), shaped as the inputs. Exact. With the forward's D
-    (SISO), grads["D"] [H] is required and ∂D is added into it.
+def mamba3_scan_backward(saved: Mamba3ScanSaved, dy: Tensor, segment: int | None = None):
+    """dy [B, L, H, R, P] -> (dq, dk, dv, dadt, ddt, dlam), shaped as the inputs. Exact.
 
     `segment`: steps per dispatch of the recompute and of the adjoint (G carried between dispatches in a
     [B, H, P, N] buffer; SISO: the core's walks over chunks, as in `mamba3_scan`). None: one dispatch, except on
@@ -267,7 +258,7 @@ def mamba3_scan_backward(saved: Mamba3ScanSaved, dy: Tensor, segment: int | None
     batch, length, heads, rank, nstate, headdim = dims
     expect(op, "dy", dy, s.v.shape)
     if s.core is not None:
-        return _siso_scan_backward(s, dy, segment, grads)
+        return _siso_scan_backward(s, dy, segment)
     params = _params(*dims, s.chunk)
     expect(op, "saved states", s.states, (batch, params["nchunks"], heads, headdim, nstate))
     rt = dy.runtime
