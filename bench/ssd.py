@@ -33,9 +33,9 @@ from mambactl.runtime.gpu import get_runtime  # noqa: E402
 
 def label(entry: str, constants: dict | None) -> str:
     """entry[NAME,...,KEY=value] as kernel_costs keys it: true flags by name, numbers as KEY=value, VEC4 left out
-    (it only picks the load width), nor TM / TN (the blocks per thread: --set TILE_ROW_BLOCKS=2 etc.)."""
+    (it only picks the load width), nor TN (the blocks per thread: --set TILE_COL_BLOCKS=2)."""
     parts = [k if v is True else f"{k}={v}" for k, v in sorted((constants or {}).items())
-             if k not in ("VEC4", "TM", "TN") and v is not False]
+             if k not in ("VEC4", "TN") and v is not False]
     return entry + (f"[{','.join(parts)}]" if parts else "")
 
 

@@ -288,21 +288,19 @@ def test_core_matches_reference(rt, batch, length, heads, headdim, groups, nstat
     check_core(rt, batch, length, heads, headdim, groups, nstate, chunk, strong=strong)
 
 
-@pytest.mark.parametrize("blocks", [(1, 2), (2, 2)])  # 4 × 8 outputs a thread (128 threads), 8 × 8 (64)
+
 @pytest.mark.parametrize("batch,length,heads,headdim,groups,nstate,chunk,with_d,with_diag", [
     (2, 37, 4, 5, 4, 6, 8, True, False),     # scalar loads, a partial last chunk
     (1, 150, 3, 64, 3, 128, 64, False, True),  # Mamba-3's P, N, chunk and diagonal weight; G = H (DC_U)
     (2, 200, 4, 64, 1, 128, 128, True, False),  # Mamba-2's P, N at G = 1: two row tiles a chunk, M_DCB's crossings
     (1, 40, 20, 4, 1, 4, 16, False, True),   # dCB in 7 planes
 ])
-def test_core_tile_blocks(rt, monkeypatch, blocks, batch, length, heads, headdim, groups, nstate, chunk, with_d,
-                          with_diag):
-    """ssd_tile with more than one 4 × 4 block a thread (ops/ssd.py TILE_ROW_BLOCKS, TILE_COL_BLOCKS): every
+def test_core_tile_blocks(rt, monkeypatch, batch, length, heads, headdim, groups, nstate, chunk, with_d, with_diag):
+    """ssd_tile with two 4 × 4 blocks a thread (4 × 8 outputs, 128 threads: ops/ssd.py TILE_COL_BLOCKS): every
     mode against the reference, as at one block."""
     from mambactl.ops import ssd
 
-    monkeypatch.setattr(ssd, "TILE_ROW_BLOCKS", blocks[0])
-    monkeypatch.setattr(ssd, "TILE_COL_BLOCKS", blocks[1])
+    monkeypatch.setattr(ssd, "TILE_COL_BLOCKS", 2)
     check_core(rt, batch, length, heads, headdim, groups, nstate, chunk, seed=3, strong=True, with_d=with_d,
                with_diag=with_diag)
 

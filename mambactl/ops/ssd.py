@@ -43,9 +43,8 @@ WORKGROUP = 256  # mirrors kernels/ssd.wgsl's WG
 MAX_CHUNK = 1024  # mirrors MAX_CHUNK there: ssd_prep / ssd_rows_backward hold a chunk in workgroup memory
 DEC_ROWS = 6  # mirrors ROWS there: the rows of `dec` (scale, 4 decay sums, diagonal weight)
 TILE = 64  # ssd_tile's output tile (64 × 64)
-# ssd_tile's blocks of 4 × 4 outputs per thread, rows × columns (kernels/ssd.wgsl TM, TN): 1 × 1 (256 threads),
-# 1 × 2 (128) or 2 × 2 (64); the tile, its workgroup memory and its sums are the same either way
-TILE_ROW_BLOCKS = 1
+# ssd_tile's blocks of 4 × 4 outputs per thread (kernels/ssd.wgsl TN): 1 (256 threads) or 2 (4 × 8 outputs, 128
+# threads); the tile, its workgroup memory and its sums are the same either way
 TILE_COL_BLOCKS = 1
 # The kernel's chunk length is an implementation choice, not part of the model: the chunked result equals the
 # recurrence for any chunk (up to float rounding), as with mamba_ssm's chunk_size, which HF and mamba_ssm configs
@@ -128,10 +127,10 @@ def kernel_loops(chunk: int, headdim: int, nstate: int, heads: int = 1, groups: 
         + 4,
         "dbc": _cdiv(q, KSTEP) * pairs + _cdiv(hpg * headdim, KSTEP) * plain + rows + 4,
     }
-    # a thread runs the loaders and the crossing sums of TILE_ROW_BLOCKS · TILE_COL_BLOCKS 4 × 4 blocks
+    # a thread runs the loaders and the crossing sums of TILE_COL_BLOCKS 4 × 4 blocks
     return {
         "ssd_prep": 2 * seg + 2 * REDUCE + 2 * SUB,
-        "ssd_tile": max(by_mode.values()) * TILE_ROW_BLOCKS * TILE_COL_BLOCKS,
+        "ssd_tile": max(by_mode.values()) * TILE_COL_BLOCKS,
         # per position: the P-tile pieces, U's tiles (of P, or of N with DC_U), the ∂diag tiles, the crossings
         "ssd_rows_backward": _cdiv(headdim * nstate, WORKGROUP) + seg * (2 * tiles_p + max(tiles_p, _cdiv(nstate, TILE)))
         + 2 * REDUCE + seg + seg * npairs + tiles_q * tiles_p,
@@ -329,9 +328,7 @@ def _tile(rt, dims: dict, mode: int, grid, dec: Tensor, consts: dict | None = No
     for name in ("tile_out", "row_part", "row_part2", "tile_part", "x_part"):
         args[name] = bufs[name] if name in bufs else rt.empty((1,))
     planes, per = bufs.get("split", (1, 1))
-    blocks = {}
-    if (TILE_ROW_BLOCKS, TILE_COL_BLOCKS) != (1, 1):
-        blocks = {"TM": TILE_ROW_BLOCKS, "TN": TILE_COL_BLOCKS}
+    blocks = {} if TILE_COL_BLOCKS == 1 else {"TN": TILE_COL_BLOCKS}
     rt.run("ssd_tile", grid, {"MODE": mode, "VEC4": vec4, **blocks, **(consts or {})}, dec=dec, decv=dec, **args,
            **{k: dims[k] for k in ("batch", "len", "heads", "ngroups", "headdim", "nstate", "chunk", "nchunks")},
            hsplit=planes, heads_per_split=per)
