@@ -11,7 +11,7 @@ synced calls (forward alone, forward + backward). Then one call with GPU timesta
 `timestamp-query`; each dispatch then runs in its own pass) gives the per-entry table with the FLOPs and bytes
 `mambactl.ops.ssd.kernel_costs` predicts for it and the rates they imply. `--set` overrides one of
 mambactl.ops.ssd's integer tuning constants for this run (e.g. DCB_WORKGROUPS=2048), to compare settings.
-`--variants "chunk=128;chunk=128,TILE_COL_BLOCKS=2;..."` instead compares settings in one process: each variant
+`--variants "chunk=128;chunk=64,DCB_WORKGROUPS=2048;..."` instead compares settings in one process: each variant
 (the chunk and / or such constants) is timed by GPU timestamps once per round, round robin for `--repeats`
 rounds, and the table gives each variant's GPU ms per round and its per-entry ms in the last.
 """
@@ -33,9 +33,9 @@ from mambactl.runtime.gpu import get_runtime  # noqa: E402
 
 def label(entry: str, constants: dict | None) -> str:
     """entry[NAME,...,KEY=value] as kernel_costs keys it: true flags by name, numbers as KEY=value, VEC4 left out
-    (it only picks the load width), nor TN (the blocks per thread: --set TILE_COL_BLOCKS=2)."""
+    (it only picks the load width)."""
     parts = [k if v is True else f"{k}={v}" for k, v in sorted((constants or {}).items())
-             if k not in ("VEC4", "TN") and v is not False]
+             if k != "VEC4" and v is not False]
     return entry + (f"[{','.join(parts)}]" if parts else "")
 
 

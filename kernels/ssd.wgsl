@@ -498,15 +498,9 @@ fn ssd_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 }
 
 // ==== The tile engine: every chunk-level product of the SSD as one batched, masked GEMM ====================
-// ssd_tile computes one 64 × 64 output tile per workgroup: its 16 × 16 blocks of 4 × 4 outputs (rows 4·ty + i,
-// columns 4·tx + j) are TN blocks a thread (a pipeline constant: 1 with 256 threads, or 2 = 4 × 8 outputs with
-// 128, blocks tx and tx + 8), so a thread reads 1 + TN vec4s of the staged tiles per k for 16·TN FMAs (at 1
-// those shared reads, not the FMAs, bound the multiply). A warp covers 8 column blocks × 4 row blocks, as
-// linear.wgsl's matmul, so its shared reads are 8 consecutive vec4s or broadcasts. Everything per thread of the
-// 256-thread layout (the loaders: one vec4 of A and of B per 4 × 4 block; the row and crossing sums) runs for
-// each of a thread's TN "virtual threads" t + v·WGT, so the tile's layout, its workgroup arrays and its sums
-// (their order included) are the same for either TN. The second block's registers are named variables, not an
-// array (an array indexed in a loop may be kept in memory). It steps K by 16 through double-buffered shared
+// ssd_tile computes one 64 × 64 output tile per 256-thread workgroup, each thread a 4 × 4 register block
+// (rows 4·ty + i, columns 4·tx + j; a warp covers 8 column blocks × 4 row blocks, as linear.wgsl's matmul, so
+// its shared reads are 8 consecutive vec4s or broadcasts), stepping K by 16 through double-buffered shared
 // tiles (k-major vec4 rows, one barrier a step; the next step's operands are loaded from memory into registers
 // while this one is multiplied), the 16 k steps written out so every shared index but the thread's is a
 // constant. Each product has one or two K phases whose operands are read by mode-specific loaders that apply
@@ -581,11 +575,8 @@ var<workgroup> t_col_rlo: array<f32, 64>;
 var<workgroup> t_col_sc: array<f32, 64>;
 var<workgroup> t_mid: array<f32, 256>;     // [row sub-block (4)][chunk sub-block (≤ 64)]: Σ a strictly between
 
-override TN: u32 = 1u;  // column blocks of 4 per thread (1 or 2)
-override WGT: u32 = 256u / TN;  // ssd_tile's threads
-
-var<private> e_tx: u32;  // the thread's first column block (of 16); with TN = 2 also e_tx + 8
-var<private> e_ty: u32;  // and its row block
+var<private> e_tx: u32;
+var<private> e_ty: u32;
 var<private> e_b: u32;
 var<private> e_c: u32;
 var<private> e_h: u32;      // the head (M_Y, M_STATE, M_DXD, M_DCB's current one)
@@ -601,12 +592,9 @@ var<private> e_ke2: u32;
 var<private> e_steps1: u32;  // k steps of phase 1
 var<private> e_pair_end: u32;   // M_DB, M_DC: the end of the pair phase's K range
 var<private> e_state_end: u32;  // and of the state phase's (hpg·P)
-var<private> e_acc: mat4x4<f32>;   // e_acc[i][j]: row 4·ty + i, column 4·tx + j
-var<private> e_acc1: mat4x4<f32>;  // TN = 2: column 4·(tx + 8) + j
-var<private> e_la: vec4<f32>;      // the loads of virtual thread t
+var<private> e_acc: mat4x4<f32>;  // e_acc[i][j]: row 4·ty + i, column 4·tx + j
+var<private> e_la: vec4<f32>;
 var<private> e_lb: vec4<f32>;
-var<private> e_la1: vec4<f32>;     // and of t + WGT (TN = 2)
-var<private> e_lb1: vec4<f32>;
 
 fn count4(start: u32, limit: u32) -> u32 { return min(4u, limit - min(start, limit)); }
 
@@ -680,7 +668,7 @@ fn dec4(row: u32, s0: u32) -> vec4<f32> {
     return v;
 }
 
-// The sub-block sums of head h for the tile rows and t_mid for every chunk sub-block.
+// The sub-block sums of head h for the tile rows and t_mid for every chunk sub-block (tid < 256).
 fn stage_row_decays(h: u32, tid: u32) {
     let q = td.chunk;
     if (tid < 64u) {
@@ -695,18 +683,16 @@ fn stage_row_decays(h: u32, tid: u32) {
         t_row_rlo[tid] = rlo;
     }
     let nsub = (q + SUB - 1u) / SUB;
-    for (var u = tid; u < 256u; u += WGT) {
-        let i = u / 64u;  // row sub-block of the tile
-        let j = u % 64u;  // chunk sub-block
-        let kr = e_m0 / SUB + i;
-        var between = 0.0;
-        if (j < nsub) {
-            for (var k = min(kr, j) + 1u; k < max(kr, j); k++) {
-                if (k * SUB + SUB <= q) { between += e_dec(h, LO, k * SUB + SUB - 1u); }
-            }
+    let i = tid / 64u;  // row sub-block of the tile
+    let j = tid % 64u;  // chunk sub-block
+    let kr = e_m0 / SUB + i;
+    var between = 0.0;
+    if (j < nsub) {
+        for (var k = min(kr, j) + 1u; k < max(kr, j); k++) {
+            if (k * SUB + SUB <= q) { between += e_dec(h, LO, k * SUB + SUB - 1u); }
         }
-        t_mid[i * 64u + j] = between;
     }
+    t_mid[i * 64u + j] = between;
 }
 
 // This thread's 4 elements of A for the k step at k0 (phase 1 or 2), as the loaders described above.
@@ -848,47 +834,37 @@ fn b_kcontig(phase2: bool) -> bool {
     return false;
 }
 
-fn e_fetch(tid: u32, step: u32) {
+fn e_fetch(t: u32, step: u32) {
     let phase2 = step >= e_steps1;
     var k0 = e_kb1 + step * 16u;
     if (phase2) { k0 = e_kb2 + (step - e_steps1) * 16u; }
-    e_la = fetch_a(tid, k0, phase2);
-    e_lb = fetch_b(tid, k0, phase2);
-    if (TN == 2u) {
-        e_la1 = fetch_a(tid + WGT, k0, phase2);
-        e_lb1 = fetch_b(tid + WGT, k0, phase2);
-    }
+    e_la = fetch_a(t, k0, phase2);
+    e_lb = fetch_b(t, k0, phase2);
 }
 
-fn e_commit(tid: u32, step: u32, buf: u32) {
+fn e_commit(t: u32, step: u32, buf: u32) {
     let phase2 = step >= e_steps1;
-    commit_one(tid, buf, phase2, e_la, e_lb);
-    if (TN == 2u) { commit_one(tid + WGT, buf, phase2, e_la1, e_lb1); }
-}
-
-// Virtual thread t's staged vec4s of A and B.
-fn commit_one(t: u32, buf: u32, phase2: bool, la: vec4<f32>, lb: vec4<f32>) {
     if (a_kcontig(phase2)) {  // transpose: the four k values go to four k rows
         let m = t >> 2u;
         let k = (t & 3u) * 4u;
         let base = buf * 16u * SROW + m / 4u;
-        stage[base + k * SROW][m % 4u] = la.x;
-        stage[base + (k + 1u) * SROW][m % 4u] = la.y;
-        stage[base + (k + 2u) * SROW][m % 4u] = la.z;
-        stage[base + (k + 3u) * SROW][m % 4u] = la.w;
+        stage[base + k * SROW][m % 4u] = e_la.x;
+        stage[base + (k + 1u) * SROW][m % 4u] = e_la.y;
+        stage[base + (k + 2u) * SROW][m % 4u] = e_la.z;
+        stage[base + (k + 3u) * SROW][m % 4u] = e_la.w;
     } else {
-        stage[(buf * 16u + (t >> 4u)) * SROW + (t & 15u)] = la;
+        stage[(buf * 16u + (t >> 4u)) * SROW + (t & 15u)] = e_la;
     }
     if (b_kcontig(phase2)) {
         let n = t >> 2u;
         let k = (t & 3u) * 4u;
         let base = B_OFF + buf * 16u * SROW + n / 4u;
-        stage[base + k * SROW][n % 4u] = lb.x;
-        stage[base + (k + 1u) * SROW][n % 4u] = lb.y;
-        stage[base + (k + 2u) * SROW][n % 4u] = lb.z;
-        stage[base + (k + 3u) * SROW][n % 4u] = lb.w;
+        stage[base + k * SROW][n % 4u] = e_lb.x;
+        stage[base + (k + 1u) * SROW][n % 4u] = e_lb.y;
+        stage[base + (k + 2u) * SROW][n % 4u] = e_lb.z;
+        stage[base + (k + 3u) * SROW][n % 4u] = e_lb.w;
     } else {
-        stage[B_OFF + (buf * 16u + (t >> 4u)) * SROW + (t & 15u)] = lb;
+        stage[B_OFF + (buf * 16u + (t >> 4u)) * SROW + (t & 15u)] = e_lb;
     }
 }
 
@@ -897,11 +873,6 @@ fn e_kstep(buf: u32, k: u32) {
     let b = stage[B_OFF + (buf * 16u + k) * SROW + e_tx];
     e_acc = mat4x4<f32>(fma(vec4<f32>(a.x), b, e_acc[0]), fma(vec4<f32>(a.y), b, e_acc[1]),
                       fma(vec4<f32>(a.z), b, e_acc[2]), fma(vec4<f32>(a.w), b, e_acc[3]));
-    if (TN == 2u) {
-        let b1 = stage[B_OFF + (buf * 16u + k) * SROW + e_tx + 8u];
-        e_acc1 = mat4x4<f32>(fma(vec4<f32>(a.x), b1, e_acc1[0]), fma(vec4<f32>(a.y), b1, e_acc1[1]),
-                           fma(vec4<f32>(a.z), b1, e_acc1[2]), fma(vec4<f32>(a.w), b1, e_acc1[3]));
-    }
 }
 
 fn e_multiply(buf: u32) {
@@ -911,14 +882,10 @@ fn e_multiply(buf: u32) {
     e_kstep(buf, 12u); e_kstep(buf, 13u); e_kstep(buf, 14u); e_kstep(buf, 15u);
 }
 
-// Σ over the tile's 16 column blocks of this thread's per-row values (part: column block tx, part1: tx + 8
-// with TN = 2), in order, for the 64 rows: returns the sum of row r = tid (valid for tid < 64). Ends with a
-// barrier (t_red is reused).
-fn row_sum(part: vec4<f32>, part1: vec4<f32>, tid: u32) -> f32 {
-    for (var i = 0u; i < 4u; i++) {
-        t_red[(e_ty * 4u + i) * 16u + e_tx] = part[i];
-        if (TN == 2u) { t_red[(e_ty * 4u + i) * 16u + e_tx + 8u] = part1[i]; }
-    }
+// Σ over the tile's 16 column blocks of this thread's per-row values, in order, for the 64 rows:
+// returns the sum of row r = tid (valid for tid < 64). Ends with a barrier (t_red is reused).
+fn row_sum(part: vec4<f32>, tid: u32) -> f32 {
+    for (var i = 0u; i < 4u; i++) { t_red[(e_ty * 4u + i) * 16u + e_tx] = part[i]; }
     workgroupBarrier();
     var sum = 0.0;
     if (tid < 64u) {
@@ -928,36 +895,29 @@ fn row_sum(part: vec4<f32>, part1: vec4<f32>, tid: u32) -> f32 {
     return sum;
 }
 
-// Row dots of a block's accumulator (column block tx) with x or dy over its 4 columns.
-fn row_dots(acc: mat4x4<f32>, tx: u32, with_dy: bool) -> vec4<f32> {
+// Row dots of the accumulator with x or dy over this thread's 4 columns.
+fn row_dots(with_dy: bool) -> vec4<f32> {
     var part = vec4<f32>(0.0);
     for (var i = 0u; i < 4u; i++) {
         let r = e_m0 + e_ty * 4u + i;
-        let n = e_n0 + tx * 4u;
+        let n = e_n0 + e_tx * 4u;
         let valid = select(0u, count4(n, td.headdim), r < e_steps);
         var o = vec4<f32>(0.0);
         if (with_dy) { o = ld4_dy(e_xi(min(r, e_steps - 1u), e_h, n), valid); }
         else { o = ld4_x(e_xi(min(r, e_steps - 1u), e_h, n), valid); }
-        part[i] = dot(acc[i], o);
+        part[i] = dot(e_acc[i], o);
     }
     return part;
 }
 
-// Σ of the row dots of this thread's blocks with x or dy, per row (row_sum).
-fn row_dots_sum(with_dy: bool, tid: u32) -> f32 {
-    var part1 = vec4<f32>(0.0);
-    if (TN == 2u) { part1 = row_dots(e_acc1, e_tx + 8u, with_dy); }
-    return row_sum(row_dots(e_acc, e_tx, with_dy), part1, tid);
-}
-
-// Row dots of a block's accumulator with C_t over its 4 columns n (M_DC with DC_U).
-fn row_dots_c(acc: mat4x4<f32>, tx: u32) -> vec4<f32> {
+// Row dots of the accumulator with C_t over this thread's 4 columns n (M_DC with DC_U).
+fn row_dots_c() -> vec4<f32> {
     var part = vec4<f32>(0.0);
     for (var i = 0u; i < 4u; i++) {
         let r = e_m0 + e_ty * 4u + i;
-        let n = e_n0 + tx * 4u;
+        let n = e_n0 + e_tx * 4u;
         let valid = select(0u, count4(n, td.nstate), r < e_steps);
-        part[i] = dot(acc[i], ld4_c(e_bci(min(r, e_steps - 1u), n), valid));
+        part[i] = dot(e_acc[i], ld4_c(e_bci(min(r, e_steps - 1u), n), valid));
     }
     return part;
 }
@@ -981,10 +941,7 @@ fn e_run(tid: u32, first: u32, last: u32) {
     e_multiply(buf);
 }
 
-fn zero_acc() {
-    e_acc = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
-    e_acc1 = e_acc;
-}
+fn zero_acc() { e_acc = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0)); }
 
 fn store_row(i: u32, v: vec4<f32>, valid: u32) {
     if (VEC4) {
@@ -1010,48 +967,39 @@ fn pair_tiles(idx: u32) -> vec2<u32> {
 fn f_idx(t: u32, o: u32) -> u32 { return t * 64u + (o + t) % 64u; }
 
 fn ssd_dcb_crossing(tid: u32, pair: u32, npairs: u32) {
-    // Row prefix sums: 4 (virtual) threads a row, 16 columns each, then the earlier quarters' totals added.
-    for (var t = tid; t < 256u; t += WGT) {
-        let row = t >> 2u;
-        let quarter = t & 3u;
-        var run = 0.0;
-        for (var o = quarter * 16u; o < quarter * 16u + 16u; o++) {
-            let i = f_idx(row, o);
-            run += stage[i >> 2u][i & 3u];
-            stage[i >> 2u][i & 3u] = run;
-        }
-        t_red[t] = run;
+    // Row prefix sums: 4 threads a row, 16 columns each, then the earlier quarters' totals added.
+    let row = tid >> 2u;
+    let quarter = tid & 3u;
+    var run = 0.0;
+    for (var o = quarter * 16u; o < quarter * 16u + 16u; o++) {
+        let i = f_idx(row, o);
+        run += stage[i >> 2u][i & 3u];
+        stage[i >> 2u][i & 3u] = run;
     }
+    t_red[tid] = run;
     workgroupBarrier();
-    for (var t = tid; t < 256u; t += WGT) {
-        let row = t >> 2u;
-        let quarter = t & 3u;
-        var before = 0.0;
-        for (var k = 0u; k < quarter; k++) { before += t_red[row * 4u + k]; }
-        for (var o = quarter * 16u; o < quarter * 16u + 16u; o++) {
-            let i = f_idx(row, o);
-            stage[i >> 2u][i & 3u] += before;
-        }
+    var before = 0.0;
+    for (var k = 0u; k < quarter; k++) { before += t_red[row * 4u + k]; }
+    for (var o = quarter * 16u; o < quarter * 16u + 16u; o++) {
+        let i = f_idx(row, o);
+        stage[i >> 2u][i & 3u] += before;
     }
     workgroupBarrier();
     // Column sums: 4 threads a column j (σ = n0 + 1 + j), 16 rows each; rows t ≥ σ on the diagonal tile.
+    let j = tid >> 2u;
     let diag = e_m0 == e_n0;
-    for (var t = tid; t < 256u; t += WGT) {
-        let j = t >> 2u;
-        let quarter = t & 3u;
-        var first = 0u;
-        if (diag) { first = j + 1u; }
-        var col = 0.0;
-        var last = 0.0;  // Σ over the quarter's rows t ≥ m0 + j of F[t][63] (the row-suffix range)
-        for (var r = quarter * 16u; r < quarter * 16u + 16u; r++) {
-            let i = f_idx(r, j);
-            if (r >= first) { col += stage[i >> 2u][i & 3u]; }
-            let i63 = f_idx(r, 63u);
-            if (r >= j) { last += stage[i63 >> 2u][i63 & 3u]; }
-        }
-        t_red[256u + t] = col;
-        t_red[512u + t] = last;
+    var first = 0u;
+    if (diag) { first = j + 1u; }
+    var col = 0.0;
+    var last = 0.0;  // Σ over the quarter's rows t ≥ m0 + j of F[t][63] (the row-suffix range)
+    for (var r = quarter * 16u; r < quarter * 16u + 16u; r++) {
+        let i = f_idx(r, j);
+        if (r >= first) { col += stage[i >> 2u][i & 3u]; }
+        let i63 = f_idx(r, 63u);
+        if (r >= j) { last += stage[i63 >> 2u][i63 & 3u]; }
     }
+    t_red[256u + tid] = col;
+    t_red[512u + tid] = last;
     workgroupBarrier();
     if (tid < 64u) {
         var cs = 0.0;
@@ -1066,7 +1014,7 @@ fn ssd_dcb_crossing(tid: u32, pair: u32, npairs: u32) {
     workgroupBarrier();
     let q = td.chunk;
     let out_base = (((e_b * td.heads + e_h) * td.nchunks + e_c) * npairs + pair) * q;
-    for (var sigma = tid; sigma < q; sigma += WGT) {
+    for (var sigma = tid; sigma < q; sigma += 256u) {
         var v = 0.0;
         if (sigma > e_n0 && sigma < e_n0 + 64u) { v = t_red[768u + sigma - e_n0 - 1u]; }
         if (!diag) {
@@ -1078,84 +1026,12 @@ fn ssd_dcb_crossing(tid: u32, pair: u32, npairs: u32) {
     workgroupBarrier();
 }
 
-// M_DCB, per head: from a block's dy_t·x_s (column block tx) the masked, decayed, scaled pair terms, returned (to
-// add to dCB) and, times CB, written to F for the crossing sums.
-fn dcb_block(acc: mat4x4<f32>, tx: u32) -> mat4x4<f32> {
-    let q = td.chunk;
-    var g = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
-    for (var i = 0u; i < 4u; i++) {
-        let r = e_ty * 4u + i;
-        let t = e_m0 + r;
-        let cbv = ld4_pair(e_pri(min(t, q - 1u), e_n0 + tx * 4u),
-                           select(0u, count4(e_n0 + tx * 4u, q), t < e_steps), 1u);
-        for (var j = 0u; j < 4u; j++) {
-            let o = tx * 4u + j;
-            let s = e_n0 + o;
-            let ok = s <= t && t < e_steps;
-            var dsum = t_row_lo[r] - t_col_lo[o];
-            if (t / SUB != s / SUB) { dsum = t_row_lo[r] + t_col_rlo[o] + t_mid[(r / SUB) * 4u + o / SUB]; }
-            var csc = t_col_sc[o];
-            if (HAS_DIAG && s == t) { csc = t_row_w[o]; }  // step t's own term: weight diag_t
-            let gv = select(0.0, acc[i][j] * exp(min(dsum, 0.0)) * csc, ok);
-            g[i][j] = gv;
-            let fi = f_idx(r, o);
-            stage[fi >> 2u][fi & 3u] = gv * cbv[j];
-        }
-    }
-    return g;
-}
-
-// The modes' stores of a block's accumulator (column block tx) but M_DCB's and M_DXD's.
-fn store_block(acc: mat4x4<f32>, tx: u32) {
-    let q = td.chunk;
-    for (var i = 0u; i < 4u; i++) {
-        let r = e_m0 + e_ty * 4u + i;
-        let n = e_n0 + tx * 4u;
-        if (MODE == M_CB) {
-            if (r < q) { store_row(e_pri(r, n), acc[i], count4(n, q)); }
-        } else if (MODE == M_Y && PAIRS) {
-            if (r < e_steps) {
-                var v = acc[i];
-                if (HAS_D) { v += skip[e_h] * ld4_x(e_xi(r, e_h, n), count4(n, td.headdim)); }
-                store_row(e_xi(r, e_h, n), v, count4(n, td.headdim));
-            }
-        } else if (MODE == M_STATE) {
-            if (r < td.headdim) { store_row(e_sti(e_h, r, n), acc[i], count4(n, td.nstate)); }
-        } else if (MODE == M_DB || MODE == M_DC) {
-            if (r < e_steps) { store_row(e_bci(r, n), acc[i], count4(n, td.nstate)); }
-        }
-    }
-}
-
-// M_DXD's epilogue for a block (column block tx): dx = sc dxd (+ D dy) (+ the diagonal) stored; returns its
-// rows' x·dy over the block's 4 columns.
-fn dxd_block(acc: mat4x4<f32>, tx: u32) -> vec4<f32> {
-    var dd = vec4<f32>(0.0);
-    for (var i = 0u; i < 4u; i++) {
-        let row = e_ty * 4u + i;
-        let r = e_m0 + row;
-        let n = e_n0 + tx * 4u;
-        if (r < e_steps) {
-            let valid = count4(n, td.headdim);
-            let xo = ld4_x(e_xi(r, e_h, n), valid);
-            let go = ld4_dy(e_xi(r, e_h, n), valid);
-            var v = acc[i] * t_row_sc[row];
-            if (HAS_D) { v += skip[e_h] * go; }
-            if (HAS_DIAG) { v += (t_col_rlo[row] * t_col_lo[row]) * go; }  // the diagonal: diag_s (C_s·B_s) dy_s
-            dd[i] = dot(xo, go);
-            store_row(e_xi(r, e_h, n), v, valid);
-        }
-    }
-    return dd;
-}
-
-@compute @workgroup_size(WGT)
+@compute @workgroup_size(256)
 fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
     let warp = tid >> 5u;
     let lane = tid & 31u;
-    let col_warps = 2u / TN;  // warps side by side over the 16 / TN column blocks a row of threads covers
-    e_tx = (warp % col_warps) * 8u + (lane & 7u);
-    e_ty = (warp / col_warps) * 4u + (lane >> 3u);
+    e_tx = (warp & 1u) * 8u + (lane & 7u);
+    e_ty = (warp >> 1u) * 4u + (lane >> 3u);
     let q = td.chunk;
     let hpg = td.heads / td.ngroups;
     let tiles_q = (q + 63u) / 64u;
@@ -1255,15 +1131,13 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
 
     if (MODE == M_DCB) {
         var dcb = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
-        var dcb1 = dcb;  // TN = 2: column block tx + 8
         let h_lo = split * td.heads_per_split;
         let h_hi = min(h_lo + td.heads_per_split, hpg);
         for (var hl = h_lo; hl < h_hi; hl++) {
             e_h = e_g * hpg + hl;
-            for (var u = tid; u < 80u; u += WGT) {  // 64 rows and columns' tables, then 16 t_mid entries
-            if (u < 64u) {
-                let r = e_m0 + u;
-                let o = e_n0 + u;
+            if (tid < 64u) {
+                let r = e_m0 + tid;
+                let o = e_n0 + tid;
                 var lo = 0.0;
                 var clo = 0.0;
                 var crlo = 0.0;
@@ -1276,26 +1150,42 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
                     csc = e_dec(e_h, SCALE, o);
                     if (HAS_DIAG) { cdg = e_dec(e_h, DIAG, o); }
                 }
-                t_row_lo[u] = lo;
-                t_col_lo[u] = clo;
-                t_col_rlo[u] = crlo;
-                t_col_sc[u] = csc;
-                t_row_w[u] = cdg;
-            } else {
-                let kr = e_m0 / SUB + (u - 64u) / 4u;
-                let ko = e_n0 / SUB + (u - 64u) % 4u;
+                t_row_lo[tid] = lo;
+                t_col_lo[tid] = clo;
+                t_col_rlo[tid] = crlo;
+                t_col_sc[tid] = csc;
+                t_row_w[tid] = cdg;
+            } else if (tid < 80u) {
+                let kr = e_m0 / SUB + (tid - 64u) / 4u;
+                let ko = e_n0 / SUB + (tid - 64u) % 4u;
                 var between = 0.0;
                 for (var k = min(kr, ko) + 1u; k < max(kr, ko); k++) {
                     if (k * SUB + SUB <= q) { between += e_dec(e_h, LO, k * SUB + SUB - 1u); }
                 }
-                t_mid[u - 64u] = between;
-            }
+                t_mid[tid - 64u] = between;
             }
             zero_acc();
             e_run(tid, 0u, total);  // e_acc = dy_t·x_s over the tile (its barriers publish the tables)
             workgroupBarrier();  // every thread is past its last multiply: F may overwrite the staged tiles
-            dcb += dcb_block(e_acc, e_tx);
-            if (TN == 2u) { dcb1 += dcb_block(e_acc1, e_tx + 8u); }
+            for (var i = 0u; i < 4u; i++) {
+                let r = e_ty * 4u + i;
+                let t = e_m0 + r;
+                let cbv = ld4_pair(e_pri(min(t, q - 1u), e_n0 + e_tx * 4u),
+                                   select(0u, count4(e_n0 + e_tx * 4u, q), t < e_steps), 1u);
+                for (var j = 0u; j < 4u; j++) {
+                    let o = e_tx * 4u + j;
+                    let s = e_n0 + o;
+                    let ok = s <= t && t < e_steps;
+                    var dsum = t_row_lo[r] - t_col_lo[o];
+                    if (t / SUB != s / SUB) { dsum = t_row_lo[r] + t_col_rlo[o] + t_mid[(r / SUB) * 4u + o / SUB]; }
+                    var csc = t_col_sc[o];
+                    if (HAS_DIAG && s == t) { csc = t_row_w[o]; }  // step t's own term: weight diag_t
+                    let gv = select(0.0, e_acc[i][j] * exp(min(dsum, 0.0)) * csc, ok);
+                    dcb[i][j] += gv;
+                    let fi = f_idx(r, o);
+                    stage[fi >> 2u][fi & 3u] = gv * cbv[j];
+                }
+            }
             workgroupBarrier();
             ssd_dcb_crossing(tid, wid.x, npairs);
         }
@@ -1303,10 +1193,7 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         for (var i = 0u; i < 4u; i++) {
             let t = e_m0 + e_ty * 4u + i;
             let s = e_n0 + e_tx * 4u;
-            if (t < q) {
-                store_row(split * plane + e_pri(t, s), dcb[i], count4(s, q));
-                if (TN == 2u) { store_row(split * plane + e_pri(t, s + 32u), dcb1[i], count4(s + 32u, q)); }
-            }
+            if (t < q) { store_row(split * plane + e_pri(t, s), dcb[i], count4(s, q)); }
         }
         return;
     }
@@ -1314,32 +1201,59 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     zero_acc();
     if (MODE == M_DXD) {  // the state term, its row dots V_s = sc_s x_s·(state term)_s, then the pairs on top
         e_run(tid, 0u, e_steps1);
-        let v = row_dots_sum(false, tid);  // its first barrier: every thread is past its last multiply
+        let v = row_sum(row_dots(false), tid);  // its first barrier: every thread is past its last multiply
         if (tid < 64u && e_m0 + tid < e_steps) { row_part2[row_at + e_m0 + tid] = v * t_row_sc[tid]; }
         e_run(tid, e_steps1, total);
     } else if (MODE == M_DC && DC_U) {  // the state part, U_t = C_t·(state part)_t over this tile's n, the pairs
         e_run(tid, 0u, e_steps1);
-        var part1 = vec4<f32>(0.0);
-        if (TN == 2u) { part1 = row_dots_c(e_acc1, e_tx + 8u); }
-        let u = row_sum(row_dots_c(e_acc, e_tx), part1, tid);  // its first barrier: all are past their multiplies
+        let u = row_sum(row_dots_c(), tid);  // its first barrier: every thread is past its last multiply
         if (tid < 64u && e_m0 + tid < e_steps) { row_part[row_at + e_m0 + tid] = u; }
         e_run(tid, e_steps1, total);
     } else {
         e_run(tid, 0u, total);
     }
 
-    store_block(e_acc, e_tx);
-    if (TN == 2u) { store_block(e_acc1, e_tx + 8u); }
+    for (var i = 0u; i < 4u; i++) {
+        let r = e_m0 + e_ty * 4u + i;
+        let n = e_n0 + e_tx * 4u;
+        if (MODE == M_CB) {
+            if (r < q) { store_row(e_pri(r, n), e_acc[i], count4(n, q)); }
+        } else if (MODE == M_Y && PAIRS) {
+            if (r < e_steps) {
+                var v = e_acc[i];
+                if (HAS_D) { v += skip[e_h] * ld4_x(e_xi(r, e_h, n), count4(n, td.headdim)); }
+                store_row(e_xi(r, e_h, n), v, count4(n, td.headdim));
+            }
+        } else if (MODE == M_STATE) {
+            if (r < td.headdim) { store_row(e_sti(e_h, r, n), e_acc[i], count4(n, td.nstate)); }
+        } else if (MODE == M_DB || MODE == M_DC) {
+            if (r < e_steps) { store_row(e_bci(r, n), e_acc[i], count4(n, td.nstate)); }
+        }
+    }
     if (MODE == M_Y && !PAIRS) {  // U_t = dy_t·(state term)_t
-        let u = row_dots_sum(true, tid);
+        let u = row_sum(row_dots(true), tid);
         if (tid < 64u && e_m0 + tid < e_steps) { row_part[row_at + e_m0 + tid] = u; }
     }
     if (MODE == M_DXD) {  // dx = sc dxd (+ D dy); x·dxd into row_part; Σ dy·x for ∂D
-        let xd = row_dots_sum(false, tid);
+        let xd = row_sum(row_dots(false), tid);
         if (tid < 64u && e_m0 + tid < e_steps) { row_part[row_at + e_m0 + tid] = xd; }
-        var dd1 = vec4<f32>(0.0);
-        if (TN == 2u) { dd1 = dxd_block(e_acc1, e_tx + 8u); }
-        let dsum = row_sum(dxd_block(e_acc, e_tx), dd1, tid);  // per row (x·dy over the tile's columns), then the 64 rows in order
+        var dd = vec4<f32>(0.0);
+        for (var i = 0u; i < 4u; i++) {
+            let r = e_m0 + e_ty * 4u + i;
+            let n = e_n0 + e_tx * 4u;
+            if (r < e_steps) {
+                let valid = count4(n, td.headdim);
+                let xo = ld4_x(e_xi(r, e_h, n), valid);
+                let go = ld4_dy(e_xi(r, e_h, n), valid);
+                let row = e_ty * 4u + i;
+                var v = e_acc[i] * t_row_sc[row];
+                if (HAS_D) { v += skip[e_h] * go; }
+                if (HAS_DIAG) { v += (t_col_rlo[row] * t_col_lo[row]) * go; }  // the diagonal: diag_s (C_s·B_s) dy_s
+                dd[i] = dot(xo, go);
+                store_row(e_xi(r, e_h, n), v, valid);
+            }
+        }
+        let dsum = row_sum(dd, tid);  // per row (x·dy over the tile's columns), then the 64 rows in order
         // ∂diag pieces, as row_part (ssd_rows_backward reads them as row_part3)
         if (HAS_DIAG && tid < 64u && e_m0 + tid < e_steps) { x_part[row_at + e_m0 + tid] = dsum * t_col_lo[tid]; }
         if (HAS_D) {

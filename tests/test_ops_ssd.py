@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
-from mambactl.ops.ssd import ssd_chunked, ssd_chunked_backward, ssd_scan, ssd_scan_backward, ssd_step
+from mambactl.ops import ssd as ssd_op
+from mambactl.ops.ssd import kernel_chunk, ssd_chunked, ssd_chunked_backward, ssd_scan, ssd_scan_backward, ssd_step
 from mambactl.reference import ssd as ref
 from mambactl.reference.activations import softplus, softplus_backward
 
@@ -288,23 +289,6 @@ def test_core_matches_reference(rt, batch, length, heads, headdim, groups, nstat
     check_core(rt, batch, length, heads, headdim, groups, nstate, chunk, strong=strong)
 
 
-
-@pytest.mark.parametrize("batch,length,heads,headdim,groups,nstate,chunk,with_d,with_diag", [
-    (2, 37, 4, 5, 4, 6, 8, True, False),     # scalar loads, a partial last chunk
-    (1, 150, 3, 64, 3, 128, 64, False, True),  # Mamba-3's P, N, chunk and diagonal weight; G = H (DC_U)
-    (2, 200, 4, 64, 1, 128, 128, True, False),  # Mamba-2's P, N at G = 1: two row tiles a chunk, M_DCB's crossings
-    (1, 40, 20, 4, 1, 4, 16, False, True),   # dCB in 7 planes
-])
-def test_core_tile_blocks(rt, monkeypatch, batch, length, heads, headdim, groups, nstate, chunk, with_d, with_diag):
-    """ssd_tile with two 4 × 4 blocks a thread (4 × 8 outputs, 128 threads: ops/ssd.py TILE_COL_BLOCKS): every
-    mode against the reference, as at one block."""
-    from mambactl.ops import ssd
-
-    monkeypatch.setattr(ssd, "TILE_COL_BLOCKS", 2)
-    check_core(rt, batch, length, heads, headdim, groups, nstate, chunk, seed=3, strong=True, with_d=with_d,
-               with_diag=with_diag)
-
-
 def test_core_without_d(rt):
     check_core(rt, 2, 21, 4, 3, 2, 5, 8, seed=4, strong=True, with_d=False)
 
@@ -337,3 +321,25 @@ def test_core_dd_accumulates_and_shape_errors(rt):
         ssd_chunked(t["x"], t["adt"], rt.from_numpy(np.zeros((1, 9, 3), np.float32)), t["B"], t["C"])
     with pytest.raises(ShapeError, match="ssd_chunked: D has shape"):
         ssd_chunked(*(t[k] for k in names), rt.from_numpy(np.zeros(3, np.float32)))
+
+
+def test_kernel_chunk_is_the_ops_choice(rt, monkeypatch):
+    """Without a chunk the op picks one for the adapter and shape (at most L); FORCE_CHUNK overrides the pick, and
+    what ran is in saved.chunk. The result is the reference's (which runs at its own chunk, 8) either way."""
+    cpu = rt.info.type == "CPU"
+    pick = ssd_op.CPU_CHUNK if cpu else ssd_op.GPU_CHUNK_SHARED
+    assert kernel_chunk(rt, 1000, 4, 1) == pick
+    assert kernel_chunk(rt, 1000, 4, 4) == (ssd_op.CPU_CHUNK if cpu else ssd_op.GPU_CHUNK_PER_HEAD)
+    assert kernel_chunk(rt, 5, 4, 1) == 5
+    x = make_inputs(2, 19, 4, 3, 2, 5, seed=9)
+    dy = np.random.default_rng(10).standard_normal(x["x"].shape).astype(np.float32)
+    want_y, want_grads = reference(x, dy, 8)
+    for forced, ran in ((None, min(pick, 19)), (5, 5)):
+        monkeypatch.setattr(ssd_op, "FORCE_CHUNK", forced)
+        assert kernel_chunk(rt, 19, 4, 2) == ran
+        y, saved = ssd_scan(*(rt.from_numpy(x[k]) for k in NAMES))
+        assert saved.chunk == ran
+        grads = ssd_scan_backward(saved, rt.from_numpy(dy))
+        assert rel_err(y.numpy(), want_y) < 1e-4
+        for name, got, w in zip(GRADS, grads, want_grads):
+            assert rel_err(got.numpy(), w) < 1e-4, (name, forced)

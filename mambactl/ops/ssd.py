@@ -43,9 +43,6 @@ WORKGROUP = 256  # mirrors kernels/ssd.wgsl's WG
 MAX_CHUNK = 1024  # mirrors MAX_CHUNK there: ssd_prep / ssd_rows_backward hold a chunk in workgroup memory
 DEC_ROWS = 6  # mirrors ROWS there: the rows of `dec` (scale, 4 decay sums, diagonal weight)
 TILE = 64  # ssd_tile's output tile (64 × 64)
-# ssd_tile's blocks of 4 × 4 outputs per thread (kernels/ssd.wgsl TN): 1 (256 threads) or 2 (4 × 8 outputs, 128
-# threads); the tile, its workgroup memory and its sums are the same either way
-TILE_COL_BLOCKS = 1
 # The kernel's chunk length is an implementation choice, not part of the model: the chunked result equals the
 # recurrence for any chunk (up to float rounding), as with mamba_ssm's chunk_size, which HF and mamba_ssm configs
 # carry (mambactl keeps that value in ModelConfig for import and export; its kernels do not read it). With chunk
@@ -77,9 +74,10 @@ def _cdiv(a: int, b: int) -> int:
 def kernel_chunk(rt, length: int, heads: int, groups: int) -> int:
     """The chunk length the SSD kernels run at for this adapter and shape when the caller gives none: FORCE_CHUNK
     if set, else GPU_CHUNK_SHARED (G < H) or GPU_CHUNK_PER_HEAD (G = H) on GPUs and CPU_CHUNK on CPU adapters;
-    never longer than L (one chunk then holds the whole sequence). On the H200 (130m shapes, B 8, L 1024, P 64,
-    N 128; bench/ssd.py, GPU timestamps, fwd + bwd per layer), Mamba-2 (H 24, G 1): chunk 64 / 128 / 256 =
-    see docs/configuration.md; Mamba-3 SISO (G = H = 24): chunk 32 / 64 / 128 likewise."""
+    never longer than L (one chunk then holds the whole sequence). H200, 130m shapes (B 8, L 1024, P 64, N 128),
+    GPU timestamps: a Mamba-2 layer (H 24, G 1; bench/ssd.py --variants, fwd + bwd) 2.94 / 2.56 / 2.56 ms at
+    chunk 256 / 128 / 64 (128 keeps half the states 64 does), the step's ssd_tile 62.5 → 54.9 ms at 256 → 128;
+    Mamba-3 SISO (G = H = 24): see docs/configuration.md."""
     if FORCE_CHUNK is not None:
         chunk = int(FORCE_CHUNK)
     elif is_cpu(rt):
@@ -127,10 +125,9 @@ def kernel_loops(chunk: int, headdim: int, nstate: int, heads: int = 1, groups: 
         + 4,
         "dbc": _cdiv(q, KSTEP) * pairs + _cdiv(hpg * headdim, KSTEP) * plain + rows + 4,
     }
-    # a thread runs the loaders and the crossing sums of TILE_COL_BLOCKS 4 × 4 blocks
     return {
         "ssd_prep": 2 * seg + 2 * REDUCE + 2 * SUB,
-        "ssd_tile": max(by_mode.values()) * TILE_COL_BLOCKS,
+        "ssd_tile": max(by_mode.values()),
         # per position: the P-tile pieces, U's tiles (of P, or of N with DC_U), the ∂diag tiles, the crossings
         "ssd_rows_backward": _cdiv(headdim * nstate, WORKGROUP) + seg * (2 * tiles_p + max(tiles_p, _cdiv(nstate, TILE)))
         + 2 * REDUCE + seg + seg * npairs + tiles_q * tiles_p,
@@ -328,8 +325,7 @@ def _tile(rt, dims: dict, mode: int, grid, dec: Tensor, consts: dict | None = No
     for name in ("tile_out", "row_part", "row_part2", "tile_part", "x_part"):
         args[name] = bufs[name] if name in bufs else rt.empty((1,))
     planes, per = bufs.get("split", (1, 1))
-    blocks = {} if TILE_COL_BLOCKS == 1 else {"TN": TILE_COL_BLOCKS}
-    rt.run("ssd_tile", grid, {"MODE": mode, "VEC4": vec4, **blocks, **(consts or {})}, dec=dec, decv=dec, **args,
+    rt.run("ssd_tile", grid, {"MODE": mode, "VEC4": vec4, **(consts or {})}, dec=dec, decv=dec, **args,
            **{k: dims[k] for k in ("batch", "len", "heads", "ngroups", "headdim", "nstate", "chunk", "nchunks")},
            hsplit=planes, heads_per_split=per)
 
@@ -358,9 +354,9 @@ def ssd_chunked(x: Tensor, adt: Tensor, scale: Tensor, B: Tensor, C: Tensor, D: 
 
     adt must be ≤ 0 (a decay; the in-chunk decay sums rely on it). `chunk` (1..1024) is the kernel's chunk length
     (None: `kernel_chunk`'s pick for the adapter and shape; the result does not depend on it beyond float
-    rounding); any L works (the last chunk is masked). `segment`: chunks per dispatch of the state passing (None: all, except on
-    Mesa llvmpipe, whose loop budget sets it; mambactl/ops/checks.py). saved.last_state [B, H, P, N] is the
-    state after the last step."""
+    rounding); any L works (the last chunk is masked). `segment`: chunks per dispatch of the state passing
+    (None: all, except on Mesa llvmpipe, whose loop budget sets it; mambactl/ops/checks.py). saved.last_state
+    [B, H, P, N] is the state after the last step."""
     op = "ssd_chunked"
     batch, length, heads, headdim, groups, nstate = _check_core(op, x, adt, scale, B, C, D, diag)
     rt = x.runtime
