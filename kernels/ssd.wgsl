@@ -442,23 +442,37 @@ fn ssd_mamba2_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_inv
     }
 }
 
-// Per head: add the partials param_part [parts, H, NPARAM] in order into grad_0 (and grad_1 when NPARAM = 2)
-// [H] (ACCUMULATE adds to them). Partials [seg_lo, seg_hi) of the B·nchunks; the sums so far carried in
-// `carry` [H, NPARAM] between segments. Grid grid_1d(H, 64).
+// Per head: add the partials param_part [parts, H, NPARAM] into grad_0 (and grad_1 when NPARAM = 2) [H]
+// (ACCUMULATE adds to them), in a fixed order: 64 threads each sum every 64th partial, then a tree over the 64
+// (a walk of all of them in one thread waited on one load after another: ~20 µs a call at 64 partials).
+// Partials [seg_lo, seg_hi) of the B·nchunks; the sums so far carried in `carry` [H, NPARAM] between segments.
+// Grid (H, 1, 1).
 @compute @workgroup_size(64)
-fn ssd_param_grads(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let h = gid.x;
-    if (h >= d.heads) { return; }
-    var g0 = 0.0;
-    var g1 = 0.0;
-    if (d.seg_lo > 0u) {
-        g0 = carry[h * NPARAM];
-        if (NPARAM == 2u) { g1 = carry[h * NPARAM + 1u]; }
-    }
-    for (var bc = d.seg_lo; bc < d.seg_hi; bc++) {
+fn ssd_param_grads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) l: u32) {
+    let h = wid.x;
+    var s0 = 0.0;
+    var s1 = 0.0;
+    for (var bc = d.seg_lo + l; bc < d.seg_hi; bc += 64u) {
         let k = (bc * d.heads + h) * NPARAM;
-        g0 += param_part[k];
-        if (NPARAM == 2u) { g1 += param_part[k + 1u]; }
+        s0 += param_part[k];
+        if (NPARAM == 2u) { s1 += param_part[k + 1u]; }
+    }
+    t_mid[l] = s0;
+    t_mid[64u + l] = s1;
+    workgroupBarrier();
+    for (var half = 32u; half > 0u; half >>= 1u) {
+        if (l < half) {
+            t_mid[l] += t_mid[l + half];
+            t_mid[64u + l] += t_mid[64u + l + half];
+        }
+        workgroupBarrier();
+    }
+    if (l != 0u) { return; }
+    var g0 = t_mid[0];
+    var g1 = t_mid[64];
+    if (d.seg_lo > 0u) {
+        g0 += carry[h * NPARAM];
+        if (NPARAM == 2u) { g1 += carry[h * NPARAM + 1u]; }
     }
     if (d.seg_hi < d.batch * d.nchunks) {  // more segments to come
         carry[h * NPARAM] = g0;

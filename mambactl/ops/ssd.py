@@ -65,6 +65,7 @@ M_CB, M_Y, M_STATE, M_DXD, M_DCB, M_DB, M_DC = range(7)
 REDUCE = 8  # log2(WORKGROUP) rounds of workgroup_sum / exclusive_prefix
 PASSING_LOOPS = 1  # ssd_state_passing per chunk
 PASSING_BACKWARD_LOOPS = 1 + REDUCE  # ssd_state_passing_backward per chunk (a workgroup sum of W_c each)
+# ssd_param_grads: a thread takes every 64th partial, then 6 tree rounds; charged as one loop per partial (more)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -302,7 +303,7 @@ def param_grads(rt, dims: dict, param_part: Tensor, outs: list[Tensor], accumula
     seg = segment_length(rt, f"{op} (ssd_param_grads)", shape, total, 1, segment=segment)
     carry = rt.empty((dims["heads"], k) if seg < total else (1,))
     for lo, hi in segments(total, seg):
-        rt.run("ssd_param_grads", grid_1d(dims["heads"], 64), {"ACCUMULATE": accumulate, "NPARAM": k},
+        rt.run("ssd_param_grads", (dims["heads"], 1, 1), {"ACCUMULATE": accumulate, "NPARAM": k},
                param_part=param_part, grad_0=outs[0], grad_1=outs[-1], carry=carry,
                **{**dims, "seg_lo": lo, "seg_hi": hi})
 
