@@ -301,7 +301,7 @@ def param_grads(rt, dims: dict, param_part: Tensor, outs: list[Tensor], accumula
     tensors [H]), in dispatch segments as `state_passing` (the sums so far carried in an [H, len(outs)] buffer)."""
     total, k = dims["batch"] * dims["nchunks"], len(outs)
     seg = segment_length(rt, f"{op} (ssd_param_grads)", shape, total, 1, segment=segment)
-    carry = rt.empty((dims["heads"], k) if seg < total else (1,))
+    carry = rt.empty((dims["heads"], k, 64) if seg < total else (1,))  # the 64 lanes' running sums
     for lo, hi in segments(total, seg):
         rt.run("ssd_param_grads", (dims["heads"], 1, 1), {"ACCUMULATE": accumulate, "NPARAM": k},
                param_part=param_part, grad_0=outs[0], grad_1=outs[-1], carry=carry,
