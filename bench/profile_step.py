@@ -5,7 +5,8 @@
 
 With the adapter's `timestamp-query` feature every dispatch runs in its own compute pass with GPU timestamps
 (`Runtime.gpu_times`): the table lists each WGSL entry point's total GPU time, dispatch count and share, and
-the gap between their sum and the unprofiled step is launch, barrier and host time. Without the feature each
+the gap between their sum and the unprofiled step is launch, barrier and host time. `--set ssd.FORCE_CHUNK=128`
+(any integer constant of a mambactl.ops module) profiles a setting. Without the feature each
 dispatch is submitted and waited for on its own and timed by the wall clock (then each call also carries a
 submit and a readback, ~0.3 ms on an H200).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib
 import json
 import time
 
@@ -33,7 +35,16 @@ def main() -> None:
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--arch", default="mamba1", choices=["mamba1", "mamba2", "mamba3"], help="layer type of every layer")
     p.add_argument("--device", default=None)
+    p.add_argument("--set", action="append", default=[], metavar="OP.NAME=VALUE",
+                   help="set an integer constant of mambactl.ops.OP for this run (e.g. ssd.TILE_COL_BLOCKS=2)")
     a = p.parse_args()
+    for item in a.set:
+        target, value = item.split("=")
+        module, name = target.rsplit(".", 1)
+        mod = importlib.import_module(f"mambactl.ops.{module}")
+        if not isinstance(getattr(mod, name, None), (int, type(None))):
+            p.error(f"--set {item}: mambactl.ops.{module} has no integer constant {name}")
+        setattr(mod, name, int(value))
     rt = get_runtime(a.device)
     cfg = model_config([a.arch] * a.layers, a.d_model, a.vocab, a.d_state)
     lm = LanguageModel(cfg, rt, init_parameters(cfg, 0))

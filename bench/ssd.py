@@ -11,6 +11,9 @@ synced calls (forward alone, forward + backward). Then one call with GPU timesta
 `timestamp-query`; each dispatch then runs in its own pass) gives the per-entry table with the FLOPs and bytes
 `mambactl.ops.ssd.kernel_costs` predicts for it and the rates they imply. `--set` overrides one of
 mambactl.ops.ssd's integer tuning constants for this run (e.g. DCB_WORKGROUPS=2048), to compare settings.
+`--variants "chunk=128;chunk=64,DCB_WORKGROUPS=2048;..."` instead compares settings in one process: each variant
+(the chunk and / or such constants) is timed by GPU timestamps once per round, round robin for `--repeats`
+rounds, and the table gives each variant's GPU ms per round and its per-entry ms in the last.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ def main() -> None:
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--op", default="mamba2", choices=["mamba2", "core", "siso"])
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
+    p.add_argument("--variants", default=None, help="';'-separated variants, each 'NAME=VALUE,...' (chunk or "
+                   "mambactl.ops.ssd integer constants), compared round robin in this process")
     p.add_argument("--device", default=None)
     p.add_argument("--out", default=None)
     a = p.parse_args()
@@ -66,7 +71,7 @@ def main() -> None:
         grads = {"A_log": t(H), "D": t(H), "dt_bias": t(H)}
 
         def forward():
-            return ssd.ssd_scan(x, dt_raw, A_log, Bm, Cm, D, dt_bias, chunk=a.chunk)
+            return ssd.ssd_scan(x, dt_raw, A_log, Bm, Cm, D, dt_bias, chunk=a.chunk)  # noqa: B023
 
         def backward(saved):
             return ssd.ssd_scan_backward(saved, dy, grads)
@@ -78,7 +83,7 @@ def main() -> None:
         grads = None if siso else {"D": t(H)}
 
         def forward():
-            return ssd.ssd_chunked(x, adt, scale, Bm, Cm, None if siso else D, chunk=a.chunk, diag=diag)
+            return ssd.ssd_chunked(x, adt, scale, Bm, Cm, None if siso else D, chunk=a.chunk, diag=diag)  # noqa: B023
 
         def backward(saved):
             return ssd.ssd_chunked_backward(saved, dy, grads)
@@ -94,6 +99,9 @@ def main() -> None:
         _, saved = forward()
         backward(saved)
 
+    if a.variants:
+        compare(rt, a, both)
+        return
     timed(both)  # compile pipelines, fill the pool
     fwd = statistics.median(timed(forward) for _ in range(a.repeats))
     total = statistics.median(timed(both) for _ in range(a.repeats))
@@ -132,6 +140,45 @@ def main() -> None:
         "forward_ms": round(fwd * 1e3, 4), "forward_backward_ms": round(total * 1e3, 4),
         "clock": "GPU timestamps" if gpu_clock else None, "entries": entries}
     report(rows, result, a.out)
+
+
+def compare(rt, a, both) -> None:
+    """--variants: each variant's GPU time (timestamps) per round, round robin; per-entry ms of the last round."""
+    variants = [dict(kv.split("=") for kv in v.split(",")) for v in a.variants.split(";")]
+    defaults = {k: (a.chunk if k == "chunk" else getattr(ssd, k)) for v in variants for k in v}
+
+    def apply(v):
+        for k, default in defaults.items():
+            value = int(v.get(k, default))
+            if k == "chunk":
+                a.chunk = value
+            else:
+                setattr(ssd, k, value)
+
+    for v in variants:  # compile every variant's pipelines first
+        apply(v)
+        both()
+    rt.sync()
+    totals = [[] for _ in variants]
+    last: list = [None] * len(variants)
+    for _ in range(a.repeats):
+        for i, v in enumerate(variants):
+            apply(v)
+            rt.gpu_times = []
+            both()
+            rt.sync()
+            per: dict = collections.defaultdict(float)
+            for entry, constants, ns in rt.gpu_times:
+                per[label(entry, constants)] += ns * 1e-6
+            rt.gpu_times = None
+            totals[i].append(sum(per.values()))
+            last[i] = per
+    print(f"{rt.info.name}; B {a.batch}, L {a.seq}, H {a.heads}, P {a.headdim}, G {a.groups}, N {a.d_state}, "
+          f"op {a.op}: GPU ms of forward + backward per round (timestamps), round robin")
+    for v, ms, per in zip(variants, totals, last):
+        name = ",".join(f"{k}={val}" for k, val in v.items())
+        print(f"{name:40s} " + " ".join(f"{t:7.3f}" for t in ms) + f"   min {min(ms):.3f}")
+        print("    " + "  ".join(f"{k} {t:.3f}" for k, t in sorted(per.items(), key=lambda kv: -kv[1])[:9]))
 
 
 if __name__ == "__main__":

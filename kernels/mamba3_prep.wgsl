@@ -13,6 +13,9 @@
 // column, which needs Σ over angles of the ∂θ running sum, are mamba3_prep_reduce's: fixed order, no atomics.
 // finish: y_r = ys_r + D v_r; yn = RMSNorm over P per (head, rank) times norm.weight (with NORM) or y;
 // o_r = yn_r ⊙ silu(zr_r); out = Σ_r mimo_o_r ⊙ o_r (SISO: out = o). A workgroup per (row, head, rank).
+// SISO has zr = z (mimo_z = 1), so no zr is stored: the finish reads z in place from proj's columns and writes dz
+// into dproj's (FinishParams' zstride / dzstride: the row strides of zr_in / dzr_out), and mamba3_prep_forward /
+// _backward write neither zr nor the z columns there.
 
 const MAX_S: u32 = 64u;  // mirrored by mambactl/ops/mamba3_prep.py
 const PI: f32 = 3.14159265358979;
@@ -28,7 +31,9 @@ override MIMO: bool = true;  // finish backward: mimo_o read and ∂mimo_o parti
 // seg_begin − 1, the backward's running ∂θ sum from dth at step seg_end (both written by the previous dispatch).
 struct PrepParams { batch: u32, len: u32, heads: u32, rank: u32, ngroups: u32, nstate: u32, headdim: u32,
                     angles: u32, mimo: u32, cols: u32, a_floor: f32, seg_begin: u32, seg_end: u32 }
-struct FinishParams { frows: u32, fheads: u32, frank: u32, fheaddim: u32, eps: f32 }
+// zstride, dzstride: floats between rows of zr_in and of dzr_out (H·R·P for [M, H, R, P] tensors; proj's columns
+// for SISO's z and dz in place, whose (head, channel) then starts at h·P of the row)
+struct FinishParams { frows: u32, fheads: u32, frank: u32, fheaddim: u32, eps: f32, zstride: u32, dzstride: u32 }
 
 @group(0) @binding(0) var<uniform> p: PrepParams;
 @group(0) @binding(1) var<storage, read> proj: array<f32>;
@@ -223,16 +228,14 @@ fn mamba3_prep_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
         if (x >= E) {
             let xv = proj[pr + di + h * P + c];
             let zv = proj[pr + h * P + c];
+            if (p.mimo == 0u) {  // SISO: v = x (the scan reads it as its x), zr = z is read in place
+                v[rh * P + c] = xv;
+                continue;
+            }
             for (var r = 0u; r < R; r++) {
-                var mx = 1.0;  // SISO: no mimo_x, mimo_z (what is bound there is not read)
-                var mz = 1.0;
-                if (p.mimo != 0u) {
-                    let mi = (h * R + r) * P + c;
-                    mx = mimo_x[mi];
-                    mz = mimo_z[mi];
-                }
-                v[(rh * R + r) * P + c] = xv * mx;
-                zr[(rh * R + r) * P + c] = zv * mz;
+                let mi = (h * R + r) * P + c;
+                v[(rh * R + r) * P + c] = xv * mimo_x[mi];
+                zr[(rh * R + r) * P + c] = zv * mimo_z[mi];
             }
             continue;
         }
@@ -294,6 +297,10 @@ fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
         let rh = row * H + h;
         let pr = row * p.cols;
         if (x >= E) {
+            if (p.mimo == 0u) {  // SISO: dx = dv + D dys; dz is already in dproj (mamba3_finish_backward)
+                dproj[pr + di + h * P + c] = dv[rh * P + c] + D[h] * dys_in[rh * P + c];
+                continue;
+            }
             let xv = proj[pr + di + h * P + c];
             let zv = proj[pr + h * P + c];
             var dx = 0.0;
@@ -302,11 +309,6 @@ fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
                 let vi = (rh * R + r) * P + c;
                 let dvt = dv[vi] + D[h] * dys_in[vi];
                 let dzv = dzr[vi];
-                if (p.mimo == 0u) {  // SISO: mimo_x = mimo_z = 1, no ∂mimo partials
-                    dx += dvt;
-                    dz += dzv;
-                    continue;
-                }
                 let mi = (h * R + r) * P + c;
                 dx += dvt * mimo_x[mi];
                 dz += dzv * mimo_z[mi];
@@ -476,6 +478,7 @@ fn mamba3_finish_forward(@builtin(local_invocation_index) local: u32, @builtin(w
     let walk = select(0u, P, it.live);  // channels this lane walks: none past the end
     let h = (i / fp.frank) % fp.fheads;
     let base = i * P;
+    let zbase = (i / (fp.frank * fp.fheads)) * fp.zstride + (i % (fp.frank * fp.fheads)) * P;
     var ss = 0.0;
     for (var c = it.lane; c < walk; c += FL) {
         let yv = ys[base + c] + D[h] * v_in[base + c];
@@ -488,7 +491,7 @@ fn mamba3_finish_forward(@builtin(local_invocation_index) local: u32, @builtin(w
     for (var c = it.lane; c < walk; c += FL) {
         var yn = y[base + c];
         if (NORM) { yn = yn * rs * norm_w[h * P + c]; }
-        let zv = zr_in[base + c];
+        let zv = zr_in[zbase + c];
         o[base + c] = yn * zv * sigmoid(zv);
     }
 }
@@ -522,6 +525,9 @@ fn mamba3_finish_backward(@builtin(local_invocation_index) local: u32, @builtin(
     let h = (i / fp.frank) % fp.fheads;
     let row = i / (fp.frank * fp.fheads);
     let base = i * P;
+    let item_in_row = i % (fp.frank * fp.fheads);
+    let zbase = row * fp.zstride + item_in_row * P;
+    let dzbase = row * fp.dzstride + item_in_row * P;
     var rs = 1.0;
     if (it.live) { rs = rstd_in[i]; }
     var dot = 0.0;  // Σ_c dyn·w·ŷ (RMSNorm backward)
@@ -532,11 +538,11 @@ fn mamba3_finish_backward(@builtin(local_invocation_index) local: u32, @builtin(
             do_ = dout_v * mimo_o[(h * fp.frank + r) * P + c];
             dmo_part[base + c] = dout_v * o_in[base + c];
         }
-        let zv = zr_in[base + c];
+        let zv = zr_in[zbase + c];
         let sg = sigmoid(zv);
         var yn = y_in[base + c];
         if (NORM) { yn = yn * rs * norm_w[h * P + c]; }
-        dzr_out[base + c] = do_ * yn * sg * (1.0 + zv * (1.0 - sg));
+        dzr_out[dzbase + c] = do_ * yn * sg * (1.0 + zv * (1.0 - sg));
         let dyn = do_ * zv * sg;
         dys[base + c] = dyn;  // before the norm; finished below (by the same lane)
         if (NORM) {
@@ -548,8 +554,10 @@ fn mamba3_finish_backward(@builtin(local_invocation_index) local: u32, @builtin(
     var dd = 0.0;
     for (var c = it.lane; c < walk; c += FL) {
         var g = dys[base + c];
-        if (NORM) { g = rs * (g * norm_w[h * P + c] - y_in[base + c] * rs * dot / f32(P)); }
-        dys[base + c] = g;
+        if (NORM) {
+            g = rs * (g * norm_w[h * P + c] - y_in[base + c] * rs * dot / f32(P));
+            dys[base + c] = g;
+        }
         dd += g * v_in[base + c];
     }
     dd = finish_sum(local, it.lane, dd);

@@ -442,29 +442,45 @@ fn ssd_mamba2_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_inv
     }
 }
 
-// Per head: add the partials param_part [parts, H, NPARAM] in order into grad_0 (and grad_1 when NPARAM = 2)
-// [H] (ACCUMULATE adds to them). Partials [seg_lo, seg_hi) of the B·nchunks; the sums so far carried in
-// `carry` [H, NPARAM] between segments. Grid grid_1d(H, 64).
+// Per head: add the partials param_part [parts, H, NPARAM] into grad_0 (and grad_1 when NPARAM = 2) [H]
+// (ACCUMULATE adds to them), in a fixed order: thread l of 64 sums the partials bc ≡ l (mod 64) in order, then
+// a tree over the 64 (a walk of all of them in one thread waited on one load after another: ~20 µs a call at 64
+// partials). Partials [seg_lo, seg_hi) of the B·nchunks; the 64 running sums carried in `carry`
+// [H, NPARAM, 64] between segments, so any segmentation gives the same bits. Grid (H, 1, 1).
 @compute @workgroup_size(64)
-fn ssd_param_grads(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let h = gid.x;
-    if (h >= d.heads) { return; }
-    var g0 = 0.0;
-    var g1 = 0.0;
+fn ssd_param_grads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) l: u32) {
+    let h = wid.x;
+    var s0 = 0.0;
+    var s1 = 0.0;
     if (d.seg_lo > 0u) {
-        g0 = carry[h * NPARAM];
-        if (NPARAM == 2u) { g1 = carry[h * NPARAM + 1u]; }
+        s0 = carry[(h * NPARAM) * 64u + l];
+        if (NPARAM == 2u) { s1 = carry[(h * NPARAM + 1u) * 64u + l]; }
     }
-    for (var bc = d.seg_lo; bc < d.seg_hi; bc++) {
+    var first = d.seg_lo - d.seg_lo % 64u + l;
+    if (first < d.seg_lo) { first += 64u; }
+    for (var bc = first; bc < d.seg_hi; bc += 64u) {
         let k = (bc * d.heads + h) * NPARAM;
-        g0 += param_part[k];
-        if (NPARAM == 2u) { g1 += param_part[k + 1u]; }
+        s0 += param_part[k];
+        if (NPARAM == 2u) { s1 += param_part[k + 1u]; }
     }
-    if (d.seg_hi < d.batch * d.nchunks) {  // more segments to come
-        carry[h * NPARAM] = g0;
-        if (NPARAM == 2u) { carry[h * NPARAM + 1u] = g1; }
+    if (d.seg_hi < d.batch * d.nchunks) {  // more segments to come (uniform over the workgroup)
+        carry[(h * NPARAM) * 64u + l] = s0;
+        if (NPARAM == 2u) { carry[(h * NPARAM + 1u) * 64u + l] = s1; }
         return;
     }
+    t_mid[l] = s0;
+    t_mid[64u + l] = s1;
+    workgroupBarrier();
+    for (var half = 32u; half > 0u; half >>= 1u) {
+        if (l < half) {
+            t_mid[l] += t_mid[l + half];
+            t_mid[64u + l] += t_mid[64u + l + half];
+        }
+        workgroupBarrier();
+    }
+    if (l != 0u) { return; }
+    var g0 = t_mid[0];
+    var g1 = t_mid[64];
     if (ACCUMULATE) {
         g0 += grad_0[h];
         if (NPARAM == 2u) { g1 += grad_1[h]; }

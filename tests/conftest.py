@@ -24,6 +24,18 @@ def rt():
 
 
 @pytest.fixture
+def force_chunk(monkeypatch):
+    """force_chunk(n): every SSD / Mamba-3 scan that is given no chunk runs at n (mambactl.ops.ssd.FORCE_CHUNK)
+    for this test, whatever the adapter's pick (kernel_chunk) and the model config's chunk_size; None: the pick."""
+    from mambactl.ops import ssd
+
+    def force(chunk):
+        monkeypatch.setattr(ssd, "FORCE_CHUNK", chunk)
+
+    return force
+
+
+@pytest.fixture
 def rng(request):
     """Random data seeded by the test's name: the same data in every process (Python's hash() is not)."""
     return np.random.default_rng(zlib.crc32(request.node.name.encode()))

@@ -310,8 +310,9 @@ def test_ssd_state_passing_long(gpu, segment):
 
 @pytest.mark.parametrize("accumulate,nparam", [(False, 2), (True, 2), (True, 1)])
 def test_ssd_param_grads_long(gpu, accumulate, nparam):
-    """70,000 (batch, chunk) partials per head (e.g. B 4 × L 17.5k at chunk 1): a thread adds 70,000 of them.
-    Float32 sums in order, so the result equals numpy's sequential float32 sum exactly."""
+    """70,000 (batch, chunk) partials per head (e.g. B 4 × L 17.5k at chunk 1), in dispatch segments on llvmpipe.
+    Float32 sums in the kernel's fixed order (64 running sums over the partials ≡ l mod 64, carried across
+    segments, then a tree over them), so the result equals numpy's float32 sums in that order exactly."""
     from mambactl.ops import ssd
 
     B, nc, H = 1, 70_000, 3
@@ -322,7 +323,14 @@ def test_ssd_param_grads_long(gpu, accumulate, nparam):
     outs = [gpu.from_numpy(v) for v in start] if accumulate else [gpu.empty((H,)) for _ in range(nparam)]
     ssd.param_grads(gpu, dims, gpu.from_numpy(parts), outs, accumulate, (B, nc, H, 1))
     for k, out in enumerate(outs):
-        want = np.cumsum(parts[:, :, k], axis=0, dtype=np.float32)[-1]
+        lanes = np.zeros((64, H), np.float32)
+        for bc in range(B * nc):  # lane l sums the partials bc ≡ l (mod 64) in order, across segments
+            lanes[bc % 64] += parts[bc, :, k]
+        half = 32
+        while half:
+            lanes[:half] += lanes[half:2 * half]
+            half //= 2
+        want = lanes[0]
         if accumulate:
             want = want + start[k]
         np.testing.assert_array_equal(out.numpy(), want)

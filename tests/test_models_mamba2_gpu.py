@@ -21,9 +21,14 @@ CONFIGS = {
 }
 
 
+# The kernel chunk: the adapter's pick (one chunk here, L ≤ 64 on CPU adapters), or 7, which differs from the
+# configs' chunk_size (which the float64 reference runs at) and from L, with a ragged last chunk.
+@pytest.mark.parametrize("kernel_chunk", [None, 7])
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_gpu_lm_matches_float64_reference(gpu, name):
+def test_gpu_lm_matches_float64_reference(gpu, force_chunk, name, kernel_chunk):
     cfg, batch, length = CONFIGS[name]
+    assert kernel_chunk is None or (kernel_chunk != cfg.mamba2.chunk_size and length % kernel_chunk)
+    force_chunk(kernel_chunk)
     assert_lm_matches_reference(gpu, cfg, batch, length)
 
 

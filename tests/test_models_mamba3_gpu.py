@@ -48,8 +48,10 @@ def rel(got, want):
     (True, True, dict(R=2, S=3), 5),                         # MIMO rank 2, 3 of 4 pairs rotated
     (True, False, dict(R=3, G=2, S=4, chunk=8), 1),          # MIMO rank 3, one token
 ])
-def test_block_matches_reference(gpu, mimo, norm, dims, length):
+@pytest.mark.parametrize("kernel_chunk", [None, 2])  # the pick (one chunk), or 2 (not chunk_size; ragged)
+def test_block_matches_reference(gpu, force_chunk, mimo, norm, dims, length, kernel_chunk):
     cfg = block_config(mimo, norm, **dims)
+    force_chunk(kernel_chunk)
     rng = np.random.default_rng(0)
     p = block_params(cfg, rng)
     batch = 2
@@ -87,11 +89,16 @@ def lm_configs():
     }
 
 
+# The kernel chunk: the adapter's pick, or 7 (not the configs' chunk_size, at which the reference runs, nor L; a
+# ragged last chunk).
+@pytest.mark.parametrize("kernel_chunk", [None, 7])
 @pytest.mark.parametrize("name", ["siso", "mimo"])
-def test_gpu_lm_matches_float64_reference(gpu, name):
+def test_gpu_lm_matches_float64_reference(gpu, force_chunk, name, kernel_chunk):
     from lm_checks import assert_lm_matches_reference
 
     cfg, batch, length = lm_configs()[name]
+    assert kernel_chunk is None or (kernel_chunk != cfg.mamba3.chunk_size and length % kernel_chunk)
+    force_chunk(kernel_chunk)
     assert_lm_matches_reference(gpu, cfg, batch, length)
 
 

@@ -92,14 +92,24 @@ def reference(d, x, g):
 
 def run_gpu(gpu, d, x, g, segment=None):
     t = {k: gpu.from_numpy(v) for k, v in {**x, **g}.items()}
+    dzr, dproj = t["dzr"], None
     if not d.mimo:
         t["mimo_x"] = t["mimo_z"] = None
+        # SISO takes dz in place: dproj arrives with its z columns written (mamba3_finish_backward's dz_into) and
+        # every other column NaN, so a column the prep backward misses (or overwrites) fails
+        host = np.full((d.rows, d.cols), np.nan, np.float32)
+        host[:, :d.heads * d.headdim] = g["dzr"].reshape(d.rows, -1)
+        dzr, dproj = None, gpu.from_numpy(host)
     pr = mamba3_prep(t["proj"], t["Bn"], t["Cn"], t["dt_bias"], t["B_bias"], t["C_bias"], t["mimo_x"],
                      t["mimo_z"], d, A_FLOOR, segment=segment)
     bw = mamba3_prep_backward(t["proj"], t["dt_bias"], t["mimo_x"], t["mimo_z"], t["D"], pr, t["dq"], t["dk"],
-                              t["dv"], t["dzr"], t["dadt"], t["ddt"], t["dlam"], t["dys"], d, A_FLOOR,
-                              segment=segment)
-    return {k: v.numpy() for k, v in pr.items()}, {k: v.numpy() for k, v in bw.items()}
+                              t["dv"], dzr, t["dadt"], t["ddt"], t["dlam"], t["dys"], d, A_FLOOR,
+                              segment=segment, dproj=dproj)
+    fwd = {k: v.numpy() for k, v in pr.items()}
+    if not d.mimo:  # zr = z in place: "zr" is proj itself
+        assert pr["zr"] is t["proj"]
+        fwd["zr"] = fwd["zr"][:, :d.heads * d.headdim]
+    return fwd, {k: v.numpy() for k, v in bw.items()}
 
 
 def check(d, got, want, tol):
@@ -196,12 +206,11 @@ FINISH_SHAPES = [(5, 3, 4, 1, False, False), (5, 3, 4, 1, False, True), (3, 2, 1
                  (4, 2, 70, 3, True, True), (4, 3, 5, 2, True, False), (2, 24, 64, 1, False, False)]
 
 
-@pytest.mark.parametrize("lanes", [1, 16, 64])  # CPU adapters, a sum over few lanes, GPUs
-@pytest.mark.parametrize("rows,heads,headdim,rank,mimo,norm", FINISH_SHAPES)
-def test_finish_matches_reference(gpu, rows, heads, headdim, rank, mimo, norm, lanes):
-    """Each lane count on any adapter; several items share a workgroup below 64 lanes, the last one partly past
-    the end (M·H·R = 45, 15, ... items)."""
-    d = Mamba3Dims(1, rows, heads, headdim, rank, 1, 8, 2, mimo)
+# SISO as the model runs it: z / dz in place in proj / dproj's columns
+SISO_IN_PLACE = [(5, 3, 4, 1, False, False), (3, 2, 130, 1, False, True), (2, 24, 64, 1, False, False)]
+
+
+def finish_case(gpu, d, rows, heads, headdim, rank, mimo, norm, lanes, in_place=False):
     rng = np.random.default_rng(7)
     M, H, R, P = d.rows, heads, rank, headdim
     f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
@@ -210,12 +219,39 @@ def test_finish_matches_reference(gpu, rows, heads, headdim, rank, mimo, norm, l
     t = {k: gpu.from_numpy(v) for k, v in f.items()}
     mimo_o = t["mimo_o"] if mimo else None
     norm_w = t["norm_w"] if norm else None
-    out, saved = mamba3_finish(t["ys"], t["v"], t["zr"], t["D"], norm_w, mimo_o, d, ref.NORM_EPS, lanes=lanes)
-    back = mamba3_finish_backward(saved, t["v"], t["zr"], t["D"], norm_w, mimo_o, t["dout"], d, ref.NORM_EPS,
-                                  lanes=lanes)
+    zr, dz_into = t["zr"], None
+    if in_place:  # z in proj's first H·P columns (the rest random), dz into a NaN dproj's
+        proj = f32(M, d.cols)
+        proj[:, :H * P] = f["zr"].reshape(M, -1)
+        zr, dz_into = gpu.from_numpy(proj), gpu.from_numpy(np.full((M, d.cols), np.nan, np.float32))
+    out, saved = mamba3_finish(t["ys"], t["v"], zr, t["D"], norm_w, mimo_o, d, ref.NORM_EPS, lanes=lanes)
+    back = mamba3_finish_backward(saved, t["v"], zr, t["D"], norm_w, mimo_o, t["dout"], d, ref.NORM_EPS,
+                                  lanes=lanes, dz_into=dz_into)
     out_ref, back_ref = finish_reference(d, f, norm)
     assert rel(out.numpy(), out_ref) < 1e-5
+    if in_place:
+        assert back["dzr"] is None
+        dproj = dz_into.numpy()
+        back["dzr"] = dproj[:, :H * P]
+        assert np.all(np.isnan(dproj[:, H * P:])), "dz_into written past its z columns"
     for name, want in back_ref.items():
-        got = back[name].numpy().reshape(want.shape)
+        got = np.asarray(back[name].numpy() if hasattr(back[name], "numpy") else back[name]).reshape(want.shape)
         assert rel(got, want) < 1e-5, (name, rel(got, want))
     assert (back["dmo"] is None) == (not mimo)
+
+
+@pytest.mark.parametrize("lanes", [1, 16, 64])  # CPU adapters, a sum over few lanes, GPUs
+@pytest.mark.parametrize("rows,heads,headdim,rank,mimo,norm", FINISH_SHAPES)
+def test_finish_matches_reference(gpu, rows, heads, headdim, rank, mimo, norm, lanes):
+    """Each lane count on any adapter; several items share a workgroup below 64 lanes, the last one partly past
+    the end (M·H·R = 45, 15, ... items)."""
+    d = Mamba3Dims(1, rows, heads, headdim, rank, 1, 8, 2, mimo)
+    finish_case(gpu, d, rows, heads, headdim, rank, mimo, norm, lanes)
+
+
+@pytest.mark.parametrize("lanes", [1, 64])
+@pytest.mark.parametrize("rows,heads,headdim,rank,mimo,norm", SISO_IN_PLACE)
+def test_finish_siso_in_place(gpu, rows, heads, headdim, rank, mimo, norm, lanes):
+    """SISO as Mamba-3's block runs it: z read from proj's columns and dz written into dproj's."""
+    d = Mamba3Dims(1, rows, heads, headdim, rank, 1, 8, 2, mimo)
+    finish_case(gpu, d, rows, heads, headdim, rank, mimo, norm, lanes, in_place=True)

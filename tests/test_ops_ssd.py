@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
-from mambactl.ops.ssd import ssd_chunked, ssd_chunked_backward, ssd_scan, ssd_scan_backward, ssd_step
+from mambactl.ops import ssd as ssd_op
+from mambactl.ops.ssd import kernel_chunk, ssd_chunked, ssd_chunked_backward, ssd_scan, ssd_scan_backward, ssd_step
 from mambactl.reference import ssd as ref
 from mambactl.reference.activations import softplus, softplus_backward
 
@@ -320,3 +321,25 @@ def test_core_dd_accumulates_and_shape_errors(rt):
         ssd_chunked(t["x"], t["adt"], rt.from_numpy(np.zeros((1, 9, 3), np.float32)), t["B"], t["C"])
     with pytest.raises(ShapeError, match="ssd_chunked: D has shape"):
         ssd_chunked(*(t[k] for k in names), rt.from_numpy(np.zeros(3, np.float32)))
+
+
+def test_kernel_chunk_is_the_ops_choice(rt, monkeypatch):
+    """Without a chunk the op picks one for the adapter and shape (at most L); FORCE_CHUNK overrides the pick, and
+    what ran is in saved.chunk. The result is the reference's (which runs at its own chunk, 8) either way."""
+    cpu = rt.info.type == "CPU"
+    pick = ssd_op.CPU_CHUNK if cpu else ssd_op.GPU_CHUNK_SHARED
+    assert kernel_chunk(rt, 1000, 4, 1) == pick
+    assert kernel_chunk(rt, 1000, 4, 4) == (ssd_op.CPU_CHUNK if cpu else ssd_op.GPU_CHUNK_PER_HEAD)
+    assert kernel_chunk(rt, 5, 4, 1) == 5
+    x = make_inputs(2, 19, 4, 3, 2, 5, seed=9)
+    dy = np.random.default_rng(10).standard_normal(x["x"].shape).astype(np.float32)
+    want_y, want_grads = reference(x, dy, 8)
+    for forced, ran in ((None, min(pick, 19)), (5, 5)):
+        monkeypatch.setattr(ssd_op, "FORCE_CHUNK", forced)
+        assert kernel_chunk(rt, 19, 4, 2) == ran
+        y, saved = ssd_scan(*(rt.from_numpy(x[k]) for k in NAMES))
+        assert saved.chunk == ran
+        grads = ssd_scan_backward(saved, rt.from_numpy(dy))
+        assert rel_err(y.numpy(), want_y) < 1e-4
+        for name, got, w in zip(GRADS, grads, want_grads):
+            assert rel_err(got.numpy(), w) < 1e-4, (name, forced)

@@ -45,7 +45,9 @@ class Mamba2Config:
     expand: int = 2
     headdim: int = 64  # nheads = expand * d_model / headdim
     ngroups: int = 1  # B / C groups, each shared by nheads / ngroups heads; also the gated-norm groups
-    chunk_size: int = 256  # SSD chunk length (any sequence length works; it is padded internally)
+    # mamba_ssm's / HF's chunk_size, kept so the model imports and exports as it came: the SSD's result does not
+    # depend on the chunk (up to float rounding), so mambactl's kernels pick their own (ops/ssd.py kernel_chunk)
+    chunk_size: int = 256
     A_init_range: list[float] = field(default_factory=lambda: [1.0, 16.0])  # A = -U(lo, hi) at init
     dt_min: float = 1e-3
     dt_max: float = 0.1
@@ -94,7 +96,9 @@ class Mamba3Config:
     is_outproj_norm: bool = False  # headwise RMSNorm of y before the gate (norm.weight)
     is_mimo: bool = False
     mimo_rank: int = 4  # R, used only with is_mimo
-    chunk_size: int = 64  # scan chunk (mamba_ssm recommends 64 for SISO, 64 / mimo_rank for MIMO)
+    # mamba_ssm's chunk_size (it recommends 64 for SISO, 64 / mimo_rank for MIMO), kept for import and export; the
+    # scan's result does not depend on it, and mambactl's kernels pick their own (ops/mamba3_scan.py)
+    chunk_size: int = 64
 
 
 @dataclass

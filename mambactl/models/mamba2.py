@@ -34,7 +34,7 @@ def mamba2_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig
     y, scan_saved = ssd_scan(
         xs.reshape(batch, length, H, P), dt.reshape(batch, length, H), p["A_log"],
         Bm.reshape(batch, length, G, N), Cm.reshape(batch, length, G, N), p["D"], p["dt_bias"],
-        chunk=m.chunk_size, dt_limit=tuple(m.dt_limit),
+        dt_limit=tuple(m.dt_limit),  # the kernel chunk is the op's choice (ops/ssd.py kernel_chunk), not chunk_size
     )
     y = y.reshape(-1, di)
     yn, rstd = rmsnorm_gated(y, zxbcdt, p["norm.weight"], di // G, cfg.norm_eps, z_start=0)  # z: columns [0, di)

@@ -56,7 +56,7 @@ def mamba3_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig
     shape5 = lambda t: t.reshape(batch, length, d.heads, d.rank, -1)  # noqa: E731
     shape3 = lambda t: t.reshape(batch, length, d.heads)  # noqa: E731
     ys, scan_saved = mamba3_scan(shape5(pr["q"]), shape5(pr["k"]), shape5(pr["v"]), shape3(pr["adt"]),
-                                 shape3(pr["dt"]), shape3(pr["lam"]), chunk=cfg.mamba3.chunk_size)
+                                 shape3(pr["dt"]), shape3(pr["lam"]))  # the op picks its chunk, not chunk_size
     norm_w = p["norm.weight"] if cfg.mamba3.is_outproj_norm else None
     out, fin = mamba3_finish(ys.reshape(M, d.heads, d.rank, d.headdim), pr["v"], pr["zr"], p["D"], norm_w, mimo[2],
                              d, NORM_EPS)
@@ -74,7 +74,10 @@ def mamba3_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfi
     pr = s["prep"]
     dout_mix, _, _ = linear.linear_backward(s["out"], p["out_proj.weight"], dout, dw=g["out_proj.weight"])
     norm_w = p["norm.weight"] if cfg.mamba3.is_outproj_norm else None
-    fb = mamba3_finish_backward(s["fin"], pr["v"], pr["zr"], p["D"], norm_w, mimo_o, dout_mix, d, NORM_EPS)
+    # SISO: dz goes straight into dproj's z columns (z is read in place there)
+    dproj = None if d.mimo else dout.runtime.empty((M, d.cols))
+    fb = mamba3_finish_backward(s["fin"], pr["v"], pr["zr"], p["D"], norm_w, mimo_o, dout_mix, d, NORM_EPS,
+                                dz_into=dproj)
     if norm_w is not None:
         column_sums(fb["dnw"], out=g["norm.weight"])
     column_sums(fb["dD"], out=g["D"])
@@ -83,7 +86,8 @@ def mamba3_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfi
     dq, dk, dv, dadt, ddt, dlam = mamba3_scan_backward(s["scan"], fb["dys"].reshape(d.batch, d.length, H, R, P))
     flat = lambda t: t.reshape(M, -1)  # noqa: E731
     bw = mamba3_prep_backward(s["proj"], p["dt_bias"], mimo_x, mimo_z, p["D"], pr, flat(dq), flat(dk), flat(dv),
-                              fb["dzr"], flat(dadt), flat(ddt), flat(dlam), fb["dys"], d, cfg.mamba3.A_floor)
+                              fb["dzr"], flat(dadt), flat(ddt), flat(dlam), fb["dys"], d, cfg.mamba3.A_floor,
+                              dproj=dproj)
     dproj = bw["dproj"]
     column_sums(flat(bw["dkb"]), out=g["B_bias"].reshape(-1))
     column_sums(flat(bw["dqb"]), out=g["C_bias"].reshape(-1))

@@ -122,7 +122,8 @@ def _item_grid(rt, d: Mamba3Dims, loops_per_item: int):
 def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: Tensor, C_bias: Tensor,
                 mimo_x: Tensor, mimo_z: Tensor, d: Mamba3Dims, a_floor: float, segment: int | None = None) -> dict:
     """-> dict of q, k [M, H, R, N], v, zr [M, H, R, P], adt, dt, lam [M, H], theta [M, H, S]. mimo_x, mimo_z
-    [H, R, P] for MIMO, None for SISO (v = x, zr = z there).
+    [H, R, P] for MIMO, None for SISO (v = x, zr = z there). SISO stores no zr: "zr" is proj itself, whose first
+    H·P columns are z, and mamba3_finish reads them in place.
 
     `segment`: steps per dispatch of the θ walk (None: all, except on Mesa llvmpipe, whose loop budget sets it)."""
     op = "mamba3_prep"
@@ -137,8 +138,8 @@ def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: T
     mimo_x, mimo_z = _mimo_or_stand_in(op, d, dt_bias, mimo_x=mimo_x, mimo_z=mimo_z)
     rt = proj.runtime
     out = dict(q=rt.empty((M, H, R, N)), k=rt.empty((M, H, R, N)), v=rt.empty((M, H, R, P)),
-               zr=rt.empty((M, H, R, P)), adt=rt.empty((M, H)), dt=rt.empty((M, H)), lam=rt.empty((M, H)),
-               theta=rt.empty((M, H, max(d.angles, 1))))
+               zr=rt.empty((M, H, R, P) if d.mimo else (1,)), adt=rt.empty((M, H)), dt=rt.empty((M, H)),
+               lam=rt.empty((M, H)), theta=rt.empty((M, H, max(d.angles, 1))))
     params = _prep_params(d, a_floor)
     if d.angles:
         for t0, t1 in _segments(rt, op, d, segment):
@@ -147,14 +148,21 @@ def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: T
     params.update(seg_begin=0, seg_end=d.length)
     rt.run("mamba3_prep_forward", _item_grid(rt, d, 1 + R), proj=proj, Bn=Bn, Cn=Cn,
            dt_bias=dt_bias, B_bias=B_bias, C_bias=C_bias, mimo_x=mimo_x, mimo_z=mimo_z, **out, **params)
+    if not d.mimo:
+        out["zr"] = proj  # z in place (the one-element zr bound above was not written)
     return out
 
 
 def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: Tensor, D: Tensor, prep: dict,
-                         dq: Tensor, dk: Tensor, dv: Tensor, dzr: Tensor, dadt: Tensor, ddt: Tensor, dlam: Tensor,
-                         dys: Tensor, d: Mamba3Dims, a_floor: float, segment: int | None = None) -> dict:
+                         dq: Tensor, dk: Tensor, dv: Tensor, dzr: Tensor | None, dadt: Tensor, ddt: Tensor,
+                         dlam: Tensor, dys: Tensor, d: Mamba3Dims, a_floor: float, segment: int | None = None,
+                         dproj: Tensor | None = None) -> dict:
     """Gradients of `mamba3_prep` (dv is the scan's; D·dys, the skip's share, is added here). mimo_x, mimo_z:
     None for SISO.
+
+    SISO (zr = z in place): dzr must be None and `dproj` [M, cols] given, with its z columns already written by
+    `mamba3_finish_backward(..., dz_into=dproj)`; this writes the rest of it. MIMO: dzr [M, H, R, P], and dproj
+    None (made here).
 
     -> dict: dproj [M, cols] with every column but B's and C's written, dBn, dCn [M, R·G·N] (summed over the heads
     of each group, before the bias), dqb, dkb [M, H, R, N] (∂C_bias / ∂B_bias per row), dvx, dzz [M, H, R, P]
@@ -165,7 +173,17 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: 
     M, H, R, N, P, S = d.rows, d.heads, d.rank, d.nstate, d.headdim, d.angles
     rt = proj.runtime
     mimo_x, mimo_z = _mimo_or_stand_in(op, d, dt_bias, mimo_x=mimo_x, mimo_z=mimo_z)
-    dproj = rt.empty((M, d.cols))
+    if d.mimo:
+        if dproj is not None:
+            raise ShapeError(f"{op}: dproj is given for MIMO layers (it is made here; their dz comes as dzr)")
+        expect(op, "dzr", dzr, (M, H, R, P))
+        dproj = rt.empty((M, d.cols))
+    else:
+        if dzr is not None or dproj is None:
+            raise ShapeError(f"{op}: SISO takes dz in place: give dproj (its z columns written by "
+                             "mamba3_finish_backward's dz_into) and no dzr")
+        expect(op, "dproj", dproj, (M, d.cols))
+        dzr = dt_bias  # not read
     # SISO writes no ∂mimo partials: one-element stand-ins fill those bindings
     mimo_shape = (M, H, R, P) if d.mimo else (1,)
     res = dict(dproj=dproj, dqb=rt.empty((M, H, R, N)), dkb=rt.empty((M, H, R, N)), dvx=rt.empty(mimo_shape),
@@ -188,8 +206,17 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: 
     return res
 
 
-def _finish_params(d: Mamba3Dims, eps: float) -> dict:
-    return dict(frows=d.rows, fheads=d.heads, frank=d.rank, fheaddim=d.headdim, eps=float(eps))
+def _finish_params(d: Mamba3Dims, eps: float, zstride: int = 0, dzstride: int = 0) -> dict:
+    return dict(frows=d.rows, fheads=d.heads, frank=d.rank, fheaddim=d.headdim, eps=float(eps), zstride=zstride,
+                dzstride=dzstride)
+
+
+def _z_stride(op: str, d: Mamba3Dims, name: str, t: Tensor) -> int:
+    """Floats between rows of zr (or dz): [M, H, R, P], or SISO's z columns in place in proj / dproj [M, cols]."""
+    if not d.mimo and tuple(t.shape) == (d.rows, d.cols):
+        return d.cols
+    expect(op, name, t, (d.rows, d.heads, d.rank, d.headdim))
+    return d.heads * d.rank * d.headdim
 
 
 FINISH_GROUP = 64  # mirrors FW in kernels/mamba3_prep.wgsl: the finish kernels' workgroup
@@ -215,44 +242,52 @@ def finish_loops(headdim: int, lanes: int) -> int:
 def mamba3_finish(ys: Tensor, v: Tensor, zr: Tensor, D: Tensor, norm_w: Tensor | None, mimo_o: Tensor | None,
                   d: Mamba3Dims, eps: float, lanes: int | None = None) -> tuple[Tensor, dict]:
     """ys, v, zr [M, H, R, P] -> (out [M, H·P], saved: y, rstd, o). mimo_o [H, R, P] for MIMO, None for SISO
-    (out is o itself there: R = 1 and mimo_o = 1). `lanes`: see `finish_lanes`."""
+    (out is o itself there: R = 1 and mimo_o = 1); SISO's zr may be proj [M, cols] (z in place: mamba3_prep's).
+    `lanes`: see `finish_lanes`."""
     op = "mamba3_finish"
     M, H, R, P = d.rows, d.heads, d.rank, d.headdim
     rt = ys.runtime
     (mimo_o,) = _mimo_or_stand_in(op, d, D, mimo_o=mimo_o)
+    zstride = _z_stride(op, d, "zr", zr)
     lanes = finish_lanes(rt, lanes)
     loop_budget(rt, op, (M, H, R, P), finish_loops(P, lanes))
     norm = norm_w is not None
     y, rstd, o = rt.empty((M, H, R, P)), rt.empty((M, H, R)), rt.empty((M, H, R, P))
     nw = norm_w if norm else D  # an unused binding when there is no norm
     rt.run("mamba3_finish_forward", grid_1d(M * H * R * lanes, FINISH_GROUP), {"NORM": norm, "FL": lanes}, ys=ys,
-           v_in=v, zr_in=zr, D=D, norm_w=nw, y=y, rstd=rstd, o=o, **_finish_params(d, eps))
+           v_in=v, zr_in=zr, D=D, norm_w=nw, y=y, rstd=rstd, o=o, **_finish_params(d, eps, zstride))
     if not d.mimo:
         return o.reshape(M, H * P), dict(y=y, rstd=rstd, o=o)
     out = rt.empty((M, H * P))
-    rt.run("mamba3_finish_sum", grid_1d(M * H * P), mimo_o=mimo_o, o_in=o, out=out, **_finish_params(d, eps))
+    rt.run("mamba3_finish_sum", grid_1d(M * H * P), mimo_o=mimo_o, o_in=o, out=out,
+           **_finish_params(d, eps, zstride))
     return out, dict(y=y, rstd=rstd, o=o)
 
 
 def mamba3_finish_backward(saved: dict, v: Tensor, zr: Tensor, D: Tensor, norm_w: Tensor | None,
                            mimo_o: Tensor | None, dout: Tensor, d: Mamba3Dims, eps: float,
-                           lanes: int | None = None) -> dict:
+                           lanes: int | None = None, dz_into: Tensor | None = None) -> dict:
     """dout [M, H·P] -> dict: dys, dzr [M, H, R, P]; per-row partials dnw [M·R, H·P] (with the norm),
     dmo [M, H·R·P] (MIMO; None for SISO, whose mimo_o is None) and dD [M·R, H], to be summed over rows.
+    `dz_into` (SISO, with zr in proj): dproj [M, cols], whose z columns get dz in place; dzr is None then.
     `lanes`: see `finish_lanes`."""
     op = "mamba3_finish_backward"
     M, H, R, P = d.rows, d.heads, d.rank, d.headdim
     rt = dout.runtime
     (mimo_o,) = _mimo_or_stand_in(op, d, D, mimo_o=mimo_o)
+    zstride = _z_stride(op, d, "zr", zr)
+    dzr = rt.empty((M, H, R, P)) if dz_into is None else dz_into
+    dzstride = _z_stride(op, d, "dz_into", dzr)
     lanes = finish_lanes(rt, lanes)
     loop_budget(rt, op, (M, H, R, P), finish_loops(P, lanes))
     norm = norm_w is not None
-    res = dict(dys=rt.empty((M, H, R, P)), dzr=rt.empty((M, H, R, P)),
+    res = dict(dys=rt.empty((M, H, R, P)), dzr=dzr if dz_into is None else None,
                dmo=rt.empty((M, H * R * P)) if d.mimo else None,
                dD=rt.empty((M * R, H)), dnw=rt.empty((M * R, H * P)) if norm else rt.empty((1,)))
     rt.run("mamba3_finish_backward", grid_1d(M * H * R * lanes, FINISH_GROUP),
            {"NORM": norm, "MIMO": d.mimo, "FL": lanes}, y_in=saved["y"],
            rstd_in=saved["rstd"], o_in=saved["o"], v_in=v, zr_in=zr, norm_w=norm_w if norm else D, mimo_o=mimo_o,
-           dout=dout, dys=res["dys"], dzr_out=res["dzr"], dnw_part=res["dnw"],
-           dmo_part=res["dmo"] if d.mimo else rt.empty((1,)), dD_part=res["dD"], **_finish_params(d, eps))
+           dout=dout, dys=res["dys"], dzr_out=dzr, dnw_part=res["dnw"],
+           dmo_part=res["dmo"] if d.mimo else rt.empty((1,)), dD_part=res["dD"],
+           **_finish_params(d, eps, zstride, dzstride))
     return res

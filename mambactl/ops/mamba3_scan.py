@@ -41,12 +41,13 @@ from dataclasses import dataclass
 from mambactl.errors import ShapeError
 from mambactl.ops.checks import expect, grid_1d, segment_length, segments
 from mambactl.ops.mamba3_fold import mamba3_fold_backward, mamba3_fold_scale
-from mambactl.ops.ssd import MAX_CHUNK, SSDSaved, ssd_chunked, ssd_chunked_backward
+from mambactl.ops import ssd
+from mambactl.ops.ssd import MAX_CHUNK, SSDSaved, kernel_chunk, ssd_chunked, ssd_chunked_backward
 from mambactl.runtime.tensor import Tensor
 
 MAX_STATE = 128  # mirrors MAX_N in kernels/mamba3_scan.wgsl (a private array per thread)
 MAX_RANK = 16    # mirrors MAX_R
-DEFAULT_CHUNK = 64
+DEFAULT_CHUNK = 64  # MIMO's steps between saved states when the caller gives none
 THREADS = 64     # workgroup size of the forward and step entries
 BACKWARD_THREADS = 256  # mirrors BW: threads per backward workgroup (16 × 16, each 4 channels × 4 columns)
 BWD_CHANNELS = 64  # mirrors BPB: value channels per block of the backward (walked in order by one workgroup)
@@ -136,20 +137,26 @@ _FIXED = 4 * MAX_STATE + 64  # per dispatch: the state's init and store, the p-b
 
 
 def mamba3_scan(q: Tensor, k: Tensor, v: Tensor, adt: Tensor, dt: Tensor, lam: Tensor,
-                chunk: int = DEFAULT_CHUNK, segment: int | None = None) -> tuple[Tensor, Mamba3ScanSaved]:
+                chunk: int | None = None, segment: int | None = None) -> tuple[Tensor, Mamba3ScanSaved]:
     """-> (y [B, L, H, R, P], saved). `chunk` (positive) is the number of steps between saved states (SISO: the
-    SSD core's chunk, min(chunk, MAX_CHUNK, L); the result does not depend on it). adt ≤ 0 (a decay).
+    SSD core's chunk, min(chunk, MAX_CHUNK, L); the result does not depend on it beyond float rounding). None:
+    SISO takes the core's pick for the adapter and shape (ops/ssd.py `kernel_chunk`), MIMO DEFAULT_CHUNK (both
+    ops/ssd.py's FORCE_CHUNK when set); the model config's chunk_size (mamba_ssm's) is not read. adt ≤ 0 (a decay).
 
     `segment`: steps per dispatch of the walks over time (SISO: the core's walk over chunks goes in dispatches of
     ceil(segment / chunk) chunks). None: all in one dispatch, except on Mesa llvmpipe, whose per-invocation loop
     budget sets it (mambactl/ops/checks.py)."""
     op = "mamba3_scan"
     dims = _check_inputs(op, q, k, v, adt, dt, lam)
-    if int(chunk) < 1:
+    if chunk is not None and int(chunk) < 1:
         raise ShapeError(f"{op}: chunk is {chunk}; it must be a positive number of steps")
     batch, length, heads, rank, nstate, headdim = dims
     if rank == 1:
+        if chunk is None:
+            chunk = kernel_chunk(q.runtime, length, heads, heads)
         return _siso_scan(q, k, v, adt, dt, lam, int(chunk), segment)
+    if chunk is None:
+        chunk = DEFAULT_CHUNK if ssd.FORCE_CHUNK is None else ssd.FORCE_CHUNK
     params = _params(*dims, int(chunk))
     rt = q.runtime
     y = rt.empty(v.shape)

@@ -36,14 +36,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import expect, grid_1d, loop_budget, segment_length, segments
+from mambactl.ops.checks import expect, grid_1d, is_cpu, loop_budget, segment_length, segments
 from mambactl.runtime.tensor import Tensor
 
 WORKGROUP = 256  # mirrors kernels/ssd.wgsl's WG
 MAX_CHUNK = 1024  # mirrors MAX_CHUNK there: ssd_prep / ssd_rows_backward hold a chunk in workgroup memory
 DEC_ROWS = 6  # mirrors ROWS there: the rows of `dec` (scale, 4 decay sums, diagonal weight)
 TILE = 64  # ssd_tile's output tile (64 × 64)
-DEFAULT_CHUNK = 256  # mamba_ssm's chunk_size
+# The kernel's chunk length is an implementation choice, not part of the model: the chunked result equals the
+# recurrence for any chunk (up to float rounding), as with mamba_ssm's chunk_size, which HF and mamba_ssm configs
+# carry (mambactl keeps that value in ModelConfig for import and export; its kernels do not read it). With chunk
+# None the ops take FORCE_CHUNK when set (tests, benchmarks), else `kernel_chunk`'s pick for the adapter and shape.
+FORCE_CHUNK: int | None = None
+GPU_CHUNK_SHARED = 128  # GPUs, heads sharing B and C (G < H: Mamba-2); H200 measurements in kernel_chunk
+GPU_CHUNK_PER_HEAD = 64  # GPUs, one group per head (G = H: Mamba-3 SISO)
+CPU_CHUNK = 64  # CPU adapters: one 64-position tile per chunk (a shorter chunk leaves most of each tile padding)
 NO_LIMIT = 3.0e38  # an upper clamp that never binds (a finite float32)
 KSTEP = 16  # ssd_tile's K per staged step
 SUB = 16  # mirrors SUB there: sub-block of the pair decays
@@ -58,10 +65,27 @@ M_CB, M_Y, M_STATE, M_DXD, M_DCB, M_DB, M_DC = range(7)
 REDUCE = 8  # log2(WORKGROUP) rounds of workgroup_sum / exclusive_prefix
 PASSING_LOOPS = 1  # ssd_state_passing per chunk
 PASSING_BACKWARD_LOOPS = 1 + REDUCE  # ssd_state_passing_backward per chunk (a workgroup sum of W_c each)
+# ssd_param_grads: a thread takes every 64th partial, then 6 tree rounds; charged as one loop per partial (more)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def kernel_chunk(rt, length: int, heads: int, groups: int) -> int:
+    """The chunk length the SSD kernels run at for this adapter and shape when the caller gives none: FORCE_CHUNK
+    if set, else GPU_CHUNK_SHARED (G < H) or GPU_CHUNK_PER_HEAD (G = H) on GPUs and CPU_CHUNK on CPU adapters;
+    never longer than L (one chunk then holds the whole sequence). H200, 130m shapes (B 8, L 1024, P 64, N 128),
+    GPU timestamps: a Mamba-2 layer (H 24, G 1; bench/ssd.py --variants, fwd + bwd) 2.94 / 2.56 / 2.56 ms at
+    chunk 256 / 128 / 64 (128 keeps half the states 64 does), the step's ssd_tile 62.5 → 54.9 ms at 256 → 128;
+    Mamba-3 SISO (G = H = 24), a step's SSD kernels 66.7 ms at chunk 64, 72.2 at 128 (profile_step)."""
+    if FORCE_CHUNK is not None:
+        chunk = int(FORCE_CHUNK)
+    elif is_cpu(rt):
+        chunk = CPU_CHUNK
+    else:
+        chunk = GPU_CHUNK_PER_HEAD if groups == heads else GPU_CHUNK_SHARED
+    return max(1, min(chunk, length))
 
 
 def _min_split(hpg: int) -> int:
@@ -236,7 +260,10 @@ def _dims(batch, length, heads, headdim, groups, nstate, chunk, dt_limit=(0.0, N
                 nchunks=nchunks, dt_min=float(lo), dt_max=float(min(hi, NO_LIMIT)), seg_lo=0, seg_hi=nchunks)
 
 
-def _check_chunk(op: str, chunk: int, length: int) -> int:
+def _check_chunk(op: str, rt, chunk: int | None, length: int, heads: int, groups: int) -> int:
+    """The chunk the kernels run at: the caller's, else kernel_chunk's pick; in [1, MAX_CHUNK], at most L."""
+    if chunk is None:
+        chunk = kernel_chunk(rt, length, heads, groups)
     if not 1 <= chunk <= MAX_CHUNK:
         raise ShapeError(f"{op}: chunk is {chunk}; it must be in [1, {MAX_CHUNK}]")
     return min(chunk, length)  # one chunk holds the whole sequence either way; a longer one is only padding
@@ -274,9 +301,9 @@ def param_grads(rt, dims: dict, param_part: Tensor, outs: list[Tensor], accumula
     tensors [H]), in dispatch segments as `state_passing` (the sums so far carried in an [H, len(outs)] buffer)."""
     total, k = dims["batch"] * dims["nchunks"], len(outs)
     seg = segment_length(rt, f"{op} (ssd_param_grads)", shape, total, 1, segment=segment)
-    carry = rt.empty((dims["heads"], k) if seg < total else (1,))
+    carry = rt.empty((dims["heads"], k, 64) if seg < total else (1,))  # the 64 lanes' running sums
     for lo, hi in segments(total, seg):
-        rt.run("ssd_param_grads", grid_1d(dims["heads"], 64), {"ACCUMULATE": accumulate, "NPARAM": k},
+        rt.run("ssd_param_grads", (dims["heads"], 1, 1), {"ACCUMULATE": accumulate, "NPARAM": k},
                param_part=param_part, grad_0=outs[0], grad_1=outs[-1], carry=carry,
                **{**dims, "seg_lo": lo, "seg_hi": hi})
 
@@ -320,21 +347,22 @@ def _chunk_products(rt, dims: dict, dec, B, C) -> Tensor:
 
 
 def ssd_chunked(x: Tensor, adt: Tensor, scale: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,
-                chunk: int = DEFAULT_CHUNK, segment: int | None = None,
+                chunk: int | None = None, segment: int | None = None,
                 diag: Tensor | None = None) -> tuple[Tensor, SSDSaved]:
     """The SSD core: x [B, L, H, P], adt, scale [B, L, H], B, C [B, L, G, N], D [H] or None ->
     (y [B, L, H, P], saved) with S_t = exp(adt_t) S_{t−1} + scale_t x_t B_tᵀ, y_t = S_t C_t (+ D x_t); with
     diag [B, L, H], y_t = exp(adt_t) S_{t−1} C_t + diag_t (B_t·C_t) x_t (+ D x_t).
 
-    adt must be ≤ 0 (a decay; the in-chunk decay sums rely on it). `chunk` (1..1024) is the chunk length; any L
-    works (the last chunk is masked). `segment`: chunks per dispatch of the state passing (None: all, except on
-    Mesa llvmpipe, whose loop budget sets it; mambactl/ops/checks.py). saved.last_state [B, H, P, N] is the
-    state after the last step."""
+    adt must be ≤ 0 (a decay; the in-chunk decay sums rely on it). `chunk` (1..1024) is the kernel's chunk length
+    (None: `kernel_chunk`'s pick for the adapter and shape; the result does not depend on it beyond float
+    rounding); any L works (the last chunk is masked). `segment`: chunks per dispatch of the state passing
+    (None: all, except on Mesa llvmpipe, whose loop budget sets it; mambactl/ops/checks.py). saved.last_state
+    [B, H, P, N] is the state after the last step."""
     op = "ssd_chunked"
     batch, length, heads, headdim, groups, nstate = _check_core(op, x, adt, scale, B, C, D, diag)
-    chunk = _check_chunk(op, chunk, length)
-    dims = _dims(batch, length, heads, headdim, groups, nstate, chunk)
     rt = x.runtime
+    chunk = _check_chunk(op, rt, chunk, length, heads, groups)
+    dims = _dims(batch, length, heads, headdim, groups, nstate, chunk)
     shape = tuple(x.shape)
     _check_loops(rt, op, shape, kernel_loops(chunk, headdim, nstate, heads, groups), ("ssd_prep", "ssd_tile"))
     grids = _grids(dims)
@@ -432,18 +460,19 @@ def _mamba2_prep(rt, dims: dict, dt_raw, dt_bias, A_log) -> tuple[Tensor, Tensor
 
 
 def ssd_scan(x: Tensor, dt_raw: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, dt_bias: Tensor,
-             chunk: int = DEFAULT_CHUNK, dt_limit: tuple[float, float] = (0.0, NO_LIMIT),
+             chunk: int | None = None, dt_limit: tuple[float, float] = (0.0, NO_LIMIT),
              segment: int | None = None) -> tuple[Tensor, Mamba2SSDSaved]:
     """Mamba-2's scan: x [B, L, H, P], dt_raw [B, L, H], A_log, D, dt_bias [H], B, C [B, L, G, N] ->
     (y [B, L, H, P], saved): the core with scale = Δ = clamp(softplus(dt_raw + dt_bias), dt_limit) and
     adt = Δ A, A = −exp(A_log).
 
-    `chunk` (1..1024) is the SSD chunk length; any L works (the last chunk is masked). `dt_limit` = (lo, hi)
+    `chunk` (1..1024) is the kernel's chunk length (None: `kernel_chunk`'s pick; not the model config's
+    chunk_size, which only travels with the model); any L works (the last chunk is masked). `dt_limit` = (lo, hi)
     clamps Δ after the softplus (mamba_ssm's dt_limit; hi may be inf). `segment`: chunks per dispatch of the
     state passing (None: all, except on Mesa llvmpipe, whose loop budget sets it; mambactl/ops/checks.py)."""
     op = "ssd_scan"
     batch, length, heads, headdim, groups, nstate = _check_inputs(op, x, dt_raw, A_log, B, C, D, dt_bias)
-    chunk = _check_chunk(op, chunk, length)
+    chunk = _check_chunk(op, x.runtime, chunk, length, heads, groups)
     dims = _dims(batch, length, heads, headdim, groups, nstate, chunk, dt_limit)
     # The core's in-chunk loops, refused under this op's name before anything is recorded.
     _check_loops(x.runtime, op, tuple(x.shape), kernel_loops(chunk, headdim, nstate, heads, groups),
