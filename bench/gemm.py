@@ -51,6 +51,8 @@ def kwargs_for(spec: str) -> dict:
             kw["flush"] = int(mode[2:])
         elif mode.startswith("s"):
             kw["subtiles"] = int(mode[1:])
+        elif mode.startswith("fa"):
+            kw["fetch_at"] = int(mode[2:])
         elif mode in ("kr", "nokr"):
             kw["k_rows"] = mode == "kr"
         elif mode.startswith("k"):

@@ -50,6 +50,7 @@ override T: u32 = 8u;         // rows and columns per thread: 8 (128² tile) or 
 override RASTER: bool = false;  // workgroup x walks row tiles (y column tiles) instead of the reverse
 
 override KROWS: bool = true;  // stage a k-contiguous operand as the rows it is in memory (no transpose)
+override FETCH_AT: u32 = 4u;  // the next tile's global loads go out after this many of the tile's 4 k quads
 
 const BK = 16u;       // K per shared tile
 const BM_MAX4 = 33u;  // 128 rows / 4 + 1 vec4 of padding (matmul_f16's k-major tiles)
@@ -263,8 +264,17 @@ fn kvstep(buf: u32, kv: u32) {
     }
 }
 
-fn multiply_tile(buf: u32) {
-    kvstep(buf, 0u); kvstep(buf, 1u); kvstep(buf, 2u); kvstep(buf, 3u);
+// The tile in `buf`; with `next`, the next tile's global loads are issued after FETCH_AT of its four k quads.
+fn multiply_tile(buf: u32, next: bool, t: u32, k0: u32) {
+    if (next && FETCH_AT == 0u) { fetch(t, k0); }
+    kvstep(buf, 0u);
+    if (next && FETCH_AT == 1u) { fetch(t, k0); }
+    kvstep(buf, 1u);
+    if (next && FETCH_AT == 2u) { fetch(t, k0); }
+    kvstep(buf, 2u);
+    if (next && FETCH_AT == 3u) { fetch(t, k0); }
+    kvstep(buf, 3u);
+    if (next && FETCH_AT >= 4u) { fetch(t, k0); }
 }
 
 // Element (row, col) of C plane z.
@@ -343,13 +353,12 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     workgroupBarrier();
     var buf = 0u;
     for (var s = 1u; s < tiles; s++) {
-        multiply_tile(buf);
-        fetch(t, kbeg + s * BK);
+        multiply_tile(buf, true, t, kbeg + s * BK);
         commit(t, buf ^ 1u);
         workgroupBarrier();
         buf ^= 1u;
     }
-    multiply_tile(buf);
+    multiply_tile(buf, false, t, 0u);
     store_acc(wid.z, 0u, 0u, acc00);
     if (T == 8u) {
         store_acc(wid.z, 0u, 1u, acc01);
