@@ -48,16 +48,11 @@ override ACCUMULATE: bool = false;
 override VEC4: bool = false;  // M/N/K allow 16-byte loads and stores (see ops/linear.py)
 override T: u32 = 8u;         // rows and columns per thread: 8 (128² tile) or 4 (64² tile)
 override RASTER: bool = false;  // workgroup x walks row tiles (y column tiles) instead of the reverse
-
-override KROWS: bool = true;  // stage a k-contiguous operand as the rows it is in memory (no transpose)
-override FETCH_AT: u32 = 4u;  // the next tile's global loads go out after this many of the tile's 4 k quads
+override FETCH_AT: u32 = 4u;  // the next tile's global loads go out after this many quarters of the tile's multiply
+override BLOCK_STAGE: bool = true;  // T = 8: threads 0-127 stage A, 128-255 B; k-contiguous ones as 4×4 blocks
 
 const BK = 16u;       // K per shared tile
-const BM_MAX4 = 33u;  // 128 rows / 4 + 1 vec4 of padding (matmul_f16's k-major tiles)
-const SH_LINES = 8u;  // `matmul`'s shared tiles: SH_LINES lines of SH_LINE vec4s per buffer (one layout per operand):
-const SH_LINE = 81u;  //   rows  (k-contiguous, KROWS) row r = 16q + s at line q, vec4s ROW4·s .. + 3 (k 0..15)
-const ROW4 = 5u;      //   k-major (the others) k at line k / 2, vec4s (k % 2)·KPAIR + column / 4
-const KPAIR = 41u;
+const BM_MAX4 = 33u;  // 128 rows / 4 + 1 vec4 of padding
 
 struct Params { m: u32, n: u32, k: u32, k_split: u32 }
 
@@ -69,12 +64,12 @@ struct Params { m: u32, n: u32, k: u32, k_split: u32 }
 @group(0) @binding(3) var<storage, read> bias: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> c: array<vec4<f32>>;
 
-var<workgroup> a_sh: array<array<array<vec4<f32>, SH_LINE>, SH_LINES>, 2>;  // [buffer][line][vec4]
-var<workgroup> b_sh: array<array<array<vec4<f32>, SH_LINE>, SH_LINES>, 2>;
+var<workgroup> a_sh: array<array<array<vec4<f32>, BM_MAX4>, 16>, 2>;  // [buffer][k][row / 4]
+var<workgroup> b_sh: array<array<array<vec4<f32>, BM_MAX4>, 16>, 2>;  // [buffer][k][col / 4]
 
 // Per-thread state of `matmul` (private, so the helpers below can share it without pointers).
-var<private> tx: u32;    // column block (see col_of)
-var<private> ty: u32;    // row block (see row_of)
+var<private> tx: u32;    // column block: columns cg·64 + tx·4 .. + 3
+var<private> ty: u32;    // row block: rows rg·64 + ty·4 .. + 3
 var<private> row0: u32;  // the tile's first row and column
 var<private> col0: u32;
 var<private> kend: u32;  // end of this split's K range
@@ -88,14 +83,6 @@ var<private> lb0: vec4<f32>;
 var<private> lb1: vec4<f32>;
 
 fn bm() -> u32 { return 16u * T; }  // tile rows = tile columns
-
-fn a_rows() -> bool { return KROWS && !TRANS_A; }  // A's tile is staged as rows (A is [M, K])
-fn b_rows() -> bool { return KROWS && TRANS_B; }   // B's tile is staged as rows (B is [N, K])
-
-// The tile row of row i (0..3) of accumulator row group g: with a row-staged A, rows ty + 16·(4g + i), so the 4 rows
-// a warp reads at once are consecutive rows (banks 5·ty apart: no conflicts); else 4 consecutive rows per thread.
-fn row_of(g: u32, i: u32) -> u32 { return select(64u * g + 4u * ty + i, ty + 16u * (4u * g + i), a_rows()); }
-fn col_of(h: u32, j: u32) -> u32 { return select(64u * h + 4u * tx + j, tx + 16u * (4u * h + j), b_rows()); }
 
 // Four consecutive elements of A (or B) from flat index e, of which the first `valid` exist.
 fn load4_a(e: u32, valid: u32) -> vec4<f32> {
@@ -155,49 +142,58 @@ fn fetch_b(i: u32, k0: u32) -> vec4<f32> {
     return load4_b(kk * p.n + col, count4(kk < kend, col, p.n));
 }
 
-// Staged slot i of the A tile (four values along A's contiguous dimension, from fetch_a) into shared memory.
 fn put_a(buf: u32, i: u32, v: vec4<f32>) {
-    if (TRANS_A) {  // k-major: the four values are four columns at one k
-        let k = i / (bm() / 4u);
-        a_sh[buf][k >> 1u][(k & 1u) * KPAIR + i % (bm() / 4u)] = v;
+    if (TRANS_A) {
+        a_sh[buf][i / (bm() / 4u)][i % (bm() / 4u)] = v;
         return;
     }
-    let sl = kslot(i);
-    let r = sl.x;
+    let sl = kslot(i);  // transpose: the four k values go to four rows of the k-major tile
+    let m = sl.x;
     let k = sl.y;
-    if (KROWS) {  // as it lies in memory: one 16-byte store
-        a_sh[buf][r >> 4u][ROW4 * (r & 15u) + k / 4u] = v;
-        return;
-    }
-    let line = k >> 1u;  // transposed into the k-major layout: the four k values go to four k rows
-    a_sh[buf][line][r >> 2u][r & 3u] = v.x;
-    a_sh[buf][line][KPAIR + (r >> 2u)][r & 3u] = v.y;
-    a_sh[buf][line + 1u][r >> 2u][r & 3u] = v.z;
-    a_sh[buf][line + 1u][KPAIR + (r >> 2u)][r & 3u] = v.w;
+    a_sh[buf][k][m >> 2u][m & 3u] = v.x;
+    a_sh[buf][k + 1u][m >> 2u][m & 3u] = v.y;
+    a_sh[buf][k + 2u][m >> 2u][m & 3u] = v.z;
+    a_sh[buf][k + 3u][m >> 2u][m & 3u] = v.w;
 }
 
 fn put_b(buf: u32, i: u32, v: vec4<f32>) {
     if (!TRANS_B) {
-        let k = i / (bm() / 4u);
-        b_sh[buf][k >> 1u][(k & 1u) * KPAIR + i % (bm() / 4u)] = v;
+        b_sh[buf][i / (bm() / 4u)][i % (bm() / 4u)] = v;
         return;
     }
     let sl = kslot(i);
-    let r = sl.x;
+    let n = sl.x;
     let k = sl.y;
-    if (KROWS) {
-        b_sh[buf][r >> 4u][ROW4 * (r & 15u) + k / 4u] = v;
-        return;
-    }
-    let line = k >> 1u;
-    b_sh[buf][line][r >> 2u][r & 3u] = v.x;
-    b_sh[buf][line][KPAIR + (r >> 2u)][r & 3u] = v.y;
-    b_sh[buf][line + 1u][r >> 2u][r & 3u] = v.z;
-    b_sh[buf][line + 1u][KPAIR + (r >> 2u)][r & 3u] = v.w;
+    b_sh[buf][k][n >> 2u][n & 3u] = v.x;
+    b_sh[buf][k + 1u][n >> 2u][n & 3u] = v.y;
+    b_sh[buf][k + 2u][n >> 2u][n & 3u] = v.z;
+    b_sh[buf][k + 3u][n >> 2u][n & 3u] = v.w;
 }
 
-// Each thread stages T/4 (1 or 2) vec4s of A and as many of B.
+// Each thread stages T/4 (1 or 2) vec4s of A and as many of B; with BLOCK_STAGE (T = 8), threads 0-127 four of A
+// and 128-255 four of B (la0, la1, lb0, lb1 hold those four): a k-contiguous operand as a block of 4 rows × 4 k
+// (block u: rows 4·(u / 4) .. + 3, k 4·(u % 4) .. + 3; four threads still read a row's 64 bytes), transposed in
+// registers and stored as 4 vec4s (one per k) instead of 16 scalars; the others as slots u + 128·j.
+fn block_slot(u: u32, j: u32, k_contiguous: bool) -> u32 {
+    return select(u + 128u * j, (4u * (u >> 2u) + j) * 4u + (u & 3u), k_contiguous);
+}
+
 fn fetch(t: u32, k0: u32) {
+    if (BLOCK_STAGE && T == 8u) {
+        let u = t & 127u;
+        if (t < 128u) {
+            la0 = fetch_a(block_slot(u, 0u, !TRANS_A), k0);
+            la1 = fetch_a(block_slot(u, 1u, !TRANS_A), k0);
+            lb0 = fetch_a(block_slot(u, 2u, !TRANS_A), k0);
+            lb1 = fetch_a(block_slot(u, 3u, !TRANS_A), k0);
+        } else {
+            la0 = fetch_b(block_slot(u, 0u, TRANS_B), k0);
+            la1 = fetch_b(block_slot(u, 1u, TRANS_B), k0);
+            lb0 = fetch_b(block_slot(u, 2u, TRANS_B), k0);
+            lb1 = fetch_b(block_slot(u, 3u, TRANS_B), k0);
+        }
+        return;
+    }
     la0 = fetch_a(t, k0);
     lb0 = fetch_b(t, k0);
     if (T == 8u) {
@@ -207,6 +203,28 @@ fn fetch(t: u32, k0: u32) {
 }
 
 fn commit(t: u32, buf: u32) {
+    if (BLOCK_STAGE && T == 8u) {
+        let u = t & 127u;
+        let blk = transpose(mat4x4<f32>(la0, la1, lb0, lb1));  // column j: the 4 rows at k 4·(u % 4) + j
+        let rg = u >> 2u;
+        let k = (u & 3u) * 4u;
+        if (t < 128u) {
+            if (TRANS_A) {
+                put_a(buf, u, la0); put_a(buf, u + 128u, la1); put_a(buf, u + 256u, lb0); put_a(buf, u + 384u, lb1);
+            } else {
+                a_sh[buf][k][rg] = blk[0]; a_sh[buf][k + 1u][rg] = blk[1];
+                a_sh[buf][k + 2u][rg] = blk[2]; a_sh[buf][k + 3u][rg] = blk[3];
+            }
+        } else {
+            if (!TRANS_B) {
+                put_b(buf, u, la0); put_b(buf, u + 128u, la1); put_b(buf, u + 256u, lb0); put_b(buf, u + 384u, lb1);
+            } else {
+                b_sh[buf][k][rg] = blk[0]; b_sh[buf][k + 1u][rg] = blk[1];
+                b_sh[buf][k + 2u][rg] = blk[2]; b_sh[buf][k + 3u][rg] = blk[3];
+            }
+        }
+        return;
+    }
     put_a(buf, t, la0);
     put_b(buf, t, lb0);
     if (T == 8u) {
@@ -221,70 +239,30 @@ fn outer(acc: mat4x4<f32>, x: vec4<f32>, y: vec4<f32>) -> mat4x4<f32> {
                        fma(vec4<f32>(x.z), y, acc[2]), fma(vec4<f32>(x.w), y, acc[3]));
 }
 
-// A at k = 4·kv + j (column j) for the 4 rows of row group g (row_of(g, 0..3)). Row-staged: the four rows'
-// 16-byte k vectors, transposed in registers (no instructions); k-major: one 16-byte load per k.
-fn a_quad(buf: u32, kv: u32, g: u32) -> mat4x4<f32> {
-    if (a_rows()) {
-        let s = ROW4 * ty + kv;
-        return transpose(mat4x4<f32>(a_sh[buf][4u * g][s], a_sh[buf][4u * g + 1u][s],
-                                     a_sh[buf][4u * g + 2u][s], a_sh[buf][4u * g + 3u][s]));
-    }
-    let m4 = ty + 16u * g;
-    return mat4x4<f32>(a_sh[buf][2u * kv][m4], a_sh[buf][2u * kv][KPAIR + m4],
-                       a_sh[buf][2u * kv + 1u][m4], a_sh[buf][2u * kv + 1u][KPAIR + m4]);
-}
-
-fn b_quad(buf: u32, kv: u32, h: u32) -> mat4x4<f32> {
-    if (b_rows()) {
-        let s = ROW4 * tx + kv;
-        return transpose(mat4x4<f32>(b_sh[buf][4u * h][s], b_sh[buf][4u * h + 1u][s],
-                                     b_sh[buf][4u * h + 2u][s], b_sh[buf][4u * h + 3u][s]));
-    }
-    let n4 = tx + 16u * h;
-    return mat4x4<f32>(b_sh[buf][2u * kv][n4], b_sh[buf][2u * kv][KPAIR + n4],
-                       b_sh[buf][2u * kv + 1u][n4], b_sh[buf][2u * kv + 1u][KPAIR + n4]);
-}
-
-// Four k steps of a 4×4 block.
-fn outer4(acc: mat4x4<f32>, x: mat4x4<f32>, y: mat4x4<f32>) -> mat4x4<f32> {
-    return outer(outer(outer(outer(acc, x[0], y[0]), x[1], y[1]), x[2], y[2]), x[3], y[3]);
-}
-
-// k = 4·kv .. 4·kv + 3 of the tile (row group 0 first, so at most three quads are live).
-fn kvstep(buf: u32, kv: u32) {
-    let x0 = a_quad(buf, kv, 0u);
-    let y0 = b_quad(buf, kv, 0u);
-    acc00 = outer4(acc00, x0, y0);
-    if (T == 8u) {  // rows and columns of group 1
-        let y1 = b_quad(buf, kv, 1u);
-        acc01 = outer4(acc01, x0, y1);
-        let x1 = a_quad(buf, kv, 1u);
-        acc10 = outer4(acc10, x1, y0);
-        acc11 = outer4(acc11, x1, y1);
+fn kstep(buf: u32, k: u32) {
+    let a0 = a_sh[buf][k][ty];
+    let b0 = b_sh[buf][k][tx];
+    acc00 = outer(acc00, a0, b0);
+    if (T == 8u) {  // rows and columns 64 .. 127 of the tile
+        let a1 = a_sh[buf][k][ty + 16u];
+        let b1 = b_sh[buf][k][tx + 16u];
+        acc01 = outer(acc01, a0, b1);
+        acc10 = outer(acc10, a1, b0);
+        acc11 = outer(acc11, a1, b1);
     }
 }
 
-// The tile in `buf`; with `next`, the next tile's global loads are issued after FETCH_AT of its four k quads.
+// The tile in `buf`; with `next`, the next tile's global loads go out after FETCH_AT quarters of it.
 fn multiply_tile(buf: u32, next: bool, t: u32, k0: u32) {
     if (next && FETCH_AT == 0u) { fetch(t, k0); }
-    kvstep(buf, 0u);
+    kstep(buf, 0u); kstep(buf, 1u); kstep(buf, 2u); kstep(buf, 3u);
     if (next && FETCH_AT == 1u) { fetch(t, k0); }
-    kvstep(buf, 1u);
+    kstep(buf, 4u); kstep(buf, 5u); kstep(buf, 6u); kstep(buf, 7u);
     if (next && FETCH_AT == 2u) { fetch(t, k0); }
-    kvstep(buf, 2u);
+    kstep(buf, 8u); kstep(buf, 9u); kstep(buf, 10u); kstep(buf, 11u);
     if (next && FETCH_AT == 3u) { fetch(t, k0); }
-    kvstep(buf, 3u);
+    kstep(buf, 12u); kstep(buf, 13u); kstep(buf, 14u); kstep(buf, 15u);
     if (next && FETCH_AT >= 4u) { fetch(t, k0); }
-}
-
-// Element (row, col) of C plane z.
-fn store1(z: u32, row: u32, col: u32, v: f32) {
-    if (row >= p.m || col >= p.n) { return; }
-    let f = z * p.m * p.n + row * p.n + col;
-    var out = v;
-    if (HAS_BIAS) { out += bias[col >> 2u][col & 3u]; }
-    if (ACCUMULATE) { out += c[f >> 2u][f & 3u]; }
-    c[f >> 2u][f & 3u] = out;
 }
 
 // Four consecutive elements of row `row` of C plane z from column col (a multiple of 4).
@@ -301,38 +279,21 @@ fn store4(z: u32, row: u32, col: u32, v: vec4<f32>) {
         return;
     }
     for (var j = 0u; j < 4u; j++) {
-        store1(z, row, col + j, v[j]);
+        if (col + j < p.n) {
+            let f = e + j;
+            var out = v[j];
+            if (HAS_BIAS) { out += bias[(col + j) >> 2u][(col + j) & 3u]; }
+            if (ACCUMULATE) { out += c[f >> 2u][f & 3u]; }
+            c[f >> 2u][f & 3u] = out;
+        }
     }
 }
 
-// A 4×4 block at rows row .. + 3, columns col .. + 3 (matmul_f16, matmul_direct, matmul_subgroup).
 fn store_block(z: u32, row: u32, col: u32, acc: mat4x4<f32>) {
     store4(z, row, col, acc[0]);
     store4(z, row + 1u, col, acc[1]);
     store4(z, row + 2u, col, acc[2]);
     store4(z, row + 3u, col, acc[3]);
-}
-
-// Row i of `matmul`'s accumulator block (g, h): tile row row_of(g, i), columns col_of(h, 0..3). With a
-// row-staged B the columns are 16 apart, so the stores are scalar (a warp's 8 column threads still write 32
-// consecutive bytes).
-fn store_row(z: u32, g: u32, h: u32, i: u32, v: vec4<f32>) {
-    let row = row0 + row_of(g, i);
-    if (b_rows()) {
-        store1(z, row, col0 + col_of(h, 0u), v.x);
-        store1(z, row, col0 + col_of(h, 1u), v.y);
-        store1(z, row, col0 + col_of(h, 2u), v.z);
-        store1(z, row, col0 + col_of(h, 3u), v.w);
-    } else {
-        store4(z, row, col0 + col_of(h, 0u), v);
-    }
-}
-
-fn store_acc(z: u32, g: u32, h: u32, acc: mat4x4<f32>) {
-    store_row(z, g, h, 0u, acc[0]);
-    store_row(z, g, h, 1u, acc[1]);
-    store_row(z, g, h, 2u, acc[2]);
-    store_row(z, g, h, 3u, acc[3]);
 }
 
 @compute @workgroup_size(256)
@@ -359,11 +320,13 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         buf ^= 1u;
     }
     multiply_tile(buf, false, t, 0u);
-    store_acc(wid.z, 0u, 0u, acc00);
+    let r = row0 + ty * 4u;
+    let q = col0 + tx * 4u;
+    store_block(wid.z, r, q, acc00);
     if (T == 8u) {
-        store_acc(wid.z, 0u, 1u, acc01);
-        store_acc(wid.z, 1u, 0u, acc10);
-        store_acc(wid.z, 1u, 1u, acc11);
+        store_block(wid.z, r, q + 64u, acc01);
+        store_block(wid.z, r + 64u, q, acc10);
+        store_block(wid.z, r + 64u, q + 64u, acc11);
     }
 }
 

@@ -135,7 +135,7 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
            kernel: str | None = None, tile: str | None = None, vec4: bool | None = None,
            split_k: int | None = None, raster: bool | None = None, precision: str | None = None,
            flush: int | None = None, subtiles: int | None = None, amax: tuple | None = None,
-           k_rows: bool | None = None, fetch_at: int | None = None) -> Tensor:
+           block_stage: bool | None = None, fetch_at: int | None = None) -> Tensor:
     """C[M, N] = op(A) op(B) (+ bias); A is [M, K] ([K, M] if trans_a), B is [K, N] ([N, K] if trans_b).
 
     With `out`, the product is added into it (gradient accumulation). The defaults pick everything by adapter
@@ -191,8 +191,8 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
         if raster is None:
             raster = -(-M // bm) < -(-N // bn)
         consts.update(VEC4=vec4_path(M, N, K, trans_a, trans_b, vec4), T=t, RASTER=raster)
-        if entry == "matmul" and k_rows is not None:
-            consts["KROWS"] = bool(k_rows)
+        if entry == "matmul" and block_stage is not None:
+            consts["BLOCK_STAGE"] = bool(block_stage)
         if entry == "matmul" and fetch_at is not None:
             consts["FETCH_AT"] = int(fetch_at)
     elif entry in CPU_KERNELS:
