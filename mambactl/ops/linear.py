@@ -191,7 +191,7 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
         if raster is None:
             raster = -(-M // bm) < -(-N // bn)
         consts.update(VEC4=vec4_path(M, N, K, trans_a, trans_b, vec4), T=t, RASTER=raster)
-        if entry == "matmul" and block_stage is not None:
+        if block_stage is not None:
             consts["BLOCK_STAGE"] = bool(block_stage)
         if entry == "matmul" and fetch_at is not None:
             consts["FETCH_AT"] = int(fetch_at)
