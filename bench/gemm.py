@@ -53,8 +53,6 @@ def kwargs_for(spec: str) -> dict:
             kw["subtiles"] = int(mode[1:])
         elif mode.startswith("fa"):
             kw["fetch_at"] = int(mode[2:])
-        elif mode in ("bs", "nobs"):
-            kw["block_stage"] = mode == "bs"
         elif mode.startswith("k"):
             kw["split_k"] = int(mode[1:])
     return kw

@@ -49,7 +49,6 @@ override VEC4: bool = false;  // M/N/K allow 16-byte loads and stores (see ops/l
 override T: u32 = 8u;         // rows and columns per thread: 8 (128² tile) or 4 (64² tile)
 override RASTER: bool = false;  // workgroup x walks row tiles (y column tiles) instead of the reverse
 override FETCH_AT: u32 = 4u;  // the next tile's global loads go out after this many quarters of the tile's multiply
-override BLOCK_STAGE: bool = true;  // T = 8: threads 0-127 stage A, 128-255 B; k-contiguous ones as 4×4 blocks
 
 const BK = 16u;       // K per shared tile
 const BM_MAX4 = 33u;  // 128 rows / 4 + 1 vec4 of padding
@@ -170,30 +169,8 @@ fn put_b(buf: u32, i: u32, v: vec4<f32>) {
     b_sh[buf][k + 3u][n >> 2u][n & 3u] = v.w;
 }
 
-// Each thread stages T/4 (1 or 2) vec4s of A and as many of B; with BLOCK_STAGE (T = 8), threads 0-127 four of A
-// and 128-255 four of B (la0, la1, lb0, lb1 hold those four): a k-contiguous operand as a block of 4 rows × 4 k
-// (block u: rows 4·(u / 4) .. + 3, k 4·(u % 4) .. + 3; four threads still read a row's 64 bytes), transposed in
-// registers and stored as 4 vec4s (one per k) instead of 16 scalars; the others as slots u + 128·j.
-fn block_slot(u: u32, j: u32, k_contiguous: bool) -> u32 {
-    return select(u + 128u * j, (4u * (u >> 2u) + j) * 4u + (u & 3u), k_contiguous);
-}
-
+// Each thread stages T/4 (1 or 2) vec4s of A and as many of B.
 fn fetch(t: u32, k0: u32) {
-    if (BLOCK_STAGE && T == 8u) {
-        let u = t & 127u;
-        if (t < 128u) {
-            la0 = fetch_a(block_slot(u, 0u, !TRANS_A), k0);
-            la1 = fetch_a(block_slot(u, 1u, !TRANS_A), k0);
-            lb0 = fetch_a(block_slot(u, 2u, !TRANS_A), k0);
-            lb1 = fetch_a(block_slot(u, 3u, !TRANS_A), k0);
-        } else {
-            la0 = fetch_b(block_slot(u, 0u, TRANS_B), k0);
-            la1 = fetch_b(block_slot(u, 1u, TRANS_B), k0);
-            lb0 = fetch_b(block_slot(u, 2u, TRANS_B), k0);
-            lb1 = fetch_b(block_slot(u, 3u, TRANS_B), k0);
-        }
-        return;
-    }
     la0 = fetch_a(t, k0);
     lb0 = fetch_b(t, k0);
     if (T == 8u) {
@@ -203,28 +180,6 @@ fn fetch(t: u32, k0: u32) {
 }
 
 fn commit(t: u32, buf: u32) {
-    if (BLOCK_STAGE && T == 8u) {
-        let u = t & 127u;
-        let blk = transpose(mat4x4<f32>(la0, la1, lb0, lb1));  // column j: the 4 rows at k 4·(u % 4) + j
-        let rg = u >> 2u;
-        let k = (u & 3u) * 4u;
-        if (t < 128u) {
-            if (TRANS_A) {
-                put_a(buf, u, la0); put_a(buf, u + 128u, la1); put_a(buf, u + 256u, lb0); put_a(buf, u + 384u, lb1);
-            } else {
-                a_sh[buf][k][rg] = blk[0]; a_sh[buf][k + 1u][rg] = blk[1];
-                a_sh[buf][k + 2u][rg] = blk[2]; a_sh[buf][k + 3u][rg] = blk[3];
-            }
-        } else {
-            if (!TRANS_B) {
-                put_b(buf, u, la0); put_b(buf, u + 128u, la1); put_b(buf, u + 256u, lb0); put_b(buf, u + 384u, lb1);
-            } else {
-                b_sh[buf][k][rg] = blk[0]; b_sh[buf][k + 1u][rg] = blk[1];
-                b_sh[buf][k + 2u][rg] = blk[2]; b_sh[buf][k + 3u][rg] = blk[3];
-            }
-        }
-        return;
-    }
     put_a(buf, t, la0);
     put_b(buf, t, lb0);
     if (T == 8u) {

@@ -69,36 +69,7 @@ fn scale_exp(bits: u32) -> i32 {
     return clamp(OPERAND_EXP - (i32(bits >> 23u) - 126), -126, 126);
 }
 
-// With BLOCK_STAGE (T = 8) as fetch/commit of linear.wgsl: threads 0-127 stage A, 128-255 B, four vec4s per 16-k
-// slice (ha0, ha1, hb0, hb1 the first slice, ha2, ha3, hb2, hb3 the second), k-contiguous ones as 4×4 blocks.
 fn fetch_h(t: u32, k0: u32) {
-    if (BLOCK_STAGE && T == 8u) {
-        let u = t & 127u;
-        if (t < 128u) {
-            ha0 = vec4<f16>(fetch_a(block_slot(u, 0u, !TRANS_A), k0) * a_scale);
-            ha1 = vec4<f16>(fetch_a(block_slot(u, 1u, !TRANS_A), k0) * a_scale);
-            hb0 = vec4<f16>(fetch_a(block_slot(u, 2u, !TRANS_A), k0) * a_scale);
-            hb1 = vec4<f16>(fetch_a(block_slot(u, 3u, !TRANS_A), k0) * a_scale);
-            if (SUBTILES == 2u) {
-                ha2 = vec4<f16>(fetch_a(block_slot(u, 0u, !TRANS_A), k0 + BK) * a_scale);
-                ha3 = vec4<f16>(fetch_a(block_slot(u, 1u, !TRANS_A), k0 + BK) * a_scale);
-                hb2 = vec4<f16>(fetch_a(block_slot(u, 2u, !TRANS_A), k0 + BK) * a_scale);
-                hb3 = vec4<f16>(fetch_a(block_slot(u, 3u, !TRANS_A), k0 + BK) * a_scale);
-            }
-        } else {
-            ha0 = vec4<f16>(fetch_b(block_slot(u, 0u, TRANS_B), k0) * b_scale);
-            ha1 = vec4<f16>(fetch_b(block_slot(u, 1u, TRANS_B), k0) * b_scale);
-            hb0 = vec4<f16>(fetch_b(block_slot(u, 2u, TRANS_B), k0) * b_scale);
-            hb1 = vec4<f16>(fetch_b(block_slot(u, 3u, TRANS_B), k0) * b_scale);
-            if (SUBTILES == 2u) {
-                ha2 = vec4<f16>(fetch_b(block_slot(u, 0u, TRANS_B), k0 + BK) * b_scale);
-                ha3 = vec4<f16>(fetch_b(block_slot(u, 1u, TRANS_B), k0 + BK) * b_scale);
-                hb2 = vec4<f16>(fetch_b(block_slot(u, 2u, TRANS_B), k0 + BK) * b_scale);
-                hb3 = vec4<f16>(fetch_b(block_slot(u, 3u, TRANS_B), k0 + BK) * b_scale);
-            }
-        }
-        return;
-    }
     ha0 = vec4<f16>(fetch_a(t, k0) * a_scale);
     hb0 = vec4<f16>(fetch_b(t, k0) * b_scale);
     if (T == 8u) {
@@ -111,29 +82,6 @@ fn fetch_h(t: u32, k0: u32) {
         if (T == 8u) {
             ha3 = vec4<f16>(fetch_a(t + 256u, k0 + BK) * a_scale);
             hb3 = vec4<f16>(fetch_b(t + 256u, k0 + BK) * b_scale);
-        }
-    }
-}
-
-// One 16-k slice (k0 = 0 or 16) of BLOCK_STAGE's four vec4s into the f16 tiles.
-fn commit_block_h(t: u32, buf: u32, k0: u32, v0: vec4<f16>, v1: vec4<f16>, v2: vec4<f16>, v3: vec4<f16>) {
-    let u = t & 127u;
-    let blk = transpose(mat4x4<f16>(v0, v1, v2, v3));  // column j: the 4 rows at k 4·(u % 4) + j
-    let rg = u >> 2u;
-    let k = k0 + (u & 3u) * 4u;
-    if (t < 128u) {
-        if (TRANS_A) {
-            put_ah(buf, k0, u, v0); put_ah(buf, k0, u + 128u, v1); put_ah(buf, k0, u + 256u, v2); put_ah(buf, k0, u + 384u, v3);
-        } else {
-            a_h[buf][k][rg] = blk[0]; a_h[buf][k + 1u][rg] = blk[1];
-            a_h[buf][k + 2u][rg] = blk[2]; a_h[buf][k + 3u][rg] = blk[3];
-        }
-    } else {
-        if (!TRANS_B) {
-            put_bh(buf, k0, u, v0); put_bh(buf, k0, u + 128u, v1); put_bh(buf, k0, u + 256u, v2); put_bh(buf, k0, u + 384u, v3);
-        } else {
-            b_h[buf][k][rg] = blk[0]; b_h[buf][k + 1u][rg] = blk[1];
-            b_h[buf][k + 2u][rg] = blk[2]; b_h[buf][k + 3u][rg] = blk[3];
         }
     }
 }
@@ -170,11 +118,6 @@ fn put_bh(buf: u32, k0: u32, i: u32, v: vec4<f16>) {
 }
 
 fn commit_h(t: u32, buf: u32) {
-    if (BLOCK_STAGE && T == 8u) {
-        commit_block_h(t, buf, 0u, ha0, ha1, hb0, hb1);
-        if (SUBTILES == 2u) { commit_block_h(t, buf, BK, ha2, ha3, hb2, hb3); }
-        return;
-    }
     put_ah(buf, 0u, t, ha0);
     put_bh(buf, 0u, t, hb0);
     if (T == 8u) {

@@ -26,7 +26,7 @@ TILES = {"64x64": 4, "128x128": 8}
 _DIRECT_TILE = 64  # matmul_direct / matmul_subgroup: 64×64 outputs per workgroup of 8 invocations (subgroup: N ≥ 64)
 _DIRECT_STORE_LOOPS = 512  # per invocation: 128 row stores of 4 columns, a loop of 4 each without VEC4
 CPU_KERNELS = ("matmul_direct", "matmul_subgroup")  # no workgroup memory or barriers
-_FILL_GROUPS = 512  # fewer output tiles than this: split K across workgroups (then sum the planes)
+_FILL_GROUPS = 1024  # fewer output tiles than this: split K across workgroups (then sum the planes)
 _MIN_SPLIT_K = 512  # each split's K range is at least this long
 _COLUMN_SUMS_MAX = 65535 * 64  # column_sums (which adds the split planes) runs one 64-wide workgroup row
 PRECISIONS = ("fp32", "f16")
@@ -135,7 +135,7 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
            kernel: str | None = None, tile: str | None = None, vec4: bool | None = None,
            split_k: int | None = None, raster: bool | None = None, precision: str | None = None,
            flush: int | None = None, subtiles: int | None = None, amax: tuple | None = None,
-           block_stage: bool | None = None, fetch_at: int | None = None) -> Tensor:
+           fetch_at: int | None = None) -> Tensor:
     """C[M, N] = op(A) op(B) (+ bias); A is [M, K] ([K, M] if trans_a), B is [K, N] ([N, K] if trans_b).
 
     With `out`, the product is added into it (gradient accumulation). The defaults pick everything by adapter
@@ -191,8 +191,6 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
         if raster is None:
             raster = -(-M // bm) < -(-N // bn)
         consts.update(VEC4=vec4_path(M, N, K, trans_a, trans_b, vec4), T=t, RASTER=raster)
-        if block_stage is not None:
-            consts["BLOCK_STAGE"] = bool(block_stage)
         if entry == "matmul" and fetch_at is not None:
             consts["FETCH_AT"] = int(fetch_at)
     elif entry in CPU_KERNELS:
