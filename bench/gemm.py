@@ -51,8 +51,6 @@ def kwargs_for(spec: str) -> dict:
             kw["flush"] = int(mode[2:])
         elif mode.startswith("s"):
             kw["subtiles"] = int(mode[1:])
-        elif mode.startswith("fa"):
-            kw["fetch_at"] = int(mode[2:])
         elif mode.startswith("k"):
             kw["split_k"] = int(mode[1:])
     return kw

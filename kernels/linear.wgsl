@@ -29,7 +29,7 @@
 //   stores ran the 4096³ forward at 47.7 TFLOP/s against 33.3, but 32-k tiles read by eight threads
 //   per row (128-byte reads; single-buffered, two barriers) did not help (33.1; dX 41.5 -> 34.7).
 //   Two other stagings of a K-contiguous operand measured slower on the H200 (kernel alone, in the same runs
-//   as this one, 2026-12-01 23:17-23:55) and were deleted: as the rows it is in memory ([row][k], rows of 5
+//   as main's, 2026-12-01 23:17-23:55) and were deleted: as the rows it is in memory ([row][k], rows of 5
 //   vec4s so a warp's reads at one k hit different banks; each thread reads 16-byte k vectors of its 8 rows
 //   and transposes 4×4 blocks in registers): in_proj fwd/dX 31.7/37.0 TFLOP/s against 34.9/38.8, out_proj
 //   30.2/35.6 against 33.4/37.3, the tied head 33.4/37.3 against 38.9/42.4 (a thread holds 4 k of 12-16
@@ -39,7 +39,9 @@
 // - Double buffering: tile t+1 is loaded from memory into registers after tile t is multiplied, then
 //   written to the other shared buffer: one barrier per K step; the other resident workgroups hide the
 //   loads. (Loading it before the multiply, to hide its latency behind the FMAs, ran dW 5-7% slower on
-//   the H200 at 4096³ and at every model shape, 2026-12-01, four runs; fwd and dX equal within ~1%.)
+//   the H200 at 4096³ and at every model shape, 2026-12-01, four runs; fwd and dX equal within ~1%.
+//   Issuing them after half the multiply: equal too, in_proj fwd/dX 34.1/41.3 against 34.4/41.2, out_proj
+//   33.1/40.1 against 33.2/40.1, 2026-12-02 00:2x.)
 // - The BK steps of a tile are written out (kstep(buf, 0u) ...): naga bounds every loop with a counter
 //   (so drivers may not unroll it) and clamps each dynamic workgroup-array index; with literal k every
 //   index but the per-thread row/column is a constant, and the driver folds the clamps.
@@ -56,7 +58,6 @@ override ACCUMULATE: bool = false;
 override VEC4: bool = false;  // M/N/K allow 16-byte loads and stores (see ops/linear.py)
 override T: u32 = 8u;         // rows and columns per thread: 8 (128² tile) or 4 (64² tile)
 override RASTER: bool = false;  // workgroup x walks row tiles (y column tiles) instead of the reverse
-override FETCH_AT: u32 = 4u;  // the next tile's global loads go out after this many quarters of the tile's multiply
 
 const BK = 16u;       // K per shared tile
 const BM_MAX4 = 33u;  // 128 rows / 4 + 1 vec4 of padding
@@ -215,17 +216,11 @@ fn kstep(buf: u32, k: u32) {
     }
 }
 
-// The tile in `buf`; with `next`, the next tile's global loads go out after FETCH_AT quarters of it.
-fn multiply_tile(buf: u32, next: bool, t: u32, k0: u32) {
-    if (next && FETCH_AT == 0u) { fetch(t, k0); }
+fn multiply_tile(buf: u32) {
     kstep(buf, 0u); kstep(buf, 1u); kstep(buf, 2u); kstep(buf, 3u);
-    if (next && FETCH_AT == 1u) { fetch(t, k0); }
     kstep(buf, 4u); kstep(buf, 5u); kstep(buf, 6u); kstep(buf, 7u);
-    if (next && FETCH_AT == 2u) { fetch(t, k0); }
     kstep(buf, 8u); kstep(buf, 9u); kstep(buf, 10u); kstep(buf, 11u);
-    if (next && FETCH_AT == 3u) { fetch(t, k0); }
     kstep(buf, 12u); kstep(buf, 13u); kstep(buf, 14u); kstep(buf, 15u);
-    if (next && FETCH_AT >= 4u) { fetch(t, k0); }
 }
 
 // Four consecutive elements of row `row` of C plane z from column col (a multiple of 4).
@@ -277,12 +272,13 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
     workgroupBarrier();
     var buf = 0u;
     for (var s = 1u; s < tiles; s++) {
-        multiply_tile(buf, true, t, kbeg + s * BK);
+        multiply_tile(buf);
+        fetch(t, kbeg + s * BK);
         commit(t, buf ^ 1u);
         workgroupBarrier();
         buf ^= 1u;
     }
-    multiply_tile(buf, false, t, 0u);
+    multiply_tile(buf);
     let r = row0 + ty * 4u;
     let q = col0 + tx * 4u;
     store_block(wid.z, r, q, acc00);

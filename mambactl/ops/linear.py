@@ -30,6 +30,8 @@ CPU_KERNELS = ("matmul_direct", "matmul_subgroup")  # no workgroup memory or bar
 # H200 (bench/gemm.py --gpu-times, kernel alone, 2026-12-01 23:17-23:55) in_proj's dW (144 tiles, K 8192) ran
 # 22.9/31.1/35.1/37.3/39.9 TFLOP/s at 1/2/3/4/6 K slices (and, in a run of a slower kernel variant, 27.1/30.8/31.5/
 # 32.1/31.0 at 3/6/8/10/12); out_proj's dW (72 tiles) 33.1/29.6/33.2/37.7 at 3/4/6/7 and level from 7 to 16.
+# At 1024 (2026-12-02 00:2x, same run): in_proj dW 38.7 at 7 slices against 33.5 at 3 (with the planes' sum 32.4
+# against 28.8), out_proj dW 36.1 at 14 against 36.4 at 7.
 _FILL_GROUPS = 1024
 _MIN_SPLIT_K = 512  # each split's K range is at least this long
 _COLUMN_SUMS_MAX = 65535 * 64  # column_sums (which adds the split planes) runs one 64-wide workgroup row
@@ -138,8 +140,7 @@ def vec4_path(M: int, N: int, K: int, trans_a: bool, trans_b: bool, vec4: bool |
 def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor | None = None, out: Tensor | None = None,
            kernel: str | None = None, tile: str | None = None, vec4: bool | None = None,
            split_k: int | None = None, raster: bool | None = None, precision: str | None = None,
-           flush: int | None = None, subtiles: int | None = None, amax: tuple | None = None,
-           fetch_at: int | None = None) -> Tensor:
+           flush: int | None = None, subtiles: int | None = None, amax: tuple | None = None) -> Tensor:
     """C[M, N] = op(A) op(B) (+ bias); A is [M, K] ([K, M] if trans_a), B is [K, N] ([N, K] if trans_b).
 
     With `out`, the product is added into it (gradient accumulation). The defaults pick everything by adapter
@@ -195,8 +196,6 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
         if raster is None:
             raster = -(-M // bm) < -(-N // bn)
         consts.update(VEC4=vec4_path(M, N, K, trans_a, trans_b, vec4), T=t, RASTER=raster)
-        if entry == "matmul" and fetch_at is not None:
-            consts["FETCH_AT"] = int(fetch_at)
     elif entry in CPU_KERNELS:
         bm = bn = _DIRECT_TILE
         consts["VEC4"] = vec4_path(M, N, K, trans_a, trans_b, vec4)  # its stores (its loads are scalar)
