@@ -28,10 +28,20 @@
 //   than dX on the H200; a timing-only diagnostic that skipped the K-contiguous operands' loads and
 //   stores ran the 4096³ forward at 47.7 TFLOP/s against 33.3, but 32-k tiles read by eight threads
 //   per row (128-byte reads; single-buffered, two barriers) did not help (33.1; dX 41.5 -> 34.7).
+//   Two other stagings of a K-contiguous operand measured slower on the H200 (kernel alone, in the same runs
+//   as main's, 2026-12-01 23:17-23:55) and were deleted: as the rows it is in memory ([row][k], rows of 5
+//   vec4s so a warp's reads at one k hit different banks; each thread reads 16-byte k vectors of its 8 rows
+//   and transposes 4×4 blocks in registers): in_proj fwd/dX 31.7/37.0 TFLOP/s against 34.9/38.8, out_proj
+//   30.2/35.6 against 33.4/37.3, the tied head 33.4/37.3 against 38.9/42.4 (a thread holds 4 k of 12-16
+//   rows at once instead of one k of 4, so more live registers); and threads 0-127 staging A, 128-255 B,
+//   four vec4s each, a K-contiguous one as 4 rows × 4 k transposed in registers and stored as 4 vec4s
+//   instead of 16 scalars: in_proj fwd/dX/dW 31.7/30.9/27.1 against 34.6/41.6/33.8.
 // - Double buffering: tile t+1 is loaded from memory into registers after tile t is multiplied, then
 //   written to the other shared buffer: one barrier per K step; the other resident workgroups hide the
 //   loads. (Loading it before the multiply, to hide its latency behind the FMAs, ran dW 5-7% slower on
-//   the H200 at 4096³ and at every model shape, 2026-12-01, four runs; fwd and dX equal within ~1%.)
+//   the H200 at 4096³ and at every model shape, 2026-12-01, four runs; fwd and dX equal within ~1%.
+//   Issuing them after half the multiply: equal too, in_proj fwd/dX 34.1/41.3 against 34.4/41.2, out_proj
+//   33.1/40.1 against 33.2/40.1, 2026-12-02 00:2x.)
 // - The BK steps of a tile are written out (kstep(buf, 0u) ...): naga bounds every loop with a counter
 //   (so drivers may not unroll it) and clamps each dynamic workgroup-array index; with literal k every
 //   index but the per-thread row/column is a constant, and the driver folds the clamps.

@@ -26,7 +26,13 @@ TILES = {"64x64": 4, "128x128": 8}
 _DIRECT_TILE = 64  # matmul_direct / matmul_subgroup: 64×64 outputs per workgroup of 8 invocations (subgroup: N ≥ 64)
 _DIRECT_STORE_LOOPS = 512  # per invocation: 128 row stores of 4 columns, a loop of 4 each without VEC4
 CPU_KERNELS = ("matmul_direct", "matmul_subgroup")  # no workgroup memory or barriers
-_FILL_GROUPS = 512  # fewer output tiles than this: split K across workgroups (then sum the planes)
+# Fewer output tiles than _FILL_GROUPS: split K across workgroups (then sum the planes). 1024 (was 512): on the
+# H200 (bench/gemm.py --gpu-times, kernel alone, 2026-12-01 23:17-23:55) in_proj's dW (144 tiles, K 8192) ran
+# 22.9/31.1/35.1/37.3/39.9 TFLOP/s at 1/2/3/4/6 K slices (and, in a run of a slower kernel variant, 27.1/30.8/31.5/
+# 32.1/31.0 at 3/6/8/10/12); out_proj's dW (72 tiles) 33.1/29.6/33.2/37.7 at 3/4/6/7 and level from 7 to 16.
+# At 1024 (2026-12-02 00:2x, same run): in_proj dW 38.7 at 7 slices against 33.5 at 3 (with the planes' sum 32.4
+# against 28.8), out_proj dW 36.1 at 14 against 36.4 at 7.
+_FILL_GROUPS = 1024
 _MIN_SPLIT_K = 512  # each split's K range is at least this long
 _COLUMN_SUMS_MAX = 65535 * 64  # column_sums (which adds the split planes) runs one 64-wide workgroup row
 PRECISIONS = ("fp32", "f16")
