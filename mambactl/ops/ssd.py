@@ -77,7 +77,7 @@ def kernel_chunk(rt, length: int, heads: int, groups: int) -> int:
     if set, else GPU_CHUNK_SHARED (G < H) or GPU_CHUNK_PER_HEAD (G = H) on GPUs and CPU_CHUNK on CPU adapters;
     never longer than L (one chunk then holds the whole sequence). H200, 130m shapes (B 8, L 1024, P 64, N 128),
     GPU timestamps: a Mamba-2 layer (H 24, G 1; bench/ssd.py --variants, fwd + bwd) 2.94 / 2.56 / 2.56 ms at
-    chunk 256 / 128 / 64 (128 keeps half the states 64 does), the step's ssd_tile 62.5 → 54.9 ms at 256 → 128;
+    chunk 256 / 128 / 64, one process (128 keeps half the states 64 does);
     Mamba-3 SISO (G = H = 24), a step's SSD kernels 66.7 ms at chunk 64, 72.2 at 128 (profile_step)."""
     if FORCE_CHUNK is not None:
         chunk = int(FORCE_CHUNK)
