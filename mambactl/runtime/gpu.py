@@ -155,7 +155,7 @@ class Runtime:
             t = args.get(name)
             if not isinstance(t, Tensor):
                 raise ShapeError(f"{entry}: buffer {name!r} not given (got {type(t).__name__})")
-            nbytes = 4 * t.size
+            nbytes = t.nbytes
             if nbytes > self.max_binding:
                 raise ShapeError(
                     f"{entry}: tensor {name!r} {t.shape} is {nbytes} bytes, over this device's storage binding "
