@@ -4,11 +4,14 @@
                          [--repeats 7] [--src OTHER_CHECKOUT] [--out FILE]
 
 A shape is MxKxN for Y[M, N] = X[M, K] · W[N, K]ᵀ (the forward of a linear layer), and each kernel is also
-timed on the two backward products: dX[M, K] = dY W and dW[N, K] = dYᵀ X. A kernel is `auto` (what
+timed on the two backward products: dX[M, K] = dY W and dW[N, K] = dYᵀ X. The forward is timed as
+`ops.linear.linear` runs it: where `transposes_weight` says so (GPUs, M ≥ TRANSPOSE_MIN_ROWS) on a copy of Wᵀ
+made in each call (the transpose's time included end to end; the kernel-alone figure is the GEMM's), else on W;
+mode `/nt` forces W. A kernel is `auto` (what
 `ops.linear.matmul` picks), `matmul@TILE` (the tiled kernel with a tile of ops.linear.TILES),
 with modes appended (to `auto` too): `/scalar` (its scalar loads), `/r` or `/c` (workgroup x walks row or column
 tiles), `/kN` (N K slices), `/f16` (precision f16: matmul_f16, its two operand_amax passes included in the
-time), `/flN` (f16 partial sums of N k steps), `/sN` (N 16-k slices per f16 shared tile), or any other name, passed as `kernel=` (e.g. `matmul_direct`, or an older commit's
+time), `/flN` (f16 partial sums of N k steps), `/sN` (N 16-k slices per f16 shared tile), `/nt` (the forward on W, not Wᵀ), or any other name, passed as `kernel=` (e.g. `matmul_direct`, or an older commit's
 kernels through --src). `--gpu-times` also times one call of each with GPU timestamps and prints the
 nanoseconds per entry point (the GEMM kernel alone, apart from the f16 mode's amax passes). Each sample records enough calls back to back to take
 ≥ 20 ms, then syncs once, so submit and readback latency stay out of the figure; the first sample is a
@@ -53,6 +56,8 @@ def kwargs_for(spec: str) -> dict:
             kw["subtiles"] = int(mode[1:])
         elif mode.startswith("k"):
             kw["split_k"] = int(mode[1:])
+        elif mode == "nt":
+            kw["transpose_weight"] = False
     return kw
 
 
@@ -94,6 +99,11 @@ def main() -> None:
     import numpy as np
 
     from mambactl.ops.linear import matmul
+    try:
+        from mambactl.ops.linear import transposes_weight
+        from mambactl.ops.transpose import transpose
+    except ImportError:  # an older checkout (--src): its forward is always on W
+        transposes_weight = transpose = None
     from mambactl.runtime.gpu import get_runtime
 
     rt = get_runtime(a.device)
@@ -108,8 +118,9 @@ def main() -> None:
         flops = 2.0 * M * N * K
         for spec in a.kernels.split(","):
             kw = kwargs_for(spec)
-            row = {"bench": "gemm", "label": a.label, "shape": shape, "kernel": spec}
-            for name, fn in (("fwd", lambda: matmul(x, w, trans_b=True, **kw)),
+            wt = kw.pop("transpose_weight", transposes_weight is not None and transposes_weight(rt, M))
+            row = {"bench": "gemm", "label": a.label, "shape": shape, "kernel": spec, "fwd_on_wt": wt}
+            for name, fn in (("fwd", lambda: matmul(x, transpose(w), **kw) if wt else matmul(x, w, trans_b=True, **kw)),
                              ("dX", lambda: matmul(dy, w, **kw)),
                              ("dW", lambda: matmul(dy, x, trans_a=True, **kw))):
                 try:

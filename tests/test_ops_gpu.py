@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
-from mambactl.ops import activations, checks, conv1d, cross_entropy, embedding, fill, linear, reduce, rmsnorm, slice
+from mambactl.ops import activations, checks, conv1d, cross_entropy, embedding, fill, linear, reduce, rmsnorm, slice, transpose
 from mambactl.reference import activations as ref_act
 from mambactl.reference import conv1d as ref_conv
 from mambactl.reference import cross_entropy as ref_ce
@@ -18,6 +18,7 @@ from mambactl.reference import linear as ref_linear
 from mambactl.reference import reduce as ref_reduce
 from mambactl.reference import rmsnorm as ref_norm
 from mambactl.reference import slice as ref_slice
+from mambactl.reference import transpose as ref_transpose
 
 ELEMENTWISE_TOL = 1e-5
 REDUCTION_TOL = 1e-4
@@ -97,6 +98,31 @@ def test_linear_forward_backward(rt, rng, M, K, N):
     assert rel(dx.numpy(), rdx) < REDUCTION_TOL
     assert rel(dw.numpy(), rdw) < REDUCTION_TOL
     assert rel(db.numpy(), rdb) < REDUCTION_TOL
+
+
+@pytest.mark.parametrize("R,C", [(1, 1), (1, 37), (37, 1), (32, 32), (33, 65), (100, 7), (64, 96)])
+def test_transpose(rt, rng, R, C):
+    """Bit-exact, every element written (the output starts poisoned), edge tiles in both dimensions."""
+    x32, x = f32(rng, R, C)
+    got = transpose.transpose(rt.from_numpy(x32)).numpy()
+    assert got.shape == (C, R)
+    assert np.array_equal(got, ref_transpose.transpose(x))
+
+
+@pytest.mark.parametrize("M,K,N", [(1, 1, 1), (3, 17, 5), (65, 130, 33), (130, 64, 200)])
+def test_linear_on_transposed_weight(rt, rng, M, K, N):
+    """The forward that large GPU products take (a per-call copy of wᵀ), forced here at small shapes."""
+    (x32, x), (w32, w), (b32, b) = f32(rng, M, K), f32(rng, N, K), f32(rng, N)
+    gx, gw, gb = rt.from_numpy(x32), rt.from_numpy(w32), rt.from_numpy(b32)
+    assert rel(linear.linear(gx, gw, gb, transpose_weight=True).numpy(), ref_linear.linear(x, w, b)) < REDUCTION_TOL
+    assert rel(linear.linear(gx, gw, transpose_weight=True).numpy(), ref_linear.linear(x, w)) < REDUCTION_TOL
+    assert np.array_equal(gw.numpy(), w32)  # the weight itself is left as it was
+
+
+def test_transposes_weight_rule(rt):
+    rows = linear.TRANSPOSE_MIN_ROWS
+    assert linear.transposes_weight(rt, rows) == (not checks.is_cpu(rt))
+    assert not linear.transposes_weight(rt, rows - 1)
 
 
 # (kernel, tile, vec4): matmul_direct and matmul_subgroup with their default stores (vec4 where N allows) and with

@@ -6,6 +6,9 @@ max |x| (computed on the GPU by `operand_amax`) so gradients (~1e-6..1e-9, below
 digits and no partial sum can overflow. Tensors in memory, master weights and the optimizer stay fp32. A call
 takes `precision=`, else the runtime's `matmul_precision` (the training loop sets it from
 `[train] matmul_precision`), so the models call the same ops in both modes.
+
+Large forwards on GPUs (`transposes_weight`) multiply by a transposed copy of W made in the call, which the tiled
+kernel reads faster than W itself (TRANSPOSE_MIN_ROWS says why).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import numpy as np
 from mambactl.errors import ShapeError
 from mambactl.ops.checks import cpu_subgroups, expect, grid_1d, is_cpu, is_llvmpipe, loop_budget, segment_length
 from mambactl.ops.reduce import column_sums
+from mambactl.ops.transpose import transpose
 from mambactl.runtime.tensor import Tensor
 
 # Tiles of the `matmul` entry point -> its pipeline constant T (rows and columns per thread; 256 threads).
@@ -35,6 +39,11 @@ CPU_KERNELS = ("matmul_direct", "matmul_subgroup")  # no workgroup memory or bar
 _FILL_GROUPS = 1024
 _MIN_SPLIT_K = 512  # each split's K range is at least this long
 _COLUMN_SUMS_MAX = 65535 * 64  # column_sums (which adds the split planes) runs one 64-wide workgroup row
+# `linear` multiplies by Wᵀ (transposed per call, kernels/transpose.wgsl) from this many rows on. With both operands
+# K-contiguous the tiled kernel stages both by transposed stores and runs ~20% slower than with W's transpose
+# (H200, kernel alone: fwd 33.2 against dX's 41.5 TFLOP/s at 4096³); the transpose moves 8·N·K bytes, a few
+# percent of the product's time from ~250 rows on. Decoding (M = batch) keeps W as it is.
+TRANSPOSE_MIN_ROWS = 1024
 PRECISIONS = ("fp32", "f16")
 # matmul_f16's defaults, from bench/gemm.py on the H200 (amax passes included; at a7ea729, 2026-12-01 18:28):
 # 32-k shared tiles with a flush at each tile's end beat 16-k tiles flushed every 16 at in_proj (34.0/35.0/31.0 against
@@ -244,10 +253,21 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
     return out if out is not None else summed.reshape(M, N)
 
 
-def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    """x [M, K], w [N, K], b [N] -> [M, N]."""
+def transposes_weight(rt, rows: int) -> bool:
+    """Whether `linear` of `rows` rows on runtime `rt` multiplies by a transposed copy of the weight: on GPUs
+    (not CPU adapters) for at least TRANSPOSE_MIN_ROWS rows."""
+    return not is_cpu(rt) and rows >= TRANSPOSE_MIN_ROWS
+
+
+def linear(x: Tensor, w: Tensor, b: Tensor | None = None, *, transpose_weight: bool | None = None) -> Tensor:
+    """x [M, K], w [N, K], b [N] -> [M, N]. `transpose_weight` (default `transposes_weight`) runs the product on
+    a transposed copy wᵀ [K, N] made for this call instead of on w: the same sums in the same order."""
     expect("linear", "x", x, (None, None))
     expect("linear", "w", w, (None, x.shape[1]))
+    if transpose_weight is None:
+        transpose_weight = transposes_weight(x.runtime, x.shape[0])
+    if transpose_weight:
+        return matmul(x, transpose(w), bias=b)
     return matmul(x, w, trans_b=True, bias=b)
 
 
