@@ -6,7 +6,9 @@ Import it before mambactl (`import common` works from any bench/ script: its fol
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
+import importlib
 import json
 import os
 import subprocess
@@ -69,3 +71,19 @@ def report(rows: list[tuple[str, str]], result: dict, out: str | None) -> None:
     if out:
         with open(out, "a", encoding="utf-8") as f:
             f.write(line + "\n")
+
+
+def add_set_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--set", action="append", default=[], metavar="OP.NAME=VALUE",
+                   help="set an integer constant of mambactl.ops.OP for this run (e.g. linear.TRANSPOSE_MIN_ROWS=99999999)")
+
+
+def apply_sets(p: argparse.ArgumentParser, items: list[str]) -> None:
+    """Set each OP.NAME=VALUE of --set (an integer constant of mambactl.ops.OP) before anything runs."""
+    for item in items:
+        target, value = item.split("=")
+        module, name = target.rsplit(".", 1)
+        mod = importlib.import_module(f"mambactl.ops.{module}")
+        if not isinstance(getattr(mod, name, None), (int, type(None))):
+            p.error(f"--set {item}: mambactl.ops.{module} has no integer constant {name}")
+        setattr(mod, name, int(value))

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import argparse
 import collections
-import importlib
 import json
 import time
 
-from common import model_config  # first: it puts the checkout on sys.path
+from common import add_set_option, apply_sets, model_config  # first: it puts the checkout on sys.path
 
 import numpy as np  # noqa: E402
 
@@ -35,16 +34,9 @@ def main() -> None:
         p.add_argument(f"--{name}", type=int, default=default)
     p.add_argument("--arch", default="mamba1", choices=["mamba1", "mamba2", "mamba3"], help="layer type of every layer")
     p.add_argument("--device", default=None)
-    p.add_argument("--set", action="append", default=[], metavar="OP.NAME=VALUE",
-                   help="set an integer constant of mambactl.ops.OP for this run (e.g. ssd.TILE_COL_BLOCKS=2)")
+    add_set_option(p)
     a = p.parse_args()
-    for item in a.set:
-        target, value = item.split("=")
-        module, name = target.rsplit(".", 1)
-        mod = importlib.import_module(f"mambactl.ops.{module}")
-        if not isinstance(getattr(mod, name, None), (int, type(None))):
-            p.error(f"--set {item}: mambactl.ops.{module} has no integer constant {name}")
-        setattr(mod, name, int(value))
+    apply_sets(p, a.set)
     rt = get_runtime(a.device)
     cfg = model_config([a.arch] * a.layers, a.d_model, a.vocab, a.d_state)
     lm = LanguageModel(cfg, rt, init_parameters(cfg, 0))

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import REPO, header, model_config, report  # first: it puts the checkout on sys.path
+from common import REPO, add_set_option, apply_sets, header, model_config, report  # first: it puts the checkout on sys.path
 from mambactl.models.lm import LanguageModel
 from mambactl.models.params import count_parameters, init_parameters, parameter_specs
 from mambactl.ops.adamw import AdamWState, adamw_step
@@ -65,7 +65,10 @@ def parse_args(argv=None):
     p.add_argument("--peer-tf32", action="store_true", help="let the peer use TF32 matmuls (ours is plain fp32)")
     p.add_argument("--peer-timeout", type=float, default=900.0)
     p.add_argument("--progress", action="store_true", help="print each step's time to stderr as it ends")
-    return p.parse_args(argv)
+    add_set_option(p)
+    a = p.parse_args(argv)
+    apply_sets(p, a.set)
+    return a
 
 
 def run_peer(a, gpu_adapter: bool) -> dict:
@@ -176,7 +179,7 @@ def main(argv=None) -> int:
         **header("train_step", info),
         "config": {"arch": a.arch, "d_model": a.d_model, "layers": a.layers, "vocab": a.vocab, "seq": L, "batch": B,
                    "d_state": a.d_state, "dtype": "fp32", "matmul_precision": a.matmul_precision, "params": count_parameters(cfg),
-                   "optimizer": "adamw clip=1.0 wd=0.1"},
+                   "optimizer": "adamw clip=1.0 wd=0.1", **({"set": a.set} if a.set else {})},
         "steps": a.steps,
         "warmup": a.warmup,
         "warmup_s": round(warm_s, 3),
