@@ -6,7 +6,7 @@ import pytest
 from mambactl.errors import MambactlError, ShapeError
 from mambactl.ops import activations, linear
 from mambactl.runtime import device
-from mambactl.runtime.gpu import DISPATCHES_PER_SUBMIT, get_runtime
+from mambactl.runtime.gpu import DISPATCHES_PER_SUBMIT, FIRST_SUBMIT, get_runtime
 from mambactl.runtime.kernels import all_modules, entry_point, parse_module
 
 
@@ -128,17 +128,29 @@ def test_ops_are_recorded_and_submitted_together(rt):
     assert rt.submits == before + 1
 
 
-def test_long_recordings_are_submitted_in_batches_with_the_same_result(rt):
+def test_long_recordings_are_submitted_in_growing_batches_with_the_same_result(rt):
     host = np.random.default_rng(1).standard_normal(300).astype(np.float32)
     x = rt.from_numpy(host)
+    x.numpy()  # a read: the next batch is FIRST_SUBMIT dispatches, then each twice the last, up to the cap
     before = rt.submits
-    n = 2 * DISPATCHES_PER_SUBMIT + 5
+    n = 3 * DISPATCHES_PER_SUBMIT + 5
+    batches, size, left = [], FIRST_SUBMIT, n
+    while left >= size:
+        batches.append(size)
+        left -= size
+        size = min(DISPATCHES_PER_SUBMIT, 2 * size)
+    assert batches[-1] == DISPATCHES_PER_SUBMIT and left > 0
     y = x
-    for _ in range(n):  # the chain crosses two submit boundaries: the result shows the batches ran in order
+    for i in range(n):  # the chain crosses every submit boundary: the result shows the batches ran in order
         y = activations.add(y, x)
+        if i + 1 == batches[0]:
+            assert rt.submits == before + 1, "the first batch after a read is FIRST_SUBMIT dispatches"
     got = y.numpy()
-    assert rt.submits == before + 3  # two full batches while recording, the rest on the read
-    np.testing.assert_allclose(got, host * (n + 1), rtol=1e-5)
+    assert rt.submits == before + len(batches) + 1  # the full batches while recording, the rest on the read
+    want = host.copy()
+    for _ in range(n):  # float32 adds round the same way on the host
+        want = want + host
+    np.testing.assert_array_equal(got, want)
 
 
 def test_a_repeated_step_binds_the_same_pooled_buffers_and_creates_no_bind_groups(rt):
