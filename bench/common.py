@@ -75,15 +75,17 @@ def report(rows: list[tuple[str, str]], result: dict, out: str | None) -> None:
 
 def add_set_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", action="append", default=[], metavar="OP.NAME=VALUE",
-                   help="set an integer constant of mambactl.ops.OP for this run (e.g. linear.TRANSPOSE_MIN_ROWS=99999999)")
+                   help="set an integer constant of mambactl.ops.OP (or of mambactl.A.B when OP is A.B) for this run "
+                        "(e.g. linear.TRANSPOSE_MIN_ROWS=99999999, runtime.gpu.FIRST_SUBMIT=256)")
 
 
 def apply_sets(p: argparse.ArgumentParser, items: list[str]) -> None:
-    """Set each OP.NAME=VALUE of --set (an integer constant of mambactl.ops.OP) before anything runs."""
+    """Set each OP.NAME=VALUE of --set (an integer constant of mambactl.ops.OP, or mambactl.A.B for A.B) before anything runs."""
     for item in items:
         target, value = item.split("=")
         module, name = target.rsplit(".", 1)
-        mod = importlib.import_module(f"mambactl.ops.{module}")
+        path = f"mambactl.{module}" if "." in module else f"mambactl.ops.{module}"  # runtime.gpu.X too
+        mod = importlib.import_module(path)
         if not isinstance(getattr(mod, name, None), (int, type(None))):
-            p.error(f"--set {item}: mambactl.ops.{module} has no integer constant {name}")
+            p.error(f"--set {item}: {path} has no integer constant {name}")
         setattr(mod, name, int(value))
