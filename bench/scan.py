@@ -67,10 +67,12 @@ def main() -> None:
 
     def select(variant):
         nonlocal chunk
-        unknown = set(variant) - {"chunk"}
+        unknown = set(variant) - {"chunk", "serial", "ahead"}
         if unknown:
-            raise SystemExit(f"unknown variant keys {sorted(unknown)} (only chunk)")
+            raise SystemExit(f"unknown variant keys {sorted(unknown)} (chunk, serial, ahead)")
         chunk = variant.get("chunk", a.chunk)
+        scan.FORWARD_SERIAL = bool(variant.get("serial", 0))
+        scan.FORWARD_AHEAD = variant.get("ahead", 2)
 
     start = time.perf_counter()
     usable = []

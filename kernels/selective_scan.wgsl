@@ -105,6 +105,9 @@ struct StepParams { batch: u32, channels: u32, nstate: u32 }
 @group(0) @binding(35) var<storage, read_write> states4: array<vec4<f32>>;
 @group(0) @binding(36) var<storage, read> saved_states4: array<vec4<f32>>;
 @group(0) @binding(37) var<storage, read_write> scratch4: array<vec4<f32>>;
+// The chunk-parallel forward's chunk end states from h = 0 and decays, [B, Dc·LP / WG, n_chunks, WG] of vec4.
+@group(0) @binding(38) var<storage, read_write> chunk_ends: array<vec4<f32>>;
+@group(0) @binding(39) var<storage, read_write> chunk_decays: array<vec4<f32>>;
 
 fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 
@@ -346,9 +349,9 @@ fn fwd_loads(row: u32, bias: f32, bc: u32, n_in: u32, cl: u32) -> FwdLoads {
                     lane_states_C(b2, cl), lane_states_C(b3, cl));
 }
 
-// The loads of the forward's sub-tile at step t (up to seg_end).
-fn fwd_loads_at(b: u32, t: u32, dd: u32, bias: f32, cl: u32) -> FwdLoads {
-    let n_in = min(SUB, p.seg_end - t);
+// The loads of the forward's sub-tile at step t (steps before `end`).
+fn fwd_loads_at(b: u32, t: u32, end: u32, dd: u32, bias: f32, cl: u32) -> FwdLoads {
+    let n_in = min(SUB, end - t);
     return fwd_loads(row_index(b, t + min(cl, n_in - 1u), dd), bias, (b * p.len + t) * N, n_in, cl);
 }
 
@@ -378,7 +381,7 @@ fn lane_states_store_last(e: u32, cl: u32, h: vec4<f32>) {
 }
 
 @compute @workgroup_size(128)
-fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn selective_scan_forward_serial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let b = wid.y;
     let thread = lid.x;
     let cl = thread % LP;
@@ -401,8 +404,8 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
     // Each sub-tile's loads are issued two sub-tiles ahead (their latency behind the two sub-tiles before).
     var next: FwdLoads;
     var next2: FwdLoads;
-    if (p.seg_begin < p.seg_end) { next = fwd_loads_at(b, p.seg_begin, dd, bias, cl); }
-    if (p.seg_begin + SUB < p.seg_end) { next2 = fwd_loads_at(b, p.seg_begin + SUB, dd, bias, cl); }
+    if (p.seg_begin < p.seg_end) { next = fwd_loads_at(b, p.seg_begin, p.seg_end, dd, bias, cl); }
+    if (p.seg_begin + SUB < p.seg_end) { next2 = fwd_loads_at(b, p.seg_begin + SUB, p.seg_end, dd, bias, cl); }
     for (var t = p.seg_begin; t < p.seg_end; t += SUB) {
         if (t % p.chunk == 0u && valid) {
             lane_states_store_states(((b * p.nchunks + t / p.chunk) * p.channels + d) * N, cl, h);
@@ -411,7 +414,7 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
         let own_row = row_index(b, t + min(cl, n_in - 1u), dd);
         let ld = next;
         next = next2;
-        if (t + 2u * SUB < p.seg_end) { next2 = fwd_loads_at(b, t + 2u * SUB, dd, bias, cl); }
+        if (t + 2u * SUB < p.seg_end) { next2 = fwd_loads_at(b, t + 2u * SUB, p.seg_end, dd, bias, cl); }
         let o = owned_step(ld.x, ld.uv, 0.0, 0.0, false);
         var yc = vec4<f32>(0.0);
         h = exp(subgroupShuffle(o.dt, first) * a) * h + subgroupShuffle(o.dtu, first) * ld.B0;
@@ -432,6 +435,131 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
         if (cl < n_in && valid) { y[own_row] = (skip * ld.uv + acc) * ld.zv * sigmoid(ld.zv); }
     }
     if (valid) { lane_states_store_last(sb, cl, h); }
+}
+
+// The chunk-parallel forward, two dispatches over a segment's chunks kc_lo .. kc_hi − 1 (grid (ceil(Dc·LP / WG),
+// B, chunks), chunk k = kc_lo + wid.z): selective_scan_chunk_ends walks every whole chunk but the sequence's last
+// from h = 0 and stores its end state E_k and decay P_k = exp(A ΣΔ) (so h at the chunk's end is P_k h_entry +
+// E_k); selective_scan_forward then combines them, h_{k+1} = fma(P_k, h_k, E_k) from the segment's entry state
+// (0, or states[kc_lo] where kc_lo > 0), saves the entry state, walks its chunk emitting y and stores last_state
+// after the sequence's last step. The segment's last chunk also saves the next segment's entry state by the same
+// combine, so segments are bit-identical to one dispatch. E, P: [B, ceil(Dc·LP / WG), n_chunks, WG] of vec4.
+override AHEAD: u32 = 2u;  // sub-tiles the forward's loads are issued ahead (0, 1 or 2)
+// Both walk with exp2(Δ · A log2(e)): the scaled A once per lane saves a multiply per state and step.
+const LOG2E: f32 = 1.4426950408889634;
+
+fn chunk_lane_index(b: u32, groups: u32, group: u32, k: u32, thread: u32) -> u32 {
+    return ((b * groups + group) * p.nchunks + k) * WG + thread;
+}
+
+@compute @workgroup_size(128)
+fn selective_scan_chunk_ends(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                             @builtin(local_invocation_id) lid: vec3<u32>) {
+    let b = wid.y;
+    let k = p.kc_lo + wid.z;
+    let thread = lid.x;
+    let cl = thread % LP;
+    let first = thread % SG - cl;  // the channel's lane 0
+    let dd = min(wid.x * (WG / LP) + thread / LP, p.channels - 1u);
+    let a2 = lane_neg_exp_A(dd, cl) * LOG2E;
+    let bias = delta_bias[dd];
+    let chunk_start = k * p.chunk;  // a whole chunk (only the sequence's last may be shorter): whole sub-tiles
+    var h = vec4<f32>(0.0);
+    var span = 0.0;  // Σ Δ over the chunk
+    var next = walk_loads(row_index(b, chunk_start + min(cl, SUB - 1u), dd), bias, (b * p.len + chunk_start) * N, cl);
+    for (var s0 = 0u; s0 < p.chunk; s0 += SUB) {
+        let t = chunk_start + s0;
+        let w = next;
+        if (s0 + SUB < p.chunk) {
+            next = walk_loads(row_index(b, t + SUB + min(cl, SUB - 1u), dd), bias, (b * p.len + t + SUB) * N, cl);
+        }
+        let o = owned_step(w.x, w.uv, 0.0, 0.0, false);
+        let dt0 = subgroupShuffle(o.dt, first);
+        let dt1 = subgroupShuffle(o.dt, first + 1u);
+        let dt2 = subgroupShuffle(o.dt, first + 2u);
+        let dt3 = subgroupShuffle(o.dt, first + 3u);
+        h = exp2(dt0 * a2) * h + subgroupShuffle(o.dtu, first) * w.B0;
+        h = exp2(dt1 * a2) * h + subgroupShuffle(o.dtu, first + 1u) * w.B1;
+        h = exp2(dt2 * a2) * h + subgroupShuffle(o.dtu, first + 2u) * w.B2;
+        h = exp2(dt3 * a2) * h + subgroupShuffle(o.dtu, first + 3u) * w.B3;
+        span += (dt0 + dt1) + (dt2 + dt3);
+    }
+    let e = chunk_lane_index(b, nwg.x, wid.x, k, thread);
+    chunk_ends[e] = h;
+    chunk_decays[e] = exp2(span * a2);
+}
+
+@compute @workgroup_size(128)
+fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                          @builtin(local_invocation_id) lid: vec3<u32>) {
+    let b = wid.y;
+    let k = p.kc_lo + wid.z;
+    let thread = lid.x;
+    let cl = thread % LP;
+    let first = thread % SG - cl;
+    let d = wid.x * (WG / LP) + thread / LP;
+    let valid = d < p.channels;
+    let dd = min(d, p.channels - 1u);
+    let a2 = lane_neg_exp_A(dd, cl) * LOG2E;
+    let bias = delta_bias[dd];
+    let skip = D[dd];
+    var h = vec4<f32>(0.0);
+    if (p.kc_lo > 0u) {  // the segment's entry state, saved by the segment before
+        let sb = ((b * p.nchunks + p.kc_lo) * p.channels + dd) * N;
+        let n = 4u * cl;
+        h = vec4<f32>(select(0.0, states[sb + min(n, N - 1u)], n < N),
+                      select(0.0, states[sb + min(n + 1u, N - 1u)], n + 1u < N),
+                      select(0.0, states[sb + min(n + 2u, N - 1u)], n + 2u < N),
+                      select(0.0, states[sb + min(n + 3u, N - 1u)], n + 3u < N));
+    }
+    let e0 = chunk_lane_index(b, nwg.x, wid.x, 0u, thread);
+    for (var j = p.kc_lo; j < k; j++) { h = fma(chunk_decays[e0 + j * WG], h, chunk_ends[e0 + j * WG]); }
+    if (valid && (k > p.kc_lo || k == 0u)) {
+        lane_states_store_states(((b * p.nchunks + k) * p.channels + d) * N, cl, h);
+    }
+    if (valid && k + 1u == p.kc_hi && p.kc_hi < p.nchunks) {
+        let next_entry = fma(chunk_decays[e0 + k * WG], h, chunk_ends[e0 + k * WG]);
+        lane_states_store_states(((b * p.nchunks + k + 1u) * p.channels + d) * N, cl, next_entry);
+    }
+    let t_begin = k * p.chunk;
+    let t_end = min(t_begin + p.chunk, p.len);
+    // Each sub-tile's loads are issued AHEAD sub-tiles ahead (their latency behind the sub-tiles before).
+    var next: FwdLoads;
+    var next2: FwdLoads;
+    if (AHEAD > 0u) { next = fwd_loads_at(b, t_begin, t_end, dd, bias, cl); }
+    if (AHEAD > 1u && t_begin + SUB < t_end) { next2 = fwd_loads_at(b, t_begin + SUB, t_end, dd, bias, cl); }
+    for (var t = t_begin; t < t_end; t += SUB) {
+        let n_in = min(SUB, t_end - t);  // uniform
+        let own_row = row_index(b, t + min(cl, n_in - 1u), dd);
+        var ld = next;
+        if (AHEAD == 0u) {
+            ld = fwd_loads_at(b, t, t_end, dd, bias, cl);
+        } else if (AHEAD > 1u) {
+            next = next2;
+            if (t + 2u * SUB < t_end) { next2 = fwd_loads_at(b, t + 2u * SUB, t_end, dd, bias, cl); }
+        } else if (t + SUB < t_end) {
+            next = fwd_loads_at(b, t + SUB, t_end, dd, bias, cl);
+        }
+        let o = owned_step(ld.x, ld.uv, 0.0, 0.0, false);
+        var yc = vec4<f32>(0.0);
+        h = exp2(subgroupShuffle(o.dt, first) * a2) * h + subgroupShuffle(o.dtu, first) * ld.B0;
+        yc.x = dot(ld.C0, h);
+        if (n_in > 1u) {
+            h = exp2(subgroupShuffle(o.dt, first + 1u) * a2) * h + subgroupShuffle(o.dtu, first + 1u) * ld.B1;
+            yc.y = dot(ld.C1, h);
+        }
+        if (n_in > 2u) {
+            h = exp2(subgroupShuffle(o.dt, first + 2u) * a2) * h + subgroupShuffle(o.dtu, first + 2u) * ld.B2;
+            yc.z = dot(ld.C2, h);
+        }
+        if (n_in > 3u) {
+            h = exp2(subgroupShuffle(o.dt, first + 3u) * a2) * h + subgroupShuffle(o.dtu, first + 3u) * ld.B3;
+            yc.w = dot(ld.C3, h);
+        }
+        let acc = lane_step_sum(cl, yc);
+        if (cl < n_in && valid) { y[own_row] = (skip * ld.uv + acc) * ld.zv * sigmoid(ld.zv); }
+    }
+    if (valid && k + 1u == p.nchunks) { lane_states_store_last((b * p.channels + d) * N, cl, h); }
 }
 
 // Grid (ceil(Dc·LP / WG), B, kc_hi − kc_lo): the walk of chunk k = kc_lo + wid.z (0-based) from its saved entry

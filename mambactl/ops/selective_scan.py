@@ -67,6 +67,8 @@ SUBGROUP_SUBCHUNK = 4  # SUBCHUNK in the kernel: steps per scratch slot of the s
 DIRECT_THREADS = 256
 DIRECT_FORWARD_GROUP = 64  # mirrors the workgroup sizes of the direct kernels
 DIRECT_BACKWARD_GROUP = 32
+FORWARD_SERIAL = False  # measurement only (bench/scan.py --variant serial=1): main's serial GPU forward
+FORWARD_AHEAD = 2  # AHEAD in the kernel (measurement)
 
 
 @dataclass
@@ -264,12 +266,32 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
         return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
     constants = _lanes_constants(rt, nstate)
     grid = (-(-channels * constants["LP"] // WORKGROUP), batch)
-    seg = segment_length(rt, op, tuple(u.shape), length, lanes_forward_loops_per_step(nstate), 16,
-                         multiple=LANE_SUB, segment=segment)
-    for t0, t1 in segments(length, seg):
-        params.update(seg_begin=t0, seg_end=t1)
-        rt.run("selective_scan_forward", grid, constants, u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z,
-               delta_bias=delta_bias, y=y, states=states, last_state=last_state, B4=B, C4=C, **params)
+    if FORWARD_SERIAL:  # measurement only: main's forward
+        seg = segment_length(rt, op, tuple(u.shape), length, lanes_forward_loops_per_step(nstate), 16,
+                             multiple=LANE_SUB, segment=segment)
+        for t0, t1 in segments(length, seg):
+            params.update(seg_begin=t0, seg_end=t1)
+            rt.run("selective_scan_forward_serial", grid, constants, u=u, delta=delta, A_log=A_log, B=B, C=C, D=D,
+                   z=z, delta_bias=delta_bias, y=y, states=states, last_state=last_state, B4=B, C4=C, **params)
+        return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
+    nchunks = params["nchunks"]
+    # Segments of whole chunks; an invocation walks one chunk after combining at most a segment's chunk ends.
+    walk = 1 + -(-min(chunk, length) // LANE_SUB) * lanes_forward_loops_per_step(nstate)
+    loop_budget(rt, op, tuple(u.shape), walk + 16)
+    seg = segment_length(rt, op, tuple(u.shape), nchunks, 1, walk + 16,
+                         segment=None if segment is None else -(-segment // chunk))
+    ends = rt.empty((batch, grid[0], nchunks, WORKGROUP, LANE_STATES))
+    decays = rt.empty((batch, grid[0], nchunks, WORKGROUP, LANE_STATES))
+    constants["AHEAD"] = FORWARD_AHEAD
+    for lo, hi in segments(nchunks, seg):
+        params.update(kc_lo=lo, kc_hi=hi)
+        if min(hi, nchunks - 1) > lo:  # the sequence's last chunk needs no end state
+            rt.run("selective_scan_chunk_ends", (grid[0], batch, min(hi, nchunks - 1) - lo), constants, u=u,
+                   delta=delta, A_log=A_log, B=B, delta_bias=delta_bias, chunk_ends=ends, chunk_decays=decays,
+                   B4=B, **params)
+        rt.run("selective_scan_forward", (grid[0], batch, hi - lo), constants, u=u, delta=delta, A_log=A_log, B=B,
+               C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states, last_state=last_state, chunk_ends=ends,
+               chunk_decays=decays, B4=B, C4=C, **params)
     return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
 
 
