@@ -67,12 +67,13 @@ def main() -> None:
 
     def select(variant):
         nonlocal chunk
-        unknown = set(variant) - {"chunk", "serial", "ahead"}
+        unknown = set(variant) - {"chunk", "serial", "ahead", "whole"}
         if unknown:
-            raise SystemExit(f"unknown variant keys {sorted(unknown)} (chunk, serial, ahead)")
+            raise SystemExit(f"unknown variant keys {sorted(unknown)} (chunk, serial, ahead, whole)")
         chunk = variant.get("chunk", a.chunk)
         scan.FORWARD_SERIAL = bool(variant.get("serial", 0))
-        scan.FORWARD_AHEAD = variant.get("ahead", 2)
+        scan.FORWARD_AHEAD = variant.get("ahead", 1)
+        scan.WHOLE = bool(variant.get("whole", 1))
 
     start = time.perf_counter()
     usable = []

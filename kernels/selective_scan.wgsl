@@ -48,6 +48,7 @@ override N: u32 = 16u;   // state size
 override LP: u32 = 4u;   // lanes per channel: max(SUB, NP / 4)
 override SG: u32 = 32u;  // lanes per subgroup (Runtime.subgroup_size)
 override ACCUMULATE: bool = false;
+override WHOLE: bool = true;  // measurement: whole sub-tiles branch-free
 
 // Segments (Mesa llvmpipe caps one invocation's loop iterations at 65,535 in total, so there the wrapper splits
 // the walk over time into dispatches; elsewhere one dispatch covers it): the forward runs steps [seg_begin,
@@ -417,6 +418,11 @@ fn selective_scan_forward_serial(@builtin(workgroup_id) wid: vec3<u32>, @builtin
         if (t + 2u * SUB < p.seg_end) { next2 = fwd_loads_at(b, t + 2u * SUB, p.seg_end, dd, bias, cl); }
         let o = owned_step(ld.x, ld.uv, 0.0, 0.0, false);
         var yc = vec4<f32>(0.0);
+        if (WHOLE && n_in == SUB) {
+            let tile = forward_sub_tile(h, ld, o, a * LOG2E, first, SUB);
+            h = tile.h;
+            yc = tile.yc;
+        } else {
         h = exp(subgroupShuffle(o.dt, first) * a) * h + subgroupShuffle(o.dtu, first) * ld.B0;
         yc.x = dot(ld.C0, h);
         if (n_in > 1u) {
@@ -430,6 +436,7 @@ fn selective_scan_forward_serial(@builtin(workgroup_id) wid: vec3<u32>, @builtin
         if (n_in > 3u) {
             h = exp(subgroupShuffle(o.dt, first + 3u) * a) * h + subgroupShuffle(o.dtu, first + 3u) * ld.B3;
             yc.w = dot(ld.C3, h);
+        }
         }
         let acc = lane_step_sum(cl, yc);
         if (cl < n_in && valid) { y[own_row] = (skip * ld.uv + acc) * ld.zv * sigmoid(ld.zv); }
@@ -489,6 +496,30 @@ fn selective_scan_chunk_ends(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num
     chunk_decays[e] = exp2(span * a2);
 }
 
+// A forward sub-tile of n_in steps from h (exp2 of Δ·a2, a2 = A log2(e)): the state after it and the lane's
+// shares of C_t·h_t (component s: step s).
+struct FwdTile { h: vec4<f32>, yc: vec4<f32> }
+
+fn forward_sub_tile(h0: vec4<f32>, ld: FwdLoads, o: OwnedStep, a2: vec4<f32>, first: u32, n_in: u32) -> FwdTile {
+    var h = h0;
+    var yc = vec4<f32>(0.0);
+    h = exp2(subgroupShuffle(o.dt, first) * a2) * h + subgroupShuffle(o.dtu, first) * ld.B0;
+    yc.x = dot(ld.C0, h);
+    if (n_in > 1u) {
+        h = exp2(subgroupShuffle(o.dt, first + 1u) * a2) * h + subgroupShuffle(o.dtu, first + 1u) * ld.B1;
+        yc.y = dot(ld.C1, h);
+    }
+    if (n_in > 2u) {
+        h = exp2(subgroupShuffle(o.dt, first + 2u) * a2) * h + subgroupShuffle(o.dtu, first + 2u) * ld.B2;
+        yc.z = dot(ld.C2, h);
+    }
+    if (n_in > 3u) {
+        h = exp2(subgroupShuffle(o.dt, first + 3u) * a2) * h + subgroupShuffle(o.dtu, first + 3u) * ld.B3;
+        yc.w = dot(ld.C3, h);
+    }
+    return FwdTile(h, yc);
+}
+
 @compute @workgroup_size(128)
 fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                           @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -541,21 +572,11 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wo
             next = fwd_loads_at(b, t + SUB, t_end, dd, bias, cl);
         }
         let o = owned_step(ld.x, ld.uv, 0.0, 0.0, false);
-        var yc = vec4<f32>(0.0);
-        h = exp2(subgroupShuffle(o.dt, first) * a2) * h + subgroupShuffle(o.dtu, first) * ld.B0;
-        yc.x = dot(ld.C0, h);
-        if (n_in > 1u) {
-            h = exp2(subgroupShuffle(o.dt, first + 1u) * a2) * h + subgroupShuffle(o.dtu, first + 1u) * ld.B1;
-            yc.y = dot(ld.C1, h);
-        }
-        if (n_in > 2u) {
-            h = exp2(subgroupShuffle(o.dt, first + 2u) * a2) * h + subgroupShuffle(o.dtu, first + 2u) * ld.B2;
-            yc.z = dot(ld.C2, h);
-        }
-        if (n_in > 3u) {
-            h = exp2(subgroupShuffle(o.dt, first + 3u) * a2) * h + subgroupShuffle(o.dtu, first + 3u) * ld.B3;
-            yc.w = dot(ld.C3, h);
-        }
+        var tile: FwdTile;
+        if (WHOLE && n_in == SUB) { tile = forward_sub_tile(h, ld, o, a2, first, SUB); }  // straight-line steps
+        else { tile = forward_sub_tile(h, ld, o, a2, first, n_in); }
+        h = tile.h;
+        let yc = tile.yc;
         let acc = lane_step_sum(cl, yc);
         if (cl < n_in && valid) { y[own_row] = (skip * ld.uv + acc) * ld.zv * sigmoid(ld.zv); }
     }
@@ -599,6 +620,61 @@ fn selective_scan_backward_walk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(
         h = exp(subgroupShuffle(o.dt, first + 3u) * a) * h + subgroupShuffle(o.dtu, first + 3u) * w.B3;
     }
     slots[e0 + (last / SUB) * WG] = h;
+}
+
+// The adjoint of a backward sub-tile of n_in steps (loads ld, the owner's terms o): updates g and the ∂/∂A sum,
+// writes the steps' dz, du, ddelta and dB / dC partials (e: the partials' index of its first step) and returns
+// the lane's step's (dy'·u, ddelta) for the ∂/∂D, ∂/∂delta_bias sums (0 for lanes past n_in).
+fn adjoint_sub_tile(ld: SubLoads, o: OwnedStep, n_in: u32, a: vec4<f32>, skip: f32, first: u32, cl: u32, lane: u32,
+                    e: u32, own_row: u32, valid: bool, live: f32, slice_ok: bool) -> vec2<f32> {
+    // Steps past n_in repeat the last one (their results are not used).
+    let i1 = min(1u, n_in - 1u);
+    let i2 = min(2u, n_in - 1u);
+    let i3 = min(3u, n_in - 1u);
+    let dt0 = subgroupShuffle(o.dt, first);
+    let dt1 = subgroupShuffle(o.dt, first + i1);
+    let dt2 = subgroupShuffle(o.dt, first + i2);
+    let dt3 = subgroupShuffle(o.dt, first + i3);
+    let dtu0 = subgroupShuffle(o.dtu, first);
+    let dtu1 = subgroupShuffle(o.dtu, first + i1);
+    let dtu2 = subgroupShuffle(o.dtu, first + i2);
+    let dtu3 = subgroupShuffle(o.dtu, first + i3);
+    let decay0 = exp(dt0 * a);
+    let decay1 = exp(dt1 * a);
+    let decay2 = exp(dt2 * a);
+    let decay3 = exp(dt3 * a);
+    let h0 = ld.h0;
+    let h1 = decay0 * h0 + dtu0 * ld.B0;
+    let h2 = decay1 * h1 + dtu1 * ld.B1;
+    let h3 = decay2 * h2 + dtu2 * ld.B2;
+    let h4 = decay3 * h3 + dtu3 * ld.B3;
+    var r3 = vec3<f32>(0.0);
+    var r2 = vec3<f32>(0.0);
+    var r1 = vec3<f32>(0.0);
+    if (n_in > 3u) {
+        r3 = lanes_adjoint_step(h4, h3, decay3, ld.B3, ld.C3, a, dt3, dtu3, subgroupShuffle(o.dyg, first + 3u),
+                                e + 3u * N, cl, lane, live, slice_ok);
+    }
+    if (n_in > 2u) {
+        r2 = lanes_adjoint_step(h3, h2, decay2, ld.B2, ld.C2, a, dt2, dtu2, subgroupShuffle(o.dyg, first + 2u),
+                                e + 2u * N, cl, lane, live, slice_ok);
+    }
+    if (n_in > 1u) {
+        r1 = lanes_adjoint_step(h2, h1, decay1, ld.B1, ld.C1, a, dt1, dtu1, subgroupShuffle(o.dyg, first + 1u),
+                                e + N, cl, lane, live, slice_ok);
+    }
+    let r0 = lanes_adjoint_step(h1, h0, decay0, ld.B0, ld.C0, a, dt0, dtu0, subgroupShuffle(o.dyg, first),
+                                e, cl, lane, live, slice_ok);
+    let own = lane_step_sums(cl, vec4<f32>(r0.x, r1.x, r2.x, r3.x), vec4<f32>(r0.y, r1.y, r2.y, r3.y),
+                             vec4<f32>(r0.z, r1.z, r2.z, r3.z));  // (yc, gb, gha) of step cl
+    if (cl >= n_in) { return vec2<f32>(0.0); }
+    let dx = (own.z + o.uv * own.y) * o.dsp;
+    if (valid) {
+        dz[own_row] = (skip * o.uv + own.x) * o.dzg;
+        du[own_row] = skip * o.dyg + o.dt * own.y;
+        ddelta[own_row] = dx;
+    }
+    return vec2<f32>(o.dyg * o.uv, dx);
 }
 
 // Grid (ceil(Dc·LP / WG), B): the adjoint, chunks last to first, each from the slots the walk stored.
@@ -646,59 +722,16 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
             let n_in = min(SUB, steps - s0);  // steps in this sub-tile (uniform)
             let t = chunk_start + s0;
             let own_row = row_index(b, t + min(cl, n_in - 1u), dd);
-            let bc = (b * p.len + t) * N;
             let ld = next;
             if (j > 1u) { next = sub_loads_whole(b, chunk_start, j - 1u, dd, bias, scratch, cl); }
             let o = owned_step(ld.x, ld.uv, ld.zv, ld.dyv, true);
-            // Steps past n_in repeat the last one (their results are not used).
-            let i1 = min(1u, n_in - 1u);
-            let i2 = min(2u, n_in - 1u);
-            let i3 = min(3u, n_in - 1u);
-            let dt0 = subgroupShuffle(o.dt, first);
-            let dt1 = subgroupShuffle(o.dt, first + i1);
-            let dt2 = subgroupShuffle(o.dt, first + i2);
-            let dt3 = subgroupShuffle(o.dt, first + i3);
-            let dtu0 = subgroupShuffle(o.dtu, first);
-            let dtu1 = subgroupShuffle(o.dtu, first + i1);
-            let dtu2 = subgroupShuffle(o.dtu, first + i2);
-            let dtu3 = subgroupShuffle(o.dtu, first + i3);
-            let decay0 = exp(dt0 * a);
-            let decay1 = exp(dt1 * a);
-            let decay2 = exp(dt2 * a);
-            let decay3 = exp(dt3 * a);
-            let h0 = ld.h0;
-            let h1 = decay0 * h0 + dtu0 * ld.B0;
-            let h2 = decay1 * h1 + dtu1 * ld.B1;
-            let h3 = decay2 * h2 + dtu2 * ld.B2;
-            let h4 = decay3 * h3 + dtu3 * ld.B3;
             let e = ((slice * p.batch + b) * p.len + t) * N + 4u * cl;
-            var r3 = vec3<f32>(0.0);
-            var r2 = vec3<f32>(0.0);
-            var r1 = vec3<f32>(0.0);
-            if (n_in > 3u) {
-                r3 = lanes_adjoint_step(h4, h3, decay3, ld.B3, ld.C3, a, dt3, dtu3, subgroupShuffle(o.dyg, first + 3u),
-                                        e + 3u * N, cl, lane, live, slice_ok);
-            }
-            if (n_in > 2u) {
-                r2 = lanes_adjoint_step(h3, h2, decay2, ld.B2, ld.C2, a, dt2, dtu2, subgroupShuffle(o.dyg, first + 2u),
-                                        e + 2u * N, cl, lane, live, slice_ok);
-            }
-            if (n_in > 1u) {
-                r1 = lanes_adjoint_step(h2, h1, decay1, ld.B1, ld.C1, a, dt1, dtu1, subgroupShuffle(o.dyg, first + 1u),
-                                        e + N, cl, lane, live, slice_ok);
-            }
-            let r0 = lanes_adjoint_step(h1, h0, decay0, ld.B0, ld.C0, a, dt0, dtu0, subgroupShuffle(o.dyg, first),
-                                        e, cl, lane, live, slice_ok);
-            let own = lane_step_sums(cl, vec4<f32>(r0.x, r1.x, r2.x, r3.x), vec4<f32>(r0.y, r1.y, r2.y, r3.y),
-                                     vec4<f32>(r0.z, r1.z, r2.z, r3.z));  // (yc, gb, gha) of step cl
-            if (cl < n_in) {
-                let dx = (own.z + o.uv * own.y) * o.dsp;
-                if (valid) {
-                    dz[own_row] = (skip * o.uv + own.x) * o.dzg;
-                    du[own_row] = skip * o.dyg + o.dt * own.y;
-                    ddelta[own_row] = dx;
-                }
-                sums += vec2<f32>(o.dyg * o.uv, dx);
+            // Whole sub-tiles (all but a chunk's last where L or the chunk is not a multiple of SUB) as straight-line
+            // code: no branch between their steps.
+            if (WHOLE && n_in == SUB) {
+                sums += adjoint_sub_tile(ld, o, SUB, a, skip, first, cl, lane, e, own_row, valid, live, slice_ok);
+            } else {
+                sums += adjoint_sub_tile(ld, o, n_in, a, skip, first, cl, lane, e, own_row, valid, live, slice_ok);
             }
         }
     }

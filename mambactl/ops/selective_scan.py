@@ -68,7 +68,8 @@ DIRECT_THREADS = 256
 DIRECT_FORWARD_GROUP = 64  # mirrors the workgroup sizes of the direct kernels
 DIRECT_BACKWARD_GROUP = 32
 FORWARD_SERIAL = False  # measurement only (bench/scan.py --variant serial=1): main's serial GPU forward
-FORWARD_AHEAD = 2  # AHEAD in the kernel (measurement)
+FORWARD_AHEAD = 1  # AHEAD in the kernel (measurement)
+WHOLE = True  # WHOLE in the kernel (measurement)
 
 
 @dataclass
@@ -267,6 +268,7 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
     constants = _lanes_constants(rt, nstate)
     grid = (-(-channels * constants["LP"] // WORKGROUP), batch)
     if FORWARD_SERIAL:  # measurement only: main's forward
+        constants["WHOLE"] = WHOLE
         seg = segment_length(rt, op, tuple(u.shape), length, lanes_forward_loops_per_step(nstate), 16,
                              multiple=LANE_SUB, segment=segment)
         for t0, t1 in segments(length, seg):
@@ -282,7 +284,7 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
                          segment=None if segment is None else -(-segment // chunk))
     ends = rt.empty((batch, grid[0], nchunks, WORKGROUP, LANE_STATES))
     decays = rt.empty((batch, grid[0], nchunks, WORKGROUP, LANE_STATES))
-    constants["AHEAD"] = FORWARD_AHEAD
+    constants.update(AHEAD=FORWARD_AHEAD, WHOLE=WHOLE)
     for lo, hi in segments(nchunks, seg):
         params.update(kc_lo=lo, kc_hi=hi)
         if min(hi, nchunks - 1) > lo:  # the sequence's last chunk needs no end state
@@ -402,12 +404,13 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
         loop_budget(rt, op, tuple(s.u.shape), 1 + per_chunk)
         slots = rt.empty((batch, grid[0], min(seg, nchunks) * per_chunk, WORKGROUP, LANE_STATES))
         views = dict(B4=s.B, C4=s.C, slots=slots)
+        adjoint_constants = dict(constants, WHOLE=WHOLE)
         for hi in range(nchunks, 0, -seg):
             params.update(kc_lo=max(0, hi - seg), kc_hi=hi)
             rt.run("selective_scan_backward_walk", (grid[0], batch, hi - params["kc_lo"]), constants, u=s.u,
                    delta=s.delta, A_log=s.A_log, B=s.B, delta_bias=s.delta_bias, saved_states=s.states, **views,
                    **params)
-            rt.run("selective_scan_backward", grid, constants, u=s.u, delta=s.delta, A_log=s.A_log, B=s.B, C=s.C,
+            rt.run("selective_scan_backward", grid, adjoint_constants, u=s.u, delta=s.delta, A_log=s.A_log, B=s.B, C=s.C,
                    D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy, saved_states=s.states, du=du, ddelta=ddelta,
                    dz=dz, dB_part=dB_part, dC_part=dC_part, param_part=param_part, carry=carry, **views, **params)
     dB, dC = rt.empty(s.B.shape), rt.empty(s.C.shape)
