@@ -71,7 +71,7 @@ def main() -> None:
         if unknown:
             raise SystemExit(f"unknown variant keys {sorted(unknown)} (chunk, serial, ahead, whole)")
         chunk = variant.get("chunk", a.chunk)
-        scan.FORWARD_SERIAL = bool(variant.get("serial", 0))
+        scan.FORWARD_SERIAL = variant.get("serial", 0)
         scan.FORWARD_AHEAD = variant.get("ahead", 1)
         scan.WHOLE = bool(variant.get("whole", 1))
 
@@ -114,7 +114,7 @@ def main() -> None:
     for variant, got in zip(usable, samples):
         select(variant)
         med = {k: float(np.median(v)) for k, v in got.items()}
-        fwd = sum(v for k, v in med.items() if "forward" in k)
+        fwd = sum(v for k, v in med.items() if "forward" in k or "chunk_ends" in k)
         total = sum(med.values())
         print(f"{rt.info.name}: B {B}, L {L}, Dc {Dc}, N {N}, chunk {chunk}, path {a.path or 'auto'}, "
               f"variant {variant or 'defaults'}")

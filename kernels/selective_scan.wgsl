@@ -520,6 +520,67 @@ fn forward_sub_tile(h0: vec4<f32>, ld: FwdLoads, o: OwnedStep, a2: vec4<f32>, fi
     return FwdTile(h, yc);
 }
 
+// Per-lane constants of a forward walk (chunk-parallel or serial).
+struct FwdLane { b: u32, d: u32, dd: u32, cl: u32, first: u32, valid: bool, a2: vec4<f32>, bias: f32, skip: f32 }
+
+// The forward's sub-tile at step t (steps before `end`) from h and its loads: saves h where t starts a chunk (if
+// `save`), walks it and writes its y. -> h after it.
+fn forward_emit(h0: vec4<f32>, t: u32, end: u32, ld: FwdLoads, w: FwdLane, save: bool) -> vec4<f32> {
+    if (save && t % p.chunk == 0u && w.valid) {
+        lane_states_store_states(((w.b * p.nchunks + t / p.chunk) * p.channels + w.d) * N, w.cl, h0);
+    }
+    let n_in = min(SUB, end - t);  // uniform
+    let own_row = row_index(w.b, t + min(w.cl, n_in - 1u), w.dd);
+    let o = owned_step(ld.x, ld.uv, 0.0, 0.0, false);
+    var tile: FwdTile;
+    if (WHOLE && n_in == SUB) { tile = forward_sub_tile(h0, ld, o, w.a2, w.first, SUB); }  // straight-line steps
+    else { tile = forward_sub_tile(h0, ld, o, w.a2, w.first, n_in); }
+    let acc = lane_step_sum(w.cl, tile.yc);
+    if (w.cl < n_in && w.valid) { y[own_row] = (w.skip * ld.uv + acc) * ld.zv * sigmoid(ld.zv); }
+    return tile.h;
+}
+
+// Steps [begin, end) (begin a multiple of SUB) from h in pairs of sub-tiles, each sub-tile's loads issued two
+// sub-tiles ahead into a buffer of its own (even, odd), so no load still in flight is ever copied. -> h after.
+fn forward_walk_pairs(h0: vec4<f32>, begin: u32, end: u32, w: FwdLane, save: bool) -> vec4<f32> {
+    var h = h0;
+    var even: FwdLoads;
+    var odd: FwdLoads;
+    if (begin < end) { even = fwd_loads_at(w.b, begin, end, w.dd, w.bias, w.cl); }
+    if (begin + SUB < end) { odd = fwd_loads_at(w.b, begin + SUB, end, w.dd, w.bias, w.cl); }
+    for (var t = begin; t < end; t += 2u * SUB) {
+        h = forward_emit(h, t, end, even, w, save);
+        if (t + 2u * SUB < end) { even = fwd_loads_at(w.b, t + 2u * SUB, end, w.dd, w.bias, w.cl); }
+        if (t + SUB < end) {
+            h = forward_emit(h, t + SUB, end, odd, w, save);
+            if (t + 3u * SUB < end) { odd = fwd_loads_at(w.b, t + 3u * SUB, end, w.dd, w.bias, w.cl); }
+        }
+    }
+    return h;
+}
+
+// The serial forward (grid (ceil(Dc·LP / WG), B)): steps [seg_begin, seg_end) of every (b, d) in one walk.
+@compute @workgroup_size(128)
+fn selective_scan_forward_pairs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+    let thread = lid.x;
+    let cl = thread % LP;
+    let d = wid.x * (WG / LP) + thread / LP;
+    let dd = min(d, p.channels - 1u);
+    let w = FwdLane(wid.y, d, dd, cl, thread % SG - cl, d < p.channels, lane_neg_exp_A(dd, cl) * LOG2E,
+                    delta_bias[dd], D[dd]);
+    let sb = (w.b * p.channels + dd) * N;
+    var h = vec4<f32>(0.0);
+    if (p.seg_begin > 0u) {
+        let n = 4u * cl;
+        h = vec4<f32>(select(0.0, last_state[sb + min(n, N - 1u)], n < N),
+                      select(0.0, last_state[sb + min(n + 1u, N - 1u)], n + 1u < N),
+                      select(0.0, last_state[sb + min(n + 2u, N - 1u)], n + 2u < N),
+                      select(0.0, last_state[sb + min(n + 3u, N - 1u)], n + 3u < N));
+    }
+    h = forward_walk_pairs(h, p.seg_begin, p.seg_end, w, true);
+    if (w.valid) { lane_states_store_last(sb, cl, h); }
+}
+
 @compute @workgroup_size(128)
 fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                           @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -554,6 +615,11 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wo
     }
     let t_begin = k * p.chunk;
     let t_end = min(t_begin + p.chunk, p.len);
+    if (AHEAD == 2u) {
+        h = forward_walk_pairs(h, t_begin, t_end, FwdLane(b, d, dd, cl, first, valid, a2, bias, skip), false);
+        if (valid && k + 1u == p.nchunks) { lane_states_store_last((b * p.channels + d) * N, cl, h); }
+        return;
+    }
     // Each sub-tile's loads are issued AHEAD sub-tiles ahead (their latency behind the sub-tiles before).
     var next: FwdLoads;
     var next2: FwdLoads;

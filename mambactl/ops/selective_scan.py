@@ -267,13 +267,14 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
         return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
     constants = _lanes_constants(rt, nstate)
     grid = (-(-channels * constants["LP"] // WORKGROUP), batch)
-    if FORWARD_SERIAL:  # measurement only: main's forward
+    if FORWARD_SERIAL:  # measurement only: main's forward (1), the serial walk in pairs of sub-tiles (2)
         constants["WHOLE"] = WHOLE
         seg = segment_length(rt, op, tuple(u.shape), length, lanes_forward_loops_per_step(nstate), 16,
                              multiple=LANE_SUB, segment=segment)
+        entry = "selective_scan_forward_serial" if FORWARD_SERIAL == 1 else "selective_scan_forward_pairs"
         for t0, t1 in segments(length, seg):
             params.update(seg_begin=t0, seg_end=t1)
-            rt.run("selective_scan_forward_serial", grid, constants, u=u, delta=delta, A_log=A_log, B=B, C=C, D=D,
+            rt.run(entry, grid, constants, u=u, delta=delta, A_log=A_log, B=B, C=C, D=D,
                    z=z, delta_bias=delta_bias, y=y, states=states, last_state=last_state, B4=B, C4=C, **params)
         return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
     nchunks = params["nchunks"]
