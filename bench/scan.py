@@ -67,13 +67,14 @@ def main() -> None:
 
     def select(variant):
         nonlocal chunk
-        unknown = set(variant) - {"chunk", "serial", "ahead", "whole"}
+        unknown = set(variant) - {"chunk", "serial", "ahead", "whole", "bpairs"}
         if unknown:
             raise SystemExit(f"unknown variant keys {sorted(unknown)} (chunk, serial, ahead, whole)")
         chunk = variant.get("chunk", a.chunk)
         scan.FORWARD_SERIAL = variant.get("serial", 0)
         scan.FORWARD_AHEAD = variant.get("ahead", 1)
         scan.WHOLE = bool(variant.get("whole", 1))
+        scan.PAIRS_BWD = bool(variant.get("bpairs", 0))
 
     start = time.perf_counter()
     usable = []

@@ -49,6 +49,7 @@ override LP: u32 = 4u;   // lanes per channel: max(SUB, NP / 4)
 override SG: u32 = 32u;  // lanes per subgroup (Runtime.subgroup_size)
 override ACCUMULATE: bool = false;
 override WHOLE: bool = true;  // measurement: whole sub-tiles branch-free
+override PAIRS_BWD: bool = false;  // measurement: the adjoint in pairs of sub-tiles
 
 // Segments (Mesa llvmpipe caps one invocation's loop iterations at 65,535 in total, so there the wrapper splits
 // the walk over time into dispatches; elsewhere one dispatch covers it): the forward runs steps [seg_begin,
@@ -743,6 +744,21 @@ fn adjoint_sub_tile(ld: SubLoads, o: OwnedStep, n_in: u32, a: vec4<f32>, skip: f
     return vec2<f32>(o.dyg * o.uv, dx);
 }
 
+// The chunk's backward sub-tile j (1-based) from its loads: its adjoint, as the loop below.
+fn adjoint_sub_tile_at(b: u32, chunk_start: u32, steps: u32, j: u32, ld: SubLoads, a: vec4<f32>, skip: f32, first: u32,
+                       cl: u32, lane: u32, dd: u32, slice: u32, valid: bool, live: f32, slice_ok: bool) -> vec2<f32> {
+    let s0 = (j - 1u) * SUB;
+    let n_in = min(SUB, steps - s0);  // uniform
+    let t = chunk_start + s0;
+    let own_row = row_index(b, t + min(cl, n_in - 1u), dd);
+    let o = owned_step(ld.x, ld.uv, ld.zv, ld.dyv, true);
+    let e = ((slice * p.batch + b) * p.len + t) * N + 4u * cl;
+    if (WHOLE && n_in == SUB) {
+        return adjoint_sub_tile(ld, o, SUB, a, skip, first, cl, lane, e, own_row, valid, live, slice_ok);
+    }
+    return adjoint_sub_tile(ld, o, n_in, a, skip, first, cl, lane, e, own_row, valid, live, slice_ok);
+}
+
 // Grid (ceil(Dc·LP / WG), B): the adjoint, chunks last to first, each from the slots the walk stored.
 @compute @workgroup_size(128)
 fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -783,6 +799,23 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         // ahead measured 0.39 ms slower: more registers than 3 workgroups per SM allow).
         var next = sub_loads(row_index(b, chunk_start + last + min(cl, steps - last - 1u), dd), bias,
                              scratch + (nsub - 1u) * WG, (b * p.len + chunk_start + last) * N, steps - last, cl);
+        if (PAIRS_BWD) {
+            // Sub-tiles in pairs, each one's loads issued two sub-tiles ahead into a buffer of its own (even: the
+            // chunk's last sub-tile, odd: the one before), so no load still in flight is copied.
+            var odd: SubLoads;
+            if (nsub > 1u) { odd = sub_loads_whole(b, chunk_start, nsub - 1u, dd, bias, scratch, cl); }
+            for (var j = nsub; j > 0u; j = select(0u, j - 2u, j > 2u)) {
+                sums += adjoint_sub_tile_at(b, chunk_start, steps, j, next, a, skip, first, cl, lane, dd, slice, valid,
+                                            live, slice_ok);
+                if (j > 2u) { next = sub_loads_whole(b, chunk_start, j - 2u, dd, bias, scratch, cl); }
+                if (j > 1u) {
+                    sums += adjoint_sub_tile_at(b, chunk_start, steps, j - 1u, odd, a, skip, first, cl, lane, dd, slice,
+                                                valid, live, slice_ok);
+                    if (j > 3u) { odd = sub_loads_whole(b, chunk_start, j - 3u, dd, bias, scratch, cl); }
+                }
+            }
+            continue;
+        }
         for (var j = nsub; j > 0u; j--) {
             let s0 = (j - 1u) * SUB;
             let n_in = min(SUB, steps - s0);  // steps in this sub-tile (uniform)

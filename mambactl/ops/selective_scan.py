@@ -70,6 +70,7 @@ DIRECT_BACKWARD_GROUP = 32
 FORWARD_SERIAL = False  # measurement only (bench/scan.py --variant serial=1): main's serial GPU forward
 FORWARD_AHEAD = 1  # AHEAD in the kernel (measurement)
 WHOLE = True  # WHOLE in the kernel (measurement)
+PAIRS_BWD = False  # PAIRS_BWD in the kernel (measurement)
 
 
 @dataclass
@@ -405,7 +406,7 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
         loop_budget(rt, op, tuple(s.u.shape), 1 + per_chunk)
         slots = rt.empty((batch, grid[0], min(seg, nchunks) * per_chunk, WORKGROUP, LANE_STATES))
         views = dict(B4=s.B, C4=s.C, slots=slots)
-        adjoint_constants = dict(constants, WHOLE=WHOLE)
+        adjoint_constants = dict(constants, WHOLE=WHOLE, PAIRS_BWD=PAIRS_BWD)
         for hi in range(nchunks, 0, -seg):
             params.update(kc_lo=max(0, hi - seg), kc_hi=hi)
             rt.run("selective_scan_backward_walk", (grid[0], batch, hi - params["kc_lo"]), constants, u=s.u,
