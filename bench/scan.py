@@ -67,14 +67,11 @@ def main() -> None:
 
     def select(variant):
         nonlocal chunk
-        unknown = set(variant) - {"chunk", "serial", "ahead", "whole", "bpairs"}
+        unknown = set(variant) - {"chunk", "group"}
         if unknown:
-            raise SystemExit(f"unknown variant keys {sorted(unknown)} (chunk, serial, ahead, whole)")
+            raise SystemExit(f"unknown variant keys {sorted(unknown)} (only chunk)")
         chunk = variant.get("chunk", a.chunk)
-        scan.FORWARD_SERIAL = variant.get("serial", 0)
-        scan.FORWARD_AHEAD = variant.get("ahead", 1)
-        scan.WHOLE = bool(variant.get("whole", 1))
-        scan.PAIRS_BWD = bool(variant.get("bpairs", 0))
+        scan.FORWARD_GROUP = variant.get("group", 2)
 
     start = time.perf_counter()
     usable = []
@@ -115,7 +112,7 @@ def main() -> None:
     for variant, got in zip(usable, samples):
         select(variant)
         med = {k: float(np.median(v)) for k, v in got.items()}
-        fwd = sum(v for k, v in med.items() if "forward" in k or "chunk_ends" in k)
+        fwd = sum(v for k, v in med.items() if "forward" in k)
         total = sum(med.values())
         print(f"{rt.info.name}: B {B}, L {L}, Dc {Dc}, N {N}, chunk {chunk}, path {a.path or 'auto'}, "
               f"variant {variant or 'defaults'}")

@@ -48,8 +48,6 @@ override N: u32 = 16u;   // state size
 override LP: u32 = 4u;   // lanes per channel: max(SUB, NP / 4)
 override SG: u32 = 32u;  // lanes per subgroup (Runtime.subgroup_size)
 override ACCUMULATE: bool = false;
-override WHOLE: bool = true;  // measurement: whole sub-tiles branch-free
-override PAIRS_BWD: bool = false;  // measurement: the adjoint in pairs of sub-tiles
 
 // Segments (Mesa llvmpipe caps one invocation's loop iterations at 65,535 in total, so there the wrapper splits
 // the walk over time into dispatches; elsewhere one dispatch covers it): the forward runs steps [seg_begin,
@@ -107,10 +105,6 @@ struct StepParams { batch: u32, channels: u32, nstate: u32 }
 @group(0) @binding(35) var<storage, read_write> states4: array<vec4<f32>>;
 @group(0) @binding(36) var<storage, read> saved_states4: array<vec4<f32>>;
 @group(0) @binding(37) var<storage, read_write> scratch4: array<vec4<f32>>;
-// The chunk-parallel forward's chunk end states from h = 0 and decays, [B, Dc·LP / WG, n_chunks, WG] of vec4.
-@group(0) @binding(38) var<storage, read_write> chunk_ends: array<vec4<f32>>;
-@group(0) @binding(39) var<storage, read_write> chunk_decays: array<vec4<f32>>;
-
 fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 
 // log(1 + e) for e >= 0. WGSL only promises log an absolute error of 2^-21 on [0.5, 2] (llvmpipe uses that
@@ -382,120 +376,8 @@ fn lane_states_store_last(e: u32, cl: u32, h: vec4<f32>) {
     if (n + 3u < N) { last_state[e + n + 3u] = h.w; }
 }
 
-@compute @workgroup_size(128)
-fn selective_scan_forward_serial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let b = wid.y;
-    let thread = lid.x;
-    let cl = thread % LP;
-    let first = thread % SG - cl;
-    let d = wid.x * (WG / LP) + thread / LP;
-    let valid = d < p.channels;
-    let dd = min(d, p.channels - 1u);
-    let a = lane_neg_exp_A(dd, cl);
-    let bias = delta_bias[dd];
-    let skip = D[dd];
-    let sb = (b * p.channels + dd) * N;  // [B, Dc, N] row of (b, d)
-    var h = vec4<f32>(0.0);
-    if (p.seg_begin > 0u) {
-        let n = 4u * cl;
-        h = vec4<f32>(select(0.0, last_state[sb + min(n, N - 1u)], n < N),
-                      select(0.0, last_state[sb + min(n + 1u, N - 1u)], n + 1u < N),
-                      select(0.0, last_state[sb + min(n + 2u, N - 1u)], n + 2u < N),
-                      select(0.0, last_state[sb + min(n + 3u, N - 1u)], n + 3u < N));
-    }
-    // Each sub-tile's loads are issued two sub-tiles ahead (their latency behind the two sub-tiles before).
-    var next: FwdLoads;
-    var next2: FwdLoads;
-    if (p.seg_begin < p.seg_end) { next = fwd_loads_at(b, p.seg_begin, p.seg_end, dd, bias, cl); }
-    if (p.seg_begin + SUB < p.seg_end) { next2 = fwd_loads_at(b, p.seg_begin + SUB, p.seg_end, dd, bias, cl); }
-    for (var t = p.seg_begin; t < p.seg_end; t += SUB) {
-        if (t % p.chunk == 0u && valid) {
-            lane_states_store_states(((b * p.nchunks + t / p.chunk) * p.channels + d) * N, cl, h);
-        }
-        let n_in = min(SUB, p.seg_end - t);  // uniform
-        let own_row = row_index(b, t + min(cl, n_in - 1u), dd);
-        let ld = next;
-        next = next2;
-        if (t + 2u * SUB < p.seg_end) { next2 = fwd_loads_at(b, t + 2u * SUB, p.seg_end, dd, bias, cl); }
-        let o = owned_step(ld.x, ld.uv, 0.0, 0.0, false);
-        var yc = vec4<f32>(0.0);
-        if (WHOLE && n_in == SUB) {
-            let tile = forward_sub_tile(h, ld, o, a * LOG2E, first, SUB);
-            h = tile.h;
-            yc = tile.yc;
-        } else {
-        h = exp(subgroupShuffle(o.dt, first) * a) * h + subgroupShuffle(o.dtu, first) * ld.B0;
-        yc.x = dot(ld.C0, h);
-        if (n_in > 1u) {
-            h = exp(subgroupShuffle(o.dt, first + 1u) * a) * h + subgroupShuffle(o.dtu, first + 1u) * ld.B1;
-            yc.y = dot(ld.C1, h);
-        }
-        if (n_in > 2u) {
-            h = exp(subgroupShuffle(o.dt, first + 2u) * a) * h + subgroupShuffle(o.dtu, first + 2u) * ld.B2;
-            yc.z = dot(ld.C2, h);
-        }
-        if (n_in > 3u) {
-            h = exp(subgroupShuffle(o.dt, first + 3u) * a) * h + subgroupShuffle(o.dtu, first + 3u) * ld.B3;
-            yc.w = dot(ld.C3, h);
-        }
-        }
-        let acc = lane_step_sum(cl, yc);
-        if (cl < n_in && valid) { y[own_row] = (skip * ld.uv + acc) * ld.zv * sigmoid(ld.zv); }
-    }
-    if (valid) { lane_states_store_last(sb, cl, h); }
-}
-
-// The chunk-parallel forward, two dispatches over a segment's chunks kc_lo .. kc_hi − 1 (grid (ceil(Dc·LP / WG),
-// B, chunks), chunk k = kc_lo + wid.z): selective_scan_chunk_ends walks every whole chunk but the sequence's last
-// from h = 0 and stores its end state E_k and decay P_k = exp(A ΣΔ) (so h at the chunk's end is P_k h_entry +
-// E_k); selective_scan_forward then combines them, h_{k+1} = fma(P_k, h_k, E_k) from the segment's entry state
-// (0, or states[kc_lo] where kc_lo > 0), saves the entry state, walks its chunk emitting y and stores last_state
-// after the sequence's last step. The segment's last chunk also saves the next segment's entry state by the same
-// combine, so segments are bit-identical to one dispatch. E, P: [B, ceil(Dc·LP / WG), n_chunks, WG] of vec4.
-override AHEAD: u32 = 2u;  // sub-tiles the forward's loads are issued ahead (0, 1 or 2)
-// Both walk with exp2(Δ · A log2(e)): the scaled A once per lane saves a multiply per state and step.
+// The forward walks with exp2(Δ · A log2(e)): the scaled A once per lane saves a multiply per state and step.
 const LOG2E: f32 = 1.4426950408889634;
-
-fn chunk_lane_index(b: u32, groups: u32, group: u32, k: u32, thread: u32) -> u32 {
-    return ((b * groups + group) * p.nchunks + k) * WG + thread;
-}
-
-@compute @workgroup_size(128)
-fn selective_scan_chunk_ends(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                             @builtin(local_invocation_id) lid: vec3<u32>) {
-    let b = wid.y;
-    let k = p.kc_lo + wid.z;
-    let thread = lid.x;
-    let cl = thread % LP;
-    let first = thread % SG - cl;  // the channel's lane 0
-    let dd = min(wid.x * (WG / LP) + thread / LP, p.channels - 1u);
-    let a2 = lane_neg_exp_A(dd, cl) * LOG2E;
-    let bias = delta_bias[dd];
-    let chunk_start = k * p.chunk;  // a whole chunk (only the sequence's last may be shorter): whole sub-tiles
-    var h = vec4<f32>(0.0);
-    var span = 0.0;  // Σ Δ over the chunk
-    var next = walk_loads(row_index(b, chunk_start + min(cl, SUB - 1u), dd), bias, (b * p.len + chunk_start) * N, cl);
-    for (var s0 = 0u; s0 < p.chunk; s0 += SUB) {
-        let t = chunk_start + s0;
-        let w = next;
-        if (s0 + SUB < p.chunk) {
-            next = walk_loads(row_index(b, t + SUB + min(cl, SUB - 1u), dd), bias, (b * p.len + t + SUB) * N, cl);
-        }
-        let o = owned_step(w.x, w.uv, 0.0, 0.0, false);
-        let dt0 = subgroupShuffle(o.dt, first);
-        let dt1 = subgroupShuffle(o.dt, first + 1u);
-        let dt2 = subgroupShuffle(o.dt, first + 2u);
-        let dt3 = subgroupShuffle(o.dt, first + 3u);
-        h = exp2(dt0 * a2) * h + subgroupShuffle(o.dtu, first) * w.B0;
-        h = exp2(dt1 * a2) * h + subgroupShuffle(o.dtu, first + 1u) * w.B1;
-        h = exp2(dt2 * a2) * h + subgroupShuffle(o.dtu, first + 2u) * w.B2;
-        h = exp2(dt3 * a2) * h + subgroupShuffle(o.dtu, first + 3u) * w.B3;
-        span += (dt0 + dt1) + (dt2 + dt3);
-    }
-    let e = chunk_lane_index(b, nwg.x, wid.x, k, thread);
-    chunk_ends[e] = h;
-    chunk_decays[e] = exp2(span * a2);
-}
 
 // A forward sub-tile of n_in steps from h (exp2 of Δ·a2, a2 = A log2(e)): the state after it and the lane's
 // shares of C_t·h_t (component s: step s).
@@ -521,20 +403,21 @@ fn forward_sub_tile(h0: vec4<f32>, ld: FwdLoads, o: OwnedStep, a2: vec4<f32>, fi
     return FwdTile(h, yc);
 }
 
-// Per-lane constants of a forward walk (chunk-parallel or serial).
+// A forward lane's constants: batch row, channel (dd: clamped to the last past Dc), lane in the channel, the
+// channel's lane 0, A log2(e), delta_bias, D.
 struct FwdLane { b: u32, d: u32, dd: u32, cl: u32, first: u32, valid: bool, a2: vec4<f32>, bias: f32, skip: f32 }
 
-// The forward's sub-tile at step t (steps before `end`) from h and its loads: saves h where t starts a chunk (if
-// `save`), walks it and writes its y. -> h after it.
-fn forward_emit(h0: vec4<f32>, t: u32, end: u32, ld: FwdLoads, w: FwdLane, save: bool) -> vec4<f32> {
-    if (save && t % p.chunk == 0u && w.valid) {
+// The forward's sub-tile at step t (steps before `end`) from h and its loads: saves h where t starts a chunk,
+// walks it and writes its y. -> h after it.
+fn forward_emit(h0: vec4<f32>, t: u32, end: u32, ld: FwdLoads, w: FwdLane) -> vec4<f32> {
+    if (t % p.chunk == 0u && w.valid) {
         lane_states_store_states(((w.b * p.nchunks + t / p.chunk) * p.channels + w.d) * N, w.cl, h0);
     }
     let n_in = min(SUB, end - t);  // uniform
     let own_row = row_index(w.b, t + min(w.cl, n_in - 1u), w.dd);
     let o = owned_step(ld.x, ld.uv, 0.0, 0.0, false);
     var tile: FwdTile;
-    if (WHOLE && n_in == SUB) { tile = forward_sub_tile(h0, ld, o, w.a2, w.first, SUB); }  // straight-line steps
+    if (n_in == SUB) { tile = forward_sub_tile(h0, ld, o, w.a2, w.first, SUB); }  // straight-line steps
     else { tile = forward_sub_tile(h0, ld, o, w.a2, w.first, n_in); }
     let acc = lane_step_sum(w.cl, tile.yc);
     if (w.cl < n_in && w.valid) { y[own_row] = (w.skip * ld.uv + acc) * ld.zv * sigmoid(ld.zv); }
@@ -543,18 +426,49 @@ fn forward_emit(h0: vec4<f32>, t: u32, end: u32, ld: FwdLoads, w: FwdLane, save:
 
 // Steps [begin, end) (begin a multiple of SUB) from h in pairs of sub-tiles, each sub-tile's loads issued two
 // sub-tiles ahead into a buffer of its own (even, odd), so no load still in flight is ever copied. -> h after.
-fn forward_walk_pairs(h0: vec4<f32>, begin: u32, end: u32, w: FwdLane, save: bool) -> vec4<f32> {
+fn forward_walk_pairs(h0: vec4<f32>, begin: u32, end: u32, w: FwdLane) -> vec4<f32> {
     var h = h0;
     var even: FwdLoads;
     var odd: FwdLoads;
     if (begin < end) { even = fwd_loads_at(w.b, begin, end, w.dd, w.bias, w.cl); }
     if (begin + SUB < end) { odd = fwd_loads_at(w.b, begin + SUB, end, w.dd, w.bias, w.cl); }
     for (var t = begin; t < end; t += 2u * SUB) {
-        h = forward_emit(h, t, end, even, w, save);
+        h = forward_emit(h, t, end, even, w);
         if (t + 2u * SUB < end) { even = fwd_loads_at(w.b, t + 2u * SUB, end, w.dd, w.bias, w.cl); }
         if (t + SUB < end) {
-            h = forward_emit(h, t + SUB, end, odd, w, save);
+            h = forward_emit(h, t + SUB, end, odd, w);
             if (t + 3u * SUB < end) { odd = fwd_loads_at(w.b, t + 3u * SUB, end, w.dd, w.bias, w.cl); }
+        }
+    }
+    return h;
+}
+
+// As forward_walk_pairs in groups of four sub-tiles (loads four sub-tiles ahead). Measurement variant.
+override GROUP: u32 = 2u;
+fn forward_walk_quads(h0: vec4<f32>, begin: u32, end: u32, w: FwdLane) -> vec4<f32> {
+    var h = h0;
+    var l0: FwdLoads;
+    var l1: FwdLoads;
+    var l2: FwdLoads;
+    var l3: FwdLoads;
+    if (begin < end) { l0 = fwd_loads_at(w.b, begin, end, w.dd, w.bias, w.cl); }
+    if (begin + SUB < end) { l1 = fwd_loads_at(w.b, begin + SUB, end, w.dd, w.bias, w.cl); }
+    if (begin + 2u * SUB < end) { l2 = fwd_loads_at(w.b, begin + 2u * SUB, end, w.dd, w.bias, w.cl); }
+    if (begin + 3u * SUB < end) { l3 = fwd_loads_at(w.b, begin + 3u * SUB, end, w.dd, w.bias, w.cl); }
+    for (var t = begin; t < end; t += 4u * SUB) {
+        h = forward_emit(h, t, end, l0, w);
+        if (t + 4u * SUB < end) { l0 = fwd_loads_at(w.b, t + 4u * SUB, end, w.dd, w.bias, w.cl); }
+        if (t + SUB < end) {
+            h = forward_emit(h, t + SUB, end, l1, w);
+            if (t + 5u * SUB < end) { l1 = fwd_loads_at(w.b, t + 5u * SUB, end, w.dd, w.bias, w.cl); }
+        }
+        if (t + 2u * SUB < end) {
+            h = forward_emit(h, t + 2u * SUB, end, l2, w);
+            if (t + 6u * SUB < end) { l2 = fwd_loads_at(w.b, t + 6u * SUB, end, w.dd, w.bias, w.cl); }
+        }
+        if (t + 3u * SUB < end) {
+            h = forward_emit(h, t + 3u * SUB, end, l3, w);
+            if (t + 7u * SUB < end) { l3 = fwd_loads_at(w.b, t + 7u * SUB, end, w.dd, w.bias, w.cl); }
         }
     }
     return h;
@@ -562,7 +476,7 @@ fn forward_walk_pairs(h0: vec4<f32>, begin: u32, end: u32, w: FwdLane, save: boo
 
 // The serial forward (grid (ceil(Dc·LP / WG), B)): steps [seg_begin, seg_end) of every (b, d) in one walk.
 @compute @workgroup_size(128)
-fn selective_scan_forward_pairs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let thread = lid.x;
     let cl = thread % LP;
     let d = wid.x * (WG / LP) + thread / LP;
@@ -578,76 +492,9 @@ fn selective_scan_forward_pairs(@builtin(workgroup_id) wid: vec3<u32>, @builtin(
                       select(0.0, last_state[sb + min(n + 2u, N - 1u)], n + 2u < N),
                       select(0.0, last_state[sb + min(n + 3u, N - 1u)], n + 3u < N));
     }
-    h = forward_walk_pairs(h, p.seg_begin, p.seg_end, w, true);
+    if (GROUP == 4u) { h = forward_walk_quads(h, p.seg_begin, p.seg_end, w); }
+    else { h = forward_walk_pairs(h, p.seg_begin, p.seg_end, w); }
     if (w.valid) { lane_states_store_last(sb, cl, h); }
-}
-
-@compute @workgroup_size(128)
-fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                          @builtin(local_invocation_id) lid: vec3<u32>) {
-    let b = wid.y;
-    let k = p.kc_lo + wid.z;
-    let thread = lid.x;
-    let cl = thread % LP;
-    let first = thread % SG - cl;
-    let d = wid.x * (WG / LP) + thread / LP;
-    let valid = d < p.channels;
-    let dd = min(d, p.channels - 1u);
-    let a2 = lane_neg_exp_A(dd, cl) * LOG2E;
-    let bias = delta_bias[dd];
-    let skip = D[dd];
-    var h = vec4<f32>(0.0);
-    if (p.kc_lo > 0u) {  // the segment's entry state, saved by the segment before
-        let sb = ((b * p.nchunks + p.kc_lo) * p.channels + dd) * N;
-        let n = 4u * cl;
-        h = vec4<f32>(select(0.0, states[sb + min(n, N - 1u)], n < N),
-                      select(0.0, states[sb + min(n + 1u, N - 1u)], n + 1u < N),
-                      select(0.0, states[sb + min(n + 2u, N - 1u)], n + 2u < N),
-                      select(0.0, states[sb + min(n + 3u, N - 1u)], n + 3u < N));
-    }
-    let e0 = chunk_lane_index(b, nwg.x, wid.x, 0u, thread);
-    for (var j = p.kc_lo; j < k; j++) { h = fma(chunk_decays[e0 + j * WG], h, chunk_ends[e0 + j * WG]); }
-    if (valid && (k > p.kc_lo || k == 0u)) {
-        lane_states_store_states(((b * p.nchunks + k) * p.channels + d) * N, cl, h);
-    }
-    if (valid && k + 1u == p.kc_hi && p.kc_hi < p.nchunks) {
-        let next_entry = fma(chunk_decays[e0 + k * WG], h, chunk_ends[e0 + k * WG]);
-        lane_states_store_states(((b * p.nchunks + k + 1u) * p.channels + d) * N, cl, next_entry);
-    }
-    let t_begin = k * p.chunk;
-    let t_end = min(t_begin + p.chunk, p.len);
-    if (AHEAD == 2u) {
-        h = forward_walk_pairs(h, t_begin, t_end, FwdLane(b, d, dd, cl, first, valid, a2, bias, skip), false);
-        if (valid && k + 1u == p.nchunks) { lane_states_store_last((b * p.channels + d) * N, cl, h); }
-        return;
-    }
-    // Each sub-tile's loads are issued AHEAD sub-tiles ahead (their latency behind the sub-tiles before).
-    var next: FwdLoads;
-    var next2: FwdLoads;
-    if (AHEAD > 0u) { next = fwd_loads_at(b, t_begin, t_end, dd, bias, cl); }
-    if (AHEAD > 1u && t_begin + SUB < t_end) { next2 = fwd_loads_at(b, t_begin + SUB, t_end, dd, bias, cl); }
-    for (var t = t_begin; t < t_end; t += SUB) {
-        let n_in = min(SUB, t_end - t);  // uniform
-        let own_row = row_index(b, t + min(cl, n_in - 1u), dd);
-        var ld = next;
-        if (AHEAD == 0u) {
-            ld = fwd_loads_at(b, t, t_end, dd, bias, cl);
-        } else if (AHEAD > 1u) {
-            next = next2;
-            if (t + 2u * SUB < t_end) { next2 = fwd_loads_at(b, t + 2u * SUB, t_end, dd, bias, cl); }
-        } else if (t + SUB < t_end) {
-            next = fwd_loads_at(b, t + SUB, t_end, dd, bias, cl);
-        }
-        let o = owned_step(ld.x, ld.uv, 0.0, 0.0, false);
-        var tile: FwdTile;
-        if (WHOLE && n_in == SUB) { tile = forward_sub_tile(h, ld, o, a2, first, SUB); }  // straight-line steps
-        else { tile = forward_sub_tile(h, ld, o, a2, first, n_in); }
-        h = tile.h;
-        let yc = tile.yc;
-        let acc = lane_step_sum(cl, yc);
-        if (cl < n_in && valid) { y[own_row] = (skip * ld.uv + acc) * ld.zv * sigmoid(ld.zv); }
-    }
-    if (valid && k + 1u == p.nchunks) { lane_states_store_last((b * p.channels + d) * N, cl, h); }
 }
 
 // Grid (ceil(Dc·LP / WG), B, kc_hi − kc_lo): the walk of chunk k = kc_lo + wid.z (0-based) from its saved entry
@@ -753,7 +600,7 @@ fn adjoint_sub_tile_at(b: u32, chunk_start: u32, steps: u32, j: u32, ld: SubLoad
     let own_row = row_index(b, t + min(cl, n_in - 1u), dd);
     let o = owned_step(ld.x, ld.uv, ld.zv, ld.dyv, true);
     let e = ((slice * p.batch + b) * p.len + t) * N + 4u * cl;
-    if (WHOLE && n_in == SUB) {
+    if (n_in == SUB) {  // straight-line steps
         return adjoint_sub_tile(ld, o, SUB, a, skip, first, cl, lane, e, own_row, valid, live, slice_ok);
     }
     return adjoint_sub_tile(ld, o, n_in, a, skip, first, cl, lane, e, own_row, valid, live, slice_ok);
@@ -795,42 +642,22 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         let last = (nsub - 1u) * SUB;  // the last sub-tile's first step
         // The chunk's slots (the walk's of this segment's chunks).
         let scratch = ((b * nwg.x + wid.x) * (p.kc_hi - p.kc_lo) + k - 1u - p.kc_lo) * per_chunk * WG + thread;
-        // Each sub-tile's loads are issued one sub-tile ahead (their latency behind the sub-tile before; two
-        // ahead measured 0.39 ms slower: more registers than 3 workgroups per SM allow).
-        var next = sub_loads(row_index(b, chunk_start + last + min(cl, steps - last - 1u), dd), bias,
+        // Sub-tiles in pairs, each one's loads issued into a buffer of its own (even: the chunk's last sub-tile,
+        // odd: the one before) right after that buffer's sub-tile ran, so no load still in flight is copied
+        // (a rotation next -> current copies them at the loop's end, which waits for them). Three buffers, or
+        // loads issued before the sub-tile they follow, are more registers than 3 workgroups per SM allow.
+        var even = sub_loads(row_index(b, chunk_start + last + min(cl, steps - last - 1u), dd), bias,
                              scratch + (nsub - 1u) * WG, (b * p.len + chunk_start + last) * N, steps - last, cl);
-        if (PAIRS_BWD) {
-            // Sub-tiles in pairs, each one's loads issued two sub-tiles ahead into a buffer of its own (even: the
-            // chunk's last sub-tile, odd: the one before), so no load still in flight is copied.
-            var odd: SubLoads;
-            if (nsub > 1u) { odd = sub_loads_whole(b, chunk_start, nsub - 1u, dd, bias, scratch, cl); }
-            for (var j = nsub; j > 0u; j = select(0u, j - 2u, j > 2u)) {
-                sums += adjoint_sub_tile_at(b, chunk_start, steps, j, next, a, skip, first, cl, lane, dd, slice, valid,
-                                            live, slice_ok);
-                if (j > 2u) { next = sub_loads_whole(b, chunk_start, j - 2u, dd, bias, scratch, cl); }
-                if (j > 1u) {
-                    sums += adjoint_sub_tile_at(b, chunk_start, steps, j - 1u, odd, a, skip, first, cl, lane, dd, slice,
-                                                valid, live, slice_ok);
-                    if (j > 3u) { odd = sub_loads_whole(b, chunk_start, j - 3u, dd, bias, scratch, cl); }
-                }
-            }
-            continue;
-        }
-        for (var j = nsub; j > 0u; j--) {
-            let s0 = (j - 1u) * SUB;
-            let n_in = min(SUB, steps - s0);  // steps in this sub-tile (uniform)
-            let t = chunk_start + s0;
-            let own_row = row_index(b, t + min(cl, n_in - 1u), dd);
-            let ld = next;
-            if (j > 1u) { next = sub_loads_whole(b, chunk_start, j - 1u, dd, bias, scratch, cl); }
-            let o = owned_step(ld.x, ld.uv, ld.zv, ld.dyv, true);
-            let e = ((slice * p.batch + b) * p.len + t) * N + 4u * cl;
-            // Whole sub-tiles (all but a chunk's last where L or the chunk is not a multiple of SUB) as straight-line
-            // code: no branch between their steps.
-            if (WHOLE && n_in == SUB) {
-                sums += adjoint_sub_tile(ld, o, SUB, a, skip, first, cl, lane, e, own_row, valid, live, slice_ok);
-            } else {
-                sums += adjoint_sub_tile(ld, o, n_in, a, skip, first, cl, lane, e, own_row, valid, live, slice_ok);
+        var odd: SubLoads;
+        if (nsub > 1u) { odd = sub_loads_whole(b, chunk_start, nsub - 1u, dd, bias, scratch, cl); }
+        for (var j = nsub; j > 0u; j = select(0u, j - 2u, j > 2u)) {
+            sums += adjoint_sub_tile_at(b, chunk_start, steps, j, even, a, skip, first, cl, lane, dd, slice, valid,
+                                        live, slice_ok);
+            if (j > 2u) { even = sub_loads_whole(b, chunk_start, j - 2u, dd, bias, scratch, cl); }
+            if (j > 1u) {
+                sums += adjoint_sub_tile_at(b, chunk_start, steps, j - 1u, odd, a, skip, first, cl, lane, dd, slice,
+                                            valid, live, slice_ok);
+                if (j > 3u) { odd = sub_loads_whole(b, chunk_start, j - 3u, dd, bias, scratch, cl); }
             }
         }
     }

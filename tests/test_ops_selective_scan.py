@@ -139,15 +139,16 @@ def reference_states(x):
 
 
 @pytest.mark.parametrize("batch,length,channels,nstate,chunk,segment", [
-    (2, 129, 9, 16, 32, None),   # a last chunk of one step
+    (2, 129, 9, 16, 32, None),   # a last sub-tile of one step
     (1, 96, 40, 16, 32, None),   # L a multiple of the chunk; channels past a workgroup's 32
-    (2, 20, 5, 16, 32, None),    # one chunk, shorter than the chunk (no chunk ends)
-    (2, 101, 7, 5, 8, 24),       # segments of 3 chunks (the combine from a saved entry state); N = 5
-    (1, 70, 6, 20, 16, 32),      # N = 20: 8 lanes per channel; segments of 2 chunks
+    (2, 22, 5, 16, 32, None),    # one chunk, shorter than the chunk; an odd number of sub-tiles
+    (2, 101, 7, 5, 8, 24),       # segments of 6 sub-tiles; N = 5
+    (1, 70, 6, 20, 16, 12),      # N = 20: 8 lanes per channel; segments of 3 sub-tiles (an odd pair)
+    (1, 3, 4, 16, 8, None),      # one partial sub-tile
 ])
-def test_chunk_parallel_forward_matches_reference(rt, batch, length, channels, nstate, chunk, segment):
-    """The GPU forward (chunk ends from h = 0, their combine, each chunk's walk from its entry state) gives y,
-    every saved chunk entry state and the last state of the float64 scan (all outputs start poisoned)."""
+def test_tiled_forward_matches_reference_states(rt, batch, length, channels, nstate, chunk, segment):
+    """The GPU forward (sub-tiles walked in pairs, each with its own load buffer) gives y, every saved chunk
+    entry state and the last state of the float64 scan (all outputs start poisoned)."""
     skip_unsupported(rt, nstate, "tiled")
     x = make_inputs(batch, length, channels, nstate, seed=20)
     y, saved = selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), chunk=chunk, segment=segment, path="tiled")

@@ -67,10 +67,7 @@ SUBGROUP_SUBCHUNK = 4  # SUBCHUNK in the kernel: steps per scratch slot of the s
 DIRECT_THREADS = 256
 DIRECT_FORWARD_GROUP = 64  # mirrors the workgroup sizes of the direct kernels
 DIRECT_BACKWARD_GROUP = 32
-FORWARD_SERIAL = False  # measurement only (bench/scan.py --variant serial=1): main's serial GPU forward
-FORWARD_AHEAD = 1  # AHEAD in the kernel (measurement)
-WHOLE = True  # WHOLE in the kernel (measurement)
-PAIRS_BWD = False  # PAIRS_BWD in the kernel (measurement)
+FORWARD_GROUP = 2  # GROUP in the kernel (measurement)
 
 
 @dataclass
@@ -268,34 +265,13 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
         return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
     constants = _lanes_constants(rt, nstate)
     grid = (-(-channels * constants["LP"] // WORKGROUP), batch)
-    if FORWARD_SERIAL:  # measurement only: main's forward (1), the serial walk in pairs of sub-tiles (2)
-        constants["WHOLE"] = WHOLE
-        seg = segment_length(rt, op, tuple(u.shape), length, lanes_forward_loops_per_step(nstate), 16,
-                             multiple=LANE_SUB, segment=segment)
-        entry = "selective_scan_forward_serial" if FORWARD_SERIAL == 1 else "selective_scan_forward_pairs"
-        for t0, t1 in segments(length, seg):
-            params.update(seg_begin=t0, seg_end=t1)
-            rt.run(entry, grid, constants, u=u, delta=delta, A_log=A_log, B=B, C=C, D=D,
-                   z=z, delta_bias=delta_bias, y=y, states=states, last_state=last_state, B4=B, C4=C, **params)
-        return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
-    nchunks = params["nchunks"]
-    # Segments of whole chunks; an invocation walks one chunk after combining at most a segment's chunk ends.
-    walk = 1 + -(-min(chunk, length) // LANE_SUB) * lanes_forward_loops_per_step(nstate)
-    loop_budget(rt, op, tuple(u.shape), walk + 16)
-    seg = segment_length(rt, op, tuple(u.shape), nchunks, 1, walk + 16,
-                         segment=None if segment is None else -(-segment // chunk))
-    ends = rt.empty((batch, grid[0], nchunks, WORKGROUP, LANE_STATES))
-    decays = rt.empty((batch, grid[0], nchunks, WORKGROUP, LANE_STATES))
-    constants.update(AHEAD=FORWARD_AHEAD, WHOLE=WHOLE)
-    for lo, hi in segments(nchunks, seg):
-        params.update(kc_lo=lo, kc_hi=hi)
-        if min(hi, nchunks - 1) > lo:  # the sequence's last chunk needs no end state
-            rt.run("selective_scan_chunk_ends", (grid[0], batch, min(hi, nchunks - 1) - lo), constants, u=u,
-                   delta=delta, A_log=A_log, B=B, delta_bias=delta_bias, chunk_ends=ends, chunk_decays=decays,
-                   B4=B, **params)
-        rt.run("selective_scan_forward", (grid[0], batch, hi - lo), constants, u=u, delta=delta, A_log=A_log, B=B,
-               C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states, last_state=last_state, chunk_ends=ends,
-               chunk_decays=decays, B4=B, C4=C, **params)
+    seg = segment_length(rt, op, tuple(u.shape), length, lanes_forward_loops_per_step(nstate), 16,
+                         multiple=LANE_SUB, segment=segment)
+    constants["GROUP"] = FORWARD_GROUP
+    for t0, t1 in segments(length, seg):
+        params.update(seg_begin=t0, seg_end=t1)
+        rt.run("selective_scan_forward", grid, constants, u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z,
+               delta_bias=delta_bias, y=y, states=states, last_state=last_state, B4=B, C4=C, **params)
     return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
 
 
@@ -406,13 +382,12 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
         loop_budget(rt, op, tuple(s.u.shape), 1 + per_chunk)
         slots = rt.empty((batch, grid[0], min(seg, nchunks) * per_chunk, WORKGROUP, LANE_STATES))
         views = dict(B4=s.B, C4=s.C, slots=slots)
-        adjoint_constants = dict(constants, WHOLE=WHOLE, PAIRS_BWD=PAIRS_BWD)
         for hi in range(nchunks, 0, -seg):
             params.update(kc_lo=max(0, hi - seg), kc_hi=hi)
             rt.run("selective_scan_backward_walk", (grid[0], batch, hi - params["kc_lo"]), constants, u=s.u,
                    delta=s.delta, A_log=s.A_log, B=s.B, delta_bias=s.delta_bias, saved_states=s.states, **views,
                    **params)
-            rt.run("selective_scan_backward", grid, adjoint_constants, u=s.u, delta=s.delta, A_log=s.A_log, B=s.B, C=s.C,
+            rt.run("selective_scan_backward", grid, constants, u=s.u, delta=s.delta, A_log=s.A_log, B=s.B, C=s.C,
                    D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy, saved_states=s.states, du=du, ddelta=ddelta,
                    dz=dz, dB_part=dB_part, dC_part=dC_part, param_part=param_part, carry=carry, **views, **params)
     dB, dC = rt.empty(s.B.shape), rt.empty(s.C.shape)
