@@ -67,11 +67,10 @@ def main() -> None:
 
     def select(variant):
         nonlocal chunk
-        unknown = set(variant) - {"chunk", "group"}
+        unknown = set(variant) - {"chunk"}
         if unknown:
             raise SystemExit(f"unknown variant keys {sorted(unknown)} (only chunk)")
         chunk = variant.get("chunk", a.chunk)
-        scan.FORWARD_GROUP = variant.get("group", 2)
 
     start = time.perf_counter()
     usable = []

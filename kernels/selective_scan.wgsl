@@ -3,27 +3,29 @@
 //   Δ = softplus(delta + delta_bias), A = −exp(A_log), h_t = exp(Δ_t A) h_{t−1} + Δ_t B_t u_t,
 //   y_t = (C_t·h_t + D u_t) · silu(z_t).
 //
-// GPU kernels ("tiled" in the wrapper; forward, backward_walk, backward): LP = max(SUB, NP / 4) lanes per
-// (batch row b, channel d), NP = N rounded up to a power of two, lane cl holding the 4 consecutive states
-// 4cl .. 4cl + 3 in a vec4 register (those ≥ N stay 0: A, B, C and the saved states load as 0 there). A
-// channel's lanes are an aligned block of a subgroup of SG lanes (LP ≤ SG; lanes numbered as the threads, as on
-// NVIDIA and lavapipe), so a subgroup holds CPS = SG / LP channels (8 at N = 16 on NVIDIA) and a workgroup
-// WG / LP; grid (ceil(Dc·LP / WG), B). No workgroup memory and no barriers: each subgroup walks time on its own
-// (h, and in the backward the adjoint g, are registers carried from step to step), in sub-tiles of SUB = 4 steps.
-// In a sub-tile lane s of a channel is the owner of step s: it loads that step's delta, u (z, dy) and computes
-// Δ, Δ·u (the gate's and softplus's derivatives) once for the channel; subgroupShuffle broadcasts them to the
-// channel's lanes. The sums over n of a sub-tile (C·h; in the backward also g·B and Σ gh·A) are one transposing
-// butterfly over the channel's lanes that leaves step s's sums in lane s, which writes that step's y (dz, du,
-// ddelta). The backward sums dB, dC over the subgroup's channels by a transposing butterfly per step that
-// leaves each of the 2N sums in one lane (CPS = 8), stored as per-subgroup partials dB_part, dC_part
-// [ceil(Dc / CPS), B, L, N] that selective_scan_sum_slices adds in a fixed order. Each sub-tile's loads are
-// issued ahead (two sub-tiles in the forward, one in the backward and the walk; measured below). Nothing a
-// lane holds is an array indexed by a loop counter (those can land in local memory): every value is a named
-// register. Why this split: at the 130m shape (B 8, Dc 1536, N 16) there are only 49k lanes, 384 workgroups,
-// ~3 per SM of an H200, so registers are cheap (up to ~168 per lane keeps every workgroup resident at once; the
-// backward sits near that: loads two sub-tiles ahead cost it a second wave) while each barrier and round trip
-// through workgroup memory lies on a walk's critical path (the workgroup-memory kernels these replaced: one
-// state per thread, 5 barriers per tile of 8 steps, 4.5x slower).
+// GPU kernels ("tiled" in the wrapper; forward, backward_walk, backward): LP = max(SUB, NP / 4) lanes per (batch row
+// b, channel d), NP = N rounded up to a power of two, lane cl holding the 4 consecutive states 4cl .. 4cl + 3 in a
+// vec4 register (those ≥ N stay 0: A, B, C and the saved states load as 0 there). A channel's lanes are an aligned
+// block of a subgroup of SG lanes (LP ≤ SG; lanes numbered as the threads, as on NVIDIA and lavapipe), so a subgroup
+// holds CPS = SG / LP channels (8 at N = 16 on NVIDIA) and a workgroup WG / LP; grid (ceil(Dc·LP / WG), B). No
+// workgroup memory and no barriers: each subgroup walks time on its own (h, and in the backward the adjoint g, are
+// registers carried from step to step), in sub-tiles of SUB = 4 steps. In a sub-tile lane s of a channel is the
+// owner of step s: it loads that step's delta, u (z, dy) and computes Δ, Δ·u (the gate's and softplus's derivatives)
+// once for the channel; subgroupShuffle broadcasts them to the channel's lanes. The sums over n of a sub-tile (C·h;
+// in the backward also g·B and Σ gh·A) are one transposing butterfly over the channel's lanes that leaves step s's
+// sums in lane s, which writes that step's y (dz, du, ddelta). The backward sums dB, dC over the subgroup's channels
+// by a transposing butterfly per step that leaves each of the 2N sums in one lane (CPS = 8), stored as per-subgroup
+// partials dB_part, dC_part [ceil(Dc / CPS), B, L, N] that selective_scan_sum_slices adds in a fixed order. Each
+// sub-tile's loads are issued ahead: the forward and the adjoint walk sub-tiles in pairs with a load buffer each
+// (even, odd), reloaded right after its sub-tile ran, so no load still in flight is ever copied (a rotation `ld =
+// next; next = load` copies them at the loop's end, which waits for them); the walk issues one sub-tile ahead. A
+// whole sub-tile (all but a segment's or a chunk's last) runs as straight-line code: the sub-tile helpers inlined
+// with n_in = SUB, no branch between its steps. Nothing a lane holds is an array indexed by a loop counter (those
+// can land in local memory): every value is a named register. Why this split: at the 130m shape (B 8, Dc 1536, N 16)
+// there are only 49k lanes, 384 workgroups, ~3 per SM of an H200, so registers are cheap (up to ~168 per lane keeps
+// every workgroup resident at once; the backward sits near that: loads two sub-tiles ahead cost it a second wave)
+// while each barrier and round trip through workgroup memory lies on a walk's critical path (the workgroup-memory
+// kernels these replaced: one state per thread, 5 barriers per tile of 8 steps, 4.5x slower).
 // Memory: the forward saves only the state entering each chunk of `chunk` steps, states [B, n_chunks, Dc, N].
 // The backward first walks every chunk of a segment at once from its saved entry state
 // (selective_scan_backward_walk: the chunks are independent, one dispatch, chunks along the grid's z), storing
@@ -33,11 +35,16 @@
 // backwards (dy' = dy·silu(z)). Sums over batch rows (∂/∂A_log, ∂/∂D, ∂/∂delta_bias) go out as per-row
 // partials (param_part); second dispatches add the partials in a fixed order, so results are deterministic and
 // there are no atomics.
-// Measured (H200, B 8, L 1024, Dc 1536, N 16, GPU timestamps, bench/scan.py, one process): forward 0.315 ms
-// with loads two sub-tiles ahead (one ahead 0.331; the workgroup-memory forward it replaced 0.499), backward
-// 0.143 (walk) + 0.550 ms (the workgroup-memory backward it replaced 2.504; the walk inside the backward
-// dispatch: 0.728 in all). Loads not issued ahead: backward +0.09 ms, forward +0.37 ms; only the owner's inputs
-// and the entry state ahead: backward +0.03 ms; two sub-tiles ahead in the backward: +0.39 ms.
+// Measured (H200, B 8, L 1024, Dc 1536, N 16, GPU timestamps, bench/scan.py, one process, round robin, 05:01
+// UTC 2026-12-02): forward 0.269 ms, adjoint 0.526, walk 0.141; against a rotation of loads two sub-tiles ahead
+// (forward) or one (adjoint) with a branch per step: 0.310 / 0.545 ms; straight-line whole sub-tiles with the
+// rotation: 0.276 / 0.536. Earlier: the workgroup-memory kernels these replaced 0.499 (forward), 2.504
+// (backward); the walk inside the backward dispatch 0.728 in all; loads not issued ahead +0.37 (forward), +0.09
+// (backward); two sub-tiles ahead in the backward by a rotation +0.39 ms (a register cliff). Measured and
+// removed: a chunk-parallel forward (every chunk's end state from h = 0 and its decay exp(A ΣΔ) in one dispatch,
+// then each chunk's walk from the combined entry state: 8x the lanes, twice the exps): 0.092 + 0.190 ms, no
+// faster than the serial walk (0.282 vs 0.269, same call); with 8x the lanes each pass runs at ~1 TB/s, bound by
+// its instructions (an exp per state and step), so the extra pass costs what the parallelism saves.
 // N, LP and SG are pipeline constants; the wrapper keeps LP ≤ SG (else the direct kernels run).
 
 const WG: u32 = 128u;  // mirrored by the wrapper (mambactl/ops/selective_scan.py)
@@ -424,8 +431,8 @@ fn forward_emit(h0: vec4<f32>, t: u32, end: u32, ld: FwdLoads, w: FwdLane) -> ve
     return tile.h;
 }
 
-// Steps [begin, end) (begin a multiple of SUB) from h in pairs of sub-tiles, each sub-tile's loads issued two
-// sub-tiles ahead into a buffer of its own (even, odd), so no load still in flight is ever copied. -> h after.
+// Steps [begin, end) (begin a multiple of SUB) from h in pairs of sub-tiles, each with a load buffer of its own
+// (even, odd) reloaded right after its sub-tile ran, so no load still in flight is ever copied. -> h after.
 fn forward_walk_pairs(h0: vec4<f32>, begin: u32, end: u32, w: FwdLane) -> vec4<f32> {
     var h = h0;
     var even: FwdLoads;
@@ -443,38 +450,7 @@ fn forward_walk_pairs(h0: vec4<f32>, begin: u32, end: u32, w: FwdLane) -> vec4<f
     return h;
 }
 
-// As forward_walk_pairs in groups of four sub-tiles (loads four sub-tiles ahead). Measurement variant.
-override GROUP: u32 = 2u;
-fn forward_walk_quads(h0: vec4<f32>, begin: u32, end: u32, w: FwdLane) -> vec4<f32> {
-    var h = h0;
-    var l0: FwdLoads;
-    var l1: FwdLoads;
-    var l2: FwdLoads;
-    var l3: FwdLoads;
-    if (begin < end) { l0 = fwd_loads_at(w.b, begin, end, w.dd, w.bias, w.cl); }
-    if (begin + SUB < end) { l1 = fwd_loads_at(w.b, begin + SUB, end, w.dd, w.bias, w.cl); }
-    if (begin + 2u * SUB < end) { l2 = fwd_loads_at(w.b, begin + 2u * SUB, end, w.dd, w.bias, w.cl); }
-    if (begin + 3u * SUB < end) { l3 = fwd_loads_at(w.b, begin + 3u * SUB, end, w.dd, w.bias, w.cl); }
-    for (var t = begin; t < end; t += 4u * SUB) {
-        h = forward_emit(h, t, end, l0, w);
-        if (t + 4u * SUB < end) { l0 = fwd_loads_at(w.b, t + 4u * SUB, end, w.dd, w.bias, w.cl); }
-        if (t + SUB < end) {
-            h = forward_emit(h, t + SUB, end, l1, w);
-            if (t + 5u * SUB < end) { l1 = fwd_loads_at(w.b, t + 5u * SUB, end, w.dd, w.bias, w.cl); }
-        }
-        if (t + 2u * SUB < end) {
-            h = forward_emit(h, t + 2u * SUB, end, l2, w);
-            if (t + 6u * SUB < end) { l2 = fwd_loads_at(w.b, t + 6u * SUB, end, w.dd, w.bias, w.cl); }
-        }
-        if (t + 3u * SUB < end) {
-            h = forward_emit(h, t + 3u * SUB, end, l3, w);
-            if (t + 7u * SUB < end) { l3 = fwd_loads_at(w.b, t + 7u * SUB, end, w.dd, w.bias, w.cl); }
-        }
-    }
-    return h;
-}
-
-// The serial forward (grid (ceil(Dc·LP / WG), B)): steps [seg_begin, seg_end) of every (b, d) in one walk.
+// The forward's entry point: h entering from last_state when seg_begin > 0, then the walk.
 @compute @workgroup_size(128)
 fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let thread = lid.x;
@@ -492,8 +468,7 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
                       select(0.0, last_state[sb + min(n + 2u, N - 1u)], n + 2u < N),
                       select(0.0, last_state[sb + min(n + 3u, N - 1u)], n + 3u < N));
     }
-    if (GROUP == 4u) { h = forward_walk_quads(h, p.seg_begin, p.seg_end, w); }
-    else { h = forward_walk_pairs(h, p.seg_begin, p.seg_end, w); }
+    h = forward_walk_pairs(h, p.seg_begin, p.seg_end, w);
     if (w.valid) { lane_states_store_last(sb, cl, h); }
 }
 
@@ -591,7 +566,7 @@ fn adjoint_sub_tile(ld: SubLoads, o: OwnedStep, n_in: u32, a: vec4<f32>, skip: f
     return vec2<f32>(o.dyg * o.uv, dx);
 }
 
-// The chunk's backward sub-tile j (1-based) from its loads: its adjoint, as the loop below.
+// The chunk's backward sub-tile j (1-based; `steps` in the chunk) from its loads: its adjoint.
 fn adjoint_sub_tile_at(b: u32, chunk_start: u32, steps: u32, j: u32, ld: SubLoads, a: vec4<f32>, skip: f32, first: u32,
                        cl: u32, lane: u32, dd: u32, slice: u32, valid: bool, live: f32, slice_ok: bool) -> vec2<f32> {
     let s0 = (j - 1u) * SUB;

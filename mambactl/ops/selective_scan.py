@@ -67,7 +67,6 @@ SUBGROUP_SUBCHUNK = 4  # SUBCHUNK in the kernel: steps per scratch slot of the s
 DIRECT_THREADS = 256
 DIRECT_FORWARD_GROUP = 64  # mirrors the workgroup sizes of the direct kernels
 DIRECT_BACKWARD_GROUP = 32
-FORWARD_GROUP = 2  # GROUP in the kernel (measurement)
 
 
 @dataclass
@@ -267,7 +266,6 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
     grid = (-(-channels * constants["LP"] // WORKGROUP), batch)
     seg = segment_length(rt, op, tuple(u.shape), length, lanes_forward_loops_per_step(nstate), 16,
                          multiple=LANE_SUB, segment=segment)
-    constants["GROUP"] = FORWARD_GROUP
     for t0, t1 in segments(length, seg):
         params.update(seg_begin=t0, seg_end=t1)
         rt.run("selective_scan_forward", grid, constants, u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z,
