@@ -3,27 +3,29 @@
 //   Δ = softplus(delta + delta_bias), A = −exp(A_log), h_t = exp(Δ_t A) h_{t−1} + Δ_t B_t u_t,
 //   y_t = (C_t·h_t + D u_t) · silu(z_t).
 //
-// GPU kernels ("tiled" in the wrapper; forward, backward_walk, backward): LP = max(SUB, NP / 4) lanes per
-// (batch row b, channel d), NP = N rounded up to a power of two, lane cl holding the 4 consecutive states
-// 4cl .. 4cl + 3 in a vec4 register (those ≥ N stay 0: A, B, C and the saved states load as 0 there). A
-// channel's lanes are an aligned block of a subgroup of SG lanes (LP ≤ SG; lanes numbered as the threads, as on
-// NVIDIA and lavapipe), so a subgroup holds CPS = SG / LP channels (8 at N = 16 on NVIDIA) and a workgroup
-// WG / LP; grid (ceil(Dc·LP / WG), B). No workgroup memory and no barriers: each subgroup walks time on its own
-// (h, and in the backward the adjoint g, are registers carried from step to step), in sub-tiles of SUB = 4 steps.
-// In a sub-tile lane s of a channel is the owner of step s: it loads that step's delta, u (z, dy) and computes
-// Δ, Δ·u (the gate's and softplus's derivatives) once for the channel; subgroupShuffle broadcasts them to the
-// channel's lanes. The sums over n of a sub-tile (C·h; in the backward also g·B and Σ gh·A) are one transposing
-// butterfly over the channel's lanes that leaves step s's sums in lane s, which writes that step's y (dz, du,
-// ddelta). The backward sums dB, dC over the subgroup's channels by a transposing butterfly per step that
-// leaves each of the 2N sums in one lane (CPS = 8), stored as per-subgroup partials dB_part, dC_part
-// [ceil(Dc / CPS), B, L, N] that selective_scan_sum_slices adds in a fixed order. Each sub-tile's loads are
-// issued ahead (two sub-tiles in the forward, one in the backward and the walk; measured below). Nothing a
-// lane holds is an array indexed by a loop counter (those can land in local memory): every value is a named
-// register. Why this split: at the 130m shape (B 8, Dc 1536, N 16) there are only 49k lanes, 384 workgroups,
-// ~3 per SM of an H200, so registers are cheap (up to ~168 per lane keeps every workgroup resident at once; the
-// backward sits near that: loads two sub-tiles ahead cost it a second wave) while each barrier and round trip
-// through workgroup memory lies on a walk's critical path (the workgroup-memory kernels these replaced: one
-// state per thread, 5 barriers per tile of 8 steps, 4.5x slower).
+// GPU kernels ("tiled" in the wrapper; forward, backward_walk, backward): LP = max(SUB, NP / 4) lanes per (batch row
+// b, channel d), NP = N rounded up to a power of two, lane cl holding the 4 consecutive states 4cl .. 4cl + 3 in a
+// vec4 register (those ≥ N stay 0: A, B, C and the saved states load as 0 there). A channel's lanes are an aligned
+// block of a subgroup of SG lanes (LP ≤ SG; lanes numbered as the threads, as on NVIDIA and lavapipe), so a subgroup
+// holds CPS = SG / LP channels (8 at N = 16 on NVIDIA) and a workgroup WG / LP; grid (ceil(Dc·LP / WG), B). No
+// workgroup memory and no barriers: each subgroup walks time on its own (h, and in the backward the adjoint g, are
+// registers carried from step to step), in sub-tiles of SUB = 4 steps. In a sub-tile lane s of a channel is the
+// owner of step s: it loads that step's delta, u (z, dy) and computes Δ, Δ·u (the gate's and softplus's derivatives)
+// once for the channel; subgroupShuffle broadcasts them to the channel's lanes. The sums over n of a sub-tile (C·h;
+// in the backward also g·B and Σ gh·A) are one transposing butterfly over the channel's lanes that leaves step s's
+// sums in lane s, which writes that step's y (dz, du, ddelta). The backward sums dB, dC over the subgroup's channels
+// by a transposing butterfly per step that leaves each of the 2N sums in one lane (CPS = 8), stored as per-subgroup
+// partials dB_part, dC_part [ceil(Dc / CPS), B, L, N] that selective_scan_sum_slices adds in a fixed order. Each
+// sub-tile's loads are issued ahead: the forward and the adjoint walk sub-tiles in pairs with a load buffer each
+// (even, odd), reloaded right after its sub-tile ran, so no load still in flight is ever copied (a rotation `ld =
+// next; next = load` copies them at the loop's end, which waits for them); the walk issues one sub-tile ahead. A
+// whole sub-tile (all but a segment's or a chunk's last) runs as straight-line code: the sub-tile helpers inlined
+// with n_in = SUB, no branch between its steps. Nothing a lane holds is an array indexed by a loop counter (those
+// can land in local memory): every value is a named register. Why this split: at the 130m shape (B 8, Dc 1536, N 16)
+// there are only 49k lanes, 384 workgroups, ~3 per SM of an H200, so registers are cheap (up to ~168 per lane keeps
+// every workgroup resident at once; the backward sits near that: loads two sub-tiles ahead cost it a second wave)
+// while each barrier and round trip through workgroup memory lies on a walk's critical path (the workgroup-memory
+// kernels these replaced: one state per thread, 5 barriers per tile of 8 steps, 4.5x slower).
 // Memory: the forward saves only the state entering each chunk of `chunk` steps, states [B, n_chunks, Dc, N].
 // The backward first walks every chunk of a segment at once from its saved entry state
 // (selective_scan_backward_walk: the chunks are independent, one dispatch, chunks along the grid's z), storing
@@ -33,11 +35,16 @@
 // backwards (dy' = dy·silu(z)). Sums over batch rows (∂/∂A_log, ∂/∂D, ∂/∂delta_bias) go out as per-row
 // partials (param_part); second dispatches add the partials in a fixed order, so results are deterministic and
 // there are no atomics.
-// Measured (H200, B 8, L 1024, Dc 1536, N 16, GPU timestamps, bench/scan.py, one process): forward 0.315 ms
-// with loads two sub-tiles ahead (one ahead 0.331; the workgroup-memory forward it replaced 0.499), backward
-// 0.143 (walk) + 0.550 ms (the workgroup-memory backward it replaced 2.504; the walk inside the backward
-// dispatch: 0.728 in all). Loads not issued ahead: backward +0.09 ms, forward +0.37 ms; only the owner's inputs
-// and the entry state ahead: backward +0.03 ms; two sub-tiles ahead in the backward: +0.39 ms.
+// Measured (H200, B 8, L 1024, Dc 1536, N 16, GPU timestamps, bench/scan.py, one process, round robin, 05:01
+// UTC 2026-12-02): forward 0.269 ms, adjoint 0.526, walk 0.141; against a rotation of loads two sub-tiles ahead
+// (forward) or one (adjoint) with a branch per step: 0.310 / 0.545 ms; straight-line whole sub-tiles with the
+// rotation: 0.276 / 0.536. Earlier: the workgroup-memory kernels these replaced 0.499 (forward), 2.504
+// (backward); the walk inside the backward dispatch 0.728 in all; loads not issued ahead +0.37 (forward), +0.09
+// (backward); two sub-tiles ahead in the backward by a rotation +0.39 ms (a register cliff). Measured and
+// removed: a chunk-parallel forward (every chunk's end state from h = 0 and its decay exp(A ΣΔ) in one dispatch,
+// then each chunk's walk from the combined entry state: 8x the lanes, twice the exps): 0.092 + 0.190 ms, no
+// faster than the serial walk (0.282 vs 0.269, same call); with 8x the lanes each pass runs at ~1 TB/s, bound by
+// its instructions (an exp per state and step), so the extra pass costs what the parallelism saves.
 // N, LP and SG are pipeline constants; the wrapper keeps LP ≤ SG (else the direct kernels run).
 
 const WG: u32 = 128u;  // mirrored by the wrapper (mambactl/ops/selective_scan.py)
@@ -105,7 +112,6 @@ struct StepParams { batch: u32, channels: u32, nstate: u32 }
 @group(0) @binding(35) var<storage, read_write> states4: array<vec4<f32>>;
 @group(0) @binding(36) var<storage, read> saved_states4: array<vec4<f32>>;
 @group(0) @binding(37) var<storage, read_write> scratch4: array<vec4<f32>>;
-
 fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 
 // log(1 + e) for e >= 0. WGSL only promises log an absolute error of 2^-21 on [0.5, 2] (llvmpipe uses that
@@ -346,9 +352,9 @@ fn fwd_loads(row: u32, bias: f32, bc: u32, n_in: u32, cl: u32) -> FwdLoads {
                     lane_states_C(b2, cl), lane_states_C(b3, cl));
 }
 
-// The loads of the forward's sub-tile at step t (up to seg_end).
-fn fwd_loads_at(b: u32, t: u32, dd: u32, bias: f32, cl: u32) -> FwdLoads {
-    let n_in = min(SUB, p.seg_end - t);
+// The loads of the forward's sub-tile at step t (steps before `end`).
+fn fwd_loads_at(b: u32, t: u32, end: u32, dd: u32, bias: f32, cl: u32) -> FwdLoads {
+    let n_in = min(SUB, end - t);
     return fwd_loads(row_index(b, t + min(cl, n_in - 1u), dd), bias, (b * p.len + t) * N, n_in, cl);
 }
 
@@ -377,19 +383,83 @@ fn lane_states_store_last(e: u32, cl: u32, h: vec4<f32>) {
     if (n + 3u < N) { last_state[e + n + 3u] = h.w; }
 }
 
+// The forward walks with exp2(Δ · A log2(e)): the scaled A once per lane saves a multiply per state and step.
+const LOG2E: f32 = 1.4426950408889634;
+
+// A forward sub-tile of n_in steps from h (exp2 of Δ·a2, a2 = A log2(e)): the state after it and the lane's
+// shares of C_t·h_t (component s: step s).
+struct FwdTile { h: vec4<f32>, yc: vec4<f32> }
+
+fn forward_sub_tile(h0: vec4<f32>, ld: FwdLoads, o: OwnedStep, a2: vec4<f32>, first: u32, n_in: u32) -> FwdTile {
+    var h = h0;
+    var yc = vec4<f32>(0.0);
+    h = exp2(subgroupShuffle(o.dt, first) * a2) * h + subgroupShuffle(o.dtu, first) * ld.B0;
+    yc.x = dot(ld.C0, h);
+    if (n_in > 1u) {
+        h = exp2(subgroupShuffle(o.dt, first + 1u) * a2) * h + subgroupShuffle(o.dtu, first + 1u) * ld.B1;
+        yc.y = dot(ld.C1, h);
+    }
+    if (n_in > 2u) {
+        h = exp2(subgroupShuffle(o.dt, first + 2u) * a2) * h + subgroupShuffle(o.dtu, first + 2u) * ld.B2;
+        yc.z = dot(ld.C2, h);
+    }
+    if (n_in > 3u) {
+        h = exp2(subgroupShuffle(o.dt, first + 3u) * a2) * h + subgroupShuffle(o.dtu, first + 3u) * ld.B3;
+        yc.w = dot(ld.C3, h);
+    }
+    return FwdTile(h, yc);
+}
+
+// A forward lane's constants: batch row, channel (dd: clamped to the last past Dc), lane in the channel, the
+// channel's lane 0, A log2(e), delta_bias, D.
+struct FwdLane { b: u32, d: u32, dd: u32, cl: u32, first: u32, valid: bool, a2: vec4<f32>, bias: f32, skip: f32 }
+
+// The forward's sub-tile at step t (steps before `end`) from h and its loads: saves h where t starts a chunk,
+// walks it and writes its y. -> h after it.
+fn forward_emit(h0: vec4<f32>, t: u32, end: u32, ld: FwdLoads, w: FwdLane) -> vec4<f32> {
+    if (t % p.chunk == 0u && w.valid) {
+        lane_states_store_states(((w.b * p.nchunks + t / p.chunk) * p.channels + w.d) * N, w.cl, h0);
+    }
+    let n_in = min(SUB, end - t);  // uniform
+    let own_row = row_index(w.b, t + min(w.cl, n_in - 1u), w.dd);
+    let o = owned_step(ld.x, ld.uv, 0.0, 0.0, false);
+    var tile: FwdTile;
+    if (n_in == SUB) { tile = forward_sub_tile(h0, ld, o, w.a2, w.first, SUB); }  // straight-line steps
+    else { tile = forward_sub_tile(h0, ld, o, w.a2, w.first, n_in); }
+    let acc = lane_step_sum(w.cl, tile.yc);
+    if (w.cl < n_in && w.valid) { y[own_row] = (w.skip * ld.uv + acc) * ld.zv * sigmoid(ld.zv); }
+    return tile.h;
+}
+
+// Steps [begin, end) (begin a multiple of SUB) from h in pairs of sub-tiles, each with a load buffer of its own
+// (even, odd) reloaded right after its sub-tile ran, so no load still in flight is ever copied. -> h after.
+fn forward_walk_pairs(h0: vec4<f32>, begin: u32, end: u32, w: FwdLane) -> vec4<f32> {
+    var h = h0;
+    var even: FwdLoads;
+    var odd: FwdLoads;
+    if (begin < end) { even = fwd_loads_at(w.b, begin, end, w.dd, w.bias, w.cl); }
+    if (begin + SUB < end) { odd = fwd_loads_at(w.b, begin + SUB, end, w.dd, w.bias, w.cl); }
+    for (var t = begin; t < end; t += 2u * SUB) {
+        h = forward_emit(h, t, end, even, w);
+        if (t + 2u * SUB < end) { even = fwd_loads_at(w.b, t + 2u * SUB, end, w.dd, w.bias, w.cl); }
+        if (t + SUB < end) {
+            h = forward_emit(h, t + SUB, end, odd, w);
+            if (t + 3u * SUB < end) { odd = fwd_loads_at(w.b, t + 3u * SUB, end, w.dd, w.bias, w.cl); }
+        }
+    }
+    return h;
+}
+
+// The forward's entry point: h entering from last_state when seg_begin > 0, then the walk.
 @compute @workgroup_size(128)
 fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    let b = wid.y;
     let thread = lid.x;
     let cl = thread % LP;
-    let first = thread % SG - cl;
     let d = wid.x * (WG / LP) + thread / LP;
-    let valid = d < p.channels;
     let dd = min(d, p.channels - 1u);
-    let a = lane_neg_exp_A(dd, cl);
-    let bias = delta_bias[dd];
-    let skip = D[dd];
-    let sb = (b * p.channels + dd) * N;  // [B, Dc, N] row of (b, d)
+    let w = FwdLane(wid.y, d, dd, cl, thread % SG - cl, d < p.channels, lane_neg_exp_A(dd, cl) * LOG2E,
+                    delta_bias[dd], D[dd]);
+    let sb = (w.b * p.channels + dd) * N;
     var h = vec4<f32>(0.0);
     if (p.seg_begin > 0u) {
         let n = 4u * cl;
@@ -398,40 +468,8 @@ fn selective_scan_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_
                       select(0.0, last_state[sb + min(n + 2u, N - 1u)], n + 2u < N),
                       select(0.0, last_state[sb + min(n + 3u, N - 1u)], n + 3u < N));
     }
-    // Each sub-tile's loads are issued two sub-tiles ahead (their latency behind the two sub-tiles before).
-    var next: FwdLoads;
-    var next2: FwdLoads;
-    if (p.seg_begin < p.seg_end) { next = fwd_loads_at(b, p.seg_begin, dd, bias, cl); }
-    if (p.seg_begin + SUB < p.seg_end) { next2 = fwd_loads_at(b, p.seg_begin + SUB, dd, bias, cl); }
-    for (var t = p.seg_begin; t < p.seg_end; t += SUB) {
-        if (t % p.chunk == 0u && valid) {
-            lane_states_store_states(((b * p.nchunks + t / p.chunk) * p.channels + d) * N, cl, h);
-        }
-        let n_in = min(SUB, p.seg_end - t);  // uniform
-        let own_row = row_index(b, t + min(cl, n_in - 1u), dd);
-        let ld = next;
-        next = next2;
-        if (t + 2u * SUB < p.seg_end) { next2 = fwd_loads_at(b, t + 2u * SUB, dd, bias, cl); }
-        let o = owned_step(ld.x, ld.uv, 0.0, 0.0, false);
-        var yc = vec4<f32>(0.0);
-        h = exp(subgroupShuffle(o.dt, first) * a) * h + subgroupShuffle(o.dtu, first) * ld.B0;
-        yc.x = dot(ld.C0, h);
-        if (n_in > 1u) {
-            h = exp(subgroupShuffle(o.dt, first + 1u) * a) * h + subgroupShuffle(o.dtu, first + 1u) * ld.B1;
-            yc.y = dot(ld.C1, h);
-        }
-        if (n_in > 2u) {
-            h = exp(subgroupShuffle(o.dt, first + 2u) * a) * h + subgroupShuffle(o.dtu, first + 2u) * ld.B2;
-            yc.z = dot(ld.C2, h);
-        }
-        if (n_in > 3u) {
-            h = exp(subgroupShuffle(o.dt, first + 3u) * a) * h + subgroupShuffle(o.dtu, first + 3u) * ld.B3;
-            yc.w = dot(ld.C3, h);
-        }
-        let acc = lane_step_sum(cl, yc);
-        if (cl < n_in && valid) { y[own_row] = (skip * ld.uv + acc) * ld.zv * sigmoid(ld.zv); }
-    }
-    if (valid) { lane_states_store_last(sb, cl, h); }
+    h = forward_walk_pairs(h, p.seg_begin, p.seg_end, w);
+    if (w.valid) { lane_states_store_last(sb, cl, h); }
 }
 
 // Grid (ceil(Dc·LP / WG), B, kc_hi − kc_lo): the walk of chunk k = kc_lo + wid.z (0-based) from its saved entry
@@ -473,6 +511,76 @@ fn selective_scan_backward_walk(@builtin(workgroup_id) wid: vec3<u32>, @builtin(
     slots[e0 + (last / SUB) * WG] = h;
 }
 
+// The adjoint of a backward sub-tile of n_in steps (loads ld, the owner's terms o): updates g and the ∂/∂A sum,
+// writes the steps' dz, du, ddelta and dB / dC partials (e: the partials' index of its first step) and returns
+// the lane's step's (dy'·u, ddelta) for the ∂/∂D, ∂/∂delta_bias sums (0 for lanes past n_in).
+fn adjoint_sub_tile(ld: SubLoads, o: OwnedStep, n_in: u32, a: vec4<f32>, skip: f32, first: u32, cl: u32, lane: u32,
+                    e: u32, own_row: u32, valid: bool, live: f32, slice_ok: bool) -> vec2<f32> {
+    // Steps past n_in repeat the last one (their results are not used).
+    let i1 = min(1u, n_in - 1u);
+    let i2 = min(2u, n_in - 1u);
+    let i3 = min(3u, n_in - 1u);
+    let dt0 = subgroupShuffle(o.dt, first);
+    let dt1 = subgroupShuffle(o.dt, first + i1);
+    let dt2 = subgroupShuffle(o.dt, first + i2);
+    let dt3 = subgroupShuffle(o.dt, first + i3);
+    let dtu0 = subgroupShuffle(o.dtu, first);
+    let dtu1 = subgroupShuffle(o.dtu, first + i1);
+    let dtu2 = subgroupShuffle(o.dtu, first + i2);
+    let dtu3 = subgroupShuffle(o.dtu, first + i3);
+    let decay0 = exp(dt0 * a);
+    let decay1 = exp(dt1 * a);
+    let decay2 = exp(dt2 * a);
+    let decay3 = exp(dt3 * a);
+    let h0 = ld.h0;
+    let h1 = decay0 * h0 + dtu0 * ld.B0;
+    let h2 = decay1 * h1 + dtu1 * ld.B1;
+    let h3 = decay2 * h2 + dtu2 * ld.B2;
+    let h4 = decay3 * h3 + dtu3 * ld.B3;
+    var r3 = vec3<f32>(0.0);
+    var r2 = vec3<f32>(0.0);
+    var r1 = vec3<f32>(0.0);
+    if (n_in > 3u) {
+        r3 = lanes_adjoint_step(h4, h3, decay3, ld.B3, ld.C3, a, dt3, dtu3, subgroupShuffle(o.dyg, first + 3u),
+                                e + 3u * N, cl, lane, live, slice_ok);
+    }
+    if (n_in > 2u) {
+        r2 = lanes_adjoint_step(h3, h2, decay2, ld.B2, ld.C2, a, dt2, dtu2, subgroupShuffle(o.dyg, first + 2u),
+                                e + 2u * N, cl, lane, live, slice_ok);
+    }
+    if (n_in > 1u) {
+        r1 = lanes_adjoint_step(h2, h1, decay1, ld.B1, ld.C1, a, dt1, dtu1, subgroupShuffle(o.dyg, first + 1u),
+                                e + N, cl, lane, live, slice_ok);
+    }
+    let r0 = lanes_adjoint_step(h1, h0, decay0, ld.B0, ld.C0, a, dt0, dtu0, subgroupShuffle(o.dyg, first),
+                                e, cl, lane, live, slice_ok);
+    let own = lane_step_sums(cl, vec4<f32>(r0.x, r1.x, r2.x, r3.x), vec4<f32>(r0.y, r1.y, r2.y, r3.y),
+                             vec4<f32>(r0.z, r1.z, r2.z, r3.z));  // (yc, gb, gha) of step cl
+    if (cl >= n_in) { return vec2<f32>(0.0); }
+    let dx = (own.z + o.uv * own.y) * o.dsp;
+    if (valid) {
+        dz[own_row] = (skip * o.uv + own.x) * o.dzg;
+        du[own_row] = skip * o.dyg + o.dt * own.y;
+        ddelta[own_row] = dx;
+    }
+    return vec2<f32>(o.dyg * o.uv, dx);
+}
+
+// The chunk's backward sub-tile j (1-based; `steps` in the chunk) from its loads: its adjoint.
+fn adjoint_sub_tile_at(b: u32, chunk_start: u32, steps: u32, j: u32, ld: SubLoads, a: vec4<f32>, skip: f32, first: u32,
+                       cl: u32, lane: u32, dd: u32, slice: u32, valid: bool, live: f32, slice_ok: bool) -> vec2<f32> {
+    let s0 = (j - 1u) * SUB;
+    let n_in = min(SUB, steps - s0);  // uniform
+    let t = chunk_start + s0;
+    let own_row = row_index(b, t + min(cl, n_in - 1u), dd);
+    let o = owned_step(ld.x, ld.uv, ld.zv, ld.dyv, true);
+    let e = ((slice * p.batch + b) * p.len + t) * N + 4u * cl;
+    if (n_in == SUB) {  // straight-line steps
+        return adjoint_sub_tile(ld, o, SUB, a, skip, first, cl, lane, e, own_row, valid, live, slice_ok);
+    }
+    return adjoint_sub_tile(ld, o, n_in, a, skip, first, cl, lane, e, own_row, valid, live, slice_ok);
+}
+
 // Grid (ceil(Dc·LP / WG), B): the adjoint, chunks last to first, each from the slots the walk stored.
 @compute @workgroup_size(128)
 fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -509,68 +617,22 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         let last = (nsub - 1u) * SUB;  // the last sub-tile's first step
         // The chunk's slots (the walk's of this segment's chunks).
         let scratch = ((b * nwg.x + wid.x) * (p.kc_hi - p.kc_lo) + k - 1u - p.kc_lo) * per_chunk * WG + thread;
-        // Each sub-tile's loads are issued one sub-tile ahead (their latency behind the sub-tile before; two
-        // ahead measured 0.39 ms slower: more registers than 3 workgroups per SM allow).
-        var next = sub_loads(row_index(b, chunk_start + last + min(cl, steps - last - 1u), dd), bias,
+        // Sub-tiles in pairs, each one's loads issued into a buffer of its own (even: the chunk's last sub-tile,
+        // odd: the one before) right after that buffer's sub-tile ran, so no load still in flight is copied
+        // (a rotation next -> current copies them at the loop's end, which waits for them). Three buffers, or
+        // loads issued before the sub-tile they follow, are more registers than 3 workgroups per SM allow.
+        var even = sub_loads(row_index(b, chunk_start + last + min(cl, steps - last - 1u), dd), bias,
                              scratch + (nsub - 1u) * WG, (b * p.len + chunk_start + last) * N, steps - last, cl);
-        for (var j = nsub; j > 0u; j--) {
-            let s0 = (j - 1u) * SUB;
-            let n_in = min(SUB, steps - s0);  // steps in this sub-tile (uniform)
-            let t = chunk_start + s0;
-            let own_row = row_index(b, t + min(cl, n_in - 1u), dd);
-            let bc = (b * p.len + t) * N;
-            let ld = next;
-            if (j > 1u) { next = sub_loads_whole(b, chunk_start, j - 1u, dd, bias, scratch, cl); }
-            let o = owned_step(ld.x, ld.uv, ld.zv, ld.dyv, true);
-            // Steps past n_in repeat the last one (their results are not used).
-            let i1 = min(1u, n_in - 1u);
-            let i2 = min(2u, n_in - 1u);
-            let i3 = min(3u, n_in - 1u);
-            let dt0 = subgroupShuffle(o.dt, first);
-            let dt1 = subgroupShuffle(o.dt, first + i1);
-            let dt2 = subgroupShuffle(o.dt, first + i2);
-            let dt3 = subgroupShuffle(o.dt, first + i3);
-            let dtu0 = subgroupShuffle(o.dtu, first);
-            let dtu1 = subgroupShuffle(o.dtu, first + i1);
-            let dtu2 = subgroupShuffle(o.dtu, first + i2);
-            let dtu3 = subgroupShuffle(o.dtu, first + i3);
-            let decay0 = exp(dt0 * a);
-            let decay1 = exp(dt1 * a);
-            let decay2 = exp(dt2 * a);
-            let decay3 = exp(dt3 * a);
-            let h0 = ld.h0;
-            let h1 = decay0 * h0 + dtu0 * ld.B0;
-            let h2 = decay1 * h1 + dtu1 * ld.B1;
-            let h3 = decay2 * h2 + dtu2 * ld.B2;
-            let h4 = decay3 * h3 + dtu3 * ld.B3;
-            let e = ((slice * p.batch + b) * p.len + t) * N + 4u * cl;
-            var r3 = vec3<f32>(0.0);
-            var r2 = vec3<f32>(0.0);
-            var r1 = vec3<f32>(0.0);
-            if (n_in > 3u) {
-                r3 = lanes_adjoint_step(h4, h3, decay3, ld.B3, ld.C3, a, dt3, dtu3, subgroupShuffle(o.dyg, first + 3u),
-                                        e + 3u * N, cl, lane, live, slice_ok);
-            }
-            if (n_in > 2u) {
-                r2 = lanes_adjoint_step(h3, h2, decay2, ld.B2, ld.C2, a, dt2, dtu2, subgroupShuffle(o.dyg, first + 2u),
-                                        e + 2u * N, cl, lane, live, slice_ok);
-            }
-            if (n_in > 1u) {
-                r1 = lanes_adjoint_step(h2, h1, decay1, ld.B1, ld.C1, a, dt1, dtu1, subgroupShuffle(o.dyg, first + 1u),
-                                        e + N, cl, lane, live, slice_ok);
-            }
-            let r0 = lanes_adjoint_step(h1, h0, decay0, ld.B0, ld.C0, a, dt0, dtu0, subgroupShuffle(o.dyg, first),
-                                        e, cl, lane, live, slice_ok);
-            let own = lane_step_sums(cl, vec4<f32>(r0.x, r1.x, r2.x, r3.x), vec4<f32>(r0.y, r1.y, r2.y, r3.y),
-                                     vec4<f32>(r0.z, r1.z, r2.z, r3.z));  // (yc, gb, gha) of step cl
-            if (cl < n_in) {
-                let dx = (own.z + o.uv * own.y) * o.dsp;
-                if (valid) {
-                    dz[own_row] = (skip * o.uv + own.x) * o.dzg;
-                    du[own_row] = skip * o.dyg + o.dt * own.y;
-                    ddelta[own_row] = dx;
-                }
-                sums += vec2<f32>(o.dyg * o.uv, dx);
+        var odd: SubLoads;
+        if (nsub > 1u) { odd = sub_loads_whole(b, chunk_start, nsub - 1u, dd, bias, scratch, cl); }
+        for (var j = nsub; j > 0u; j = select(0u, j - 2u, j > 2u)) {
+            sums += adjoint_sub_tile_at(b, chunk_start, steps, j, even, a, skip, first, cl, lane, dd, slice, valid,
+                                        live, slice_ok);
+            if (j > 2u) { even = sub_loads_whole(b, chunk_start, j - 2u, dd, bias, scratch, cl); }
+            if (j > 1u) {
+                sums += adjoint_sub_tile_at(b, chunk_start, steps, j - 1u, odd, a, skip, first, cl, lane, dd, slice,
+                                            valid, live, slice_ok);
+                if (j > 3u) { odd = sub_loads_whole(b, chunk_start, j - 3u, dd, bias, scratch, cl); }
             }
         }
     }

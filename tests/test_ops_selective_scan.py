@@ -128,6 +128,37 @@ def test_tiled_matches_reference(rt, monkeypatch, batch, length, channels, nstat
     assert np.array_equal(saved2.last_state.numpy(), saved.last_state.numpy())
 
 
+def reference_states(x):
+    """Float64 states h before every step and after the last: [B, L + 1, Dc, N]."""
+    x = {k: v.astype(np.float64) for k, v in x.items()}
+    dt, A = softplus(x["delta"] + x["delta_bias"]), -np.exp(x["A_log"])
+    hs = [np.zeros((x["u"].shape[0], x["u"].shape[2], A.shape[1]))]
+    for t in range(x["u"].shape[1]):
+        hs.append(ref.selective_scan_step(hs[-1], x["u"][:, t], dt[:, t], A, x["B"][:, t], x["C"][:, t], x["D"])[1])
+    return np.stack(hs, axis=1)
+
+
+@pytest.mark.parametrize("batch,length,channels,nstate,chunk,segment", [
+    (2, 129, 9, 16, 32, None),   # a last sub-tile of one step
+    (1, 96, 40, 16, 32, None),   # L a multiple of the chunk; channels past a workgroup's 32
+    (2, 22, 5, 16, 32, None),    # one chunk, shorter than the chunk; an odd number of sub-tiles
+    (2, 101, 7, 5, 8, 24),       # segments of 6 sub-tiles; N = 5
+    (1, 70, 6, 20, 16, 12),      # N = 20: 8 lanes per channel; segments of 3 sub-tiles (an odd pair)
+    (1, 3, 4, 16, 8, None),      # one partial sub-tile
+])
+def test_tiled_forward_matches_reference_states(rt, batch, length, channels, nstate, chunk, segment):
+    """The GPU forward (sub-tiles walked in pairs, each with its own load buffer) gives y, every saved chunk
+    entry state and the last state of the float64 scan (all outputs start poisoned)."""
+    skip_unsupported(rt, nstate, "tiled")
+    x = make_inputs(batch, length, channels, nstate, seed=20)
+    y, saved = selective_scan(*(rt.from_numpy(x[k]) for k in NAMES), chunk=chunk, segment=segment, path="tiled")
+    y_ref, _ = reference(x, np.zeros((batch, length, channels), np.float32))
+    hs = reference_states(x)
+    assert rel_err(y.numpy(), y_ref) < 1e-5
+    assert rel_err(saved.states.numpy(), hs[:, ::chunk][:, :-(-length // chunk)]) < 1e-5
+    assert rel_err(saved.last_state.numpy(), hs[:, -1]) < 1e-5
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_parameter_grads_accumulate_deterministically(rt, path):
     skip_unsupported(rt, 16, path)
