@@ -1,6 +1,6 @@
 """mamba3_prep / mamba3_prep_backward (kernels/mamba3_prep.wgsl) against float64 numpy built from
 mambactl/reference/mamba3.py's pieces: SISO and MIMO, grouped B/C, part of the state rotated, lengths that are
-no multiple of the θ walks' 16 lanes, walks split into dispatches, and a walk longer than Mesa llvmpipe's loop
+no multiple of the θ walks' 64 lanes or of the rotation backward's blocks of rows, walks split into dispatches, and a walk longer than Mesa llvmpipe's loop
 budget. Outputs start NaN-poisoned (the `gpu` fixture), so an element no kernel writes fails."""
 
 import numpy as np
@@ -8,7 +8,7 @@ import pytest
 
 from mambactl.errors import ShapeError
 from mambactl.ops.mamba3_prep import (Mamba3Dims, mamba3_finish, mamba3_finish_backward, mamba3_prep,
-                                      mamba3_prep_backward, prep_walk_loops)
+                                      mamba3_prep_backward, prep_walk_loops, rotate_blocks)
 from mambactl.reference import mamba3 as ref
 from mambactl.reference.activations import sigmoid, sigmoid_backward, softplus, softplus_backward
 
@@ -83,7 +83,8 @@ def reference(d, x, g):
     dproj[:, off + H:off + 2 * H] = ddd_A.reshape(M, H)
     dproj[:, off + 2 * H:off + 3 * H] = sigmoid_backward(trap, g["dlam"].reshape(b, l, H)).reshape(M, H)
     dproj[:, off + 3 * H:] = dang.reshape(M, S)
-    bwd = dict(dproj=dproj, dqb=dqb, dkb=dkb, dBn=ref._groups(dkb, G).reshape(M, rgn),
+    bwd = dict(dproj=dproj, dB_bias_part=dkb.sum(axis=(0, 1)), dC_bias_part=dqb.sum(axis=(0, 1)),
+               ddt_rows=dproj[:, off:off + H], dBn=ref._groups(dkb, G).reshape(M, rgn),
                dCn=ref._groups(dqb, G).reshape(M, rgn))
     if d.mimo:  # ∂mimo_x, ∂mimo_z per row
         bwd.update(dvx=dv * xs[:, :, :, None, :], dzz=dzr * z[:, :, :, None, :])
@@ -109,7 +110,12 @@ def run_gpu(gpu, d, x, g, segment=None):
     if not d.mimo:  # zr = z in place: "zr" is proj itself
         assert pr["zr"] is t["proj"]
         fwd["zr"] = fwd["zr"][:, :d.heads * d.headdim]
-    return fwd, {k: v.numpy() for k, v in bw.items()}
+    back = {k: v.numpy() for k, v in bw.items()}
+    for name in ("dB_bias_part", "dC_bias_part"):  # per block of rows: NaN-poisoned, so an unwritten one fails
+        assert back[name].shape == (rotate_blocks(d), d.heads * d.rank * d.nstate)
+        assert np.all(np.isfinite(back[name])), name
+        back[name] = back[name].astype(np.float64).sum(axis=0)
+    return fwd, back
 
 
 def check(d, got, want, tol):
@@ -130,7 +136,7 @@ SHAPES = [
     (1, 50, 4, 3, 2, 2, 10, 3, True),     # MIMO rank 2, 2 groups, 3 of 5 pairs rotated
     (3, 9, 2, 8, 3, 1, 8, 4, True),       # MIMO rank 3, every pair rotated
     (2, 1, 2, 4, 1, 1, 8, 2, False),      # one token (decode)
-    (1, 300, 6, 16, 1, 3, 32, 8, False),  # more columns than a θ workgroup's 16
+    (1, 300, 6, 16, 1, 3, 32, 8, False),  # more columns than a θ workgroup's 4 or a rotation workgroup's 64
 ]
 
 
@@ -150,9 +156,10 @@ def test_prep_segmented(gpu, segment):
 
 
 def test_prep_walk_past_loop_budget(gpu):
-    """L 560,000 (one head, one angle): a θ-walk invocation over all of it would loop 70k times, over llvmpipe's
-    65,535; there the walks run in segments. Δ is kept small so θ stays O(1) over the walk."""
-    d = Mamba3Dims(1, 560_000, 1, 1, 1, 1, 2, 1, False)
+    """L 2,200,000 (one head, one angle): a θ-walk invocation over all of it would loop 69k times (its 64 lanes
+    walk 34,375 steps each, twice), over llvmpipe's 65,535; there the walks run in segments. Also more row blocks
+    of the rotation backward than a grid dimension holds. Δ is kept small so θ stays O(1) over the walk."""
+    d = Mamba3Dims(1, 2_200_000, 1, 1, 1, 1, 2, 1, False)
     assert prep_walk_loops(d.length) > 65535
     x, g = make_inputs(d, seed=2, dt_shift=-6.0)
     x["proj"][:, 2 * 1 + 2 * 2] -= 2.0  # dd_dt

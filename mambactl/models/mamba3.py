@@ -89,13 +89,12 @@ def mamba3_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfi
                               fb["dzr"], flat(dadt), flat(ddt), flat(dlam), fb["dys"], d, cfg.mamba3.A_floor,
                               dproj=dproj)
     dproj = bw["dproj"]
-    column_sums(flat(bw["dkb"]), out=g["B_bias"].reshape(-1))
-    column_sums(flat(bw["dqb"]), out=g["C_bias"].reshape(-1))
+    column_sums(bw["dB_bias_part"], out=g["B_bias"].reshape(-1))
+    column_sums(bw["dC_bias_part"], out=g["C_bias"].reshape(-1))
     if d.mimo:
         column_sums(flat(bw["dvx"]), out=g["mimo_x"].reshape(-1))
         column_sums(flat(bw["dzz"]), out=g["mimo_z"].reshape(-1))
-    off = 2 * di + 2 * d.rgn
-    column_sums(slice.column_slice(dproj, off, H), out=g["dt_bias"])
+    column_sums(bw["ddt_rows"], out=g["dt_bias"])
     dBp, _ = rmsnorm.rmsnorm_backward(s["Bp"], p["B_norm.weight"], s["rstd_B"], bw["dBn"].reshape(-1, d.nstate),
                                       dw=g["B_norm.weight"])
     dCp, _ = rmsnorm.rmsnorm_backward(s["Cp"], p["C_norm.weight"], s["rstd_C"], bw["dCn"].reshape(-1, d.nstate),

@@ -58,12 +58,14 @@ def _prep_params(d: Mamba3Dims, a_floor: float) -> dict:
                 seg_begin=0, seg_end=d.length)
 
 
-THETA_COLUMNS, THETA_LANES = 16, 16  # mirror TC, TL in kernels/mamba3_prep.wgsl (a θ walk's workgroup)
+THETA_COLUMNS, THETA_LANES = 4, 64  # mirror TC, TL in kernels/mamba3_prep.wgsl (a θ walk's workgroup)
+ROTATE_ROWS = 8  # mirrors RB: rows per block of mamba3_prep_rotate_backward (its bias partials' rows)
 
 
 # Loop iterations of one θ-walk invocation (mamba3_prep_theta / mamba3_prep_dtheta; Mesa llvmpipe allows 65,535
 # per invocation, see mambactl/ops/checks.py) over `steps` time steps: its lane's share twice, plus the lane totals.
-# The elementwise kernels loop only over the ranks, the reduce over the heads or angles.
+# The channel kernels loop only over the ranks, the rotation kernels over the heads, the reduce over the heads or
+# angles.
 def prep_walk_loops(steps: int) -> int:
     return 2 * -(-int(steps) // THETA_LANES) + THETA_LANES
 
@@ -107,16 +109,30 @@ def _mimo_or_stand_in(op: str, d: Mamba3Dims, stand_in: Tensor, **mimo):
 
 
 def _item_grid(rt, d: Mamba3Dims, loops_per_item: int):
-    """The elementwise kernels' grid over M·H·(N − S + P) items (kernels/mamba3_prep.wgsl `item_of`), 256-thread
-    workgroups: one item per thread on GPUs; on Mesa llvmpipe, where each workgroup costs microseconds of
-    overhead, up to 64 (kept within its loop budget at `loops_per_item` iterations per item)."""
-    items = d.rows * d.heads * (d.nstate - d.angles + d.headdim)
+    """The channel kernels' grid over M·H·P items (kernels/mamba3_prep.wgsl `item_of`), 256-thread workgroups:
+    one item per thread on GPUs; on Mesa llvmpipe, where each workgroup costs microseconds of overhead, up to 64
+    (kept within its loop budget at `loops_per_item` iterations per item)."""
+    items = d.rows * d.heads * d.headdim
     per_thread = 1
     if is_llvmpipe(rt):
         per_thread = max(1, min(64, SEGMENT_BUDGET // max(int(loops_per_item), 1)))
         loop_budget(rt, "mamba3_prep", (d.batch, d.length, d.heads), per_thread * loops_per_item)
     threads = -(-items // per_thread)
     return grid_1d(threads, 256)
+
+
+def rotate_blocks(d: Mamba3Dims) -> int:
+    """Row blocks of mamba3_prep_rotate_backward: the rows of its bias partials."""
+    return -(-d.rows // ROTATE_ROWS)
+
+
+def _rotate_backward_grid(rt, d: Mamba3Dims):
+    """(ceil(G·N / 64), 1, row blocks): a thread per (group, state dim) walks blocks z, z + groups, ...."""
+    blocks = rotate_blocks(d)
+    groups = min(blocks, rt.max_groups)
+    per_block = d.rank * (d.heads // d.groups * (ROTATE_ROWS + 1) + ROTATE_ROWS + 1)
+    loop_budget(rt, "mamba3_prep_backward", (d.batch, d.length, d.heads), -(-blocks // groups) * per_block)
+    return -(-(d.groups * d.nstate) // 64), 1, groups
 
 
 def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: Tensor, C_bias: Tensor,
@@ -146,8 +162,10 @@ def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: T
             params.update(seg_begin=t0, seg_end=t1)
             rt.run("mamba3_prep_theta", _walk_grid(d), proj=proj, dt_bias=dt_bias, theta=out["theta"], **params)
     params.update(seg_begin=0, seg_end=d.length)
-    rt.run("mamba3_prep_forward", _item_grid(rt, d, 1 + R), proj=proj, Bn=Bn, Cn=Cn,
-           dt_bias=dt_bias, B_bias=B_bias, C_bias=C_bias, mimo_x=mimo_x, mimo_z=mimo_z, **out, **params)
+    rt.run("mamba3_prep_forward", _item_grid(rt, d, R), proj=proj, dt_bias=dt_bias, mimo_x=mimo_x, mimo_z=mimo_z,
+           v=out["v"], zr=out["zr"], adt=out["adt"], dt=out["dt"], lam=out["lam"], **params)
+    rt.run("mamba3_prep_rotate", _row_grid(rt, d, d.rgn, 1, 1 + H // d.groups), Bn=Bn, Cn=Cn, B_bias=B_bias,
+           C_bias=C_bias, theta=out["theta"], q=out["q"], k=out["k"], **params)
     if not d.mimo:
         out["zr"] = proj  # z in place (the one-element zr bound above was not written)
     return out
@@ -165,9 +183,10 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: 
     None (made here).
 
     -> dict: dproj [M, cols] with every column but B's and C's written, dBn, dCn [M, R·G·N] (summed over the heads
-    of each group, before the bias), dqb, dkb [M, H, R, N] (∂C_bias / ∂B_bias per row), dvx, dzz [M, H, R, P]
-    (∂mimo_x / ∂mimo_z per row; MIMO only, SISO leaves one-element scratch there). `segment` as in
-    `mamba3_prep`."""
+    of each group, before the bias), dB_bias_part, dC_bias_part [rotate_blocks(d), H·R·N] (∂B_bias / ∂C_bias
+    per block of ROTATE_ROWS rows), ddt_rows [M, H] (dproj's dd_dt columns: ∂dt_bias per row), dvx, dzz
+    [M, H, R, P] (∂mimo_x / ∂mimo_z per row; MIMO only, SISO leaves one-element scratch there); the partials are
+    to be summed over their rows. `segment` as in `mamba3_prep`."""
     op = "mamba3_prep_backward"
     d.check(op)
     M, H, R, N, P, S = d.rows, d.heads, d.rank, d.nstate, d.headdim, d.angles
@@ -186,23 +205,25 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: 
         dzr = dt_bias  # not read
     # SISO writes no ∂mimo partials: one-element stand-ins fill those bindings
     mimo_shape = (M, H, R, P) if d.mimo else (1,)
-    res = dict(dproj=dproj, dqb=rt.empty((M, H, R, N)), dkb=rt.empty((M, H, R, N)), dvx=rt.empty(mimo_shape),
-               dzz=rt.empty(mimo_shape))
+    blocks = rotate_blocks(d)
+    res = dict(dproj=dproj, dBn=rt.empty((M, d.rgn)), dCn=rt.empty((M, d.rgn)),
+               dB_bias_part=rt.empty((blocks, H * R * N)), dC_bias_part=rt.empty((blocks, H * R * N)),
+               ddt_rows=rt.empty((M, H)), dvx=rt.empty(mimo_shape), dzz=rt.empty(mimo_shape))
     dth = rt.empty((M, H, max(S, 1)))  # ∂loss/∂θ per step, then its reverse running sum
     params = _prep_params(d, a_floor)
-    rt.run("mamba3_prep_backward", _item_grid(rt, d, 1 + R), proj=proj, dt_bias=dt_bias,
-           mimo_x=mimo_x, mimo_z=mimo_z, D=D, lam=prep["lam"], q_in=prep["q"], k_in=prep["k"],
-           theta_in=prep["theta"], dq=dq, dk=dk, dv=dv, dzr=dzr, dadt=dadt, dlam=dlam, dys_in=dys, dth=dth, **res,
-           **params)
+    rt.run("mamba3_prep_backward", _item_grid(rt, d, R), proj=proj, dt_bias=dt_bias, mimo_x=mimo_x,
+           mimo_z=mimo_z, D=D, lam=prep["lam"], dv=dv, dzr=dzr, dadt=dadt, dlam=dlam, dys_in=dys,
+           dproj=dproj, dvx=res["dvx"], dzz=res["dzz"], **params)
+    rt.run("mamba3_prep_rotate_backward", _rotate_backward_grid(rt, d), q_in=prep["q"], k_in=prep["k"],
+           theta_in=prep["theta"], dq=dq, dk=dk, dth=dth, dBn=res["dBn"], dCn=res["dCn"],
+           dB_bias_part=res["dB_bias_part"], dC_bias_part=res["dC_bias_part"], **params)
     if S:
         for t0, t1 in reversed(_segments(rt, op, d, segment)):
             params.update(seg_begin=t0, seg_end=t1)
             rt.run("mamba3_prep_dtheta", _walk_grid(d), dth=dth, **params)
         params.update(seg_begin=0, seg_end=d.length)
-    res["dBn"], res["dCn"] = rt.empty((M, d.rgn)), rt.empty((M, d.rgn))
-    rt.run("mamba3_prep_reduce", _row_grid(rt, d, max(N, S + H), R * d.groups + 1, 1 + max(H, S)), proj=proj,
-           dt_bias=dt_bias, dt_in=prep["dt"], dqb_in=res["dqb"], dkb_in=res["dkb"], dcum_in=dth, ddt=ddt,
-           dadt=dadt, dBn=res["dBn"], dCn=res["dCn"], dproj_out=dproj, **params)
+    rt.run("mamba3_prep_reduce", _row_grid(rt, d, S + H, 1, 1 + max(H, S)), proj=proj, dt_bias=dt_bias,
+           dt_in=prep["dt"], dcum_in=dth, ddt=ddt, dadt=dadt, dproj_out=dproj, ddt_rows=res["ddt_rows"], **params)
     return res
 
 
