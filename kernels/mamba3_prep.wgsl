@@ -1,6 +1,8 @@
 // Mamba-3 mixer pieces around the scan (mambactl/reference/mamba3.py `_prepare` / `_finish` and their backward).
 // proj [M = B·L, cols] is in_proj's output, columns [z | x | B | C | dd_dt | dd_A | trap | angle] with widths
-// [di, di, R·G·N, R·G·N, H, H, H, S] (di = H·P). Bn, Cn [M, R, G, N] are B, C after their RMSNorm.
+// [di, di, R·G·N, R·G·N, H, H, H, S] (di = H·P). Bn, Cn [M, R, G, N] are B, C after their RMSNorm over each
+// (rank, group)'s N dims: Bn = B · rstd · B_norm.weight, rstd = 1 / sqrt(mean(B²) + eps), computed here from
+// proj's columns in place (mamba3_prep_rotate; backward mamba3_prep_norm_backward).
 //   Δ = softplus(dd_dt + dt_bias),  A = −max(heavy_tail(dd_A), A_floor),  λ = sigmoid(trap),
 //   θ_t = θ_{t−1} + Δ_t π tanh(angle_t),  k = rot(θ, Bn[group of h] + B_bias),  q = rot(θ, Cn + C_bias),
 //   v_r = mimo_x_r ⊙ x,  zr_r = mimo_z_r ⊙ z.
@@ -34,15 +36,15 @@ override MIMO: bool = true;  // finish backward: mimo_o read and ∂mimo_o parti
 // per-invocation loop budget is 65,535 iterations): the forward's running θ enters from theta at step
 // seg_begin − 1, the backward's running ∂θ sum from dth at step seg_end (both written by the previous dispatch).
 struct PrepParams { batch: u32, len: u32, heads: u32, rank: u32, ngroups: u32, nstate: u32, headdim: u32,
-                    angles: u32, mimo: u32, cols: u32, a_floor: f32, seg_begin: u32, seg_end: u32 }
+                    angles: u32, mimo: u32, cols: u32, a_floor: f32, norm_eps: f32, seg_begin: u32, seg_end: u32 }
 // zstride, dzstride: floats between rows of zr_in and of dzr_out (H·R·P for [M, H, R, P] tensors; proj's columns
 // for SISO's z and dz in place, whose (head, channel) then starts at h·P of the row)
 struct FinishParams { frows: u32, fheads: u32, frank: u32, fheaddim: u32, eps: f32, zstride: u32, dzstride: u32 }
 
 @group(0) @binding(0) var<uniform> p: PrepParams;
 @group(0) @binding(1) var<storage, read> proj: array<f32>;
-@group(0) @binding(2) var<storage, read> Bn: array<f32>;
-@group(0) @binding(3) var<storage, read> Cn: array<f32>;
+@group(0) @binding(2) var<storage, read> B_norm_w: array<f32>;  // [N]
+@group(0) @binding(3) var<storage, read> C_norm_w: array<f32>;
 @group(0) @binding(4) var<storage, read> dt_bias: array<f32>;
 @group(0) @binding(5) var<storage, read> B_bias: array<f32>;   // [H, R, N]
 @group(0) @binding(6) var<storage, read> C_bias: array<f32>;
@@ -102,6 +104,8 @@ struct FinishParams { frows: u32, fheads: u32, frank: u32, fheaddim: u32, eps: f
 @group(0) @binding(59) var<storage, read_write> dD_part: array<f32>;   // [M·R, H]: Σ_p dys ⊙ v
 @group(0) @binding(60) var<storage, read> dys_in: array<f32>;          // prep backward: dv += D dys
 @group(0) @binding(61) var<storage, read_write> ddt_rows: array<f32>;  // [M, H]: dproj's dd_dt columns
+@group(0) @binding(62) var<storage, read_write> dB_norm_part: array<f32>;  // [blocks, N]: ∂B_norm.weight per block
+@group(0) @binding(63) var<storage, read_write> dC_norm_part: array<f32>;
 
 var<workgroup> lane_sum: array<f32, 256>;  // TC · TL: the θ walks' per-lane totals
 
@@ -243,8 +247,19 @@ fn mamba3_prep_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
     }
 }
 
+// rstd of the N dims of proj from `base` (a (row, rank, group) of B or C): each thread of the (rank, group) sums
+// all N itself, in order (the same loads across a warp, served by one transaction each).
+fn norm_rstd(base: u32) -> f32 {
+    var ss = 0.0;
+    for (var m = 0u; m < p.nstate; m++) {
+        let x = proj[base + m];
+        ss += x * x;
+    }
+    return 1.0 / sqrt(ss / f32(p.nstate) + p.norm_eps);
+}
+
 // k = rot(θ, Bn + B_bias), q = rot(θ, Cn + C_bias): thread (x, z) is column x = (r·G + g)·N + n of Bn / Cn for
-// rows z, z + rows, ... (grid (ceil(R·G·N / 64), 1, row blocks)), reading its row's Bn, Cn (and the pair
+// rows z, z + rows, ... (grid (ceil(R·G·N / 64), 1, row blocks)), normalizing its row's B, C (and the pair
 // partner's) once and walking the heads of group g, so consecutive threads write consecutive n of q and k.
 @compute @workgroup_size(64)
 fn mamba3_prep_rotate(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -265,11 +280,14 @@ fn mamba3_prep_rotate(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(nu
     let sg = pair_sign(pj.z);
     let M = p.batch * p.len;
     for (var row = gid.z; row < M; row += nwg.z) {
-        let src = row * rgn + col;
-        let bn = Bn[src];
-        let cn = Cn[src];
-        let bm = Bn[src - n + m];
-        let cm = Cn[src - n + m];
+        let bsrc = row * p.cols + 2u * H * p.headdim + col - n;  // this (rank, group)'s B in proj
+        let csrc = bsrc + rgn;
+        let rsb = norm_rstd(bsrc);
+        let rsc = norm_rstd(csrc);
+        let bn = proj[bsrc + n] * rsb * B_norm_w[n];
+        let cn = proj[csrc + n] * rsc * C_norm_w[n];
+        let bm = proj[bsrc + m] * rsb * B_norm_w[m];
+        let cm = proj[csrc + m] * rsc * C_norm_w[m];
         for (var e = 0u; e < per; e++) {
             let h = g * per + e;
             let rh = row * H + h;
@@ -412,6 +430,59 @@ fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
                 dBn[dst] = ak[i];
             }
         }
+    }
+}
+
+// The B / C RMSNorm's backward, dBn, dCn -> dproj's B and C columns, and ∂B_norm.weight, ∂C_norm.weight partials
+// per block of RB rows: thread (x, z) is state dim n = x < N for the blocks z, z + blocks, ... (grid
+// (ceil(N / 64), 1, blocks)), walking the block's rows and each row's R·G (rank, group)s in order. With
+// x̂ = x · rstd and g = dBn ⊙ w:  dB = rstd · g − x̂ · rstd · Σ_m g_m x̂_m / N,  ∂w = Σ dBn ⊙ x̂; each thread sums
+// rstd and Σ_m over all N itself, in order (the same loads across a warp).
+// One (row, rank, group) of B (w_is_b) or C from proj[base..] with its dBn / dCn at dbase: writes dim n of dproj,
+// returns dim n's ∂w share.
+fn norm_backward_dim(base: u32, dbase: u32, n: u32, w_is_b: bool) -> f32 {
+    var ss = 0.0;
+    var dot = 0.0;
+    for (var m = 0u; m < p.nstate; m++) {
+        let x = proj[base + m];
+        ss += x * x;
+        if (w_is_b) { dot += dBn[dbase + m] * B_norm_w[m] * x; } else { dot += dCn[dbase + m] * C_norm_w[m] * x; }
+    }
+    let N = f32(p.nstate);
+    let rs = 1.0 / sqrt(ss / N + p.norm_eps);
+    let x = proj[base + n];
+    var dy = dCn[dbase + n];
+    var w = C_norm_w[n];
+    if (w_is_b) {
+        dy = dBn[dbase + n];
+        w = B_norm_w[n];
+    }
+    dproj[base + n] = rs * (dy * w - x * rs * rs * dot / N);
+    return dy * x * rs;
+}
+
+@compute @workgroup_size(64)
+fn mamba3_prep_norm_backward(@builtin(global_invocation_id) gid: vec3<u32>,
+                             @builtin(num_workgroups) nwg: vec3<u32>) {
+    let N = p.nstate;
+    let rgn = p.rank * p.ngroups * N;
+    let M = p.batch * p.len;
+    let n = gid.x;
+    if (n >= N) { return; }
+    let blocks = (M + RB - 1u) / RB;
+    for (var blk = gid.z; blk < blocks; blk += nwg.z) {
+        var wb = 0.0;
+        var wc = 0.0;
+        for (var row = blk * RB; row < min(M, blk * RB + RB); row++) {
+            for (var rg = 0u; rg < p.rank * p.ngroups; rg++) {
+                let base = row * p.cols + 2u * p.heads * p.headdim + rg * N;  // B's (rank, group) in proj / dproj
+                let dbase = row * rgn + rg * N;
+                wb += norm_backward_dim(base, dbase, n, true);
+                wc += norm_backward_dim(base + rgn, dbase, n, false);
+            }
+        }
+        dB_norm_part[blk * N + n] = wb;
+        dC_norm_part[blk * N + n] = wc;
     }
 }
 

@@ -1,5 +1,5 @@
-"""Mamba-3 mixer pieces around the scan (kernels/mamba3_prep.wgsl): the scan inputs from in_proj's output
-(`mamba3_prep` / `mamba3_prep_backward`) and the output side (`mamba3_finish` / `mamba3_finish_backward`).
+"""Mamba-3 mixer pieces around the scan (kernels/mamba3_prep.wgsl): the scan inputs from in_proj's output, the
+RMSNorm of its B and C columns included (`mamba3_prep` / `mamba3_prep_backward`) and the output side (`mamba3_finish` / `mamba3_finish_backward`).
 See mambactl/reference/mamba3.py `_prepare` / `_finish` / `mamba3_block_backward` for the maths.
 
 Dims: M = B·L rows; H heads of P channels (di = H·P); rank R (1 for SISO); G groups of B/C with N states;
@@ -52,10 +52,10 @@ class Mamba3Dims:
             raise ShapeError(f"{op}: {self.angles} angles do not fit a state of {self.nstate}")
 
 
-def _prep_params(d: Mamba3Dims, a_floor: float) -> dict:
+def _prep_params(d: Mamba3Dims, a_floor: float, norm_eps: float) -> dict:
     return dict(batch=d.batch, len=d.length, heads=d.heads, rank=d.rank, ngroups=d.groups, nstate=d.nstate,
                 headdim=d.headdim, angles=d.angles, mimo=int(d.mimo), cols=d.cols, a_floor=float(a_floor),
-                seg_begin=0, seg_end=d.length)
+                norm_eps=float(norm_eps), seg_begin=0, seg_end=d.length)
 
 
 THETA_COLUMNS, THETA_LANES = 4, 64  # mirror TC, TL in kernels/mamba3_prep.wgsl (a θ walk's workgroup)
@@ -126,29 +126,31 @@ def rotate_blocks(d: Mamba3Dims) -> int:
     return -(-d.rows // ROTATE_ROWS)
 
 
-def _rotate_backward_grid(rt, d: Mamba3Dims):
-    """(ceil(G·N / 64), 1, row blocks): a thread per (group, state dim) walks blocks z, z + groups, ...."""
+def _block_grid(rt, d: Mamba3Dims, width: int, loops_per_block: int):
+    """(ceil(width / 64), 1, row blocks) for the kernels over blocks of ROTATE_ROWS rows (a thread walks blocks z,
+    z + groups, ...), within llvmpipe's loop budget at `loops_per_block` iterations per block."""
     blocks = rotate_blocks(d)
     groups = min(blocks, rt.max_groups)
-    per_block = d.rank * (d.heads // d.groups * (ROTATE_ROWS + 1) + ROTATE_ROWS + 1)
-    loop_budget(rt, "mamba3_prep_backward", (d.batch, d.length, d.heads), -(-blocks // groups) * per_block)
-    return -(-(d.groups * d.nstate) // 64), 1, groups
+    loop_budget(rt, "mamba3_prep_backward", (d.batch, d.length, d.heads), -(-blocks // groups) * loops_per_block)
+    return -(-width // 64), 1, groups
 
 
-def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: Tensor, C_bias: Tensor,
-                mimo_x: Tensor, mimo_z: Tensor, d: Mamba3Dims, a_floor: float, segment: int | None = None) -> dict:
-    """-> dict of q, k [M, H, R, N], v, zr [M, H, R, P], adt, dt, lam [M, H], theta [M, H, S]. mimo_x, mimo_z
-    [H, R, P] for MIMO, None for SISO (v = x, zr = z there). SISO stores no zr: "zr" is proj itself, whose first
-    H·P columns are z, and mamba3_finish reads them in place.
+def mamba3_prep(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tensor, B_bias: Tensor,
+                C_bias: Tensor, mimo_x: Tensor, mimo_z: Tensor, d: Mamba3Dims, a_floor: float, norm_eps: float,
+                segment: int | None = None) -> dict:
+    """-> dict of q, k [M, H, R, N], v, zr [M, H, R, P], adt, dt, lam [M, H], theta [M, H, S]. B_norm_w, C_norm_w
+    [N]: the RMSNorm (epsilon norm_eps) of each (rank, group) of proj's B and C columns, read in place. mimo_x,
+    mimo_z [H, R, P] for MIMO, None for SISO (v = x, zr = z there). SISO stores no zr: "zr" is proj itself, whose
+    first H·P columns are z, and mamba3_finish reads them in place.
 
     `segment`: steps per dispatch of the θ walk (None: all, except on Mesa llvmpipe, whose loop budget sets it)."""
     op = "mamba3_prep"
     d.check(op)
     M, H, R, N, P = d.rows, d.heads, d.rank, d.nstate, d.headdim
     expect(op, "proj", proj, (M, d.cols))
-    expect(op, "Bn", Bn, (M, d.rgn))
-    expect(op, "Cn", Cn, (M, d.rgn))
     expect(op, "dt_bias", dt_bias, (H,))
+    expect(op, "B_norm_w", B_norm_w, (N,))
+    expect(op, "C_norm_w", C_norm_w, (N,))
     for name, t in (("B_bias", B_bias), ("C_bias", C_bias)):
         expect(op, name, t, (H, R, N))
     mimo_x, mimo_z = _mimo_or_stand_in(op, d, dt_bias, mimo_x=mimo_x, mimo_z=mimo_z)
@@ -156,7 +158,7 @@ def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: T
     out = dict(q=rt.empty((M, H, R, N)), k=rt.empty((M, H, R, N)), v=rt.empty((M, H, R, P)),
                zr=rt.empty((M, H, R, P) if d.mimo else (1,)), adt=rt.empty((M, H)), dt=rt.empty((M, H)),
                lam=rt.empty((M, H)), theta=rt.empty((M, H, max(d.angles, 1))))
-    params = _prep_params(d, a_floor)
+    params = _prep_params(d, a_floor, norm_eps)
     if d.angles:
         for t0, t1 in _segments(rt, op, d, segment):
             params.update(seg_begin=t0, seg_end=t1)
@@ -164,16 +166,18 @@ def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: T
     params.update(seg_begin=0, seg_end=d.length)
     rt.run("mamba3_prep_forward", _item_grid(rt, d, R), proj=proj, dt_bias=dt_bias, mimo_x=mimo_x, mimo_z=mimo_z,
            v=out["v"], zr=out["zr"], adt=out["adt"], dt=out["dt"], lam=out["lam"], **params)
-    rt.run("mamba3_prep_rotate", _row_grid(rt, d, d.rgn, 1, 1 + H // d.groups), Bn=Bn, Cn=Cn, B_bias=B_bias,
-           C_bias=C_bias, theta=out["theta"], q=out["q"], k=out["k"], **params)
+    rt.run("mamba3_prep_rotate", _row_grid(rt, d, d.rgn, 1, 1 + H // d.groups + 2 * N), proj=proj,
+           B_norm_w=B_norm_w, C_norm_w=C_norm_w, B_bias=B_bias, C_bias=C_bias, theta=out["theta"], q=out["q"],
+           k=out["k"], **params)
     if not d.mimo:
         out["zr"] = proj  # z in place (the one-element zr bound above was not written)
     return out
 
 
-def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: Tensor, D: Tensor, prep: dict,
-                         dq: Tensor, dk: Tensor, dv: Tensor, dzr: Tensor | None, dadt: Tensor, ddt: Tensor,
-                         dlam: Tensor, dys: Tensor, d: Mamba3Dims, a_floor: float, segment: int | None = None,
+def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tensor, mimo_x: Tensor,
+                         mimo_z: Tensor, D: Tensor, prep: dict, dq: Tensor, dk: Tensor, dv: Tensor,
+                         dzr: Tensor | None, dadt: Tensor, ddt: Tensor, dlam: Tensor, dys: Tensor, d: Mamba3Dims,
+                         a_floor: float, norm_eps: float, segment: int | None = None,
                          dproj: Tensor | None = None) -> dict:
     """Gradients of `mamba3_prep` (dv is the scan's; D·dys, the skip's share, is added here). mimo_x, mimo_z:
     None for SISO.
@@ -182,15 +186,17 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: 
     `mamba3_finish_backward(..., dz_into=dproj)`; this writes the rest of it. MIMO: dzr [M, H, R, P], and dproj
     None (made here).
 
-    -> dict: dproj [M, cols] with every column but B's and C's written, dBn, dCn [M, R·G·N] (summed over the heads
-    of each group, before the bias), dB_bias_part, dC_bias_part [rotate_blocks(d), H·R·N] (∂B_bias / ∂C_bias
-    per block of ROTATE_ROWS rows), ddt_rows [M, H] (dproj's dd_dt columns: ∂dt_bias per row), dvx, dzz
+    -> dict: dproj [M, cols], every column written, dB_bias_part, dC_bias_part [rotate_blocks(d), H·R·N] and
+    dB_norm_part, dC_norm_part [rotate_blocks(d), N] (∂B_bias, ∂C_bias, ∂B_norm_w, ∂C_norm_w per block of
+    ROTATE_ROWS rows), ddt_rows [M, H] (dproj's dd_dt columns: ∂dt_bias per row), dvx, dzz
     [M, H, R, P] (∂mimo_x / ∂mimo_z per row; MIMO only, SISO leaves one-element scratch there); the partials are
     to be summed over their rows. `segment` as in `mamba3_prep`."""
     op = "mamba3_prep_backward"
     d.check(op)
     M, H, R, N, P, S = d.rows, d.heads, d.rank, d.nstate, d.headdim, d.angles
     rt = proj.runtime
+    expect(op, "B_norm_w", B_norm_w, (N,))
+    expect(op, "C_norm_w", C_norm_w, (N,))
     mimo_x, mimo_z = _mimo_or_stand_in(op, d, dt_bias, mimo_x=mimo_x, mimo_z=mimo_z)
     if d.mimo:
         if dproj is not None:
@@ -206,17 +212,23 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: 
     # SISO writes no ∂mimo partials: one-element stand-ins fill those bindings
     mimo_shape = (M, H, R, P) if d.mimo else (1,)
     blocks = rotate_blocks(d)
-    res = dict(dproj=dproj, dBn=rt.empty((M, d.rgn)), dCn=rt.empty((M, d.rgn)),
-               dB_bias_part=rt.empty((blocks, H * R * N)), dC_bias_part=rt.empty((blocks, H * R * N)),
-               ddt_rows=rt.empty((M, H)), dvx=rt.empty(mimo_shape), dzz=rt.empty(mimo_shape))
+    res = dict(dproj=dproj, dB_bias_part=rt.empty((blocks, H * R * N)), dC_bias_part=rt.empty((blocks, H * R * N)),
+               dB_norm_part=rt.empty((blocks, N)), dC_norm_part=rt.empty((blocks, N)), ddt_rows=rt.empty((M, H)),
+               dvx=rt.empty(mimo_shape), dzz=rt.empty(mimo_shape))
     dth = rt.empty((M, H, max(S, 1)))  # ∂loss/∂θ per step, then its reverse running sum
-    params = _prep_params(d, a_floor)
+    dBn, dCn = rt.empty((M, d.rgn)), rt.empty((M, d.rgn))  # ∂ of the normalized B, C (summed over heads)
+    params = _prep_params(d, a_floor, norm_eps)
     rt.run("mamba3_prep_backward", _item_grid(rt, d, R), proj=proj, dt_bias=dt_bias, mimo_x=mimo_x,
            mimo_z=mimo_z, D=D, lam=prep["lam"], dv=dv, dzr=dzr, dadt=dadt, dlam=dlam, dys_in=dys,
            dproj=dproj, dvx=res["dvx"], dzz=res["dzz"], **params)
-    rt.run("mamba3_prep_rotate_backward", _rotate_backward_grid(rt, d), q_in=prep["q"], k_in=prep["k"],
-           theta_in=prep["theta"], dq=dq, dk=dk, dth=dth, dBn=res["dBn"], dCn=res["dCn"],
+    rotate_loops = R * (H // d.groups * (ROTATE_ROWS + 1) + ROTATE_ROWS + 1)
+    rt.run("mamba3_prep_rotate_backward", _block_grid(rt, d, d.groups * N, rotate_loops), q_in=prep["q"],
+           k_in=prep["k"], theta_in=prep["theta"], dq=dq, dk=dk, dth=dth, dBn=dBn, dCn=dCn,
            dB_bias_part=res["dB_bias_part"], dC_bias_part=res["dC_bias_part"], **params)
+    norm_loops = ROTATE_ROWS * (1 + R * d.groups * (1 + 2 * N))
+    rt.run("mamba3_prep_norm_backward", _block_grid(rt, d, N, norm_loops), proj=proj, B_norm_w=B_norm_w,
+           C_norm_w=C_norm_w, dBn=dBn, dCn=dCn, dproj=dproj, dB_norm_part=res["dB_norm_part"],
+           dC_norm_part=res["dC_norm_part"], **params)
     if S:
         for t0, t1 in reversed(_segments(rt, op, d, segment)):
             params.update(seg_begin=t0, seg_end=t1)
