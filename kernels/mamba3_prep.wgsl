@@ -395,8 +395,8 @@ fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
                 let h = g * per + e;
                 var bq = 0.0;
                 var bk = 0.0;
-                for (var i = 0u; i < RB; i++) {
-                    if (i >= rows) { break; }
+                for (var i = 0u; i < RB; i++) {  // a fixed trip count (unrolled), the block's rows predicated
+                    if (i >= rows) { continue; }
                     let rh = (row0 + i) * H + h;
                     let base = (rh * R + r) * N;
                     var xq = dq[base + n];
