@@ -7,10 +7,9 @@
 //   θ_t = θ_{t−1} + Δ_t π tanh(angle_t),  k = rot(θ, Bn[group of h] + B_bias),  q = rot(θ, Cn + C_bias),
 //   v_r = mimo_x_r ⊙ x,  zr_r = mimo_z_r ⊙ z.
 // Only θ's running sum over time (and, backward, the reverse running sum of ∂loss/∂θ) is sequential; it has its
-// own kernels (mamba3_prep_theta, mamba3_prep_dtheta: a workgroup per (batch, 4 (head, angle) columns), its 64
-// lanes of threads per column each summing a 64th of the time range, then a scan of the lane totals in
-// workgroup memory and a second walk writing the running sums: 64 lanes, not fewer, because each lane's walk is
-// a chain of dependent loads, latency-bound). Given θ, the channel kernels (mamba3_prep_forward,
+// own kernels (mamba3_prep_theta, mamba3_prep_dtheta: a workgroup per (batch, TC (head, angle) columns), its
+// TL = 256 / TC lanes of threads per column each summing a TL-th of the time range, then a scan of the lane
+// totals in workgroup memory and a second walk writing the running sums). Given θ, the channel kernels (mamba3_prep_forward,
 // mamba3_prep_backward) take one (row, head, channel) per thread, and the rotation kernels one state column of
 // Bn, Cn per thread walking the heads of its group (mamba3_prep_rotate; mamba3_prep_rotate_backward, which also
 // sums the turned-back dq, dk over the group's heads (∂Bn, ∂Cn) and over blocks of rows (∂B_bias, ∂C_bias
@@ -25,9 +24,10 @@
 
 const MAX_S: u32 = 64u;  // mirrored by mambactl/ops/mamba3_prep.py
 const PI: f32 = 3.14159265358979;
-// θ walks: a workgroup of TC columns × TL time lanes (mirrored by THETA_LANES in mambactl/ops/mamba3_prep.py).
-const TC: u32 = 4u;
-const TL: u32 = 64u;
+// θ walks: a workgroup of TW = TC columns × TL time lanes (TC set by mambactl/ops/mamba3_prep.py).
+const TW: u32 = 256u;
+override TC: u32 = 16u;
+override TL: u32 = TW / TC;
 
 override NORM: bool = false;
 override MIMO: bool = true;  // finish backward: mimo_o read and ∂mimo_o partials (false for SISO)
@@ -107,7 +107,7 @@ struct FinishParams { frows: u32, fheads: u32, frank: u32, fheaddim: u32, eps: f
 @group(0) @binding(62) var<storage, read_write> dB_norm_part: array<f32>;  // [blocks, N]: ∂B_norm.weight per block
 @group(0) @binding(63) var<storage, read_write> dC_norm_part: array<f32>;
 
-var<workgroup> lane_sum: array<f32, 256>;  // TC · TL: the θ walks' per-lane totals
+var<workgroup> lane_sum: array<f32, TW>;  // the θ walks' per-lane totals
 
 fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 
@@ -157,7 +157,7 @@ fn walk_of(wid: vec3<u32>, nwg: vec3<u32>, l: u32) -> Walk {
 }
 
 // θ [M, H, S], the running sum over time. Grid grid_1d(B · ceil(H·S / TC) · 256, 256).
-@compute @workgroup_size(256)
+@compute @workgroup_size(TW)
 fn mamba3_prep_theta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_index) l: u32) {
     let wk = walk_of(wid, nwg, l);
@@ -395,9 +395,11 @@ fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
                 let h = g * per + e;
                 var bq = 0.0;
                 var bk = 0.0;
-                for (var i = 0u; i < RB; i++) {  // a fixed trip count (unrolled), the block's rows predicated
-                    if (i >= rows) { continue; }
-                    let rh = (row0 + i) * H + h;
+                // a fixed trip count, unrollable: the rows past the end (the last block) read the last row and
+                // add nothing
+                for (var i = 0u; i < RB; i++) {
+                    let live = i < rows;
+                    let rh = min(row0 + i, M - 1u) * H + h;
                     let base = (rh * R + r) * N;
                     var xq = dq[base + n];
                     var xk = dk[base + n];
@@ -407,7 +409,7 @@ fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
                         let th = theta_in[rh * S + pj.y];
                         let cs = cos(th);
                         let sn = sg * sin(th);
-                        if (pj.z == 1u) {
+                        if (pj.z == 1u && live) {
                             let t = dqm * q_in[base + n] - xq * q_in[base + m] + dkm * k_in[base + n]
                                     - xk * k_in[base + m];
                             if (r == 0u) { dth[rh * S + pj.y] = t; } else { dth[rh * S + pj.y] += t; }
@@ -415,6 +417,8 @@ fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
                         xq = xq * cs - dqm * sn;
                         xk = xk * cs - dkm * sn;
                     }
+                    xq = select(0.0, xq, live);
+                    xk = select(0.0, xk, live);
                     aq[i] += xq;
                     ak[i] += xk;
                     bq += xq;
@@ -488,7 +492,7 @@ fn mamba3_prep_norm_backward(@builtin(global_invocation_id) gid: vec3<u32>,
 
 // dth [M, H, S] in place: ∂loss/∂θ_t -> Σ_{t' >= t} ∂loss/∂θ_{t'} (θ is a running sum).
 // Grid as mamba3_prep_theta.
-@compute @workgroup_size(256)
+@compute @workgroup_size(TW)
 fn mamba3_prep_dtheta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_index) l: u32) {
     let wk = walk_of(wid, nwg, l);

@@ -1,6 +1,6 @@
 """mamba3_prep / mamba3_prep_backward (kernels/mamba3_prep.wgsl) against float64 numpy built from
 mambactl/reference/mamba3.py's pieces: SISO and MIMO, grouped B/C, part of the state rotated, lengths that are
-no multiple of the θ walks' 64 lanes or of the rotation backward's blocks of rows, walks split into dispatches, and a walk longer than Mesa llvmpipe's loop
+no multiple of the θ walks' 16 lanes or of the rotation backward's blocks of rows, walks split into dispatches, and a walk longer than Mesa llvmpipe's loop
 budget. Outputs start NaN-poisoned (the `gpu` fixture), so an element no kernel writes fails."""
 
 import numpy as np
@@ -144,7 +144,7 @@ SHAPES = [
     (1, 50, 4, 3, 2, 2, 10, 3, True),     # MIMO rank 2, 2 groups, 3 of 5 pairs rotated
     (3, 9, 2, 8, 3, 1, 8, 4, True),       # MIMO rank 3, every pair rotated
     (2, 1, 2, 4, 1, 1, 8, 2, False),      # one token (decode)
-    (1, 300, 6, 16, 1, 3, 32, 8, False),  # more columns than a θ workgroup's 4 or a rotation workgroup's 64
+    (1, 300, 6, 16, 1, 3, 32, 8, False),  # more columns than a θ workgroup's 16 or a rotation workgroup's 64
 ]
 
 
@@ -164,10 +164,10 @@ def test_prep_segmented(gpu, segment):
 
 
 def test_prep_walk_past_loop_budget(gpu):
-    """L 2,200,000 (one head, one angle): a θ-walk invocation over all of it would loop 69k times (its 64 lanes
-    walk 34,375 steps each, twice), over llvmpipe's 65,535; there the walks run in segments. Also more row blocks
-    of the rotation backward than a grid dimension holds. Δ is kept small so θ stays O(1) over the walk."""
-    d = Mamba3Dims(1, 2_200_000, 1, 1, 1, 1, 2, 1, False)
+    """L 560,000 (one head, one angle): a θ-walk invocation over all of it would loop 70k times, over llvmpipe's
+    65,535; there the walks run in segments. Also more row blocks of the rotation backward than a grid dimension
+    holds. Δ is kept small so θ stays O(1) over the walk."""
+    d = Mamba3Dims(1, 560_000, 1, 1, 1, 1, 2, 1, False)
     assert prep_walk_loops(d.length) > 65535
     x, g = make_inputs(d, seed=2, dt_shift=-6.0)
     x["proj"][:, 2 * 1 + 2 * 2] -= 2.0  # dd_dt

@@ -58,7 +58,8 @@ def _prep_params(d: Mamba3Dims, a_floor: float, norm_eps: float) -> dict:
                 norm_eps=float(norm_eps), seg_begin=0, seg_end=d.length)
 
 
-THETA_COLUMNS, THETA_LANES = 4, 64  # mirror TC, TL in kernels/mamba3_prep.wgsl (a θ walk's workgroup)
+THETA_GROUP = 256  # mirrors TW in kernels/mamba3_prep.wgsl: a θ walk's workgroup
+THETA_COLUMNS = 16  # its (head, angle) columns, the kernel's TC; THETA_GROUP / THETA_COLUMNS time lanes each
 ROTATE_ROWS = 8  # mirrors RB: rows per block of mamba3_prep_rotate_backward (its bias partials' rows)
 
 
@@ -67,18 +68,26 @@ ROTATE_ROWS = 8  # mirrors RB: rows per block of mamba3_prep_rotate_backward (it
 # The channel kernels loop only over the ranks, the rotation kernels over the heads, the reduce over the heads or
 # angles.
 def prep_walk_loops(steps: int) -> int:
-    return 2 * -(-int(steps) // THETA_LANES) + THETA_LANES
+    lanes = THETA_GROUP // THETA_COLUMNS
+    return 2 * -(-int(steps) // lanes) + lanes
 
 
 def _segments(rt, op: str, d: Mamba3Dims, segment: int | None) -> list[tuple[int, int]]:
     # per_step 1 bounds 2·ceil(steps / lanes) from above (a lane walks its share twice)
-    seg = segment_length(rt, op, (d.batch, d.length, d.heads), d.length, 1, THETA_LANES, segment=segment)
+    seg = segment_length(rt, op, (d.batch, d.length, d.heads), d.length, 1, THETA_GROUP // THETA_COLUMNS,
+                         segment=segment)
     return segments(d.length, seg)
 
 
 def _walk_grid(d: Mamba3Dims):
     blocks = -(-d.heads * d.angles // THETA_COLUMNS)
-    return grid_1d(d.batch * blocks * THETA_COLUMNS * THETA_LANES, THETA_COLUMNS * THETA_LANES)
+    return grid_1d(d.batch * blocks * THETA_GROUP, THETA_GROUP)
+
+
+def _walk_constants() -> dict:
+    if THETA_GROUP % THETA_COLUMNS:
+        raise ShapeError(f"mamba3_prep: {THETA_COLUMNS} θ-walk columns must divide {THETA_GROUP}")
+    return {"TC": THETA_COLUMNS}
 
 
 def _row_grid(rt, d: Mamba3Dims, width: int, ys: int, loops_per_row: int):
@@ -162,7 +171,7 @@ def mamba3_prep(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tenso
     if d.angles:
         for t0, t1 in _segments(rt, op, d, segment):
             params.update(seg_begin=t0, seg_end=t1)
-            rt.run("mamba3_prep_theta", _walk_grid(d), proj=proj, dt_bias=dt_bias, theta=out["theta"], **params)
+            rt.run("mamba3_prep_theta", _walk_grid(d), _walk_constants(), proj=proj, dt_bias=dt_bias, theta=out["theta"], **params)
     params.update(seg_begin=0, seg_end=d.length)
     rt.run("mamba3_prep_forward", _item_grid(rt, d, R), proj=proj, dt_bias=dt_bias, mimo_x=mimo_x, mimo_z=mimo_z,
            v=out["v"], zr=out["zr"], adt=out["adt"], dt=out["dt"], lam=out["lam"], **params)
@@ -232,7 +241,7 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm
     if S:
         for t0, t1 in reversed(_segments(rt, op, d, segment)):
             params.update(seg_begin=t0, seg_end=t1)
-            rt.run("mamba3_prep_dtheta", _walk_grid(d), dth=dth, **params)
+            rt.run("mamba3_prep_dtheta", _walk_grid(d), _walk_constants(), dth=dth, **params)
         params.update(seg_begin=0, seg_end=d.length)
     rt.run("mamba3_prep_reduce", _row_grid(rt, d, S + H, 1, 1 + max(H, S)), proj=proj, dt_bias=dt_bias,
            dt_in=prep["dt"], dcum_in=dth, ddt=ddt, dadt=dadt, dproj_out=dproj, ddt_rows=res["ddt_rows"], **params)
