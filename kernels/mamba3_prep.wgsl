@@ -210,14 +210,13 @@ fn pair_of(n: u32) -> vec3<u32> {
 // -1 for a pair's first dim, +1 for its second: rotated_n = x_n cos θ + sign · x_partner sin θ.
 fn pair_sign(kind: u32) -> f32 { return select(1.0, -1.0, kind == 1u); }
 
-// Channel c of (row, h): v, zr over the ranks (SISO: v = x; zr = z is read in place); c = 0 also dt, adt, lam.
+// Channel c of (row, h): v, zr over the ranks (SISO: v = x; zr = z is read in place).
 @compute @workgroup_size(256)
 fn mamba3_prep_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let H = p.heads;
     let R = p.rank;
     let P = p.headdim;
     let di = H * P;
-    let off = 2u * di + 2u * R * p.ngroups * p.nstate;  // dd_dt
     let stride = nwg.x * nwg.y * 256u;
     let total = item_count();
     for (var i = flat_id(gid, nwg, 256u); i < total; i += stride) {
@@ -226,13 +225,6 @@ fn mamba3_prep_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
         let c = it.c;
         let rh = it.row * H + h;
         let pr = it.row * p.cols;
-        if (c == 0u) {
-            let dtv = softplus(proj[pr + off + h] + dt_bias[h]);
-            let a = -max(heavy_tail(proj[pr + off + H + h]), p.a_floor);
-            dt[rh] = dtv;
-            adt[rh] = a * dtv;
-            lam[rh] = sigmoid(proj[pr + off + 2u * H + h]);
-        }
         let xv = proj[pr + di + h * P + c];
         if (p.mimo == 0u) {  // SISO: v = x (the scan reads it as its x), zr = z is read in place
             v[rh * P + c] = xv;
@@ -261,6 +253,8 @@ fn norm_rstd(base: u32) -> f32 {
 // k = rot(θ, Bn + B_bias), q = rot(θ, Cn + C_bias): thread (x, z) is column x = (r·G + g)·N + n of Bn / Cn for
 // rows z, z + rows, ... (grid (ceil(R·G·N / 64), 1, row blocks)), normalizing its row's B, C (and the pair
 // partner's) once and walking the heads of group g, so consecutive threads write consecutive n of q and k.
+// Column x < H also writes head x's dt, adt, lam (x, x + R·G·N, ... when there are more heads than columns):
+// here, not in the channel kernel, where one thread in 64 doing them held up its whole warp.
 @compute @workgroup_size(64)
 fn mamba3_prep_rotate(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let H = p.heads;
@@ -279,7 +273,16 @@ fn mamba3_prep_rotate(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(nu
     let m = pj.x;
     let sg = pair_sign(pj.z);
     let M = p.batch * p.len;
+    let off = 2u * H * p.headdim + 2u * rgn;  // dd_dt
     for (var row = gid.z; row < M; row += nwg.z) {
+        for (var hh = col; hh < H; hh += rgn) {
+            let pr = row * p.cols;
+            let dtv = softplus(proj[pr + off + hh] + dt_bias[hh]);
+            let a = -max(heavy_tail(proj[pr + off + H + hh]), p.a_floor);
+            dt[row * H + hh] = dtv;
+            adt[row * H + hh] = a * dtv;
+            lam[row * H + hh] = sigmoid(proj[pr + off + 2u * H + hh]);
+        }
         let bsrc = row * p.cols + 2u * H * p.headdim + col - n;  // this (rank, group)'s B in proj
         let csrc = bsrc + rgn;
         let rsb = norm_rstd(bsrc);
@@ -310,14 +313,13 @@ fn mamba3_prep_rotate(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(nu
 }
 
 // Channel c of (row, h): dproj's x and z columns (SISO: dx = dv + D dys, dz is already in dproj from
-// mamba3_finish_backward), dvx, dzz (MIMO); c = 0 also dproj's dd_A and trap columns.
+// mamba3_finish_backward), dvx, dzz (MIMO).
 @compute @workgroup_size(256)
 fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let H = p.heads;
     let R = p.rank;
     let P = p.headdim;
     let di = H * P;
-    let off = 2u * di + 2u * R * p.ngroups * p.nstate;  // dd_dt
     let stride = nwg.x * nwg.y * 256u;
     let total = item_count();
     for (var i = flat_id(gid, nwg, 256u); i < total; i += stride) {
@@ -326,17 +328,6 @@ fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
         let c = it.c;
         let rh = it.row * H + h;
         let pr = it.row * p.cols;
-        if (c == 0u) {
-            let dtv = softplus(proj[pr + off + h] + dt_bias[h]);
-            let dda = proj[pr + off + H + h];
-            var dA = 0.0;
-            if (heavy_tail(dda) >= p.a_floor) {
-                dA = -dadt[rh] * dtv * select(1.0 / ((1.0 - dda) * (1.0 - dda)), 1.0, dda >= 0.0);
-            }
-            dproj[pr + off + H + h] = dA;
-            let lv = lam[rh];
-            dproj[pr + off + 2u * H + h] = dlam[rh] * lv * (1.0 - lv);
-        }
         if (p.mimo == 0u) {
             dproj[pr + di + h * P + c] = dv[rh * P + c] + D[h] * dys_in[rh * P + c];
             continue;
@@ -519,7 +510,7 @@ fn mamba3_prep_dtheta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
 // Sums over heads and angles in fixed order, per row. Grid (ceil((S + H) / 64), 1, rows), thread (x, z) for rows
 // z, z + rows, ...: x < S angle x's column of dproj (π (1 − tanh²) Σ_h dcum·Δ), S <= x < S + H head h = x − S's
 // dd_dt column (∂Δ from dt, A·Δ and π Σ_j dcum_j tanh(angle_j), through the softplus), also into ddt_rows
-// [M, H] (contiguous: ∂dt_bias is its column sums).
+// [M, H] (contiguous: ∂dt_bias is its column sums), and its dd_A and trap columns.
 @compute @workgroup_size(64)
 fn mamba3_prep_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let H = p.heads;
@@ -546,6 +537,14 @@ fn mamba3_prep_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(nu
         let dpre = dd * select(sigmoid(pre), 1.0, pre > 20.0);
         dproj_out[pr + off + h] = dpre;
         ddt_rows[rh] = dpre;
+        let dda = proj[pr + off + H + h];
+        var dA = 0.0;
+        if (heavy_tail(dda) >= p.a_floor) {
+            dA = -dadt[rh] * dt_in[rh] * select(1.0 / ((1.0 - dda) * (1.0 - dda)), 1.0, dda >= 0.0);
+        }
+        dproj_out[pr + off + H + h] = dA;
+        let lv = lam[rh];
+        dproj_out[pr + off + 2u * H + h] = dlam[rh] * lv * (1.0 - lv);
     }
 }
 

@@ -145,6 +145,7 @@ SHAPES = [
     (3, 9, 2, 8, 3, 1, 8, 4, True),       # MIMO rank 3, every pair rotated
     (2, 1, 2, 4, 1, 1, 8, 2, False),      # one token (decode)
     (1, 300, 6, 16, 1, 3, 32, 8, False),  # more columns than a θ workgroup's 16 or a rotation workgroup's 64
+    (2, 5, 12, 2, 1, 1, 4, 1, False),     # more heads than B's columns (a rotation thread's per-head scalars)
 ]
 
 

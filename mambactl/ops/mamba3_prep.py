@@ -173,11 +173,12 @@ def mamba3_prep(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tenso
             params.update(seg_begin=t0, seg_end=t1)
             rt.run("mamba3_prep_theta", _walk_grid(d), _walk_constants(), proj=proj, dt_bias=dt_bias, theta=out["theta"], **params)
     params.update(seg_begin=0, seg_end=d.length)
-    rt.run("mamba3_prep_forward", _item_grid(rt, d, R), proj=proj, dt_bias=dt_bias, mimo_x=mimo_x, mimo_z=mimo_z,
-           v=out["v"], zr=out["zr"], adt=out["adt"], dt=out["dt"], lam=out["lam"], **params)
-    rt.run("mamba3_prep_rotate", _row_grid(rt, d, d.rgn, 1, 1 + H // d.groups + 2 * N), proj=proj,
+    rt.run("mamba3_prep_forward", _item_grid(rt, d, R), proj=proj, mimo_x=mimo_x, mimo_z=mimo_z, v=out["v"],
+           zr=out["zr"], **params)
+    rotate_loops = 2 + -(-H // d.rgn) + H // d.groups + 2 * N
+    rt.run("mamba3_prep_rotate", _row_grid(rt, d, d.rgn, 1, rotate_loops), proj=proj, dt_bias=dt_bias,
            B_norm_w=B_norm_w, C_norm_w=C_norm_w, B_bias=B_bias, C_bias=C_bias, theta=out["theta"], q=out["q"],
-           k=out["k"], **params)
+           k=out["k"], dt=out["dt"], adt=out["adt"], lam=out["lam"], **params)
     if not d.mimo:
         out["zr"] = proj  # z in place (the one-element zr bound above was not written)
     return out
@@ -227,9 +228,8 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm
     dth = rt.empty((M, H, max(S, 1)))  # ∂loss/∂θ per step, then its reverse running sum
     dBn, dCn = rt.empty((M, d.rgn)), rt.empty((M, d.rgn))  # ∂ of the normalized B, C (summed over heads)
     params = _prep_params(d, a_floor, norm_eps)
-    rt.run("mamba3_prep_backward", _item_grid(rt, d, R), proj=proj, dt_bias=dt_bias, mimo_x=mimo_x,
-           mimo_z=mimo_z, D=D, lam=prep["lam"], dv=dv, dzr=dzr, dadt=dadt, dlam=dlam, dys_in=dys,
-           dproj=dproj, dvx=res["dvx"], dzz=res["dzz"], **params)
+    rt.run("mamba3_prep_backward", _item_grid(rt, d, R), proj=proj, mimo_x=mimo_x, mimo_z=mimo_z, D=D, dv=dv,
+           dzr=dzr, dys_in=dys, dproj=dproj, dvx=res["dvx"], dzz=res["dzz"], **params)
     rotate_loops = R * (H // d.groups * (ROTATE_ROWS + 1) + ROTATE_ROWS + 1)
     rt.run("mamba3_prep_rotate_backward", _block_grid(rt, d, d.groups * N, rotate_loops), q_in=prep["q"],
            k_in=prep["k"], theta_in=prep["theta"], dq=dq, dk=dk, dth=dth, dBn=dBn, dCn=dCn,
@@ -244,7 +244,8 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm
             rt.run("mamba3_prep_dtheta", _walk_grid(d), _walk_constants(), dth=dth, **params)
         params.update(seg_begin=0, seg_end=d.length)
     rt.run("mamba3_prep_reduce", _row_grid(rt, d, S + H, 1, 1 + max(H, S)), proj=proj, dt_bias=dt_bias,
-           dt_in=prep["dt"], dcum_in=dth, ddt=ddt, dadt=dadt, dproj_out=dproj, ddt_rows=res["ddt_rows"], **params)
+           dt_in=prep["dt"], lam=prep["lam"], dcum_in=dth, ddt=ddt, dadt=dadt, dlam=dlam, dproj_out=dproj,
+           ddt_rows=res["ddt_rows"], **params)
     return res
 
 
