@@ -36,7 +36,8 @@ override MIMO: bool = true;  // finish backward: mimo_o read and ∂mimo_o parti
 // per-invocation loop budget is 65,535 iterations): the forward's running θ enters from theta at step
 // seg_begin − 1, the backward's running ∂θ sum from dth at step seg_end (both written by the previous dispatch).
 struct PrepParams { batch: u32, len: u32, heads: u32, rank: u32, ngroups: u32, nstate: u32, headdim: u32,
-                    angles: u32, mimo: u32, cols: u32, a_floor: f32, norm_eps: f32, seg_begin: u32, seg_end: u32 }
+                    angles: u32, mimo: u32, cols: u32, a_floor: f32, norm_eps: f32, splits: u32, seg_begin: u32,
+                    seg_end: u32 }
 // zstride, dzstride: floats between rows of zr_in and of dzr_out (H·R·P for [M, H, R, P] tensors; proj's columns
 // for SISO's z and dz in place, whose (head, channel) then starts at h·P of the row)
 struct FinishParams { frows: u32, fheads: u32, frank: u32, fheaddim: u32, eps: f32, zstride: u32, dzstride: u32 }
@@ -351,10 +352,11 @@ fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
     }
 }
 
-// The rotation's backward with its sums over heads and rows: thread (x, z) is (group g, state dim n) =
-// x < G·N for the blocks of RB rows z, z + blocks, ... (grid (ceil(G·N / 64), 1, blocks)). Per rank r and head
-// h of group g it turns dq, dk back by θ (the bias gradient's rows, never stored): their sums over the group's
-// heads, in order, are dCn, dBn [M, R, G, N]; their sums over the block's rows, in order, are the block's
+// The rotation's backward with its sums over heads and rows: thread (x, y, z) is (group g, state dim n) =
+// x < G·N and split y < p.splits of the group's heads, for the blocks of RB rows z, z + blocks, ... (grid
+// (ceil(G·N / 64), splits, blocks)). Per rank r and head h of its split it turns dq, dk back by θ (the bias
+// gradient's rows, never stored): their sums over the split's heads, in order, are dCn, dBn [splits, M, R, G, N]
+// (mamba3_prep_norm_backward adds the splits in order); their sums over the block's rows, in order, are the block's
 // partials dC_bias_part, dB_bias_part [blocks, H, R, N] (the wrapper sums them over blocks); the first dim of a
 // pair also writes ∂loss/∂θ = Σ_r d1·out0 − d0·out1 over q and k into dth (rank 0 stores, later ranks add).
 const RB: u32 = 8u;  // rows per block, mirrored by ROTATE_ROWS in mambactl/ops/mamba3_prep.py
@@ -372,6 +374,10 @@ fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
     let g = gid.x / N;
     let n = gid.x % N;
     let per = H / G;
+    let hs = (per + p.splits - 1u) / p.splits;  // heads per split
+    let e0 = min(per, gid.y * hs);
+    let e1 = min(per, e0 + hs);
+    let part = gid.y * M * rgn;  // this split's dBn, dCn
     let pj = pair_of(n);
     let m = pj.x;
     let sg = pair_sign(pj.z);
@@ -382,7 +388,7 @@ fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
         for (var r = 0u; r < R; r++) {
             var aq = array<f32, RB>();  // zeros for each rank (explicit: the loop re-enters it)
             var ak = array<f32, RB>();
-            for (var e = 0u; e < per; e++) {
+            for (var e = e0; e < e1; e++) {
                 let h = g * per + e;
                 var bq = 0.0;
                 var bk = 0.0;
@@ -420,7 +426,7 @@ fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
                 dB_bias_part[bi] = bk;
             }
             for (var i = 0u; i < rows; i++) {
-                let dst = (row0 + i) * rgn + (r * G + g) * N + n;
+                let dst = part + (row0 + i) * rgn + (r * G + g) * N + n;
                 dCn[dst] = aq[i];
                 dBn[dst] = ak[i];
             }
@@ -433,6 +439,16 @@ fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
 // (ceil(N / 64), 1, blocks)), walking the block's rows and each row's R·G (rank, group)s in order. With
 // x̂ = x · rstd and g = dBn ⊙ w:  dB = rstd · g − x̂ · rstd · Σ_m g_m x̂_m / N,  ∂w = Σ dBn ⊙ x̂; each thread sums
 // rstd and Σ_m over all N itself, in order (the same loads across a warp).
+// ∂Bn (w_is_b) or ∂Cn at flat index i of [M, R, G, N]: the rotation backward's head splits added in order.
+fn normed_grad(i: u32, w_is_b: bool) -> f32 {
+    let stride = p.batch * p.len * p.rank * p.ngroups * p.nstate;
+    var acc = 0.0;
+    for (var sp = 0u; sp < p.splits; sp++) {
+        if (w_is_b) { acc += dBn[sp * stride + i]; } else { acc += dCn[sp * stride + i]; }
+    }
+    return acc;
+}
+
 // One (row, rank, group) of B (w_is_b) or C from proj[base..] with its dBn / dCn at dbase: writes dim n of dproj,
 // returns dim n's ∂w share.
 fn norm_backward_dim(base: u32, dbase: u32, n: u32, w_is_b: bool) -> f32 {
@@ -441,17 +457,13 @@ fn norm_backward_dim(base: u32, dbase: u32, n: u32, w_is_b: bool) -> f32 {
     for (var m = 0u; m < p.nstate; m++) {
         let x = proj[base + m];
         ss += x * x;
-        if (w_is_b) { dot += dBn[dbase + m] * B_norm_w[m] * x; } else { dot += dCn[dbase + m] * C_norm_w[m] * x; }
+        dot += normed_grad(dbase + m, w_is_b) * select(C_norm_w[m], B_norm_w[m], w_is_b) * x;
     }
     let N = f32(p.nstate);
     let rs = 1.0 / sqrt(ss / N + p.norm_eps);
     let x = proj[base + n];
-    var dy = dCn[dbase + n];
-    var w = C_norm_w[n];
-    if (w_is_b) {
-        dy = dBn[dbase + n];
-        w = B_norm_w[n];
-    }
+    let dy = normed_grad(dbase + n, w_is_b);
+    let w = select(C_norm_w[n], B_norm_w[n], w_is_b);
     dproj[base + n] = rs * (dy * w - x * rs * rs * dot / N);
     return dy * x * rs;
 }

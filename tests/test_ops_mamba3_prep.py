@@ -187,6 +187,18 @@ def test_prep_row_blocks(gpu, monkeypatch, rows_per_thread):
     check(d, run_gpu(gpu, d, x, g), reference(d, x, g), 1e-5)
 
 
+@pytest.mark.parametrize("splits", [2, 3])
+def test_prep_rotate_splits(gpu, monkeypatch, splits):
+    """The rotation backward with a group's heads split over threads (3 splits of 4 heads: 2, 2 and none)."""
+    from mambactl.ops import mamba3_prep as op
+
+    monkeypatch.setattr(op, "ROTATE_SPLITS", splits)
+    for shape in [(2, 21, 4, 4, 1, 1, 12, 3, False), (1, 13, 8, 3, 2, 2, 10, 3, True)]:
+        d = Mamba3Dims(*shape)
+        x, g = make_inputs(d, seed=4)
+        check(d, run_gpu(gpu, d, x, g), reference(d, x, g), 1e-5)
+
+
 def test_siso_takes_no_mimo_tensors(gpu):
     d = Mamba3Dims(1, 4, 2, 4, 1, 1, 8, 2, False)
     x, _ = make_inputs(d)

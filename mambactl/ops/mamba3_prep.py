@@ -55,12 +55,13 @@ class Mamba3Dims:
 def _prep_params(d: Mamba3Dims, a_floor: float, norm_eps: float) -> dict:
     return dict(batch=d.batch, len=d.length, heads=d.heads, rank=d.rank, ngroups=d.groups, nstate=d.nstate,
                 headdim=d.headdim, angles=d.angles, mimo=int(d.mimo), cols=d.cols, a_floor=float(a_floor),
-                norm_eps=float(norm_eps), seg_begin=0, seg_end=d.length)
+                norm_eps=float(norm_eps), splits=ROTATE_SPLITS, seg_begin=0, seg_end=d.length)
 
 
 THETA_GROUP = 256  # mirrors TW in kernels/mamba3_prep.wgsl: a θ walk's workgroup
 THETA_COLUMNS = 16  # its (head, angle) columns, the kernel's TC; THETA_GROUP / THETA_COLUMNS time lanes each
 ROTATE_ROWS = 8  # mirrors RB: rows per block of mamba3_prep_rotate_backward (its bias partials' rows)
+ROTATE_SPLITS = 1  # splits of a group's heads in mamba3_prep_rotate_backward (threads per state dim and block)
 
 
 # Loop iterations of one θ-walk invocation (mamba3_prep_theta / mamba3_prep_dtheta; Mesa llvmpipe allows 65,535
@@ -135,13 +136,13 @@ def rotate_blocks(d: Mamba3Dims) -> int:
     return -(-d.rows // ROTATE_ROWS)
 
 
-def _block_grid(rt, d: Mamba3Dims, width: int, loops_per_block: int):
-    """(ceil(width / 64), 1, row blocks) for the kernels over blocks of ROTATE_ROWS rows (a thread walks blocks z,
-    z + groups, ...), within llvmpipe's loop budget at `loops_per_block` iterations per block."""
+def _block_grid(rt, d: Mamba3Dims, width: int, ys: int, loops_per_block: int):
+    """(ceil(width / 64), ys, row blocks) for the kernels over blocks of ROTATE_ROWS rows (a thread walks blocks
+    z, z + groups, ...), within llvmpipe's loop budget at `loops_per_block` iterations per block."""
     blocks = rotate_blocks(d)
     groups = min(blocks, rt.max_groups)
     loop_budget(rt, "mamba3_prep_backward", (d.batch, d.length, d.heads), -(-blocks // groups) * loops_per_block)
-    return -(-width // 64), 1, groups
+    return -(-width // 64), ys, groups
 
 
 def mamba3_prep(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tensor, B_bias: Tensor,
@@ -226,16 +227,18 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm
                dB_norm_part=rt.empty((blocks, N)), dC_norm_part=rt.empty((blocks, N)), ddt_rows=rt.empty((M, H)),
                dvx=rt.empty(mimo_shape), dzz=rt.empty(mimo_shape))
     dth = rt.empty((M, H, max(S, 1)))  # ∂loss/∂θ per step, then its reverse running sum
-    dBn, dCn = rt.empty((M, d.rgn)), rt.empty((M, d.rgn))  # ∂ of the normalized B, C (summed over heads)
+    splits = ROTATE_SPLITS
+    # ∂ of the normalized B, C, summed over each split of a group's heads
+    dBn, dCn = rt.empty((splits, M, d.rgn)), rt.empty((splits, M, d.rgn))
     params = _prep_params(d, a_floor, norm_eps)
     rt.run("mamba3_prep_backward", _item_grid(rt, d, R), proj=proj, mimo_x=mimo_x, mimo_z=mimo_z, D=D, dv=dv,
            dzr=dzr, dys_in=dys, dproj=dproj, dvx=res["dvx"], dzz=res["dzz"], **params)
-    rotate_loops = R * (H // d.groups * (ROTATE_ROWS + 1) + ROTATE_ROWS + 1)
-    rt.run("mamba3_prep_rotate_backward", _block_grid(rt, d, d.groups * N, rotate_loops), q_in=prep["q"],
+    rotate_loops = R * (-(-H // d.groups // splits) * (ROTATE_ROWS + 1) + ROTATE_ROWS + 1)
+    rt.run("mamba3_prep_rotate_backward", _block_grid(rt, d, d.groups * N, splits, rotate_loops), q_in=prep["q"],
            k_in=prep["k"], theta_in=prep["theta"], dq=dq, dk=dk, dth=dth, dBn=dBn, dCn=dCn,
            dB_bias_part=res["dB_bias_part"], dC_bias_part=res["dC_bias_part"], **params)
-    norm_loops = ROTATE_ROWS * (1 + R * d.groups * (1 + 2 * N))
-    rt.run("mamba3_prep_norm_backward", _block_grid(rt, d, N, norm_loops), proj=proj, B_norm_w=B_norm_w,
+    norm_loops = ROTATE_ROWS * (1 + R * d.groups * 2 * (1 + (N + 1) * (1 + splits)))
+    rt.run("mamba3_prep_norm_backward", _block_grid(rt, d, N, 1, norm_loops), proj=proj, B_norm_w=B_norm_w,
            C_norm_w=C_norm_w, dBn=dBn, dCn=dCn, dproj=dproj, dB_norm_part=res["dB_norm_part"],
            dC_norm_part=res["dC_norm_part"], **params)
     if S:
