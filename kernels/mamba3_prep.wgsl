@@ -1,15 +1,15 @@
 // Mamba-3 mixer pieces around the scan (mambactl/reference/mamba3.py `_prepare` / `_finish` and their backward).
 // proj [M = B·L, cols] is in_proj's output, columns [z | x | B | C | dd_dt | dd_A | trap | angle] with widths
 // [di, di, R·G·N, R·G·N, H, H, H, S] (di = H·P). Bn, Cn [M, R, G, N] are B, C after their RMSNorm over each
-// (rank, group)'s N dims: Bn = B · rstd · B_norm.weight, rstd = 1 / sqrt(mean(B²) + eps), computed here from
-// proj's columns in place (mamba3_prep_rotate; backward mamba3_prep_norm_backward).
+// (rank, group)'s N dims: Bn = B · rstd · B_norm.weight, rstd = 1 / sqrt(mean(B²) + eps), made here from proj's
+// columns in place (mamba3_prep_norm; backward mamba3_prep_norm_backward: a workgroup per row or block of rows).
 //   Δ = softplus(dd_dt + dt_bias),  A = −max(heavy_tail(dd_A), A_floor),  λ = sigmoid(trap),
 //   θ_t = θ_{t−1} + Δ_t π tanh(angle_t),  k = rot(θ, Bn[group of h] + B_bias),  q = rot(θ, Cn + C_bias),
 //   v_r = mimo_x_r ⊙ x,  zr_r = mimo_z_r ⊙ z.
 // Only θ's running sum over time (and, backward, the reverse running sum of ∂loss/∂θ) is sequential; it has its
-// own kernels (mamba3_prep_theta, mamba3_prep_dtheta: a workgroup per (batch, TC (head, angle) columns), its
-// TL = 256 / TC lanes of threads per column each summing a TL-th of the time range, then a scan of the lane
-// totals in workgroup memory and a second walk writing the running sums). Given θ, the channel kernels (mamba3_prep_forward,
+// own kernels (mamba3_prep_theta, mamba3_prep_dtheta: a workgroup per (batch, 16 (head, angle) columns), its 16
+// lanes of threads per column each summing a 16th of the time range, then a scan of the lane totals in
+// workgroup memory and a second walk writing the running sums). Given θ, the channel kernels (mamba3_prep_forward,
 // mamba3_prep_backward) take one (row, head, channel) per thread, and the rotation kernels one state column of
 // Bn, Cn per thread walking the heads of its group (mamba3_prep_rotate; mamba3_prep_rotate_backward, which also
 // sums the turned-back dq, dk over the group's heads (∂Bn, ∂Cn) and over blocks of rows (∂B_bias, ∂C_bias
@@ -24,10 +24,10 @@
 
 const MAX_S: u32 = 64u;  // mirrored by mambactl/ops/mamba3_prep.py
 const PI: f32 = 3.14159265358979;
-// θ walks: a workgroup of TW = TC columns × TL time lanes (TC set by mambactl/ops/mamba3_prep.py).
-const TW: u32 = 256u;
-override TC: u32 = 16u;
-override TL: u32 = TW / TC;
+// θ walks: a workgroup of TC columns × TL time lanes (mirrored by THETA_LANES in mambactl/ops/mamba3_prep.py).
+// 16 × 16 measured best on the H200 (32 × 8 and 64 × 4 slower; 4 × 64 too).
+const TC: u32 = 16u;
+const TL: u32 = 16u;
 
 override NORM: bool = false;
 override MIMO: bool = true;  // finish backward: mimo_o read and ∂mimo_o partials (false for SISO)
@@ -107,8 +107,10 @@ struct FinishParams { frows: u32, fheads: u32, frank: u32, fheaddim: u32, eps: f
 @group(0) @binding(61) var<storage, read_write> ddt_rows: array<f32>;  // [M, H]: dproj's dd_dt columns
 @group(0) @binding(62) var<storage, read_write> dB_norm_part: array<f32>;  // [blocks, N]: ∂B_norm.weight per block
 @group(0) @binding(63) var<storage, read_write> dC_norm_part: array<f32>;
+@group(0) @binding(64) var<storage, read_write> Bn: array<f32>;  // [M, R, G, N]
+@group(0) @binding(65) var<storage, read_write> Cn: array<f32>;
 
-var<workgroup> lane_sum: array<f32, TW>;  // the θ walks' per-lane totals
+var<workgroup> lane_sum: array<f32, 256>;  // TC · TL: the θ walks' per-lane totals
 
 fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 
@@ -158,7 +160,7 @@ fn walk_of(wid: vec3<u32>, nwg: vec3<u32>, l: u32) -> Walk {
 }
 
 // θ [M, H, S], the running sum over time. Grid grid_1d(B · ceil(H·S / TC) · 256, 256).
-@compute @workgroup_size(TW)
+@compute @workgroup_size(256)
 fn mamba3_prep_theta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_index) l: u32) {
     let wk = walk_of(wid, nwg, l);
@@ -240,19 +242,8 @@ fn mamba3_prep_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
     }
 }
 
-// rstd of the N dims of proj from `base` (a (row, rank, group) of B or C): each thread of the (rank, group) sums
-// all N itself, in order (the same loads across a warp, served by one transaction each).
-fn norm_rstd(base: u32) -> f32 {
-    var ss = 0.0;
-    for (var m = 0u; m < p.nstate; m++) {
-        let x = proj[base + m];
-        ss += x * x;
-    }
-    return 1.0 / sqrt(ss / f32(p.nstate) + p.norm_eps);
-}
-
 // k = rot(θ, Bn + B_bias), q = rot(θ, Cn + C_bias): thread (x, z) is column x = (r·G + g)·N + n of Bn / Cn for
-// rows z, z + rows, ... (grid (ceil(R·G·N / 64), 1, row blocks)), normalizing its row's B, C (and the pair
+// rows z, z + rows, ... (grid (ceil(R·G·N / 64), 1, row blocks)), reading its row's Bn, Cn (and the pair
 // partner's) once and walking the heads of group g, so consecutive threads write consecutive n of q and k.
 // Column x < H also writes head x's dt, adt, lam (x, x + R·G·N, ... when there are more heads than columns):
 // here, not in the channel kernel, where one thread in 64 doing them held up its whole warp.
@@ -284,14 +275,11 @@ fn mamba3_prep_rotate(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(nu
             adt[row * H + hh] = a * dtv;
             lam[row * H + hh] = sigmoid(proj[pr + off + 2u * H + hh]);
         }
-        let bsrc = row * p.cols + 2u * H * p.headdim + col - n;  // this (rank, group)'s B in proj
-        let csrc = bsrc + rgn;
-        let rsb = norm_rstd(bsrc);
-        let rsc = norm_rstd(csrc);
-        let bn = proj[bsrc + n] * rsb * B_norm_w[n];
-        let cn = proj[csrc + n] * rsc * C_norm_w[n];
-        let bm = proj[bsrc + m] * rsb * B_norm_w[m];
-        let cm = proj[csrc + m] * rsc * C_norm_w[m];
+        let src = row * rgn + col;
+        let bn = Bn[src];
+        let cn = Cn[src];
+        let bm = Bn[src - n + m];
+        let cm = Cn[src - n + m];
         for (var e = 0u; e < per; e++) {
             let h = g * per + e;
             let rh = row * H + h;
@@ -434,68 +422,99 @@ fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
     }
 }
 
-// The B / C RMSNorm's backward, dBn, dCn -> dproj's B and C columns, and ∂B_norm.weight, ∂C_norm.weight partials
-// per block of RB rows: thread (x, z) is state dim n = x < N for the blocks z, z + blocks, ... (grid
-// (ceil(N / 64), 1, blocks)), walking the block's rows and each row's R·G (rank, group)s in order. With
-// x̂ = x · rstd and g = dBn ⊙ w:  dB = rstd · g − x̂ · rstd · Σ_m g_m x̂_m / N,  ∂w = Σ dBn ⊙ x̂; each thread sums
-// rstd and Σ_m over all N itself, in order (the same loads across a warp).
-// ∂Bn (w_is_b) or ∂Cn at flat index i of [M, R, G, N]: the rotation backward's head splits added in order.
-fn normed_grad(i: u32, w_is_b: bool) -> f32 {
+// The B / C RMSNorm: a workgroup of NW >= N threads per row (rows z, z + rows, ...; grid (1, 1, rows)), thread t
+// the state dim t of each of the row's 2·R·G (B or C, rank, group)s in turn, Σ x² by a fixed-order tree in
+// workgroup memory. Uniform control flow (every thread reaches every barrier; those past N add zeros).
+override NW: u32 = 128u;  // a power of two >= N (mambactl/ops/mamba3_prep.py `norm_threads`)
+var<workgroup> norm_red: array<vec2<f32>, NW>;
+
+// Σ over the workgroup's threads of `part`, in a fixed order; each thread gets it.
+fn norm_sum(t: u32, part: vec2<f32>) -> vec2<f32> {
+    norm_red[t] = part;
+    workgroupBarrier();
+    for (var s = NW / 2u; s > 0u; s = s / 2u) {
+        if (t < s) { norm_red[t] += norm_red[t + s]; }
+        workgroupBarrier();
+    }
+    let total = norm_red[0];
+    workgroupBarrier();
+    return total;
+}
+
+@compute @workgroup_size(NW)
+fn mamba3_prep_norm(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                    @builtin(num_workgroups) nwg: vec3<u32>) {
+    let N = p.nstate;
+    let rg = p.rank * p.ngroups;
+    let live = t < N;
+    let M = p.batch * p.len;
+    for (var row = wid.z; row < M; row += nwg.z) {
+        for (var u = 0u; u < 2u * rg; u++) {  // B's (rank, group)s, then C's: adjacent in proj
+            let base = row * p.cols + 2u * p.heads * p.headdim + u * N;
+            var x = 0.0;
+            if (live) { x = proj[base + t]; }
+            let rs = 1.0 / sqrt(norm_sum(t, vec2<f32>(x * x, 0.0)).x / f32(N) + p.norm_eps);
+            if (live && u < rg) { Bn[(row * rg + u) * N + t] = x * rs * B_norm_w[t]; }
+            if (live && u >= rg) { Cn[(row * rg + u - rg) * N + t] = x * rs * C_norm_w[t]; }
+        }
+    }
+}
+
+// ∂Bn (is_b) or ∂Cn at flat index i of [M, R, G, N]: the rotation backward's head splits added in order.
+fn normed_grad(i: u32, is_b: bool) -> f32 {
     let stride = p.batch * p.len * p.rank * p.ngroups * p.nstate;
     var acc = 0.0;
     for (var sp = 0u; sp < p.splits; sp++) {
-        if (w_is_b) { acc += dBn[sp * stride + i]; } else { acc += dCn[sp * stride + i]; }
+        if (is_b) { acc += dBn[sp * stride + i]; } else { acc += dCn[sp * stride + i]; }
     }
     return acc;
 }
 
-// One (row, rank, group) of B (w_is_b) or C from proj[base..] with its dBn / dCn at dbase: writes dim n of dproj,
-// returns dim n's ∂w share.
-fn norm_backward_dim(base: u32, dbase: u32, n: u32, w_is_b: bool) -> f32 {
-    var ss = 0.0;
-    var dot = 0.0;
-    for (var m = 0u; m < p.nstate; m++) {
-        let x = proj[base + m];
-        ss += x * x;
-        dot += normed_grad(dbase + m, w_is_b) * select(C_norm_w[m], B_norm_w[m], w_is_b) * x;
-    }
-    let N = f32(p.nstate);
-    let rs = 1.0 / sqrt(ss / N + p.norm_eps);
-    let x = proj[base + n];
-    let dy = normed_grad(dbase + n, w_is_b);
-    let w = select(C_norm_w[n], B_norm_w[n], w_is_b);
-    dproj[base + n] = rs * (dy * w - x * rs * rs * dot / N);
-    return dy * x * rs;
-}
-
-@compute @workgroup_size(64)
-fn mamba3_prep_norm_backward(@builtin(global_invocation_id) gid: vec3<u32>,
+// Its backward, dBn, dCn -> dproj's B and C columns, and ∂B_norm.weight, ∂C_norm.weight partials per block of RB
+// rows: a workgroup per block (blocks z, z + blocks, ...; grid (1, 1, blocks)), threads as mamba3_prep_norm,
+// walking the block's rows in order. With x̂ = x · rstd and g = dBn ⊙ w:
+//   dB = rstd · g − x̂ · rstd · Σ_m g_m x̂_m / N,  ∂w = Σ dBn ⊙ x̂  (Σ x² and Σ g x by one tree).
+@compute @workgroup_size(NW)
+fn mamba3_prep_norm_backward(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
                              @builtin(num_workgroups) nwg: vec3<u32>) {
     let N = p.nstate;
-    let rgn = p.rank * p.ngroups * N;
+    let rg = p.rank * p.ngroups;
+    let live = t < N;
     let M = p.batch * p.len;
-    let n = gid.x;
-    if (n >= N) { return; }
     let blocks = (M + RB - 1u) / RB;
-    for (var blk = gid.z; blk < blocks; blk += nwg.z) {
+    for (var blk = wid.z; blk < blocks; blk += nwg.z) {
         var wb = 0.0;
         var wc = 0.0;
         for (var row = blk * RB; row < min(M, blk * RB + RB); row++) {
-            for (var rg = 0u; rg < p.rank * p.ngroups; rg++) {
-                let base = row * p.cols + 2u * p.heads * p.headdim + rg * N;  // B's (rank, group) in proj / dproj
-                let dbase = row * rgn + rg * N;
-                wb += norm_backward_dim(base, dbase, n, true);
-                wc += norm_backward_dim(base + rgn, dbase, n, false);
+            for (var u = 0u; u < 2u * rg; u++) {
+                let is_b = u < rg;
+                let base = row * p.cols + 2u * p.heads * p.headdim + u * N;  // in proj and dproj
+                let di = (row * rg + select(u - rg, u, is_b)) * N + t;        // in dBn / dCn
+                var x = 0.0;
+                var gw = 0.0;
+                var dy = 0.0;
+                if (live) {
+                    x = proj[base + t];
+                    dy = normed_grad(di, is_b);
+                    gw = dy * select(C_norm_w[t], B_norm_w[t], is_b);
+                }
+                let sums = norm_sum(t, vec2<f32>(x * x, gw * x));
+                let rs = 1.0 / sqrt(sums.x / f32(N) + p.norm_eps);
+                if (live) { dproj[base + t] = rs * (gw - x * rs * rs * sums.y / f32(N)); }
+                // x, dy are 0 past N
+                if (is_b) { wb += dy * x * rs; } else { wc += dy * x * rs; }
             }
         }
-        dB_norm_part[blk * N + n] = wb;
-        dC_norm_part[blk * N + n] = wc;
+        if (live) {
+            dB_norm_part[blk * N + t] = wb;
+            dC_norm_part[blk * N + t] = wc;
+        }
     }
 }
 
 // dth [M, H, S] in place: ∂loss/∂θ_t -> Σ_{t' >= t} ∂loss/∂θ_{t'} (θ is a running sum).
 // Grid as mamba3_prep_theta.
-@compute @workgroup_size(TW)
+@compute @workgroup_size(256)
 fn mamba3_prep_dtheta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_index) l: u32) {
     let wk = walk_of(wid, nwg, l);
@@ -562,11 +581,12 @@ fn mamba3_prep_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(nu
 
 // finish: FL lanes per (row, head, rank) item (FW / FL items per workgroup of FW), the lanes over its P channels
 // (consecutive lanes on consecutive addresses), the sums over P (the norm's Σ y², the backward's Σ dyn·w·ŷ and
-// Σ dys·v) by a fixed-order tree in workgroup memory (deterministic). FL = 64 on GPUs; FL = 1 on CPU adapters,
+// Σ dys·v) by a fixed-order tree in workgroup memory (deterministic). FL = 16 on GPUs (the H200 at P = 64: half
+// the time of FL = 64, 4 channels per lane, 4 items per workgroup, 2 fewer tree rounds); FL = 1 on CPU adapters,
 // where a barrier and a workgroup cost more than a strided walk: one invocation per item, no barrier. Items past
 // the end (the last workgroup) run with empty channel loops so that every lane reaches every barrier.
 const FW: u32 = 64u;  // workgroup size of the finish kernels
-override FL: u32 = 64u;  // lanes per item, dividing FW (mambactl/ops/mamba3_prep.py picks it)
+override FL: u32 = 16u;  // lanes per item, dividing FW (mambactl/ops/mamba3_prep.py picks it)
 var<workgroup> finish_red: array<f32, FW>;
 
 struct FinishLane { item: u32, lane: u32, live: bool }

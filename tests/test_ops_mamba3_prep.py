@@ -1,7 +1,7 @@
 """mamba3_prep / mamba3_prep_backward (kernels/mamba3_prep.wgsl) against float64 numpy built from
-mambactl/reference/mamba3.py's pieces: SISO and MIMO, grouped B/C, part of the state rotated, lengths that are
-no multiple of the θ walks' 16 lanes or of the rotation backward's blocks of rows, walks split into dispatches, and a walk longer than Mesa llvmpipe's loop
-budget. Outputs start NaN-poisoned (the `gpu` fixture), so an element no kernel writes fails."""
+mambactl/reference/mamba3.py's pieces (the B / C RMSNorm included): SISO and MIMO, grouped B/C, part of the state
+rotated, lengths that are no multiple of the θ walks' 16 lanes or of the rotation backward's blocks of rows, walks
+split into dispatches, and a walk longer than Mesa llvmpipe's loop budget. Outputs start NaN-poisoned (the `gpu` fixture), so an element no kernel writes fails."""
 
 import numpy as np
 import pytest
@@ -268,7 +268,7 @@ def finish_case(gpu, d, rows, heads, headdim, rank, mimo, norm, lanes, in_place=
     assert (back["dmo"] is None) == (not mimo)
 
 
-@pytest.mark.parametrize("lanes", [1, 16, 64])  # CPU adapters, a sum over few lanes, GPUs
+@pytest.mark.parametrize("lanes", [1, 16, 64])  # CPU adapters, GPUs, a whole workgroup per item
 @pytest.mark.parametrize("rows,heads,headdim,rank,mimo,norm", FINISH_SHAPES)
 def test_finish_matches_reference(gpu, rows, heads, headdim, rank, mimo, norm, lanes):
     """Each lane count on any adapter; several items share a workgroup below 64 lanes, the last one partly past
@@ -277,7 +277,7 @@ def test_finish_matches_reference(gpu, rows, heads, headdim, rank, mimo, norm, l
     finish_case(gpu, d, rows, heads, headdim, rank, mimo, norm, lanes)
 
 
-@pytest.mark.parametrize("lanes", [1, 64])
+@pytest.mark.parametrize("lanes", [1, 16])
 @pytest.mark.parametrize("rows,heads,headdim,rank,mimo,norm", SISO_IN_PLACE)
 def test_finish_siso_in_place(gpu, rows, heads, headdim, rank, mimo, norm, lanes):
     """SISO as Mamba-3's block runs it: z read from proj's columns and dz written into dproj's."""

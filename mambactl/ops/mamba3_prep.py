@@ -1,5 +1,6 @@
 """Mamba-3 mixer pieces around the scan (kernels/mamba3_prep.wgsl): the scan inputs from in_proj's output, the
-RMSNorm of its B and C columns included (`mamba3_prep` / `mamba3_prep_backward`) and the output side (`mamba3_finish` / `mamba3_finish_backward`).
+RMSNorm of its B and C columns included (`mamba3_prep` / `mamba3_prep_backward`), and the output side
+(`mamba3_finish` / `mamba3_finish_backward`).
 See mambactl/reference/mamba3.py `_prepare` / `_finish` / `mamba3_block_backward` for the maths.
 
 Dims: M = B·L rows; H heads of P channels (di = H·P); rank R (1 for SISO); G groups of B/C with N states;
@@ -47,6 +48,8 @@ class Mamba3Dims:
             raise ShapeError(f"{op}: {self.angles} rotation angles; at most {MAX_ANGLES}")
         if self.heads % self.groups:
             raise ShapeError(f"{op}: {self.groups} groups must divide {self.heads} heads")
+        if self.nstate > MAX_NORM_STATE:
+            raise ShapeError(f"{op}: a state of {self.nstate}; at most {MAX_NORM_STATE}")
         pairs_end = (self.nstate // 2 + self.angles) if self.mimo else 2 * self.angles
         if pairs_end > self.nstate or (self.mimo and self.angles > self.nstate // 2):
             raise ShapeError(f"{op}: {self.angles} angles do not fit a state of {self.nstate}")
@@ -58,10 +61,12 @@ def _prep_params(d: Mamba3Dims, a_floor: float, norm_eps: float) -> dict:
                 norm_eps=float(norm_eps), splits=ROTATE_SPLITS, seg_begin=0, seg_end=d.length)
 
 
-THETA_GROUP = 256  # mirrors TW in kernels/mamba3_prep.wgsl: a θ walk's workgroup
-THETA_COLUMNS = 16  # its (head, angle) columns, the kernel's TC; THETA_GROUP / THETA_COLUMNS time lanes each
+THETA_COLUMNS, THETA_LANES = 16, 16  # mirror TC, TL in kernels/mamba3_prep.wgsl (a θ walk's workgroup)
 ROTATE_ROWS = 8  # mirrors RB: rows per block of mamba3_prep_rotate_backward (its bias partials' rows)
-ROTATE_SPLITS = 1  # splits of a group's heads in mamba3_prep_rotate_backward (threads per state dim and block)
+# splits of a group's heads in mamba3_prep_rotate_backward (threads per state dim and block): 2 measured best on
+# the H200 at the mamba3-130m shape (rotate backward 0.19 ms per layer at 2, 3 or 4, 0.26 at 1)
+ROTATE_SPLITS = 2
+MAX_NORM_STATE = 256  # the B / C RMSNorm kernels' workgroup holds a thread per state dim
 
 
 # Loop iterations of one θ-walk invocation (mamba3_prep_theta / mamba3_prep_dtheta; Mesa llvmpipe allows 65,535
@@ -69,26 +74,18 @@ ROTATE_SPLITS = 1  # splits of a group's heads in mamba3_prep_rotate_backward (t
 # The channel kernels loop only over the ranks, the rotation kernels over the heads, the reduce over the heads or
 # angles.
 def prep_walk_loops(steps: int) -> int:
-    lanes = THETA_GROUP // THETA_COLUMNS
-    return 2 * -(-int(steps) // lanes) + lanes
+    return 2 * -(-int(steps) // THETA_LANES) + THETA_LANES
 
 
 def _segments(rt, op: str, d: Mamba3Dims, segment: int | None) -> list[tuple[int, int]]:
     # per_step 1 bounds 2·ceil(steps / lanes) from above (a lane walks its share twice)
-    seg = segment_length(rt, op, (d.batch, d.length, d.heads), d.length, 1, THETA_GROUP // THETA_COLUMNS,
-                         segment=segment)
+    seg = segment_length(rt, op, (d.batch, d.length, d.heads), d.length, 1, THETA_LANES, segment=segment)
     return segments(d.length, seg)
 
 
 def _walk_grid(d: Mamba3Dims):
     blocks = -(-d.heads * d.angles // THETA_COLUMNS)
-    return grid_1d(d.batch * blocks * THETA_GROUP, THETA_GROUP)
-
-
-def _walk_constants() -> dict:
-    if THETA_GROUP % THETA_COLUMNS:
-        raise ShapeError(f"mamba3_prep: {THETA_COLUMNS} θ-walk columns must divide {THETA_GROUP}")
-    return {"TC": THETA_COLUMNS}
+    return grid_1d(d.batch * blocks * THETA_COLUMNS * THETA_LANES, THETA_COLUMNS * THETA_LANES)
 
 
 def _row_grid(rt, d: Mamba3Dims, width: int, ys: int, loops_per_row: int):
@@ -129,6 +126,19 @@ def _item_grid(rt, d: Mamba3Dims, loops_per_item: int):
         loop_budget(rt, "mamba3_prep", (d.batch, d.length, d.heads), per_thread * loops_per_item)
     threads = -(-items // per_thread)
     return grid_1d(threads, 256)
+
+
+def norm_threads(d: Mamba3Dims) -> int:
+    """The RMSNorm kernels' workgroup (the kernel's NW): the least power of two >= N."""
+    return 1 << (d.nstate - 1).bit_length()
+
+
+def _norm_grid(rt, d: Mamba3Dims, items: int, loops_per_item: int):
+    """(1, 1, workgroups) for the RMSNorm kernels over `items` rows or row blocks (a workgroup walks items z,
+    z + workgroups, ...), within llvmpipe's loop budget at `loops_per_item` iterations per item."""
+    groups = min(items, rt.max_groups)
+    loop_budget(rt, "mamba3_prep", (d.batch, d.length, d.heads), -(-items // groups) * loops_per_item)
+    return 1, 1, groups
 
 
 def rotate_blocks(d: Mamba3Dims) -> int:
@@ -172,14 +182,18 @@ def mamba3_prep(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tenso
     if d.angles:
         for t0, t1 in _segments(rt, op, d, segment):
             params.update(seg_begin=t0, seg_end=t1)
-            rt.run("mamba3_prep_theta", _walk_grid(d), _walk_constants(), proj=proj, dt_bias=dt_bias, theta=out["theta"], **params)
+            rt.run("mamba3_prep_theta", _walk_grid(d), proj=proj, dt_bias=dt_bias, theta=out["theta"], **params)
     params.update(seg_begin=0, seg_end=d.length)
     rt.run("mamba3_prep_forward", _item_grid(rt, d, R), proj=proj, mimo_x=mimo_x, mimo_z=mimo_z, v=out["v"],
            zr=out["zr"], **params)
-    rotate_loops = 2 + -(-H // d.rgn) + H // d.groups + 2 * N
-    rt.run("mamba3_prep_rotate", _row_grid(rt, d, d.rgn, 1, rotate_loops), proj=proj, dt_bias=dt_bias,
-           B_norm_w=B_norm_w, C_norm_w=C_norm_w, B_bias=B_bias, C_bias=C_bias, theta=out["theta"], q=out["q"],
-           k=out["k"], dt=out["dt"], adt=out["adt"], lam=out["lam"], **params)
+    Bn, Cn = rt.empty((M, d.rgn)), rt.empty((M, d.rgn))
+    norm_loops = 1 + 2 * R * d.groups * (1 + norm_threads(d).bit_length())
+    rt.run("mamba3_prep_norm", _norm_grid(rt, d, d.rows, norm_loops), {"NW": norm_threads(d)}, proj=proj,
+           B_norm_w=B_norm_w, C_norm_w=C_norm_w, Bn=Bn, Cn=Cn, **params)
+    rotate_loops = 2 + -(-H // d.rgn) + H // d.groups
+    rt.run("mamba3_prep_rotate", _row_grid(rt, d, d.rgn, 1, rotate_loops), proj=proj, dt_bias=dt_bias, Bn=Bn,
+           Cn=Cn, B_bias=B_bias, C_bias=C_bias, theta=out["theta"], q=out["q"], k=out["k"], dt=out["dt"],
+           adt=out["adt"], lam=out["lam"], **params)
     if not d.mimo:
         out["zr"] = proj  # z in place (the one-element zr bound above was not written)
     return out
@@ -237,14 +251,14 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm
     rt.run("mamba3_prep_rotate_backward", _block_grid(rt, d, d.groups * N, splits, rotate_loops), q_in=prep["q"],
            k_in=prep["k"], theta_in=prep["theta"], dq=dq, dk=dk, dth=dth, dBn=dBn, dCn=dCn,
            dB_bias_part=res["dB_bias_part"], dC_bias_part=res["dC_bias_part"], **params)
-    norm_loops = ROTATE_ROWS * (1 + R * d.groups * 2 * (1 + (N + 1) * (1 + splits)))
-    rt.run("mamba3_prep_norm_backward", _block_grid(rt, d, N, 1, norm_loops), proj=proj, B_norm_w=B_norm_w,
-           C_norm_w=C_norm_w, dBn=dBn, dCn=dCn, dproj=dproj, dB_norm_part=res["dB_norm_part"],
-           dC_norm_part=res["dC_norm_part"], **params)
+    norm_loops = 1 + ROTATE_ROWS * (1 + 2 * R * d.groups * (1 + splits + norm_threads(d).bit_length()))
+    rt.run("mamba3_prep_norm_backward", _norm_grid(rt, d, blocks, norm_loops), {"NW": norm_threads(d)},
+           proj=proj, B_norm_w=B_norm_w, C_norm_w=C_norm_w, dBn=dBn, dCn=dCn, dproj=dproj,
+           dB_norm_part=res["dB_norm_part"], dC_norm_part=res["dC_norm_part"], **params)
     if S:
         for t0, t1 in reversed(_segments(rt, op, d, segment)):
             params.update(seg_begin=t0, seg_end=t1)
-            rt.run("mamba3_prep_dtheta", _walk_grid(d), _walk_constants(), dth=dth, **params)
+            rt.run("mamba3_prep_dtheta", _walk_grid(d), dth=dth, **params)
         params.update(seg_begin=0, seg_end=d.length)
     rt.run("mamba3_prep_reduce", _row_grid(rt, d, S + H, 1, 1 + max(H, S)), proj=proj, dt_bias=dt_bias,
            dt_in=prep["dt"], lam=prep["lam"], dcum_in=dth, ddt=ddt, dadt=dadt, dlam=dlam, dproj_out=dproj,
@@ -266,7 +280,7 @@ def _z_stride(op: str, d: Mamba3Dims, name: str, t: Tensor) -> int:
 
 
 FINISH_GROUP = 64  # mirrors FW in kernels/mamba3_prep.wgsl: the finish kernels' workgroup
-FINISH_LANES = 64  # lanes per (row, head, rank) item on GPUs (the kernel's FL); CPU adapters take 1
+FINISH_LANES = 16  # lanes per (row, head, rank) item on GPUs (the kernel's FL); CPU adapters take 1
 
 
 def finish_lanes(rt, lanes: int | None = None) -> int:
