@@ -348,7 +348,6 @@ fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
 // partials dC_bias_part, dB_bias_part [blocks, H, R, N] (the wrapper sums them over blocks); the first dim of a
 // pair also writes ∂loss/∂θ = Σ_r d1·out0 − d0·out1 over q and k into dth (rank 0 stores, later ranks add).
 const RB: u32 = 8u;  // rows per block, mirrored by ROTATE_ROWS in mambactl/ops/mamba3_prep.py
-override FROM_BN: bool = true;
 @compute @workgroup_size(64)
 fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
                                @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -396,29 +395,8 @@ fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
                         let cs = cos(th);
                         let sn = sg * sin(th);
                         if (pj.z == 1u && live) {
-                            var q0 = 0.0;
-                            var q1 = 0.0;
-                            var k0 = 0.0;
-                            var k1 = 0.0;
-                            if (FROM_BN) {  // the rotated q, k again from Bn, Cn and the biases (L1-cached)
-                                let src = min(row0 + i, M - 1u) * rgn + (r * G + g) * N;
-                                let bias = (h * R + r) * N;
-                                let cq0 = Cn[src + n] + C_bias[bias + n];
-                                let cq1 = Cn[src + m] + C_bias[bias + m];
-                                let bk0 = Bn[src + n] + B_bias[bias + n];
-                                let bk1 = Bn[src + m] + B_bias[bias + m];
-                                let s0 = sin(th);
-                                q0 = cq0 * cs - cq1 * s0;
-                                q1 = cq0 * s0 + cq1 * cs;
-                                k0 = bk0 * cs - bk1 * s0;
-                                k1 = bk0 * s0 + bk1 * cs;
-                            } else {
-                                q0 = q_in[base + n];
-                                q1 = q_in[base + m];
-                                k0 = k_in[base + n];
-                                k1 = k_in[base + m];
-                            }
-                            let t = dqm * q0 - xq * q1 + dkm * k0 - xk * k1;
+                            let t = dqm * q_in[base + n] - xq * q_in[base + m] + dkm * k_in[base + n]
+                                    - xk * k_in[base + m];
                             if (r == 0u) { dth[rh * S + pj.y] = t; } else { dth[rh * S + pj.y] += t; }
                         }
                         xq = xq * cs - dqm * sn;

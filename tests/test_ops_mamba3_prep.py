@@ -65,7 +65,7 @@ def reference(d, x, g):
     pairs = pairs_of(d)
     k = ref.rotate(ref._heads(Bn.reshape(b, l, R, G, N), H) + x["B_bias"], theta, pairs)
     q = ref.rotate(ref._heads(Cn.reshape(b, l, R, G, N), H) + x["C_bias"], theta, pairs)
-    fwd = dict(Bn=Bn.reshape(M, rgn), Cn=Cn.reshape(M, rgn), q=q, k=k, v=xs[:, :, :, None, :] * x["mimo_x"], zr=z[:, :, :, None, :] * x["mimo_z"], adt=A * dt,
+    fwd = dict(q=q, k=k, v=xs[:, :, :, None, :] * x["mimo_x"], zr=z[:, :, :, None, :] * x["mimo_z"], adt=A * dt,
                dt=dt, lam=sigmoid(trap), theta=theta)
 
     dq, dk = g["dq"].reshape(q.shape), g["dk"].reshape(k.shape)
@@ -110,9 +110,9 @@ def run_gpu(gpu, d, x, g, segment=None):
         dzr, dproj = None, gpu.from_numpy(host)
     pr = mamba3_prep(t["proj"], t["dt_bias"], t["B_norm_w"], t["C_norm_w"], t["B_bias"], t["C_bias"], t["mimo_x"],
                      t["mimo_z"], d, A_FLOOR, ref.NORM_EPS, segment=segment)
-    bw = mamba3_prep_backward(t["proj"], t["dt_bias"], t["B_norm_w"], t["C_norm_w"], t["B_bias"], t["C_bias"],
-                              t["mimo_x"], t["mimo_z"], t["D"], pr, t["dq"], t["dk"], t["dv"], dzr, t["dadt"], t["ddt"],
-                              t["dlam"], t["dys"], d, A_FLOOR, ref.NORM_EPS, segment=segment, dproj=dproj)
+    bw = mamba3_prep_backward(t["proj"], t["dt_bias"], t["B_norm_w"], t["C_norm_w"], t["mimo_x"], t["mimo_z"],
+                              t["D"], pr, t["dq"], t["dk"], t["dv"], dzr, t["dadt"], t["ddt"], t["dlam"], t["dys"],
+                              d, A_FLOOR, ref.NORM_EPS, segment=segment, dproj=dproj)
     fwd = {k: v.numpy() for k, v in pr.items()}
     if not d.mimo:  # zr = z in place: "zr" is proj itself
         assert pr["zr"] is t["proj"]

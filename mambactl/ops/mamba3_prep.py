@@ -66,7 +66,6 @@ ROTATE_ROWS = 8  # mirrors RB: rows per block of mamba3_prep_rotate_backward (it
 # splits of a group's heads in mamba3_prep_rotate_backward (threads per state dim and block): 2 measured best on
 # the H200 at the mamba3-130m shape (rotate backward 0.19 ms per layer at 2, 3 or 4, 0.26 at 1)
 ROTATE_SPLITS = 2
-ROTATE_FROM_BN = 1
 MAX_NORM_STATE = 256  # the B / C RMSNorm kernels' workgroup holds a thread per state dim
 
 
@@ -159,8 +158,7 @@ def _block_grid(rt, d: Mamba3Dims, width: int, ys: int, loops_per_block: int):
 def mamba3_prep(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tensor, B_bias: Tensor,
                 C_bias: Tensor, mimo_x: Tensor, mimo_z: Tensor, d: Mamba3Dims, a_floor: float, norm_eps: float,
                 segment: int | None = None) -> dict:
-    """-> dict of q, k [M, H, R, N], v, zr [M, H, R, P], adt, dt, lam [M, H], theta [M, H, S], Bn, Cn [M, R·G·N]
-    (B, C after their RMSNorm: the backward turns q, k from them again rather than read q, k). B_norm_w, C_norm_w
+    """-> dict of q, k [M, H, R, N], v, zr [M, H, R, P], adt, dt, lam [M, H], theta [M, H, S]. B_norm_w, C_norm_w
     [N]: the RMSNorm (epsilon norm_eps) of each (rank, group) of proj's B and C columns, read in place. mimo_x,
     mimo_z [H, R, P] for MIMO, None for SISO (v = x, zr = z there). SISO stores no zr: "zr" is proj itself, whose
     first H·P columns are z, and mamba3_finish reads them in place.
@@ -198,12 +196,11 @@ def mamba3_prep(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tenso
            adt=out["adt"], lam=out["lam"], **params)
     if not d.mimo:
         out["zr"] = proj  # z in place (the one-element zr bound above was not written)
-    out.update(Bn=Bn, Cn=Cn)
     return out
 
 
-def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tensor, B_bias: Tensor,
-                         C_bias: Tensor, mimo_x: Tensor, mimo_z: Tensor, D: Tensor, prep: dict, dq: Tensor, dk: Tensor, dv: Tensor,
+def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tensor, mimo_x: Tensor,
+                         mimo_z: Tensor, D: Tensor, prep: dict, dq: Tensor, dk: Tensor, dv: Tensor,
                          dzr: Tensor | None, dadt: Tensor, ddt: Tensor, dlam: Tensor, dys: Tensor, d: Mamba3Dims,
                          a_floor: float, norm_eps: float, segment: int | None = None,
                          dproj: Tensor | None = None) -> dict:
@@ -225,8 +222,6 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm
     rt = proj.runtime
     expect(op, "B_norm_w", B_norm_w, (N,))
     expect(op, "C_norm_w", C_norm_w, (N,))
-    for name, t in (("B_bias", B_bias), ("C_bias", C_bias)):
-        expect(op, name, t, (H, R, N))
     mimo_x, mimo_z = _mimo_or_stand_in(op, d, dt_bias, mimo_x=mimo_x, mimo_z=mimo_z)
     if d.mimo:
         if dproj is not None:
@@ -253,9 +248,8 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm
     rt.run("mamba3_prep_backward", _item_grid(rt, d, R), proj=proj, mimo_x=mimo_x, mimo_z=mimo_z, D=D, dv=dv,
            dzr=dzr, dys_in=dys, dproj=dproj, dvx=res["dvx"], dzz=res["dzz"], **params)
     rotate_loops = R * (-(-H // d.groups // splits) * (ROTATE_ROWS + 1) + ROTATE_ROWS + 1)
-    rt.run("mamba3_prep_rotate_backward", _block_grid(rt, d, d.groups * N, splits, rotate_loops),
-           {"FROM_BN": bool(ROTATE_FROM_BN)}, q_in=prep["q"], k_in=prep["k"], Bn=prep["Bn"], Cn=prep["Cn"],
-           B_bias=B_bias, C_bias=C_bias, theta_in=prep["theta"], dq=dq, dk=dk, dth=dth, dBn=dBn, dCn=dCn,
+    rt.run("mamba3_prep_rotate_backward", _block_grid(rt, d, d.groups * N, splits, rotate_loops), q_in=prep["q"],
+           k_in=prep["k"], theta_in=prep["theta"], dq=dq, dk=dk, dth=dth, dBn=dBn, dCn=dCn,
            dB_bias_part=res["dB_bias_part"], dC_bias_part=res["dC_bias_part"], **params)
     norm_loops = 1 + ROTATE_ROWS * (1 + 2 * R * d.groups * (1 + splits + norm_threads(d).bit_length()))
     rt.run("mamba3_prep_norm_backward", _norm_grid(rt, d, blocks, norm_loops), {"NW": norm_threads(d)},
