@@ -1,16 +1,21 @@
 // Mamba-3 mixer pieces around the scan (mambactl/reference/mamba3.py `_prepare` / `_finish` and their backward).
 // proj [M = B·L, cols] is in_proj's output, columns [z | x | B | C | dd_dt | dd_A | trap | angle] with widths
-// [di, di, R·G·N, R·G·N, H, H, H, S] (di = H·P). Bn, Cn [M, R, G, N] are B, C after their RMSNorm.
+// [di, di, R·G·N, R·G·N, H, H, H, S] (di = H·P). Bn, Cn [M, R, G, N] are B, C after their RMSNorm over each
+// (rank, group)'s N dims: Bn = B · rstd · B_norm.weight, rstd = 1 / sqrt(mean(B²) + eps), made here from proj's
+// columns in place (mamba3_prep_norm; backward mamba3_prep_norm_backward: a workgroup per row or block of rows).
 //   Δ = softplus(dd_dt + dt_bias),  A = −max(heavy_tail(dd_A), A_floor),  λ = sigmoid(trap),
 //   θ_t = θ_{t−1} + Δ_t π tanh(angle_t),  k = rot(θ, Bn[group of h] + B_bias),  q = rot(θ, Cn + C_bias),
 //   v_r = mimo_x_r ⊙ x,  zr_r = mimo_z_r ⊙ z.
 // Only θ's running sum over time (and, backward, the reverse running sum of ∂loss/∂θ) is sequential; it has its
 // own kernels (mamba3_prep_theta, mamba3_prep_dtheta: a workgroup per (batch, 16 (head, angle) columns), its 16
 // lanes of threads per column each summing a 16th of the time range, then a scan of the lane totals in
-// workgroup memory and a second walk writing the running sums). Everything else is elementwise given θ, one
-// thread per output element or state-dim pair (mamba3_prep_forward, mamba3_prep_backward), consecutive threads
-// on consecutive addresses. Sums over heads (∂angle, and ∂Bn, ∂Cn over the heads of a group) and the ∂dd_dt
-// column, which needs Σ over angles of the ∂θ running sum, are mamba3_prep_reduce's: fixed order, no atomics.
+// workgroup memory and a second walk writing the running sums). Given θ, the channel kernels (mamba3_prep_forward,
+// mamba3_prep_backward) take one (row, head, channel) per thread, and the rotation kernels one state column of
+// Bn, Cn per thread walking the heads of its group (mamba3_prep_rotate; mamba3_prep_rotate_backward, which also
+// sums the turned-back dq, dk over the group's heads (∂Bn, ∂Cn) and over blocks of rows (∂B_bias, ∂C_bias
+// partials), so the per-head gradients before the rotation [M, H, R, N] are never stored). The ∂angle and
+// ∂dd_dt columns, sums over heads / angles of the ∂θ running sum, are mamba3_prep_reduce's. Fixed order, no
+// atomics.
 // finish: y_r = ys_r + D v_r; yn = RMSNorm over P per (head, rank) times norm.weight (with NORM) or y;
 // o_r = yn_r ⊙ silu(zr_r); out = Σ_r mimo_o_r ⊙ o_r (SISO: out = o). A workgroup per (row, head, rank).
 // SISO has zr = z (mimo_z = 1), so no zr is stored: the finish reads z in place from proj's columns and writes dz
@@ -20,6 +25,7 @@
 const MAX_S: u32 = 64u;  // mirrored by mambactl/ops/mamba3_prep.py
 const PI: f32 = 3.14159265358979;
 // θ walks: a workgroup of TC columns × TL time lanes (mirrored by THETA_LANES in mambactl/ops/mamba3_prep.py).
+// 16 × 16 measured best on the H200 (32 × 8 and 64 × 4 slower; 4 × 64 too).
 const TC: u32 = 16u;
 const TL: u32 = 16u;
 
@@ -30,15 +36,16 @@ override MIMO: bool = true;  // finish backward: mimo_o read and ∂mimo_o parti
 // per-invocation loop budget is 65,535 iterations): the forward's running θ enters from theta at step
 // seg_begin − 1, the backward's running ∂θ sum from dth at step seg_end (both written by the previous dispatch).
 struct PrepParams { batch: u32, len: u32, heads: u32, rank: u32, ngroups: u32, nstate: u32, headdim: u32,
-                    angles: u32, mimo: u32, cols: u32, a_floor: f32, seg_begin: u32, seg_end: u32 }
+                    angles: u32, mimo: u32, cols: u32, a_floor: f32, norm_eps: f32, splits: u32, seg_begin: u32,
+                    seg_end: u32 }
 // zstride, dzstride: floats between rows of zr_in and of dzr_out (H·R·P for [M, H, R, P] tensors; proj's columns
 // for SISO's z and dz in place, whose (head, channel) then starts at h·P of the row)
 struct FinishParams { frows: u32, fheads: u32, frank: u32, fheaddim: u32, eps: f32, zstride: u32, dzstride: u32 }
 
 @group(0) @binding(0) var<uniform> p: PrepParams;
 @group(0) @binding(1) var<storage, read> proj: array<f32>;
-@group(0) @binding(2) var<storage, read> Bn: array<f32>;
-@group(0) @binding(3) var<storage, read> Cn: array<f32>;
+@group(0) @binding(2) var<storage, read> B_norm_w: array<f32>;  // [N]
+@group(0) @binding(3) var<storage, read> C_norm_w: array<f32>;
 @group(0) @binding(4) var<storage, read> dt_bias: array<f32>;
 @group(0) @binding(5) var<storage, read> B_bias: array<f32>;   // [H, R, N]
 @group(0) @binding(6) var<storage, read> C_bias: array<f32>;
@@ -64,15 +71,13 @@ struct FinishParams { frows: u32, fheads: u32, frank: u32, fheaddim: u32, eps: f
 @group(0) @binding(25) var<storage, read> ddt: array<f32>;
 @group(0) @binding(26) var<storage, read> dlam: array<f32>;
 @group(0) @binding(27) var<storage, read_write> dproj: array<f32>;  // [M, cols]
-@group(0) @binding(28) var<storage, read_write> dqb: array<f32>;    // [M, H, R, N] before the rotation
-@group(0) @binding(29) var<storage, read_write> dkb: array<f32>;
+@group(0) @binding(28) var<storage, read_write> dC_bias_part: array<f32>;  // [blocks, H, R, N]
+@group(0) @binding(29) var<storage, read_write> dB_bias_part: array<f32>;
 @group(0) @binding(30) var<storage, read_write> dth: array<f32>;    // [M, H, S]: ∂loss/∂θ_t, then Σ_{t' >= t}
 @group(0) @binding(31) var<storage, read_write> dvx: array<f32>;   // [M, H, R, P]: dv ⊙ x (-> ∂mimo_x)
 @group(0) @binding(32) var<storage, read_write> dzz: array<f32>;   // dzr ⊙ z (-> ∂mimo_z)
 // reduce
 @group(0) @binding(33) var<storage, read> dt_in: array<f32>;      // [M, H]: Δ
-@group(0) @binding(34) var<storage, read> dqb_in: array<f32>;
-@group(0) @binding(35) var<storage, read> dkb_in: array<f32>;
 @group(0) @binding(36) var<storage, read> dcum_in: array<f32>;    // [M, H, S]: Σ_{t' >= t} ∂loss/∂θ_{t'}
 @group(0) @binding(37) var<storage, read_write> dBn: array<f32>;  // [M, R, G, N]
 @group(0) @binding(38) var<storage, read_write> dCn: array<f32>;
@@ -99,6 +104,11 @@ struct FinishParams { frows: u32, fheads: u32, frank: u32, fheaddim: u32, eps: f
 @group(0) @binding(58) var<storage, read_write> dmo_part: array<f32>;  // [M, H, R, P]: dout ⊙ o (-> ∂mimo_o)
 @group(0) @binding(59) var<storage, read_write> dD_part: array<f32>;   // [M·R, H]: Σ_p dys ⊙ v
 @group(0) @binding(60) var<storage, read> dys_in: array<f32>;          // prep backward: dv += D dys
+@group(0) @binding(61) var<storage, read_write> ddt_rows: array<f32>;  // [M, H]: dproj's dd_dt columns
+@group(0) @binding(62) var<storage, read_write> dB_norm_part: array<f32>;  // [blocks, N]: ∂B_norm.weight per block
+@group(0) @binding(63) var<storage, read_write> dC_norm_part: array<f32>;
+@group(0) @binding(64) var<storage, read_write> Bn: array<f32>;  // [M, R, G, N]
+@group(0) @binding(65) var<storage, read_write> Cn: array<f32>;
 
 var<workgroup> lane_sum: array<f32, 256>;  // TC · TL: the θ walks' per-lane totals
 
@@ -120,19 +130,6 @@ fn softplus(x: f32) -> f32 {
 fn heavy_tail(x: f32) -> f32 { return select(1.0 / (1.0 - x), 1.0 + x, x >= 0.0); }
 
 fn safe_tanh(x: f32) -> f32 { return tanh(clamp(x, -15.0, 15.0)); }
-
-// The state dims of rotation element e of a (row, head, rank), e < N − S: e < S is angle e's pair (i0, i1)
-// ((2e, 2e + 1) SISO, (e, e + N/2) MIMO); e >= S is one dim that is not turned (x; y unused).
-fn pair_dims(e: u32) -> vec2<u32> {
-    let S = p.angles;
-    let half = p.nstate / 2u;
-    if (p.mimo != 0u) {
-        if (e < S) { return vec2<u32>(e, e + half); }
-        return vec2<u32>(select(e + S, e, e < half), 0u);
-    }
-    if (e < S) { return vec2<u32>(2u * e, 2u * e + 1u); }
-    return vec2<u32>(e + S, 0u);
-}
 
 fn flat_id(gid: vec3<u32>, nwg: vec3<u32>, wg: u32) -> u32 { return gid.y * nwg.x * wg + gid.x; }
 
@@ -186,176 +183,332 @@ fn mamba3_prep_theta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     }
 }
 
-// The elementwise kernels' items: (row, head h, x) with x < E + P (E = N − S), flat index i = (row·H + h)·(E + P)
-// + x, so consecutive threads write consecutive addresses across heads and rows. Each thread takes items
-// i, i + stride, ... (stride: the threads launched): one on GPUs, up to 64 rows' worth on Mesa llvmpipe, where
-// each workgroup costs microseconds. Grid grid_1d(ceil(M·H·(E + P) / per-thread), 256).
-struct Item { row: u32, h: u32, x: u32 }
+// The channel kernels' items: (row, head h, channel c < P), flat index i = (row·H + h)·P + c, so consecutive
+// threads touch consecutive addresses across heads and rows. Each thread takes items i, i + stride, ... (stride:
+// the threads launched): one on GPUs, up to 64 on Mesa llvmpipe, where each workgroup costs microseconds.
+// Grid grid_1d(ceil(M·H·P / per-thread), 256).
+struct Item { row: u32, h: u32, c: u32 }
 
 fn item_of(i: u32) -> Item {
-    let w = p.nstate - p.angles + p.headdim;
-    let rh = i / w;
-    return Item(rh / p.heads, rh % p.heads, i % w);
+    let rh = i / p.headdim;
+    return Item(rh / p.heads, rh % p.heads, i % p.headdim);
 }
 
-fn item_count() -> u32 { return p.batch * p.len * p.heads * (p.nstate - p.angles + p.headdim); }
+fn item_count() -> u32 { return p.batch * p.len * p.heads * p.headdim; }
 
-// Everything but θ, given θ: item x < E is rotation element e = x (q, k over the ranks; x = 0 also dt, adt, lam),
-// else channel c = x − E (v, zr over the ranks).
+// State dim n's place in the rotation: (partner dim, angle j, kind) with kind 0 for a dim that is not turned,
+// 1 for the first dim of angle j's pair, 2 for the second. Pairs (2j, 2j + 1) SISO, (j, j + N/2) MIMO, j < S.
+fn pair_of(n: u32) -> vec3<u32> {
+    let S = p.angles;
+    if (p.mimo == 0u) {
+        if (n < 2u * S) { return vec3<u32>(n ^ 1u, n / 2u, 1u + (n & 1u)); }
+        return vec3<u32>(n, 0u, 0u);
+    }
+    let half = p.nstate / 2u;
+    if (n < S) { return vec3<u32>(n + half, n, 1u); }
+    if (n >= half && n < half + S) { return vec3<u32>(n - half, n - half, 2u); }
+    return vec3<u32>(n, 0u, 0u);
+}
+
+// -1 for a pair's first dim, +1 for its second: rotated_n = x_n cos θ + sign · x_partner sin θ.
+fn pair_sign(kind: u32) -> f32 { return select(1.0, -1.0, kind == 1u); }
+
+// Channel c of (row, h): v, zr over the ranks (SISO: v = x; zr = z is read in place).
 @compute @workgroup_size(256)
 fn mamba3_prep_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let H = p.heads;
     let R = p.rank;
-    let N = p.nstate;
     let P = p.headdim;
-    let S = p.angles;
-    let G = p.ngroups;
-    let E = N - S;
     let di = H * P;
-    let off = 2u * di + 2u * R * G * N;  // dd_dt
     let stride = nwg.x * nwg.y * 256u;
     let total = item_count();
     for (var i = flat_id(gid, nwg, 256u); i < total; i += stride) {
         let it = item_of(i);
-        let row = it.row;
         let h = it.h;
-        let x = it.x;
-        let g = h / (H / G);
-        let nn = pair_dims(x);
-        let c = x - E;  // the channel when x >= E
-        let rh = row * H + h;
-        let pr = row * p.cols;
-        if (x >= E) {
-            let xv = proj[pr + di + h * P + c];
-            let zv = proj[pr + h * P + c];
-            if (p.mimo == 0u) {  // SISO: v = x (the scan reads it as its x), zr = z is read in place
-                v[rh * P + c] = xv;
-                continue;
-            }
-            for (var r = 0u; r < R; r++) {
-                let mi = (h * R + r) * P + c;
-                v[(rh * R + r) * P + c] = xv * mimo_x[mi];
-                zr[(rh * R + r) * P + c] = zv * mimo_z[mi];
-            }
+        let c = it.c;
+        let rh = it.row * H + h;
+        let pr = it.row * p.cols;
+        let xv = proj[pr + di + h * P + c];
+        if (p.mimo == 0u) {  // SISO: v = x (the scan reads it as its x), zr = z is read in place
+            v[rh * P + c] = xv;
             continue;
         }
-        if (x == 0u) {
-            let dtv = softplus(proj[pr + off + h] + dt_bias[h]);
-            let a = -max(heavy_tail(proj[pr + off + H + h]), p.a_floor);
-            dt[rh] = dtv;
-            adt[rh] = a * dtv;
-            lam[rh] = sigmoid(proj[pr + off + 2u * H + h]);
-        }
-        var cs = vec2<f32>(1.0, 0.0);
-        if (x < S) {
-            let th = theta[rh * S + x];
-            cs = vec2<f32>(cos(th), sin(th));
-        }
+        let zv = proj[pr + h * P + c];
         for (var r = 0u; r < R; r++) {
-            let src = row * R * G * N + (r * G + g) * N;
-            let bias = (h * R + r) * N;
-            let dst = (rh * R + r) * N;
-            let k0 = Bn[src + nn.x] + B_bias[bias + nn.x];
-            let q0 = Cn[src + nn.x] + C_bias[bias + nn.x];
-            if (x >= S) {
-                k[dst + nn.x] = k0;
-                q[dst + nn.x] = q0;
-                continue;
-            }
-            let k1 = Bn[src + nn.y] + B_bias[bias + nn.y];
-            let q1 = Cn[src + nn.y] + C_bias[bias + nn.y];
-            k[dst + nn.x] = k0 * cs.x - k1 * cs.y;
-            k[dst + nn.y] = k0 * cs.y + k1 * cs.x;
-            q[dst + nn.x] = q0 * cs.x - q1 * cs.y;
-            q[dst + nn.y] = q0 * cs.y + q1 * cs.x;
+            let mi = (h * R + r) * P + c;
+            v[(rh * R + r) * P + c] = xv * mimo_x[mi];
+            zr[(rh * R + r) * P + c] = zv * mimo_z[mi];
         }
     }
 }
 
-// The elementwise backward, items as mamba3_prep_forward: x < E rotation element e = x over the ranks (dqb, dkb,
-// and for a pair, ∂loss/∂θ_t into dth; x = 0 also dproj's dd_A and trap columns), else channel c = x − E over
-// the ranks (dproj's z and x columns, dvx, dzz).
+// k = rot(θ, Bn + B_bias), q = rot(θ, Cn + C_bias): thread (x, z) is column x = (r·G + g)·N + n of Bn / Cn for
+// rows z, z + rows, ... (grid (ceil(R·G·N / 64), 1, row blocks)), reading its row's Bn, Cn (and the pair
+// partner's) once and walking the heads of group g, so consecutive threads write consecutive n of q and k.
+// Column x < H also writes head x's dt, adt, lam (x, x + R·G·N, ... when there are more heads than columns):
+// here, not in the channel kernel, where one thread in 64 doing them held up its whole warp.
+@compute @workgroup_size(64)
+fn mamba3_prep_rotate(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let H = p.heads;
+    let R = p.rank;
+    let N = p.nstate;
+    let S = p.angles;
+    let G = p.ngroups;
+    let rgn = R * G * N;
+    let col = gid.x;
+    if (col >= rgn) { return; }
+    let r = col / (G * N);
+    let g = (col / N) % G;
+    let n = col % N;
+    let per = H / G;
+    let pj = pair_of(n);
+    let m = pj.x;
+    let sg = pair_sign(pj.z);
+    let M = p.batch * p.len;
+    let off = 2u * H * p.headdim + 2u * rgn;  // dd_dt
+    for (var row = gid.z; row < M; row += nwg.z) {
+        for (var hh = col; hh < H; hh += rgn) {
+            let pr = row * p.cols;
+            let dtv = softplus(proj[pr + off + hh] + dt_bias[hh]);
+            let a = -max(heavy_tail(proj[pr + off + H + hh]), p.a_floor);
+            dt[row * H + hh] = dtv;
+            adt[row * H + hh] = a * dtv;
+            lam[row * H + hh] = sigmoid(proj[pr + off + 2u * H + hh]);
+        }
+        let src = row * rgn + col;
+        let bn = Bn[src];
+        let cn = Cn[src];
+        let bm = Bn[src - n + m];
+        let cm = Cn[src - n + m];
+        for (var e = 0u; e < per; e++) {
+            let h = g * per + e;
+            let rh = row * H + h;
+            let bias = (h * R + r) * N;
+            let dst = (rh * R + r) * N + n;
+            let k0 = bn + B_bias[bias + n];
+            let q0 = cn + C_bias[bias + n];
+            if (pj.z == 0u) {
+                k[dst] = k0;
+                q[dst] = q0;
+                continue;
+            }
+            let th = theta[rh * S + pj.y];
+            let cs = cos(th);
+            let sn = sg * sin(th);
+            k[dst] = k0 * cs + (bm + B_bias[bias + m]) * sn;
+            q[dst] = q0 * cs + (cm + C_bias[bias + m]) * sn;
+        }
+    }
+}
+
+// Channel c of (row, h): dproj's x and z columns (SISO: dx = dv + D dys, dz is already in dproj from
+// mamba3_finish_backward), dvx, dzz (MIMO).
 @compute @workgroup_size(256)
 fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let H = p.heads;
     let R = p.rank;
-    let N = p.nstate;
     let P = p.headdim;
-    let S = p.angles;
-    let E = N - S;
     let di = H * P;
-    let off = 2u * di + 2u * R * p.ngroups * N;  // dd_dt
     let stride = nwg.x * nwg.y * 256u;
     let total = item_count();
     for (var i = flat_id(gid, nwg, 256u); i < total; i += stride) {
         let it = item_of(i);
-        let row = it.row;
         let h = it.h;
-        let x = it.x;
-        let nn = pair_dims(x);
-        let c = x - E;
-        let rh = row * H + h;
-        let pr = row * p.cols;
-        if (x >= E) {
-            if (p.mimo == 0u) {  // SISO: dx = dv + D dys; dz is already in dproj (mamba3_finish_backward)
-                dproj[pr + di + h * P + c] = dv[rh * P + c] + D[h] * dys_in[rh * P + c];
-                continue;
-            }
-            let xv = proj[pr + di + h * P + c];
-            let zv = proj[pr + h * P + c];
-            var dx = 0.0;
-            var dz = 0.0;
-            for (var r = 0u; r < R; r++) {
-                let vi = (rh * R + r) * P + c;
-                let dvt = dv[vi] + D[h] * dys_in[vi];
-                let dzv = dzr[vi];
-                let mi = (h * R + r) * P + c;
-                dx += dvt * mimo_x[mi];
-                dz += dzv * mimo_z[mi];
-                dvx[vi] = dvt * xv;
-                dzz[vi] = dzv * zv;
-            }
-            dproj[pr + di + h * P + c] = dx;
-            dproj[pr + h * P + c] = dz;
+        let c = it.c;
+        let rh = it.row * H + h;
+        let pr = it.row * p.cols;
+        if (p.mimo == 0u) {
+            dproj[pr + di + h * P + c] = dv[rh * P + c] + D[h] * dys_in[rh * P + c];
             continue;
         }
-        if (x == 0u) {
-            let dtv = softplus(proj[pr + off + h] + dt_bias[h]);
-            let dda = proj[pr + off + H + h];
-            var dA = 0.0;
-            if (heavy_tail(dda) >= p.a_floor) {
-                dA = -dadt[rh] * dtv * select(1.0 / ((1.0 - dda) * (1.0 - dda)), 1.0, dda >= 0.0);
-            }
-            dproj[pr + off + H + h] = dA;
-            let lv = lam[rh];
-            dproj[pr + off + 2u * H + h] = dlam[rh] * lv * (1.0 - lv);
-        }
-        if (x >= S) {
-            for (var r = 0u; r < R; r++) {
-                let n = (rh * R + r) * N + nn.x;
-                dqb[n] = dq[n];
-                dkb[n] = dk[n];
-            }
-            continue;
-        }
-        let th = theta_in[rh * S + x];
-        let cs = cos(th);
-        let sn = sin(th);
-        var acc = 0.0;
+        let xv = proj[pr + di + h * P + c];
+        let zv = proj[pr + h * P + c];
+        var dx = 0.0;
+        var dz = 0.0;
         for (var r = 0u; r < R; r++) {
-            let n0 = (rh * R + r) * N + nn.x;
-            let n1 = (rh * R + r) * N + nn.y;
-            let dq0 = dq[n0];
-            let dq1 = dq[n1];
-            let dk0 = dk[n0];
-            let dk1 = dk[n1];
-            dqb[n0] = dq0 * cs + dq1 * sn;  // dx0 = d0 c + d1 s, dx1 = d1 c − d0 s; dθ = d1 out0 − d0 out1
-            dqb[n1] = dq1 * cs - dq0 * sn;
-            dkb[n0] = dk0 * cs + dk1 * sn;
-            dkb[n1] = dk1 * cs - dk0 * sn;
-            acc += dq1 * q_in[n0] - dq0 * q_in[n1] + dk1 * k_in[n0] - dk0 * k_in[n1];
+            let vi = (rh * R + r) * P + c;
+            let dvt = dv[vi] + D[h] * dys_in[vi];
+            let dzv = dzr[vi];
+            let mi = (h * R + r) * P + c;
+            dx += dvt * mimo_x[mi];
+            dz += dzv * mimo_z[mi];
+            dvx[vi] = dvt * xv;
+            dzz[vi] = dzv * zv;
         }
-        dth[rh * S + x] = acc;
+        dproj[pr + di + h * P + c] = dx;
+        dproj[pr + h * P + c] = dz;
+    }
+}
+
+// The rotation's backward with its sums over heads and rows: thread (x, y, z) is (group g, state dim n) =
+// x < G·N and split y < p.splits of the group's heads, for the blocks of RB rows z, z + blocks, ... (grid
+// (ceil(G·N / 64), splits, blocks)). Per rank r and head h of its split it turns dq, dk back by θ (the bias
+// gradient's rows, never stored): their sums over the split's heads, in order, are dCn, dBn [splits, M, R, G, N]
+// (mamba3_prep_norm_backward adds the splits in order); their sums over the block's rows, in order, are the block's
+// partials dC_bias_part, dB_bias_part [blocks, H, R, N] (the wrapper sums them over blocks); the first dim of a
+// pair also writes ∂loss/∂θ = Σ_r d1·out0 − d0·out1 over q and k into dth (rank 0 stores, later ranks add).
+const RB: u32 = 8u;  // rows per block, mirrored by ROTATE_ROWS in mambactl/ops/mamba3_prep.py
+@compute @workgroup_size(64)
+fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
+                               @builtin(num_workgroups) nwg: vec3<u32>) {
+    let H = p.heads;
+    let R = p.rank;
+    let N = p.nstate;
+    let S = p.angles;
+    let G = p.ngroups;
+    let rgn = R * G * N;
+    let M = p.batch * p.len;
+    if (gid.x >= G * N) { return; }
+    let g = gid.x / N;
+    let n = gid.x % N;
+    let per = H / G;
+    let hs = (per + p.splits - 1u) / p.splits;  // heads per split
+    let e0 = min(per, gid.y * hs);
+    let e1 = min(per, e0 + hs);
+    let part = gid.y * M * rgn;  // this split's dBn, dCn
+    let pj = pair_of(n);
+    let m = pj.x;
+    let sg = pair_sign(pj.z);
+    let blocks = (M + RB - 1u) / RB;
+    for (var blk = gid.z; blk < blocks; blk += nwg.z) {
+        let row0 = blk * RB;
+        let rows = min(RB, M - row0);
+        for (var r = 0u; r < R; r++) {
+            var aq = array<f32, RB>();  // zeros for each rank (explicit: the loop re-enters it)
+            var ak = array<f32, RB>();
+            for (var e = e0; e < e1; e++) {
+                let h = g * per + e;
+                var bq = 0.0;
+                var bk = 0.0;
+                // a fixed trip count, unrollable: the rows past the end (the last block) read the last row and
+                // add nothing
+                for (var i = 0u; i < RB; i++) {
+                    let live = i < rows;
+                    let rh = min(row0 + i, M - 1u) * H + h;
+                    let base = (rh * R + r) * N;
+                    var xq = dq[base + n];
+                    var xk = dk[base + n];
+                    if (pj.z != 0u) {
+                        let dqm = dq[base + m];
+                        let dkm = dk[base + m];
+                        let th = theta_in[rh * S + pj.y];
+                        let cs = cos(th);
+                        let sn = sg * sin(th);
+                        if (pj.z == 1u && live) {
+                            let t = dqm * q_in[base + n] - xq * q_in[base + m] + dkm * k_in[base + n]
+                                    - xk * k_in[base + m];
+                            if (r == 0u) { dth[rh * S + pj.y] = t; } else { dth[rh * S + pj.y] += t; }
+                        }
+                        xq = xq * cs - dqm * sn;
+                        xk = xk * cs - dkm * sn;
+                    }
+                    xq = select(0.0, xq, live);
+                    xk = select(0.0, xk, live);
+                    aq[i] += xq;
+                    ak[i] += xk;
+                    bq += xq;
+                    bk += xk;
+                }
+                let bi = ((blk * H + h) * R + r) * N + n;
+                dC_bias_part[bi] = bq;
+                dB_bias_part[bi] = bk;
+            }
+            for (var i = 0u; i < rows; i++) {
+                let dst = part + (row0 + i) * rgn + (r * G + g) * N + n;
+                dCn[dst] = aq[i];
+                dBn[dst] = ak[i];
+            }
+        }
+    }
+}
+
+// The B / C RMSNorm: a workgroup of NW >= N threads per row (rows z, z + rows, ...; grid (1, 1, rows)), thread t
+// the state dim t of each of the row's 2·R·G (B or C, rank, group)s in turn, Σ x² by a fixed-order tree in
+// workgroup memory. Uniform control flow (every thread reaches every barrier; those past N add zeros).
+override NW: u32 = 128u;  // a power of two >= N (mambactl/ops/mamba3_prep.py `norm_threads`)
+var<workgroup> norm_red: array<vec2<f32>, NW>;
+
+// Σ over the workgroup's threads of `part`, in a fixed order; each thread gets it.
+fn norm_sum(t: u32, part: vec2<f32>) -> vec2<f32> {
+    norm_red[t] = part;
+    workgroupBarrier();
+    for (var s = NW / 2u; s > 0u; s = s / 2u) {
+        if (t < s) { norm_red[t] += norm_red[t + s]; }
+        workgroupBarrier();
+    }
+    let total = norm_red[0];
+    workgroupBarrier();
+    return total;
+}
+
+@compute @workgroup_size(NW)
+fn mamba3_prep_norm(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                    @builtin(num_workgroups) nwg: vec3<u32>) {
+    let N = p.nstate;
+    let rg = p.rank * p.ngroups;
+    let live = t < N;
+    let M = p.batch * p.len;
+    for (var row = wid.z; row < M; row += nwg.z) {
+        for (var u = 0u; u < 2u * rg; u++) {  // B's (rank, group)s, then C's: adjacent in proj
+            let base = row * p.cols + 2u * p.heads * p.headdim + u * N;
+            var x = 0.0;
+            if (live) { x = proj[base + t]; }
+            let rs = 1.0 / sqrt(norm_sum(t, vec2<f32>(x * x, 0.0)).x / f32(N) + p.norm_eps);
+            if (live && u < rg) { Bn[(row * rg + u) * N + t] = x * rs * B_norm_w[t]; }
+            if (live && u >= rg) { Cn[(row * rg + u - rg) * N + t] = x * rs * C_norm_w[t]; }
+        }
+    }
+}
+
+// ∂Bn (is_b) or ∂Cn at flat index i of [M, R, G, N]: the rotation backward's head splits added in order.
+fn normed_grad(i: u32, is_b: bool) -> f32 {
+    let stride = p.batch * p.len * p.rank * p.ngroups * p.nstate;
+    var acc = 0.0;
+    for (var sp = 0u; sp < p.splits; sp++) {
+        if (is_b) { acc += dBn[sp * stride + i]; } else { acc += dCn[sp * stride + i]; }
+    }
+    return acc;
+}
+
+// Its backward, dBn, dCn -> dproj's B and C columns, and ∂B_norm.weight, ∂C_norm.weight partials per block of RB
+// rows: a workgroup per block (blocks z, z + blocks, ...; grid (1, 1, blocks)), threads as mamba3_prep_norm,
+// walking the block's rows in order. With x̂ = x · rstd and g = dBn ⊙ w:
+//   dB = rstd · g − x̂ · rstd · Σ_m g_m x̂_m / N,  ∂w = Σ dBn ⊙ x̂  (Σ x² and Σ g x by one tree).
+@compute @workgroup_size(NW)
+fn mamba3_prep_norm_backward(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                             @builtin(num_workgroups) nwg: vec3<u32>) {
+    let N = p.nstate;
+    let rg = p.rank * p.ngroups;
+    let live = t < N;
+    let M = p.batch * p.len;
+    let blocks = (M + RB - 1u) / RB;
+    for (var blk = wid.z; blk < blocks; blk += nwg.z) {
+        var wb = 0.0;
+        var wc = 0.0;
+        for (var row = blk * RB; row < min(M, blk * RB + RB); row++) {
+            for (var u = 0u; u < 2u * rg; u++) {
+                let is_b = u < rg;
+                let base = row * p.cols + 2u * p.heads * p.headdim + u * N;  // in proj and dproj
+                let di = (row * rg + select(u - rg, u, is_b)) * N + t;        // in dBn / dCn
+                var x = 0.0;
+                var gw = 0.0;
+                var dy = 0.0;
+                if (live) {
+                    x = proj[base + t];
+                    dy = normed_grad(di, is_b);
+                    gw = dy * select(C_norm_w[t], B_norm_w[t], is_b);
+                }
+                let sums = norm_sum(t, vec2<f32>(x * x, gw * x));
+                let rs = 1.0 / sqrt(sums.x / f32(N) + p.norm_eps);
+                if (live) { dproj[base + t] = rs * (gw - x * rs * rs * sums.y / f32(N)); }
+                // x, dy are 0 past N
+                if (is_b) { wb += dy * x * rs; } else { wc += dy * x * rs; }
+            }
+        }
+        if (live) {
+            dB_norm_part[blk * N + t] = wb;
+            dC_norm_part[blk * N + t] = wc;
+        }
     }
 }
 
@@ -385,39 +538,17 @@ fn mamba3_prep_dtheta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
     }
 }
 
-// Sums in fixed order, per row. Grid (ceil(max(N, S + H) / 64), R·G + 1, rows), thread (x, y, z) for rows z,
-// z + rows, ...: y < R·G is (rank r, group g) and x = n < N: dCn, dBn [M, R, G, N] (Σ over the group's heads of
-// dqb, dkb); y = R·G: x < S angle x's column of dproj (π (1 − tanh²) Σ_h dcum·Δ), S <= x < S + H head
-// h = x − S's dd_dt column (∂Δ from dt, A·Δ and π Σ_j dcum_j tanh(angle_j), through the softplus).
+// Sums over heads and angles in fixed order, per row. Grid (ceil((S + H) / 64), 1, rows), thread (x, z) for rows
+// z, z + rows, ...: x < S angle x's column of dproj (π (1 − tanh²) Σ_h dcum·Δ), S <= x < S + H head h = x − S's
+// dd_dt column (∂Δ from dt, A·Δ and π Σ_j dcum_j tanh(angle_j), through the softplus), also into ddt_rows
+// [M, H] (contiguous: ∂dt_bias is its column sums), and its dd_A and trap columns.
 @compute @workgroup_size(64)
 fn mamba3_prep_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let H = p.heads;
     let S = p.angles;
-    let N = p.nstate;
-    let G = p.ngroups;
-    let rgn = p.rank * G * N;
     let M = p.batch * p.len;
     let x = gid.x;
-    let part = gid.y;
     let off = p.cols - S - 3u * H;  // dd_dt
-    if (part < p.rank * G) {
-        if (x >= N) { return; }
-        let per = H / G;
-        let r = part / G;
-        let g = part % G;
-        for (var row = gid.z; row < M; row += nwg.z) {
-            var aq = 0.0;
-            var ak = 0.0;
-            for (var e = 0u; e < per; e++) {
-                let idx = ((row * H + g * per + e) * p.rank + r) * N + x;
-                aq += dqb_in[idx];
-                ak += dkb_in[idx];
-            }
-            dCn[row * rgn + part * N + x] = aq;
-            dBn[row * rgn + part * N + x] = ak;
-        }
-        return;
-    }
     if (x >= S + H) { return; }
     for (var row = gid.z; row < M; row += nwg.z) {
         let pr = row * p.cols;
@@ -434,17 +565,28 @@ fn mamba3_prep_reduce(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(nu
         let a = -max(heavy_tail(proj[pr + off + H + h]), p.a_floor);
         var dd = ddt[rh] + dadt[rh] * a;
         for (var j = 0u; j < S; j++) { dd += PI * dcum_in[rh * S + j] * safe_tanh(proj[pr + off + 3u * H + j]); }
-        dproj_out[pr + off + h] = dd * select(sigmoid(pre), 1.0, pre > 20.0);
+        let dpre = dd * select(sigmoid(pre), 1.0, pre > 20.0);
+        dproj_out[pr + off + h] = dpre;
+        ddt_rows[rh] = dpre;
+        let dda = proj[pr + off + H + h];
+        var dA = 0.0;
+        if (heavy_tail(dda) >= p.a_floor) {
+            dA = -dadt[rh] * dt_in[rh] * select(1.0 / ((1.0 - dda) * (1.0 - dda)), 1.0, dda >= 0.0);
+        }
+        dproj_out[pr + off + H + h] = dA;
+        let lv = lam[rh];
+        dproj_out[pr + off + 2u * H + h] = dlam[rh] * lv * (1.0 - lv);
     }
 }
 
 // finish: FL lanes per (row, head, rank) item (FW / FL items per workgroup of FW), the lanes over its P channels
 // (consecutive lanes on consecutive addresses), the sums over P (the norm's Σ y², the backward's Σ dyn·w·ŷ and
-// Σ dys·v) by a fixed-order tree in workgroup memory (deterministic). FL = 64 on GPUs; FL = 1 on CPU adapters,
+// Σ dys·v) by a fixed-order tree in workgroup memory (deterministic). FL = 16 on GPUs (the H200 at P = 64: half
+// the time of FL = 64, 4 channels per lane, 4 items per workgroup, 2 fewer tree rounds); FL = 1 on CPU adapters,
 // where a barrier and a workgroup cost more than a strided walk: one invocation per item, no barrier. Items past
 // the end (the last workgroup) run with empty channel loops so that every lane reaches every barrier.
 const FW: u32 = 64u;  // workgroup size of the finish kernels
-override FL: u32 = 64u;  // lanes per item, dividing FW (mambactl/ops/mamba3_prep.py picks it)
+override FL: u32 = 16u;  // lanes per item, dividing FW (mambactl/ops/mamba3_prep.py picks it)
 var<workgroup> finish_red: array<f32, FW>;
 
 struct FinishLane { item: u32, lane: u32, live: bool }
@@ -483,16 +625,20 @@ fn mamba3_finish_forward(@builtin(local_invocation_index) local: u32, @builtin(w
     for (var c = it.lane; c < walk; c += FL) {
         let yv = ys[base + c] + D[h] * v_in[base + c];
         y[base + c] = yv;
-        ss += yv * yv;
+        if (NORM) {
+            ss += yv * yv;
+        } else {  // one pass: o from the y in hand
+            let zv = zr_in[zbase + c];
+            o[base + c] = yv * zv * sigmoid(zv);
+        }
     }
     var rs = 1.0;
     if (NORM) { rs = inverseSqrt(finish_sum(local, it.lane, ss) / f32(P) + fp.eps); }
     if (it.live && it.lane == 0u) { rstd[i] = rs; }
+    if (!NORM) { return; }
     for (var c = it.lane; c < walk; c += FL) {
-        var yn = y[base + c];
-        if (NORM) { yn = yn * rs * norm_w[h * P + c]; }
         let zv = zr_in[zbase + c];
-        o[base + c] = yn * zv * sigmoid(zv);
+        o[base + c] = y[base + c] * rs * norm_w[h * P + c] * zv * sigmoid(zv);
     }
 }
 
@@ -531,6 +677,7 @@ fn mamba3_finish_backward(@builtin(local_invocation_index) local: u32, @builtin(
     var rs = 1.0;
     if (it.live) { rs = rstd_in[i]; }
     var dot = 0.0;  // Σ_c dyn·w·ŷ (RMSNorm backward)
+    var dd = 0.0;   // Σ_c dys·v (∂D)
     for (var c = it.lane; c < walk; c += FL) {
         let dout_v = dout[row * fp.fheads * P + h * P + c];
         var do_ = dout_v;
@@ -544,21 +691,21 @@ fn mamba3_finish_backward(@builtin(local_invocation_index) local: u32, @builtin(
         if (NORM) { yn = yn * rs * norm_w[h * P + c]; }
         dzr_out[dzbase + c] = do_ * yn * sg * (1.0 + zv * (1.0 - sg));
         let dyn = do_ * zv * sg;
-        dys[base + c] = dyn;  // before the norm; finished below (by the same lane)
+        dys[base + c] = dyn;  // with NORM: before the norm, finished below (by the same lane)
         if (NORM) {
             dot += dyn * norm_w[h * P + c] * y_in[base + c] * rs;
             dnw_part[(row * fp.frank + r) * fp.fheads * P + h * P + c] = dyn * y_in[base + c] * rs;
+        } else {
+            dd += dyn * v_in[base + c];
         }
     }
-    if (NORM) { dot = finish_sum(local, it.lane, dot); }
-    var dd = 0.0;
-    for (var c = it.lane; c < walk; c += FL) {
-        var g = dys[base + c];
-        if (NORM) {
-            g = rs * (g * norm_w[h * P + c] - y_in[base + c] * rs * dot / f32(P));
+    if (NORM) {
+        dot = finish_sum(local, it.lane, dot);
+        for (var c = it.lane; c < walk; c += FL) {
+            let g = rs * (dys[base + c] * norm_w[h * P + c] - y_in[base + c] * rs * dot / f32(P));
             dys[base + c] = g;
+            dd += g * v_in[base + c];
         }
-        dd += g * v_in[base + c];
     }
     dd = finish_sum(local, it.lane, dd);
     if (it.live && it.lane == 0u) { dD_part[(row * fp.frank + r) * fp.fheads + h] = dd; }

@@ -1,16 +1,17 @@
 """mamba3_prep / mamba3_prep_backward (kernels/mamba3_prep.wgsl) against float64 numpy built from
-mambactl/reference/mamba3.py's pieces: SISO and MIMO, grouped B/C, part of the state rotated, lengths that are
-no multiple of the θ walks' 16 lanes, walks split into dispatches, and a walk longer than Mesa llvmpipe's loop
-budget. Outputs start NaN-poisoned (the `gpu` fixture), so an element no kernel writes fails."""
+mambactl/reference/mamba3.py's pieces (the B / C RMSNorm included): SISO and MIMO, grouped B/C, part of the state
+rotated, lengths that are no multiple of the θ walks' 16 lanes or of the rotation backward's blocks of rows, walks
+split into dispatches, and a walk longer than Mesa llvmpipe's loop budget. Outputs start NaN-poisoned (the `gpu` fixture), so an element no kernel writes fails."""
 
 import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
 from mambactl.ops.mamba3_prep import (Mamba3Dims, mamba3_finish, mamba3_finish_backward, mamba3_prep,
-                                      mamba3_prep_backward, prep_walk_loops)
+                                      mamba3_prep_backward, prep_walk_loops, rotate_blocks)
 from mambactl.reference import mamba3 as ref
 from mambactl.reference.activations import sigmoid, sigmoid_backward, softplus, softplus_backward
+from mambactl.reference.rmsnorm import rmsnorm, rmsnorm_backward
 
 A_FLOOR = 0.3
 
@@ -33,7 +34,8 @@ def make_inputs(d, seed=0, dt_shift=0.0):
     def f(*shape, scale=1.0):
         return (scale * rng.standard_normal(shape)).astype(np.float32)
 
-    x = dict(proj=f(M, d.cols), Bn=f(M, d.rgn), Cn=f(M, d.rgn), dt_bias=f(H) + np.float32(dt_shift),
+    x = dict(proj=f(M, d.cols), B_norm_w=1 + f(N, scale=0.3), C_norm_w=1 + f(N, scale=0.3),
+             dt_bias=f(H) + np.float32(dt_shift),
              B_bias=f(H, R, N, scale=0.3), C_bias=f(H, R, N, scale=0.3), mimo_x=1 + f(H, R, P, scale=0.3),
              mimo_z=1 + f(H, R, P, scale=0.3), D=f(H))
     # SISO has no mimo_* parameters: the reference multiplies by 1, the GPU ops get None. (They are drawn either
@@ -51,7 +53,9 @@ def reference(d, x, g):
     g = {k: v.astype(np.float64) for k, v in g.items()}
     b, l, H, R, G, N, P, S = d.batch, d.length, d.heads, d.rank, d.groups, d.nstate, d.headdim, d.angles
     M, di, rgn = d.rows, H * P, d.rgn
-    z, xs, _, _, dd_dt, dd_A, trap, ang = np.split(x["proj"], np.cumsum([di, di, rgn, rgn, H, H, H])[:], axis=1)
+    z, xs, Bp, Cp, dd_dt, dd_A, trap, ang = np.split(x["proj"], np.cumsum([di, di, rgn, rgn, H, H, H])[:], axis=1)
+    Bp, Cp = Bp.reshape(-1, N), Cp.reshape(-1, N)  # a (row, rank, group) per row: the norm's
+    Bn, Cn = rmsnorm(Bp, x["B_norm_w"], ref.NORM_EPS), rmsnorm(Cp, x["C_norm_w"], ref.NORM_EPS)
     z, xs = z.reshape(b, l, H, P), xs.reshape(b, l, H, P)
     dd_dt, dd_A, trap, ang = (t.reshape(b, l, -1) for t in (dd_dt, dd_A, trap, ang))
     dt_pre = dd_dt + x["dt_bias"]
@@ -59,8 +63,8 @@ def reference(d, x, g):
     A = -np.maximum(ref.heavy_tail(dd_A), A_FLOOR)
     theta = np.cumsum(dt[..., None] * (np.pi * np.tanh(ang))[:, :, None, :], axis=1)
     pairs = pairs_of(d)
-    k = ref.rotate(ref._heads(x["Bn"].reshape(b, l, R, G, N), H) + x["B_bias"], theta, pairs)
-    q = ref.rotate(ref._heads(x["Cn"].reshape(b, l, R, G, N), H) + x["C_bias"], theta, pairs)
+    k = ref.rotate(ref._heads(Bn.reshape(b, l, R, G, N), H) + x["B_bias"], theta, pairs)
+    q = ref.rotate(ref._heads(Cn.reshape(b, l, R, G, N), H) + x["C_bias"], theta, pairs)
     fwd = dict(q=q, k=k, v=xs[:, :, :, None, :] * x["mimo_x"], zr=z[:, :, :, None, :] * x["mimo_z"], adt=A * dt,
                dt=dt, lam=sigmoid(trap), theta=theta)
 
@@ -83,8 +87,12 @@ def reference(d, x, g):
     dproj[:, off + H:off + 2 * H] = ddd_A.reshape(M, H)
     dproj[:, off + 2 * H:off + 3 * H] = sigmoid_backward(trap, g["dlam"].reshape(b, l, H)).reshape(M, H)
     dproj[:, off + 3 * H:] = dang.reshape(M, S)
-    bwd = dict(dproj=dproj, dqb=dqb, dkb=dkb, dBn=ref._groups(dkb, G).reshape(M, rgn),
-               dCn=ref._groups(dqb, G).reshape(M, rgn))
+    dBp, dBw = rmsnorm_backward(Bp, x["B_norm_w"], ref._groups(dkb, G).reshape(-1, N), ref.NORM_EPS)
+    dCp, dCw = rmsnorm_backward(Cp, x["C_norm_w"], ref._groups(dqb, G).reshape(-1, N), ref.NORM_EPS)
+    dproj[:, 2 * di:2 * di + rgn] = dBp.reshape(M, rgn)
+    dproj[:, 2 * di + rgn:off] = dCp.reshape(M, rgn)
+    bwd = dict(dproj=dproj, dB_bias_part=dkb.sum(axis=(0, 1)), dC_bias_part=dqb.sum(axis=(0, 1)),
+               dB_norm_part=dBw, dC_norm_part=dCw, ddt_rows=dproj[:, off:off + H])
     if d.mimo:  # ∂mimo_x, ∂mimo_z per row
         bwd.update(dvx=dv * xs[:, :, :, None, :], dzz=dzr * z[:, :, :, None, :])
     return fwd, bwd
@@ -100,24 +108,30 @@ def run_gpu(gpu, d, x, g, segment=None):
         host = np.full((d.rows, d.cols), np.nan, np.float32)
         host[:, :d.heads * d.headdim] = g["dzr"].reshape(d.rows, -1)
         dzr, dproj = None, gpu.from_numpy(host)
-    pr = mamba3_prep(t["proj"], t["Bn"], t["Cn"], t["dt_bias"], t["B_bias"], t["C_bias"], t["mimo_x"],
-                     t["mimo_z"], d, A_FLOOR, segment=segment)
-    bw = mamba3_prep_backward(t["proj"], t["dt_bias"], t["mimo_x"], t["mimo_z"], t["D"], pr, t["dq"], t["dk"],
-                              t["dv"], dzr, t["dadt"], t["ddt"], t["dlam"], t["dys"], d, A_FLOOR,
-                              segment=segment, dproj=dproj)
+    pr = mamba3_prep(t["proj"], t["dt_bias"], t["B_norm_w"], t["C_norm_w"], t["B_bias"], t["C_bias"], t["mimo_x"],
+                     t["mimo_z"], d, A_FLOOR, ref.NORM_EPS, segment=segment)
+    bw = mamba3_prep_backward(t["proj"], t["dt_bias"], t["B_norm_w"], t["C_norm_w"], t["mimo_x"], t["mimo_z"],
+                              t["D"], pr, t["dq"], t["dk"], t["dv"], dzr, t["dadt"], t["ddt"], t["dlam"], t["dys"],
+                              d, A_FLOOR, ref.NORM_EPS, segment=segment, dproj=dproj)
     fwd = {k: v.numpy() for k, v in pr.items()}
     if not d.mimo:  # zr = z in place: "zr" is proj itself
         assert pr["zr"] is t["proj"]
         fwd["zr"] = fwd["zr"][:, :d.heads * d.headdim]
-    return fwd, {k: v.numpy() for k, v in bw.items()}
+    back = {k: v.numpy() for k, v in bw.items()}
+    for name, width in (("dB_bias_part", d.heads * d.rank * d.nstate), ("dC_bias_part", d.heads * d.rank * d.nstate),
+                        ("dB_norm_part", d.nstate), ("dC_norm_part", d.nstate)):
+        # per block of rows, NaN-poisoned: an unwritten one fails
+        assert back[name].shape == (rotate_blocks(d), width)
+        assert np.all(np.isfinite(back[name])), name
+        back[name] = back[name].astype(np.float64).sum(axis=0)
+    return fwd, back
 
 
 def check(d, got, want, tol):
     (gf, gb), (wf, wb) = got, want
     for name, w in wf.items():
         assert rel(gf[name].reshape(w.shape), w) < tol, (name, rel(gf[name].reshape(w.shape), w))
-    cols = ~np.isnan(wb["dproj"][0])  # B's and C's columns are the model's (after the RMSNorm backward)
-    assert rel(gb["dproj"][:, cols], wb["dproj"][:, cols]) < tol, "dproj"
+    assert rel(gb["dproj"], wb["dproj"]) < tol, "dproj"
     for name, w in wb.items():
         if name != "dproj":
             assert rel(gb[name].reshape(w.shape), w) < tol, (name, rel(gb[name].reshape(w.shape), w))
@@ -130,7 +144,8 @@ SHAPES = [
     (1, 50, 4, 3, 2, 2, 10, 3, True),     # MIMO rank 2, 2 groups, 3 of 5 pairs rotated
     (3, 9, 2, 8, 3, 1, 8, 4, True),       # MIMO rank 3, every pair rotated
     (2, 1, 2, 4, 1, 1, 8, 2, False),      # one token (decode)
-    (1, 300, 6, 16, 1, 3, 32, 8, False),  # more columns than a θ workgroup's 16
+    (1, 300, 6, 16, 1, 3, 32, 8, False),  # more columns than a θ workgroup's 16 or a rotation workgroup's 64
+    (2, 5, 12, 2, 1, 1, 4, 1, False),     # more heads than B's columns (a rotation thread's per-head scalars)
 ]
 
 
@@ -151,7 +166,8 @@ def test_prep_segmented(gpu, segment):
 
 def test_prep_walk_past_loop_budget(gpu):
     """L 560,000 (one head, one angle): a θ-walk invocation over all of it would loop 70k times, over llvmpipe's
-    65,535; there the walks run in segments. Δ is kept small so θ stays O(1) over the walk."""
+    65,535; there the walks run in segments. Also more row blocks of the rotation backward than a grid dimension
+    holds. Δ is kept small so θ stays O(1) over the walk."""
     d = Mamba3Dims(1, 560_000, 1, 1, 1, 1, 2, 1, False)
     assert prep_walk_loops(d.length) > 65535
     x, g = make_inputs(d, seed=2, dt_shift=-6.0)
@@ -171,13 +187,25 @@ def test_prep_row_blocks(gpu, monkeypatch, rows_per_thread):
     check(d, run_gpu(gpu, d, x, g), reference(d, x, g), 1e-5)
 
 
+@pytest.mark.parametrize("splits", [2, 3])
+def test_prep_rotate_splits(gpu, monkeypatch, splits):
+    """The rotation backward with a group's heads split over threads (3 splits of 4 heads: 2, 2 and none)."""
+    from mambactl.ops import mamba3_prep as op
+
+    monkeypatch.setattr(op, "ROTATE_SPLITS", splits)
+    for shape in [(2, 21, 4, 4, 1, 1, 12, 3, False), (1, 13, 8, 3, 2, 2, 10, 3, True)]:
+        d = Mamba3Dims(*shape)
+        x, g = make_inputs(d, seed=4)
+        check(d, run_gpu(gpu, d, x, g), reference(d, x, g), 1e-5)
+
+
 def test_siso_takes_no_mimo_tensors(gpu):
     d = Mamba3Dims(1, 4, 2, 4, 1, 1, 8, 2, False)
     x, _ = make_inputs(d)
     t = {k: gpu.from_numpy(v) for k, v in x.items()}
     with pytest.raises(ShapeError, match="mamba3_prep: mimo_x is given for SISO"):
-        mamba3_prep(t["proj"], t["Bn"], t["Cn"], t["dt_bias"], t["B_bias"], t["C_bias"], t["mimo_x"], None, d,
-                    A_FLOOR)
+        mamba3_prep(t["proj"], t["dt_bias"], t["B_norm_w"], t["C_norm_w"], t["B_bias"], t["C_bias"], t["mimo_x"],
+                    None, d, A_FLOOR, ref.NORM_EPS)
 
 
 def finish_reference(d, f, norm):
@@ -240,7 +268,7 @@ def finish_case(gpu, d, rows, heads, headdim, rank, mimo, norm, lanes, in_place=
     assert (back["dmo"] is None) == (not mimo)
 
 
-@pytest.mark.parametrize("lanes", [1, 16, 64])  # CPU adapters, a sum over few lanes, GPUs
+@pytest.mark.parametrize("lanes", [1, 16, 64])  # CPU adapters, GPUs, a whole workgroup per item
 @pytest.mark.parametrize("rows,heads,headdim,rank,mimo,norm", FINISH_SHAPES)
 def test_finish_matches_reference(gpu, rows, heads, headdim, rank, mimo, norm, lanes):
     """Each lane count on any adapter; several items share a workgroup below 64 lanes, the last one partly past
@@ -249,7 +277,7 @@ def test_finish_matches_reference(gpu, rows, heads, headdim, rank, mimo, norm, l
     finish_case(gpu, d, rows, heads, headdim, rank, mimo, norm, lanes)
 
 
-@pytest.mark.parametrize("lanes", [1, 64])
+@pytest.mark.parametrize("lanes", [1, 16])
 @pytest.mark.parametrize("rows,heads,headdim,rank,mimo,norm", SISO_IN_PLACE)
 def test_finish_siso_in_place(gpu, rows, heads, headdim, rank, mimo, norm, lanes):
     """SISO as Mamba-3's block runs it: z read from proj's columns and dz written into dproj's."""

@@ -1,7 +1,7 @@
 """Mamba-3 mixer on the GPU (mamba_ssm `Mamba3`, SISO and MIMO): forward and backward through the ops, the
 same maths as mambactl/reference/mamba3.py's `mamba3_block` / `mamba3_block_backward`.
 
-in_proj -> [z | x | B | C | dd_dt | dd_A | trap | angle] -> RMSNorm of B, C -> mamba3_prep (Δ, A·Δ, λ, the
+in_proj -> [z | x | B | C | dd_dt | dd_A | trap | angle] -> mamba3_prep (RMSNorm of B, C, Δ, A·Δ, λ, the
 cumulative angles θ, rotated k, q, v = mimo_x ⊙ x, mimo_z ⊙ z) -> mamba3_scan -> mamba3_finish (D skip, optional
 per-head RMSNorm, SiLU gate, Σ_r mimo_o ⊙) -> out_proj. `p` and `g` map this layer's mixer names without prefix
 to parameter and gradient tensors; gradients are accumulated into `g`.
@@ -10,7 +10,7 @@ to parameter and gradient tensors; gradients are accumulated into `g`.
 from __future__ import annotations
 
 from mambactl.models.config import ModelConfig
-from mambactl.ops import linear, rmsnorm, slice
+from mambactl.ops import linear, slice
 from mambactl.ops.mamba3_prep import (Mamba3Dims, mamba3_finish, mamba3_finish_backward, mamba3_prep,
                                       mamba3_prep_backward)
 from mambactl.ops.mamba3_scan import mamba3_rotate_step, mamba3_scan, mamba3_scan_backward, mamba3_scan_step
@@ -34,16 +34,11 @@ def _mimo(p: dict, d: Mamba3Dims):
 
 
 def _project(p: dict, x: Tensor, d: Mamba3Dims, mimo, cfg: ModelConfig) -> dict:
-    """in_proj, RMSNorm of its B and C columns, mamba3_prep: what the parallel forward and the step share."""
-    di = d.heads * d.headdim
+    """in_proj, mamba3_prep (with the RMSNorm of B and C): what the parallel forward and the step share."""
     proj = linear.linear(x, p["in_proj.weight"])
-    Bp = slice.column_slice(proj, 2 * di, d.rgn).reshape(-1, d.nstate)
-    Cp = slice.column_slice(proj, 2 * di + d.rgn, d.rgn).reshape(-1, d.nstate)
-    Bn, rstd_B = rmsnorm.rmsnorm(Bp, p["B_norm.weight"], NORM_EPS)
-    Cn, rstd_C = rmsnorm.rmsnorm(Cp, p["C_norm.weight"], NORM_EPS)
-    pr = mamba3_prep(proj, Bn.reshape(d.rows, d.rgn), Cn.reshape(d.rows, d.rgn), p["dt_bias"], p["B_bias"],
-                     p["C_bias"], mimo[0], mimo[1], d, cfg.mamba3.A_floor)
-    return dict(proj=proj, Bp=Bp, Cp=Cp, rstd_B=rstd_B, rstd_C=rstd_C, prep=pr)
+    pr = mamba3_prep(proj, p["dt_bias"], p["B_norm.weight"], p["C_norm.weight"], p["B_bias"], p["C_bias"], mimo[0],
+                     mimo[1], d, cfg.mamba3.A_floor, NORM_EPS)
+    return dict(proj=proj, prep=pr)
 
 
 def mamba3_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig):
@@ -69,7 +64,7 @@ def mamba3_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfi
     """dout [B·L, d_model] -> dx [B·L, d_model]; parameter gradients are added into `g`."""
     s = saved
     d = s["dims"]
-    M, H, R, P, di = d.rows, d.heads, d.rank, d.headdim, d.heads * d.headdim
+    M, H, R, P = d.rows, d.heads, d.rank, d.headdim
     mimo_x, mimo_z, mimo_o = s["mimo"]
     pr = s["prep"]
     dout_mix, _, _ = linear.linear_backward(s["out"], p["out_proj.weight"], dout, dw=g["out_proj.weight"])
@@ -85,23 +80,18 @@ def mamba3_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfi
         column_sums(fb["dmo"], out=g["mimo_o"].reshape(-1))
     dq, dk, dv, dadt, ddt, dlam = mamba3_scan_backward(s["scan"], fb["dys"].reshape(d.batch, d.length, H, R, P))
     flat = lambda t: t.reshape(M, -1)  # noqa: E731
-    bw = mamba3_prep_backward(s["proj"], p["dt_bias"], mimo_x, mimo_z, p["D"], pr, flat(dq), flat(dk), flat(dv),
-                              fb["dzr"], flat(dadt), flat(ddt), flat(dlam), fb["dys"], d, cfg.mamba3.A_floor,
-                              dproj=dproj)
+    bw = mamba3_prep_backward(s["proj"], p["dt_bias"], p["B_norm.weight"], p["C_norm.weight"], mimo_x, mimo_z,
+                              p["D"], pr, flat(dq), flat(dk), flat(dv), fb["dzr"], flat(dadt), flat(ddt), flat(dlam),
+                              fb["dys"], d, cfg.mamba3.A_floor, NORM_EPS, dproj=dproj)
     dproj = bw["dproj"]
-    column_sums(flat(bw["dkb"]), out=g["B_bias"].reshape(-1))
-    column_sums(flat(bw["dqb"]), out=g["C_bias"].reshape(-1))
+    column_sums(bw["dB_bias_part"], out=g["B_bias"].reshape(-1))
+    column_sums(bw["dC_bias_part"], out=g["C_bias"].reshape(-1))
     if d.mimo:
         column_sums(flat(bw["dvx"]), out=g["mimo_x"].reshape(-1))
         column_sums(flat(bw["dzz"]), out=g["mimo_z"].reshape(-1))
-    off = 2 * di + 2 * d.rgn
-    column_sums(slice.column_slice(dproj, off, H), out=g["dt_bias"])
-    dBp, _ = rmsnorm.rmsnorm_backward(s["Bp"], p["B_norm.weight"], s["rstd_B"], bw["dBn"].reshape(-1, d.nstate),
-                                      dw=g["B_norm.weight"])
-    dCp, _ = rmsnorm.rmsnorm_backward(s["Cp"], p["C_norm.weight"], s["rstd_C"], bw["dCn"].reshape(-1, d.nstate),
-                                      dw=g["C_norm.weight"])
-    slice.column_scatter(dBp.reshape(M, d.rgn), dproj, 2 * di)
-    slice.column_scatter(dCp.reshape(M, d.rgn), dproj, 2 * di + d.rgn)
+    column_sums(bw["ddt_rows"], out=g["dt_bias"])
+    column_sums(bw["dB_norm_part"], out=g["B_norm.weight"])
+    column_sums(bw["dC_norm_part"], out=g["C_norm.weight"])
     dx, _, _ = linear.linear_backward(s["x"], p["in_proj.weight"], dproj, dw=g["in_proj.weight"])
     return dx
 

@@ -1,5 +1,6 @@
-"""Mamba-3 mixer pieces around the scan (kernels/mamba3_prep.wgsl): the scan inputs from in_proj's output
-(`mamba3_prep` / `mamba3_prep_backward`) and the output side (`mamba3_finish` / `mamba3_finish_backward`).
+"""Mamba-3 mixer pieces around the scan (kernels/mamba3_prep.wgsl): the scan inputs from in_proj's output, the
+RMSNorm of its B and C columns included (`mamba3_prep` / `mamba3_prep_backward`), and the output side
+(`mamba3_finish` / `mamba3_finish_backward`).
 See mambactl/reference/mamba3.py `_prepare` / `_finish` / `mamba3_block_backward` for the maths.
 
 Dims: M = B·L rows; H heads of P channels (di = H·P); rank R (1 for SISO); G groups of B/C with N states;
@@ -47,23 +48,31 @@ class Mamba3Dims:
             raise ShapeError(f"{op}: {self.angles} rotation angles; at most {MAX_ANGLES}")
         if self.heads % self.groups:
             raise ShapeError(f"{op}: {self.groups} groups must divide {self.heads} heads")
+        if self.nstate > MAX_NORM_STATE:
+            raise ShapeError(f"{op}: a state of {self.nstate}; at most {MAX_NORM_STATE}")
         pairs_end = (self.nstate // 2 + self.angles) if self.mimo else 2 * self.angles
         if pairs_end > self.nstate or (self.mimo and self.angles > self.nstate // 2):
             raise ShapeError(f"{op}: {self.angles} angles do not fit a state of {self.nstate}")
 
 
-def _prep_params(d: Mamba3Dims, a_floor: float) -> dict:
+def _prep_params(d: Mamba3Dims, a_floor: float, norm_eps: float) -> dict:
     return dict(batch=d.batch, len=d.length, heads=d.heads, rank=d.rank, ngroups=d.groups, nstate=d.nstate,
                 headdim=d.headdim, angles=d.angles, mimo=int(d.mimo), cols=d.cols, a_floor=float(a_floor),
-                seg_begin=0, seg_end=d.length)
+                norm_eps=float(norm_eps), splits=ROTATE_SPLITS, seg_begin=0, seg_end=d.length)
 
 
 THETA_COLUMNS, THETA_LANES = 16, 16  # mirror TC, TL in kernels/mamba3_prep.wgsl (a θ walk's workgroup)
+ROTATE_ROWS = 8  # mirrors RB: rows per block of mamba3_prep_rotate_backward (its bias partials' rows)
+# splits of a group's heads in mamba3_prep_rotate_backward (threads per state dim and block): 2 measured best on
+# the H200 at the mamba3-130m shape (rotate backward 0.19 ms per layer at 2, 3 or 4, 0.26 at 1)
+ROTATE_SPLITS = 2
+MAX_NORM_STATE = 256  # the B / C RMSNorm kernels' workgroup holds a thread per state dim
 
 
 # Loop iterations of one θ-walk invocation (mamba3_prep_theta / mamba3_prep_dtheta; Mesa llvmpipe allows 65,535
 # per invocation, see mambactl/ops/checks.py) over `steps` time steps: its lane's share twice, plus the lane totals.
-# The elementwise kernels loop only over the ranks, the reduce over the heads or angles.
+# The channel kernels loop only over the ranks, the rotation kernels over the heads, the reduce over the heads or
+# angles.
 def prep_walk_loops(steps: int) -> int:
     return 2 * -(-int(steps) // THETA_LANES) + THETA_LANES
 
@@ -107,10 +116,10 @@ def _mimo_or_stand_in(op: str, d: Mamba3Dims, stand_in: Tensor, **mimo):
 
 
 def _item_grid(rt, d: Mamba3Dims, loops_per_item: int):
-    """The elementwise kernels' grid over M·H·(N − S + P) items (kernels/mamba3_prep.wgsl `item_of`), 256-thread
-    workgroups: one item per thread on GPUs; on Mesa llvmpipe, where each workgroup costs microseconds of
-    overhead, up to 64 (kept within its loop budget at `loops_per_item` iterations per item)."""
-    items = d.rows * d.heads * (d.nstate - d.angles + d.headdim)
+    """The channel kernels' grid over M·H·P items (kernels/mamba3_prep.wgsl `item_of`), 256-thread workgroups:
+    one item per thread on GPUs; on Mesa llvmpipe, where each workgroup costs microseconds of overhead, up to 64
+    (kept within its loop budget at `loops_per_item` iterations per item)."""
+    items = d.rows * d.heads * d.headdim
     per_thread = 1
     if is_llvmpipe(rt):
         per_thread = max(1, min(64, SEGMENT_BUDGET // max(int(loops_per_item), 1)))
@@ -119,20 +128,49 @@ def _item_grid(rt, d: Mamba3Dims, loops_per_item: int):
     return grid_1d(threads, 256)
 
 
-def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: Tensor, C_bias: Tensor,
-                mimo_x: Tensor, mimo_z: Tensor, d: Mamba3Dims, a_floor: float, segment: int | None = None) -> dict:
-    """-> dict of q, k [M, H, R, N], v, zr [M, H, R, P], adt, dt, lam [M, H], theta [M, H, S]. mimo_x, mimo_z
-    [H, R, P] for MIMO, None for SISO (v = x, zr = z there). SISO stores no zr: "zr" is proj itself, whose first
-    H·P columns are z, and mamba3_finish reads them in place.
+def norm_threads(d: Mamba3Dims) -> int:
+    """The RMSNorm kernels' workgroup (the kernel's NW): the least power of two >= N."""
+    return 1 << (d.nstate - 1).bit_length()
+
+
+def _norm_grid(rt, d: Mamba3Dims, items: int, loops_per_item: int):
+    """(1, 1, workgroups) for the RMSNorm kernels over `items` rows or row blocks (a workgroup walks items z,
+    z + workgroups, ...), within llvmpipe's loop budget at `loops_per_item` iterations per item."""
+    groups = min(items, rt.max_groups)
+    loop_budget(rt, "mamba3_prep", (d.batch, d.length, d.heads), -(-items // groups) * loops_per_item)
+    return 1, 1, groups
+
+
+def rotate_blocks(d: Mamba3Dims) -> int:
+    """Row blocks of mamba3_prep_rotate_backward: the rows of its bias partials."""
+    return -(-d.rows // ROTATE_ROWS)
+
+
+def _block_grid(rt, d: Mamba3Dims, width: int, ys: int, loops_per_block: int):
+    """(ceil(width / 64), ys, row blocks) for the kernels over blocks of ROTATE_ROWS rows (a thread walks blocks
+    z, z + groups, ...), within llvmpipe's loop budget at `loops_per_block` iterations per block."""
+    blocks = rotate_blocks(d)
+    groups = min(blocks, rt.max_groups)
+    loop_budget(rt, "mamba3_prep_backward", (d.batch, d.length, d.heads), -(-blocks // groups) * loops_per_block)
+    return -(-width // 64), ys, groups
+
+
+def mamba3_prep(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tensor, B_bias: Tensor,
+                C_bias: Tensor, mimo_x: Tensor, mimo_z: Tensor, d: Mamba3Dims, a_floor: float, norm_eps: float,
+                segment: int | None = None) -> dict:
+    """-> dict of q, k [M, H, R, N], v, zr [M, H, R, P], adt, dt, lam [M, H], theta [M, H, S]. B_norm_w, C_norm_w
+    [N]: the RMSNorm (epsilon norm_eps) of each (rank, group) of proj's B and C columns, read in place. mimo_x,
+    mimo_z [H, R, P] for MIMO, None for SISO (v = x, zr = z there). SISO stores no zr: "zr" is proj itself, whose
+    first H·P columns are z, and mamba3_finish reads them in place.
 
     `segment`: steps per dispatch of the θ walk (None: all, except on Mesa llvmpipe, whose loop budget sets it)."""
     op = "mamba3_prep"
     d.check(op)
     M, H, R, N, P = d.rows, d.heads, d.rank, d.nstate, d.headdim
     expect(op, "proj", proj, (M, d.cols))
-    expect(op, "Bn", Bn, (M, d.rgn))
-    expect(op, "Cn", Cn, (M, d.rgn))
     expect(op, "dt_bias", dt_bias, (H,))
+    expect(op, "B_norm_w", B_norm_w, (N,))
+    expect(op, "C_norm_w", C_norm_w, (N,))
     for name, t in (("B_bias", B_bias), ("C_bias", C_bias)):
         expect(op, name, t, (H, R, N))
     mimo_x, mimo_z = _mimo_or_stand_in(op, d, dt_bias, mimo_x=mimo_x, mimo_z=mimo_z)
@@ -140,22 +178,31 @@ def mamba3_prep(proj: Tensor, Bn: Tensor, Cn: Tensor, dt_bias: Tensor, B_bias: T
     out = dict(q=rt.empty((M, H, R, N)), k=rt.empty((M, H, R, N)), v=rt.empty((M, H, R, P)),
                zr=rt.empty((M, H, R, P) if d.mimo else (1,)), adt=rt.empty((M, H)), dt=rt.empty((M, H)),
                lam=rt.empty((M, H)), theta=rt.empty((M, H, max(d.angles, 1))))
-    params = _prep_params(d, a_floor)
+    params = _prep_params(d, a_floor, norm_eps)
     if d.angles:
         for t0, t1 in _segments(rt, op, d, segment):
             params.update(seg_begin=t0, seg_end=t1)
             rt.run("mamba3_prep_theta", _walk_grid(d), proj=proj, dt_bias=dt_bias, theta=out["theta"], **params)
     params.update(seg_begin=0, seg_end=d.length)
-    rt.run("mamba3_prep_forward", _item_grid(rt, d, 1 + R), proj=proj, Bn=Bn, Cn=Cn,
-           dt_bias=dt_bias, B_bias=B_bias, C_bias=C_bias, mimo_x=mimo_x, mimo_z=mimo_z, **out, **params)
+    rt.run("mamba3_prep_forward", _item_grid(rt, d, R), proj=proj, mimo_x=mimo_x, mimo_z=mimo_z, v=out["v"],
+           zr=out["zr"], **params)
+    Bn, Cn = rt.empty((M, d.rgn)), rt.empty((M, d.rgn))
+    norm_loops = 1 + 2 * R * d.groups * (1 + norm_threads(d).bit_length())
+    rt.run("mamba3_prep_norm", _norm_grid(rt, d, d.rows, norm_loops), {"NW": norm_threads(d)}, proj=proj,
+           B_norm_w=B_norm_w, C_norm_w=C_norm_w, Bn=Bn, Cn=Cn, **params)
+    rotate_loops = 2 + -(-H // d.rgn) + H // d.groups
+    rt.run("mamba3_prep_rotate", _row_grid(rt, d, d.rgn, 1, rotate_loops), proj=proj, dt_bias=dt_bias, Bn=Bn,
+           Cn=Cn, B_bias=B_bias, C_bias=C_bias, theta=out["theta"], q=out["q"], k=out["k"], dt=out["dt"],
+           adt=out["adt"], lam=out["lam"], **params)
     if not d.mimo:
         out["zr"] = proj  # z in place (the one-element zr bound above was not written)
     return out
 
 
-def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: Tensor, D: Tensor, prep: dict,
-                         dq: Tensor, dk: Tensor, dv: Tensor, dzr: Tensor | None, dadt: Tensor, ddt: Tensor,
-                         dlam: Tensor, dys: Tensor, d: Mamba3Dims, a_floor: float, segment: int | None = None,
+def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tensor, mimo_x: Tensor,
+                         mimo_z: Tensor, D: Tensor, prep: dict, dq: Tensor, dk: Tensor, dv: Tensor,
+                         dzr: Tensor | None, dadt: Tensor, ddt: Tensor, dlam: Tensor, dys: Tensor, d: Mamba3Dims,
+                         a_floor: float, norm_eps: float, segment: int | None = None,
                          dproj: Tensor | None = None) -> dict:
     """Gradients of `mamba3_prep` (dv is the scan's; D·dys, the skip's share, is added here). mimo_x, mimo_z:
     None for SISO.
@@ -164,14 +211,17 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: 
     `mamba3_finish_backward(..., dz_into=dproj)`; this writes the rest of it. MIMO: dzr [M, H, R, P], and dproj
     None (made here).
 
-    -> dict: dproj [M, cols] with every column but B's and C's written, dBn, dCn [M, R·G·N] (summed over the heads
-    of each group, before the bias), dqb, dkb [M, H, R, N] (∂C_bias / ∂B_bias per row), dvx, dzz [M, H, R, P]
-    (∂mimo_x / ∂mimo_z per row; MIMO only, SISO leaves one-element scratch there). `segment` as in
-    `mamba3_prep`."""
+    -> dict: dproj [M, cols], every column written, dB_bias_part, dC_bias_part [rotate_blocks(d), H·R·N] and
+    dB_norm_part, dC_norm_part [rotate_blocks(d), N] (∂B_bias, ∂C_bias, ∂B_norm_w, ∂C_norm_w per block of
+    ROTATE_ROWS rows), ddt_rows [M, H] (dproj's dd_dt columns: ∂dt_bias per row), dvx, dzz
+    [M, H, R, P] (∂mimo_x / ∂mimo_z per row; MIMO only, SISO leaves one-element scratch there); the partials are
+    to be summed over their rows. `segment` as in `mamba3_prep`."""
     op = "mamba3_prep_backward"
     d.check(op)
     M, H, R, N, P, S = d.rows, d.heads, d.rank, d.nstate, d.headdim, d.angles
     rt = proj.runtime
+    expect(op, "B_norm_w", B_norm_w, (N,))
+    expect(op, "C_norm_w", C_norm_w, (N,))
     mimo_x, mimo_z = _mimo_or_stand_in(op, d, dt_bias, mimo_x=mimo_x, mimo_z=mimo_z)
     if d.mimo:
         if dproj is not None:
@@ -186,23 +236,33 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, mimo_x: Tensor, mimo_z: 
         dzr = dt_bias  # not read
     # SISO writes no ∂mimo partials: one-element stand-ins fill those bindings
     mimo_shape = (M, H, R, P) if d.mimo else (1,)
-    res = dict(dproj=dproj, dqb=rt.empty((M, H, R, N)), dkb=rt.empty((M, H, R, N)), dvx=rt.empty(mimo_shape),
-               dzz=rt.empty(mimo_shape))
+    blocks = rotate_blocks(d)
+    res = dict(dproj=dproj, dB_bias_part=rt.empty((blocks, H * R * N)), dC_bias_part=rt.empty((blocks, H * R * N)),
+               dB_norm_part=rt.empty((blocks, N)), dC_norm_part=rt.empty((blocks, N)), ddt_rows=rt.empty((M, H)),
+               dvx=rt.empty(mimo_shape), dzz=rt.empty(mimo_shape))
     dth = rt.empty((M, H, max(S, 1)))  # ∂loss/∂θ per step, then its reverse running sum
-    params = _prep_params(d, a_floor)
-    rt.run("mamba3_prep_backward", _item_grid(rt, d, 1 + R), proj=proj, dt_bias=dt_bias,
-           mimo_x=mimo_x, mimo_z=mimo_z, D=D, lam=prep["lam"], q_in=prep["q"], k_in=prep["k"],
-           theta_in=prep["theta"], dq=dq, dk=dk, dv=dv, dzr=dzr, dadt=dadt, dlam=dlam, dys_in=dys, dth=dth, **res,
-           **params)
+    splits = ROTATE_SPLITS
+    # ∂ of the normalized B, C, summed over each split of a group's heads
+    dBn, dCn = rt.empty((splits, M, d.rgn)), rt.empty((splits, M, d.rgn))
+    params = _prep_params(d, a_floor, norm_eps)
+    rt.run("mamba3_prep_backward", _item_grid(rt, d, R), proj=proj, mimo_x=mimo_x, mimo_z=mimo_z, D=D, dv=dv,
+           dzr=dzr, dys_in=dys, dproj=dproj, dvx=res["dvx"], dzz=res["dzz"], **params)
+    rotate_loops = R * (-(-H // d.groups // splits) * (ROTATE_ROWS + 1) + ROTATE_ROWS + 1)
+    rt.run("mamba3_prep_rotate_backward", _block_grid(rt, d, d.groups * N, splits, rotate_loops), q_in=prep["q"],
+           k_in=prep["k"], theta_in=prep["theta"], dq=dq, dk=dk, dth=dth, dBn=dBn, dCn=dCn,
+           dB_bias_part=res["dB_bias_part"], dC_bias_part=res["dC_bias_part"], **params)
+    norm_loops = 1 + ROTATE_ROWS * (1 + 2 * R * d.groups * (1 + splits + norm_threads(d).bit_length()))
+    rt.run("mamba3_prep_norm_backward", _norm_grid(rt, d, blocks, norm_loops), {"NW": norm_threads(d)},
+           proj=proj, B_norm_w=B_norm_w, C_norm_w=C_norm_w, dBn=dBn, dCn=dCn, dproj=dproj,
+           dB_norm_part=res["dB_norm_part"], dC_norm_part=res["dC_norm_part"], **params)
     if S:
         for t0, t1 in reversed(_segments(rt, op, d, segment)):
             params.update(seg_begin=t0, seg_end=t1)
             rt.run("mamba3_prep_dtheta", _walk_grid(d), dth=dth, **params)
         params.update(seg_begin=0, seg_end=d.length)
-    res["dBn"], res["dCn"] = rt.empty((M, d.rgn)), rt.empty((M, d.rgn))
-    rt.run("mamba3_prep_reduce", _row_grid(rt, d, max(N, S + H), R * d.groups + 1, 1 + max(H, S)), proj=proj,
-           dt_bias=dt_bias, dt_in=prep["dt"], dqb_in=res["dqb"], dkb_in=res["dkb"], dcum_in=dth, ddt=ddt,
-           dadt=dadt, dBn=res["dBn"], dCn=res["dCn"], dproj_out=dproj, **params)
+    rt.run("mamba3_prep_reduce", _row_grid(rt, d, S + H, 1, 1 + max(H, S)), proj=proj, dt_bias=dt_bias,
+           dt_in=prep["dt"], lam=prep["lam"], dcum_in=dth, ddt=ddt, dadt=dadt, dlam=dlam, dproj_out=dproj,
+           ddt_rows=res["ddt_rows"], **params)
     return res
 
 
@@ -220,7 +280,7 @@ def _z_stride(op: str, d: Mamba3Dims, name: str, t: Tensor) -> int:
 
 
 FINISH_GROUP = 64  # mirrors FW in kernels/mamba3_prep.wgsl: the finish kernels' workgroup
-FINISH_LANES = 64  # lanes per (row, head, rank) item on GPUs (the kernel's FL); CPU adapters take 1
+FINISH_LANES = 16  # lanes per (row, head, rank) item on GPUs (the kernel's FL); CPU adapters take 1
 
 
 def finish_lanes(rt, lanes: int | None = None) -> int:
