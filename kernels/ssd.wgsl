@@ -89,7 +89,7 @@ struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nsta
 @group(0) @binding(14) var<storage, read> skip: array<f32>;         // D [H]
 @group(0) @binding(15) var<storage, read_write> out: array<f32>;
 @group(0) @binding(17) var<storage, read> saved_states: array<f32>; // E [B, nchunks, H, P, N]
-@group(0) @binding(18) var<storage, read_write> w_part: array<f32>;  // [B, H, nchunks, ceil(P·N / WG)]: W_c
+@group(0) @binding(18) var<storage, read_write> w_part: array<f32>;  // [B, H, nchunks, ceil(P·N / pass_span())]: W_c
 @group(0) @binding(19) var<storage, read> b_in: array<f32>;
 @group(0) @binding(20) var<storage, read> c_in: array<f32>;
 @group(0) @binding(21) var<storage, read> x: array<f32>;
@@ -243,59 +243,106 @@ fn ssd_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id)
 
 fn cs_end_of(b: u32, h: u32, c: u32) -> f32 { return dec[dec_base(b, h, c) + CS * d.chunk + d.chunk - 1u]; }
 
+// The state walks give each thread PASS_ELEMS state elements, e0 + j·WG (j < PASS_ELEMS ≤ 4; coalesced): the
+// walks are serial over chunks, so the loads in flight per thread set their speed (ssd_state_passing_backward's
+// workgroup sum per chunk is also paid once per PASS_ELEMS elements).
+override PASS_ELEMS: u32 = 4u;
+fn pass_span() -> u32 { return WG * PASS_ELEMS; }
+
 // In place: the states each chunk adds become the states entering each chunk, E_0 = 0,
 // E_{c+1} = exp(cs_end_c) E_c + added_c; E_nchunks, the state after the last step, goes to last_state
-// [B, H, P, N] (the recurrent decoding state). One thread per (b, h, state element), chunks [seg_lo, seg_hi)
-// (E_seg_lo carried in last_state from the previous segment). Grid grid_1d(B·H·P·N).
+// [B, H, P, N] (the recurrent decoding state). Chunks [seg_lo, seg_hi) (E_seg_lo carried in last_state from the
+// previous segment). Grid (ceil(P·N / pass_span()), H, B).
 @compute @workgroup_size(256)
-fn ssd_state_passing(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = gid.y * nwg.x * WG + gid.x;
+fn ssd_state_passing(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let pn = d.headdim * d.nstate;
-    if (i >= d.batch * d.heads * pn) { return; }
-    let e = i % pn;
-    let h = (i / pn) % d.heads;
-    let b = i / (pn * d.heads);
-    var run = 0.0;
-    if (d.seg_lo > 0u) { run = last_state[i]; }
+    let e0 = wid.x * pass_span() + lid.x;
+    let h = wid.y;
+    let b = wid.z;
+    let li = (b * d.heads + h) * pn;
+    var run: array<f32, 4>;
+    if (d.seg_lo > 0u) {
+        for (var j = 0u; j < PASS_ELEMS; j++) {
+            if (e0 + j * WG < pn) { run[j] = last_state[li + e0 + j * WG]; }
+        }
+    }
     for (var c = d.seg_lo; c < d.seg_hi; c++) {
-        let k = ((b * d.nchunks + c) * d.heads + h) * pn + e;
-        let added = states[k];
-        states[k] = run;
-        run = exp(cs_end_of(b, h, c)) * run + added;
+        let k0 = ((b * d.nchunks + c) * d.heads + h) * pn + e0;
+        let decay = exp(cs_end_of(b, h, c));
+        var added: array<f32, 4>;
+        for (var j = 0u; j < PASS_ELEMS; j++) {  // all loads first: in flight together
+            if (e0 + j * WG < pn) { added[j] = states[k0 + j * WG]; }
+        }
+        for (var j = 0u; j < PASS_ELEMS; j++) {
+            if (e0 + j * WG < pn) { states[k0 + j * WG] = run[j]; }
+            run[j] = decay * run[j] + added[j];
+        }
     }
     // The padding past L has s = a = 0 (no decay, nothing added), so this is the state after step L − 1.
-    last_state[i] = run;
+    for (var j = 0u; j < PASS_ELEMS; j++) {
+        if (e0 + j * WG < pn) { last_state[li + e0 + j * WG] = run[j]; }
+    }
 }
 
 // In place, last chunk to first: the in-chunk parts of dE become dS_c = dE_{c+1}, with
-// dE_c = part_c + exp(cs_end_c) dE_{c+1}; and W_c = exp(cs_end_c)⟨E_c, dS_c⟩ per workgroup of WG state
-// elements goes to w_part. Chunks [seg_lo, seg_hi), dE_seg_hi carried in `carry` from the previous segment
-// (the later chunks). Grid (ceil(P·N / WG), H, B).
+// dE_c = part_c + exp(cs_end_c) dE_{c+1}; and W_c = exp(cs_end_c)⟨E_c, dS_c⟩ per workgroup of pass_span()
+// state elements goes to w_part. Chunks [seg_lo, seg_hi), dE_seg_hi carried in `carry` from the previous
+// segment (the later chunks). A chunk's loads are issued before the previous chunk's workgroup sum, so that
+// they are in flight during its barriers. Grid (ceil(P·N / pass_span()), H, B).
 @compute @workgroup_size(256)
 fn ssd_state_passing_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                               @builtin(local_invocation_id) lid: vec3<u32>) {
     let pn = d.headdim * d.nstate;
-    let e = wid.x * WG + lid.x;
+    let e0 = wid.x * pass_span() + lid.x;
     let h = wid.y;
     let b = wid.z;
-    let ci = (b * d.heads + h) * pn + e;
-    var run = 0.0;
-    if (d.seg_hi < d.nchunks && e < pn) { run = carry[ci]; }
+    let ci = (b * d.heads + h) * pn + e0;
+    var run: array<f32, 4>;
+    var part: array<f32, 4>;   // the next chunk's in-chunk part of dE and saved state E
+    var saved: array<f32, 4>;
+    if (d.seg_hi < d.nchunks) {
+        for (var j = 0u; j < PASS_ELEMS; j++) {
+            if (e0 + j * WG < pn) { run[j] = carry[ci + j * WG]; }
+        }
+    }
+    if (d.seg_hi > d.seg_lo) {
+        let k0 = ((b * d.nchunks + d.seg_hi - 1u) * d.heads + h) * pn + e0;
+        for (var j = 0u; j < PASS_ELEMS; j++) {
+            if (e0 + j * WG < pn) {
+                part[j] = states[k0 + j * WG];
+                saved[j] = saved_states[k0 + j * WG];
+            }
+        }
+    }
     for (var c = d.seg_hi; c > d.seg_lo; c--) {
-        let k = ((b * d.nchunks + c - 1u) * d.heads + h) * pn + e;
+        let k0 = ((b * d.nchunks + c - 1u) * d.heads + h) * pn + e0;
         let decay = exp(cs_end_of(b, h, c - 1u));
-        var part = 0.0;
+        let this_part = part;
         var prod = 0.0;
-        if (e < pn) {
-            part = states[k];
-            states[k] = run;
-            prod = run * saved_states[k];
+        for (var j = 0u; j < PASS_ELEMS; j++) {
+            if (e0 + j * WG < pn) {
+                states[k0 + j * WG] = run[j];
+                prod += run[j] * saved[j];
+            }
+        }
+        if (c - 1u > d.seg_lo) {  // chunk c − 2's inputs
+            let k1 = k0 - d.heads * pn;
+            for (var j = 0u; j < PASS_ELEMS; j++) {
+                if (e0 + j * WG < pn) {
+                    part[j] = states[k1 + j * WG];
+                    saved[j] = saved_states[k1 + j * WG];
+                }
+            }
         }
         let total = workgroup_sum(prod, lid.x);
         if (lid.x == 0u) { w_part[((b * d.heads + h) * d.nchunks + c - 1u) * nwg.x + wid.x] = decay * total; }
-        run = part + decay * run;
+        for (var j = 0u; j < PASS_ELEMS; j++) { run[j] = this_part[j] + decay * run[j]; }
     }
-    if (d.seg_lo > 0u && e < pn) { carry[ci] = run; }
+    if (d.seg_lo > 0u) {
+        for (var j = 0u; j < PASS_ELEMS; j++) {
+            if (e0 + j * WG < pn) { carry[ci + j * WG] = run[j]; }
+        }
+    }
 }
 
 // Per (chunk, head, batch), from ssd_tile's per-row pieces: dscale_σ = x_σ·dxd_σ (HAS_DIAG: ddiag_σ from
@@ -321,7 +368,7 @@ fn ssd_rows_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     let tiles_q = (q + TILE - 1u) / TILE;
     let npairs = tiles_q * (tiles_q + 1u) / 2u;
     let live_rows = (steps + TILE - 1u) / TILE;  // row tiles with any valid position
-    let state_tiles = (d.headdim * d.nstate + WG - 1u) / WG;
+    let state_tiles = (d.headdim * d.nstate + pass_span() - 1u) / pass_span();
     let bhc = (b * d.heads + h) * d.nchunks + c;
     var w_term = 0.0;
     for (var k = 0u; k < state_tiles; k++) { w_term += w_part[bhc * state_tiles + k]; }

@@ -63,8 +63,13 @@ M_CB, M_Y, M_STATE, M_DXD, M_DCB, M_DB, M_DC = range(7)
 
 # --- loop iterations per shader invocation (upper bounds, no loop unrolled), for Mesa llvmpipe's budget ---------
 REDUCE = 8  # log2(WORKGROUP) rounds of workgroup_sum / exclusive_prefix
-PASSING_LOOPS = 1  # ssd_state_passing per chunk
-PASSING_BACKWARD_LOOPS = 1 + REDUCE  # ssd_state_passing_backward per chunk (a workgroup sum of W_c each)
+# The state walks' elements per thread (kernels/ssd.wgsl's PASS_ELEMS, 1..4): the walks are serial over chunks, so
+# the loads a thread has in flight set their speed
+PASSING_ELEMS = 4
+PASSING_LOOPS = 1 + 2 * 4  # ssd_state_passing per chunk (its loads, then its stores, of up to 4 elements)
+# ssd_state_passing_backward per chunk: the stores, the next chunk's loads, a workgroup sum of W_c
+PASSING_BACKWARD_LOOPS = 1 + 2 * 4 + REDUCE
+PASSING_FIXED = 3 * 4  # either walk per dispatch: the carried state in, the first loads, the carried state out
 # ssd_param_grads: a thread takes every 64th partial, then 6 tree rounds; charged as one loop per partial (more)
 
 
@@ -86,6 +91,13 @@ def kernel_chunk(rt, length: int, heads: int, groups: int) -> int:
     else:
         chunk = GPU_CHUNK_PER_HEAD if groups == heads else GPU_CHUNK_SHARED
     return max(1, min(chunk, length))
+
+
+def passing_span() -> int:
+    """State elements per workgroup of the state walks (and so per W_c partial in w_part)."""
+    if not 1 <= PASSING_ELEMS <= 4:
+        raise ValueError(f"PASSING_ELEMS is {PASSING_ELEMS}; the state walks take 1 to 4 elements a thread")
+    return WORKGROUP * PASSING_ELEMS
 
 
 def _min_split(hpg: int) -> int:
@@ -274,11 +286,13 @@ def state_passing(rt, dims: dict, dec: Tensor, states: Tensor, last_state: Tenso
     """ssd_state_passing over the chunks, in dispatch segments of `segment` chunks (None: all of them, except on
     llvmpipe, whose loop budget sets it); E carried between segments in last_state."""
     nc = dims["nchunks"]
-    seg = segment_length(rt, "ssd_chunked (ssd_state_passing)", shape, nc, PASSING_LOOPS, segment=segment)
+    seg = segment_length(rt, "ssd_chunked (ssd_state_passing)", shape, nc, PASSING_LOOPS, PASSING_FIXED,
+                         segment=segment)
     pn = dims["headdim"] * dims["nstate"]
     for lo, hi in segments(nc, seg):
-        rt.run("ssd_state_passing", grid_1d(dims["batch"] * dims["heads"] * pn), dec=dec, states=states,
-               last_state=last_state, **{**dims, "seg_lo": lo, "seg_hi": hi})
+        rt.run("ssd_state_passing", (_cdiv(pn, passing_span()), dims["heads"], dims["batch"]),
+               {"PASS_ELEMS": PASSING_ELEMS}, dec=dec, states=states, last_state=last_state,
+               **{**dims, "seg_lo": lo, "seg_hi": hi})
 
 
 def state_passing_backward(rt, dims: dict, dec: Tensor, dstates: Tensor, saved_states: Tensor, w_part: Tensor,
@@ -287,11 +301,11 @@ def state_passing_backward(rt, dims: dict, dec: Tensor, dstates: Tensor, saved_s
     between segments in a [B, H, P·N] buffer)."""
     nc, pn = dims["nchunks"], dims["headdim"] * dims["nstate"]
     seg = segment_length(rt, "ssd_chunked_backward (ssd_state_passing_backward)", shape, nc,
-                         PASSING_BACKWARD_LOOPS, segment=segment)
+                         PASSING_BACKWARD_LOOPS, PASSING_FIXED, segment=segment)
     carry = rt.empty((dims["batch"], dims["heads"], pn) if seg < nc else (1,))
     for lo, hi in reversed(segments(nc, seg)):
-        rt.run("ssd_state_passing_backward", (_cdiv(pn, WORKGROUP), dims["heads"], dims["batch"]), dec=dec,
-               states=dstates, saved_states=saved_states, w_part=w_part, carry=carry,
+        rt.run("ssd_state_passing_backward", (_cdiv(pn, passing_span()), dims["heads"], dims["batch"]),
+               {"PASS_ELEMS": PASSING_ELEMS}, dec=dec, states=dstates, saved_states=saved_states, w_part=w_part, carry=carry,
                **{**dims, "seg_lo": lo, "seg_hi": hi})
 
 
@@ -411,7 +425,7 @@ def ssd_chunked_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor
     # The in-chunk part of dE, turned in place into dS_c = dE_{c+1}, with the partials of W_c.
     dstates = rt.empty(s.states.shape)
     _tile(rt, dims, M_STATE, grids["state"], dec, {"GRAD": True}, dyv=dy, cv=s.C, tile_out=dstates)
-    state_tiles = -(-headdim * nstate // WORKGROUP)
+    state_tiles = _cdiv(headdim * nstate, passing_span())
     w_part = rt.empty((batch, heads, nc, state_tiles))
     state_passing_backward(rt, dims, dec, dstates, s.states, w_part, shape, segment)
     rows = (batch, heads, nc, tp, s.chunk)
@@ -439,7 +453,8 @@ def ssd_chunked_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor
     dadt, dscale = rt.empty(s.adt.shape), rt.empty(s.scale.shape)
     ddiag = rt.empty(s.adt.shape) if has_diag else None
     param_part = rt.empty((batch, nc, heads) if has_d else (1,))
-    rt.run("ssd_rows_backward", (nc, heads, batch), {"HAS_D": has_d, "HAS_DIAG": has_diag, "DC_U": dc_u},
+    rt.run("ssd_rows_backward", (nc, heads, batch),
+           {"HAS_D": has_d, "HAS_DIAG": has_diag, "DC_U": dc_u, "PASS_ELEMS": PASSING_ELEMS},
            u_part=u_part,
            row_part=xd_part, row_part2=v_part, row_part3=diag_part, w_part=w_part, x_part=x_part, tile_part=d_part,
            dadt=dadt, dscale=dscale, ddiag=ddiag if has_diag else rt.empty((1,)), param_part=param_part, **dims)
