@@ -243,52 +243,43 @@ fn ssd_prep(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id)
 
 fn cs_end_of(b: u32, h: u32, c: u32) -> f32 { return dec[dec_base(b, h, c) + CS * d.chunk + d.chunk - 1u]; }
 
-// The state walks give each thread PASS_ELEMS state elements, e0 + j·WG (j < PASS_ELEMS ≤ 4; coalesced): the
-// walks are serial over chunks, so the loads in flight per thread set their speed (ssd_state_passing_backward's
-// workgroup sum per chunk is also paid once per PASS_ELEMS elements).
-override PASS_ELEMS: u32 = 4u;
-fn pass_span() -> u32 { return WG * PASS_ELEMS; }
-
 // In place: the states each chunk adds become the states entering each chunk, E_0 = 0,
 // E_{c+1} = exp(cs_end_c) E_c + added_c; E_nchunks, the state after the last step, goes to last_state
-// [B, H, P, N] (the recurrent decoding state). Chunks [seg_lo, seg_hi) (E_seg_lo carried in last_state from the
-// previous segment). Grid (ceil(P·N / pass_span()), H, B).
+// [B, H, P, N] (the recurrent decoding state). One thread per (b, h, state element), chunks [seg_lo, seg_hi)
+// (E_seg_lo carried in last_state from the previous segment). Grid grid_1d(B·H·P·N).
 @compute @workgroup_size(256)
-fn ssd_state_passing(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn ssd_state_passing(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.y * nwg.x * WG + gid.x;
     let pn = d.headdim * d.nstate;
-    let e0 = wid.x * pass_span() + lid.x;
-    let h = wid.y;
-    let b = wid.z;
-    let li = (b * d.heads + h) * pn;
-    var run: array<f32, 4>;
-    if (d.seg_lo > 0u) {
-        for (var j = 0u; j < PASS_ELEMS; j++) {
-            if (e0 + j * WG < pn) { run[j] = last_state[li + e0 + j * WG]; }
-        }
-    }
+    if (i >= d.batch * d.heads * pn) { return; }
+    let e = i % pn;
+    let h = (i / pn) % d.heads;
+    let b = i / (pn * d.heads);
+    var run = 0.0;
+    if (d.seg_lo > 0u) { run = last_state[i]; }
     for (var c = d.seg_lo; c < d.seg_hi; c++) {
-        let k0 = ((b * d.nchunks + c) * d.heads + h) * pn + e0;
-        let decay = exp(cs_end_of(b, h, c));
-        var added: array<f32, 4>;
-        for (var j = 0u; j < PASS_ELEMS; j++) {  // all loads first: in flight together
-            if (e0 + j * WG < pn) { added[j] = states[k0 + j * WG]; }
-        }
-        for (var j = 0u; j < PASS_ELEMS; j++) {
-            if (e0 + j * WG < pn) { states[k0 + j * WG] = run[j]; }
-            run[j] = decay * run[j] + added[j];
-        }
+        let k = ((b * d.nchunks + c) * d.heads + h) * pn + e;
+        let added = states[k];
+        states[k] = run;
+        run = exp(cs_end_of(b, h, c)) * run + added;
     }
     // The padding past L has s = a = 0 (no decay, nothing added), so this is the state after step L − 1.
-    for (var j = 0u; j < PASS_ELEMS; j++) {
-        if (e0 + j * WG < pn) { last_state[li + e0 + j * WG] = run[j]; }
-    }
+    last_state[i] = run;
 }
+
+// ssd_state_passing_backward gives each thread PASS_ELEMS (1..4) state elements e0 + j·WG (coalesced), held as
+// the components of vec4s: its workgroup sum per chunk is then paid once per PASS_ELEMS elements, and more loads
+// are in flight a thread.
+override PASS_ELEMS: u32 = 4u;
+fn pass_span() -> u32 { return WG * PASS_ELEMS; }
+// Whether element j (e0 + j·WG) of this thread exists.
+fn pass_has(j: u32, e0: u32, pn: u32) -> bool { return j < PASS_ELEMS && e0 + j * WG < pn; }
 
 // In place, last chunk to first: the in-chunk parts of dE become dS_c = dE_{c+1}, with
 // dE_c = part_c + exp(cs_end_c) dE_{c+1}; and W_c = exp(cs_end_c)⟨E_c, dS_c⟩ per workgroup of pass_span()
 // state elements goes to w_part. Chunks [seg_lo, seg_hi), dE_seg_hi carried in `carry` from the previous
-// segment (the later chunks). A chunk's loads are issued before the previous chunk's workgroup sum, so that
-// they are in flight during its barriers. Grid (ceil(P·N / pass_span()), H, B).
+// segment (the later chunks). A chunk's loads are issued before the workgroup sum of the chunk after it, so
+// they are in flight during its barriers. Elements that do not exist stay 0. Grid (ceil(P·N / pass_span()), H, B).
 @compute @workgroup_size(256)
 fn ssd_state_passing_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                               @builtin(local_invocation_id) lid: vec3<u32>) {
@@ -297,51 +288,47 @@ fn ssd_state_passing_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(nu
     let h = wid.y;
     let b = wid.z;
     let ci = (b * d.heads + h) * pn + e0;
-    var run: array<f32, 4>;
-    var part: array<f32, 4>;   // the next chunk's in-chunk part of dE and saved state E
-    var saved: array<f32, 4>;
+    let has = vec4<bool>(pass_has(0u, e0, pn), pass_has(1u, e0, pn), pass_has(2u, e0, pn), pass_has(3u, e0, pn));
+    var run = vec4<f32>(0.0);
+    var part = vec4<f32>(0.0);   // the next chunk's in-chunk part of dE and saved state E
+    var saved = vec4<f32>(0.0);
     if (d.seg_hi < d.nchunks) {
-        for (var j = 0u; j < PASS_ELEMS; j++) {
-            if (e0 + j * WG < pn) { run[j] = carry[ci + j * WG]; }
-        }
+        if (has.x) { run.x = carry[ci]; }
+        if (has.y) { run.y = carry[ci + WG]; }
+        if (has.z) { run.z = carry[ci + 2u * WG]; }
+        if (has.w) { run.w = carry[ci + 3u * WG]; }
     }
+    var k = ((b * d.nchunks + d.seg_hi - 1u) * d.heads + h) * pn + e0;  // chunk c − 1's elements
     if (d.seg_hi > d.seg_lo) {
-        let k0 = ((b * d.nchunks + d.seg_hi - 1u) * d.heads + h) * pn + e0;
-        for (var j = 0u; j < PASS_ELEMS; j++) {
-            if (e0 + j * WG < pn) {
-                part[j] = states[k0 + j * WG];
-                saved[j] = saved_states[k0 + j * WG];
-            }
-        }
+        if (has.x) { part.x = states[k]; saved.x = saved_states[k]; }
+        if (has.y) { part.y = states[k + WG]; saved.y = saved_states[k + WG]; }
+        if (has.z) { part.z = states[k + 2u * WG]; saved.z = saved_states[k + 2u * WG]; }
+        if (has.w) { part.w = states[k + 3u * WG]; saved.w = saved_states[k + 3u * WG]; }
     }
     for (var c = d.seg_hi; c > d.seg_lo; c--) {
-        let k0 = ((b * d.nchunks + c - 1u) * d.heads + h) * pn + e0;
         let decay = exp(cs_end_of(b, h, c - 1u));
         let this_part = part;
-        var prod = 0.0;
-        for (var j = 0u; j < PASS_ELEMS; j++) {
-            if (e0 + j * WG < pn) {
-                states[k0 + j * WG] = run[j];
-                prod += run[j] * saved[j];
-            }
-        }
+        let prod = dot(run, saved);
+        if (has.x) { states[k] = run.x; }
+        if (has.y) { states[k + WG] = run.y; }
+        if (has.z) { states[k + 2u * WG] = run.z; }
+        if (has.w) { states[k + 3u * WG] = run.w; }
         if (c - 1u > d.seg_lo) {  // chunk c − 2's inputs
-            let k1 = k0 - d.heads * pn;
-            for (var j = 0u; j < PASS_ELEMS; j++) {
-                if (e0 + j * WG < pn) {
-                    part[j] = states[k1 + j * WG];
-                    saved[j] = saved_states[k1 + j * WG];
-                }
-            }
+            k -= d.heads * pn;
+            if (has.x) { part.x = states[k]; saved.x = saved_states[k]; }
+            if (has.y) { part.y = states[k + WG]; saved.y = saved_states[k + WG]; }
+            if (has.z) { part.z = states[k + 2u * WG]; saved.z = saved_states[k + 2u * WG]; }
+            if (has.w) { part.w = states[k + 3u * WG]; saved.w = saved_states[k + 3u * WG]; }
         }
         let total = workgroup_sum(prod, lid.x);
         if (lid.x == 0u) { w_part[((b * d.heads + h) * d.nchunks + c - 1u) * nwg.x + wid.x] = decay * total; }
-        for (var j = 0u; j < PASS_ELEMS; j++) { run[j] = this_part[j] + decay * run[j]; }
+        run = this_part + decay * run;
     }
     if (d.seg_lo > 0u) {
-        for (var j = 0u; j < PASS_ELEMS; j++) {
-            if (e0 + j * WG < pn) { carry[ci + j * WG] = run[j]; }
-        }
+        if (has.x) { carry[ci] = run.x; }
+        if (has.y) { carry[ci + WG] = run.y; }
+        if (has.z) { carry[ci + 2u * WG] = run.z; }
+        if (has.w) { carry[ci + 3u * WG] = run.w; }
     }
 }
 

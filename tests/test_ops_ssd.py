@@ -347,7 +347,7 @@ def test_kernel_chunk_is_the_ops_choice(rt, monkeypatch):
 
 @pytest.mark.parametrize("elems", [1, 3, 4])
 def test_state_walks_per_thread_elements(rt, monkeypatch, elems):
-    """The state walks (forward, backward) at 1..4 elements a thread against float64 recurrences: P·N = 9·130 =
+    """The state walks (the backward at 1..4 elements a thread) against float64 recurrences: P·N = 9·130 =
     1170 spans two workgroups at every setting, the last one partial; all outputs start poisoned (NaN)."""
     monkeypatch.setattr(ssd_op, "PASSING_ELEMS", elems)
     rng = np.random.default_rng(11)

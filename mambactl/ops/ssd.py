@@ -63,13 +63,11 @@ M_CB, M_Y, M_STATE, M_DXD, M_DCB, M_DB, M_DC = range(7)
 
 # --- loop iterations per shader invocation (upper bounds, no loop unrolled), for Mesa llvmpipe's budget ---------
 REDUCE = 8  # log2(WORKGROUP) rounds of workgroup_sum / exclusive_prefix
-# The state walks' elements per thread (kernels/ssd.wgsl's PASS_ELEMS, 1..4): the walks are serial over chunks, so
-# the loads a thread has in flight set their speed
+# ssd_state_passing_backward's state elements per thread (kernels/ssd.wgsl's PASS_ELEMS, 1..4; the forward walk
+# takes one)
 PASSING_ELEMS = 4
-PASSING_LOOPS = 1 + 2 * 4  # ssd_state_passing per chunk (its loads, then its stores, of up to 4 elements)
-# ssd_state_passing_backward per chunk: the stores, the next chunk's loads, a workgroup sum of W_c
-PASSING_BACKWARD_LOOPS = 1 + 2 * 4 + REDUCE
-PASSING_FIXED = 3 * 4  # either walk per dispatch: the carried state in, the first loads, the carried state out
+PASSING_LOOPS = 1  # ssd_state_passing per chunk
+PASSING_BACKWARD_LOOPS = 1 + REDUCE  # ssd_state_passing_backward per chunk (a workgroup sum of W_c each)
 # ssd_param_grads: a thread takes every 64th partial, then 6 tree rounds; charged as one loop per partial (more)
 
 
@@ -94,9 +92,9 @@ def kernel_chunk(rt, length: int, heads: int, groups: int) -> int:
 
 
 def passing_span() -> int:
-    """State elements per workgroup of the state walks (and so per W_c partial in w_part)."""
+    """State elements per workgroup of ssd_state_passing_backward (and so per W_c partial in w_part)."""
     if not 1 <= PASSING_ELEMS <= 4:
-        raise ValueError(f"PASSING_ELEMS is {PASSING_ELEMS}; the state walks take 1 to 4 elements a thread")
+        raise ValueError(f"PASSING_ELEMS is {PASSING_ELEMS}; ssd_state_passing_backward takes 1 to 4 a thread")
     return WORKGROUP * PASSING_ELEMS
 
 
@@ -286,13 +284,11 @@ def state_passing(rt, dims: dict, dec: Tensor, states: Tensor, last_state: Tenso
     """ssd_state_passing over the chunks, in dispatch segments of `segment` chunks (None: all of them, except on
     llvmpipe, whose loop budget sets it); E carried between segments in last_state."""
     nc = dims["nchunks"]
-    seg = segment_length(rt, "ssd_chunked (ssd_state_passing)", shape, nc, PASSING_LOOPS, PASSING_FIXED,
-                         segment=segment)
+    seg = segment_length(rt, "ssd_chunked (ssd_state_passing)", shape, nc, PASSING_LOOPS, segment=segment)
     pn = dims["headdim"] * dims["nstate"]
     for lo, hi in segments(nc, seg):
-        rt.run("ssd_state_passing", (_cdiv(pn, passing_span()), dims["heads"], dims["batch"]),
-               {"PASS_ELEMS": PASSING_ELEMS}, dec=dec, states=states, last_state=last_state,
-               **{**dims, "seg_lo": lo, "seg_hi": hi})
+        rt.run("ssd_state_passing", grid_1d(dims["batch"] * dims["heads"] * pn), dec=dec, states=states,
+               last_state=last_state, **{**dims, "seg_lo": lo, "seg_hi": hi})
 
 
 def state_passing_backward(rt, dims: dict, dec: Tensor, dstates: Tensor, saved_states: Tensor, w_part: Tensor,
@@ -301,7 +297,7 @@ def state_passing_backward(rt, dims: dict, dec: Tensor, dstates: Tensor, saved_s
     between segments in a [B, H, P·N] buffer)."""
     nc, pn = dims["nchunks"], dims["headdim"] * dims["nstate"]
     seg = segment_length(rt, "ssd_chunked_backward (ssd_state_passing_backward)", shape, nc,
-                         PASSING_BACKWARD_LOOPS, PASSING_FIXED, segment=segment)
+                         PASSING_BACKWARD_LOOPS, segment=segment)
     carry = rt.empty((dims["batch"], dims["heads"], pn) if seg < nc else (1,))
     for lo, hi in reversed(segments(nc, seg)):
         rt.run("ssd_state_passing_backward", (_cdiv(pn, passing_span()), dims["heads"], dims["batch"]),
