@@ -257,15 +257,25 @@ fn ssd_state_passing(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
     let b = i / (pn * d.heads);
     var run = 0.0;
     if (d.seg_lo > 0u) { run = last_state[i]; }
+    var k = ((b * d.nchunks + d.seg_lo) * d.heads + h) * pn + e;
+    var next = 0.0;  // with PASS_AHEAD: the next chunk's added state, loaded one chunk ahead
+    if (PASS_AHEAD && d.seg_lo < d.seg_hi) { next = states[k]; }
     for (var c = d.seg_lo; c < d.seg_hi; c++) {
-        let k = ((b * d.nchunks + c) * d.heads + h) * pn + e;
-        let added = states[k];
+        var added = next;
+        if (PASS_AHEAD) {
+            if (c + 1u < d.seg_hi) { next = states[k + d.heads * pn]; }
+        } else {
+            added = states[k];
+        }
         states[k] = run;
         run = exp(cs_end_of(b, h, c)) * run + added;
+        k += d.heads * pn;
     }
     // The padding past L has s = a = 0 (no decay, nothing added), so this is the state after step L − 1.
     last_state[i] = run;
 }
+
+override PASS_AHEAD: bool = true;  // ssd_state_passing loads each chunk's added state one chunk ahead
 
 // ssd_state_passing_backward gives each thread PASS_ELEMS (1..4) state elements e0 + j·WG (coalesced), held as
 // the components of vec4s: its workgroup sum per chunk is then paid once per PASS_ELEMS elements, and more loads
@@ -274,6 +284,33 @@ override PASS_ELEMS: u32 = 4u;
 fn pass_span() -> u32 { return WG * PASS_ELEMS; }
 // Whether element j (e0 + j·WG) of this thread exists.
 fn pass_has(j: u32, e0: u32, pn: u32) -> bool { return j < PASS_ELEMS && e0 + j * WG < pn; }
+// Chunks (1..4) whose W_c workgroup sums ssd_state_passing_backward does together: one tree over t_red's four
+// rows of WG floats, each row summed in workgroup_sum's order (so the same bits for any batch).
+override W_BATCH: u32 = 4u;
+
+// The workgroup sums of the pending products (component j: the j-th chunk of the batch, chunk c_first − j) into
+// w_part, for the first `pending` of them (uniform over the workgroup).
+fn flush_w(pend: vec4<f32>, pending: u32, c_first: u32, b: u32, h: u32, t: u32, slot: u32, slots: u32) {
+    t_red[t] = pend.x;
+    t_red[WG + t] = pend.y;
+    t_red[2u * WG + t] = pend.z;
+    t_red[3u * WG + t] = pend.w;
+    workgroupBarrier();
+    for (var half = WG / 2u; half > 0u; half >>= 1u) {
+        if (t < half) {
+            t_red[t] += t_red[t + half];
+            t_red[WG + t] += t_red[WG + t + half];
+            t_red[2u * WG + t] += t_red[2u * WG + t + half];
+            t_red[3u * WG + t] += t_red[3u * WG + t + half];
+        }
+        workgroupBarrier();
+    }
+    if (t < pending) {
+        let c = c_first - t;
+        w_part[((b * d.heads + h) * d.nchunks + c) * slots + slot] = exp(cs_end_of(b, h, c)) * t_red[t * WG];
+    }
+    workgroupBarrier();  // t_red is reused by the next batch
+}
 
 // In place, last chunk to first: the in-chunk parts of dE become dS_c = dE_{c+1}, with
 // dE_c = part_c + exp(cs_end_c) dE_{c+1}; and W_c = exp(cs_end_c)⟨E_c, dS_c⟩ per workgroup of pass_span()
@@ -305,10 +342,13 @@ fn ssd_state_passing_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(nu
         if (has.z) { part.z = states[k + 2u * WG]; saved.z = saved_states[k + 2u * WG]; }
         if (has.w) { part.w = states[k + 3u * WG]; saved.w = saved_states[k + 3u * WG]; }
     }
+    var pend = vec4<f32>(0.0);  // this batch's products ⟨dS_c, E_c⟩ (this thread's part), component = slot
+    var pending = 0u;
     for (var c = d.seg_hi; c > d.seg_lo; c--) {
         let decay = exp(cs_end_of(b, h, c - 1u));
         let this_part = part;
-        let prod = dot(run, saved);
+        pend = select(pend, vec4<f32>(dot(run, saved)), vec4<u32>(0u, 1u, 2u, 3u) == vec4<u32>(pending));
+        pending += 1u;
         if (has.x) { states[k] = run.x; }
         if (has.y) { states[k + WG] = run.y; }
         if (has.z) { states[k + 2u * WG] = run.z; }
@@ -320,8 +360,10 @@ fn ssd_state_passing_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(nu
             if (has.z) { part.z = states[k + 2u * WG]; saved.z = saved_states[k + 2u * WG]; }
             if (has.w) { part.w = states[k + 3u * WG]; saved.w = saved_states[k + 3u * WG]; }
         }
-        let total = workgroup_sum(prod, lid.x);
-        if (lid.x == 0u) { w_part[((b * d.heads + h) * d.nchunks + c - 1u) * nwg.x + wid.x] = decay * total; }
+        if (pending == W_BATCH || c - 1u == d.seg_lo) {
+            flush_w(pend, pending, c - 2u + pending, b, h, lid.x, wid.x, nwg.x);
+            pending = 0u;
+        }
         run = this_part + decay * run;
     }
     if (d.seg_lo > 0u) {

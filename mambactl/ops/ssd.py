@@ -66,6 +66,8 @@ REDUCE = 8  # log2(WORKGROUP) rounds of workgroup_sum / exclusive_prefix
 # ssd_state_passing_backward's state elements per thread (kernels/ssd.wgsl's PASS_ELEMS, 1..4; the forward walk
 # takes one)
 PASSING_ELEMS = 4
+PASSING_AHEAD = 1  # ssd_state_passing loads a chunk ahead (PASS_AHEAD there)
+PASSING_W_BATCH = 4  # its chunks per batch of W_c workgroup sums (W_BATCH there, 1..4)
 PASSING_LOOPS = 1  # ssd_state_passing per chunk
 PASSING_BACKWARD_LOOPS = 1 + REDUCE  # ssd_state_passing_backward per chunk (a workgroup sum of W_c each)
 # ssd_param_grads: a thread takes every 64th partial, then 6 tree rounds; charged as one loop per partial (more)
@@ -287,8 +289,8 @@ def state_passing(rt, dims: dict, dec: Tensor, states: Tensor, last_state: Tenso
     seg = segment_length(rt, "ssd_chunked (ssd_state_passing)", shape, nc, PASSING_LOOPS, segment=segment)
     pn = dims["headdim"] * dims["nstate"]
     for lo, hi in segments(nc, seg):
-        rt.run("ssd_state_passing", grid_1d(dims["batch"] * dims["heads"] * pn), dec=dec, states=states,
-               last_state=last_state, **{**dims, "seg_lo": lo, "seg_hi": hi})
+        rt.run("ssd_state_passing", grid_1d(dims["batch"] * dims["heads"] * pn), {"PASS_AHEAD": bool(PASSING_AHEAD)},
+               dec=dec, states=states, last_state=last_state, **{**dims, "seg_lo": lo, "seg_hi": hi})
 
 
 def state_passing_backward(rt, dims: dict, dec: Tensor, dstates: Tensor, saved_states: Tensor, w_part: Tensor,
@@ -301,7 +303,8 @@ def state_passing_backward(rt, dims: dict, dec: Tensor, dstates: Tensor, saved_s
     carry = rt.empty((dims["batch"], dims["heads"], pn) if seg < nc else (1,))
     for lo, hi in reversed(segments(nc, seg)):
         rt.run("ssd_state_passing_backward", (_cdiv(pn, passing_span()), dims["heads"], dims["batch"]),
-               {"PASS_ELEMS": PASSING_ELEMS}, dec=dec, states=dstates, saved_states=saved_states, w_part=w_part, carry=carry,
+               {"PASS_ELEMS": PASSING_ELEMS, "W_BATCH": PASSING_W_BATCH}, dec=dec, states=dstates,
+               saved_states=saved_states, w_part=w_part, carry=carry,
                **{**dims, "seg_lo": lo, "seg_hi": hi})
 
 
