@@ -257,36 +257,27 @@ fn ssd_state_passing(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
     let b = i / (pn * d.heads);
     var run = 0.0;
     if (d.seg_lo > 0u) { run = last_state[i]; }
-    var k = ((b * d.nchunks + d.seg_lo) * d.heads + h) * pn + e;
-    var next = 0.0;  // with PASS_AHEAD: the next chunk's added state, loaded one chunk ahead
-    if (PASS_AHEAD && d.seg_lo < d.seg_hi) { next = states[k]; }
     for (var c = d.seg_lo; c < d.seg_hi; c++) {
-        var added = next;
-        if (PASS_AHEAD) {
-            if (c + 1u < d.seg_hi) { next = states[k + d.heads * pn]; }
-        } else {
-            added = states[k];
-        }
+        let k = ((b * d.nchunks + c) * d.heads + h) * pn + e;
+        let added = states[k];
         states[k] = run;
         run = exp(cs_end_of(b, h, c)) * run + added;
-        k += d.heads * pn;
     }
     // The padding past L has s = a = 0 (no decay, nothing added), so this is the state after step L − 1.
     last_state[i] = run;
 }
 
-override PASS_AHEAD: bool = true;  // ssd_state_passing loads each chunk's added state one chunk ahead
-
-// ssd_state_passing_backward gives each thread PASS_ELEMS (1..4) state elements e0 + j·WG (coalesced), held as
-// the components of vec4s: its workgroup sum per chunk is then paid once per PASS_ELEMS elements, and more loads
-// are in flight a thread.
-override PASS_ELEMS: u32 = 4u;
+// ssd_state_passing_backward gives each thread PASS_ELEMS state elements e0 + j·WG (coalesced), the components of
+// vec4s (a private array measured slower), and sums W_c for W_BATCH chunks at once: one tree over t_red's four
+// rows of WG floats, each row in workgroup_sum's order (the same bits for any segmentation). H200, B 8, L 1024,
+// H 24, P 64, N 128, per layer: Mamba-2 (chunk 128) 0.133 ms at 1 element and 1 chunk a sum, 0.057 at 4 and 1,
+// 0.050 at 2 and 4, 0.045 at 4 and 4; Mamba-3 SISO (chunk 64) 0.256 / 0.105 / 0.091 / 0.078 (the byte bound at
+// ~3.4 TB/s: 0.044 / 0.088).
+const PASS_ELEMS: u32 = 4u;
+const W_BATCH: u32 = 4u;
 fn pass_span() -> u32 { return WG * PASS_ELEMS; }
 // Whether element j (e0 + j·WG) of this thread exists.
-fn pass_has(j: u32, e0: u32, pn: u32) -> bool { return j < PASS_ELEMS && e0 + j * WG < pn; }
-// Chunks (1..4) whose W_c workgroup sums ssd_state_passing_backward does together: one tree over t_red's four
-// rows of WG floats, each row summed in workgroup_sum's order (so the same bits for any batch).
-override W_BATCH: u32 = 4u;
+fn pass_has(j: u32, e0: u32, pn: u32) -> bool { return e0 + j * WG < pn; }
 
 // The workgroup sums of the pending products (component j: the j-th chunk of the batch, chunk c_first − j) into
 // w_part, for the first `pending` of them (uniform over the workgroup).

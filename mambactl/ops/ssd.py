@@ -40,6 +40,7 @@ from mambactl.ops.checks import expect, grid_1d, is_cpu, loop_budget, segment_le
 from mambactl.runtime.tensor import Tensor
 
 WORKGROUP = 256  # mirrors kernels/ssd.wgsl's WG
+PASSING_ELEMS = 4  # mirrors PASS_ELEMS there: ssd_state_passing_backward's state elements per thread
 MAX_CHUNK = 1024  # mirrors MAX_CHUNK there: ssd_prep / ssd_rows_backward hold a chunk in workgroup memory
 DEC_ROWS = 6  # mirrors ROWS there: the rows of `dec` (scale, 4 decay sums, diagonal weight)
 TILE = 64  # ssd_tile's output tile (64 × 64)
@@ -63,11 +64,6 @@ M_CB, M_Y, M_STATE, M_DXD, M_DCB, M_DB, M_DC = range(7)
 
 # --- loop iterations per shader invocation (upper bounds, no loop unrolled), for Mesa llvmpipe's budget ---------
 REDUCE = 8  # log2(WORKGROUP) rounds of workgroup_sum / exclusive_prefix
-# ssd_state_passing_backward's state elements per thread (kernels/ssd.wgsl's PASS_ELEMS, 1..4; the forward walk
-# takes one)
-PASSING_ELEMS = 4
-PASSING_AHEAD = 1  # ssd_state_passing loads a chunk ahead (PASS_AHEAD there)
-PASSING_W_BATCH = 4  # its chunks per batch of W_c workgroup sums (W_BATCH there, 1..4)
 PASSING_LOOPS = 1  # ssd_state_passing per chunk
 PASSING_BACKWARD_LOOPS = 1 + REDUCE  # ssd_state_passing_backward per chunk (a workgroup sum of W_c each)
 # ssd_param_grads: a thread takes every 64th partial, then 6 tree rounds; charged as one loop per partial (more)
@@ -95,8 +91,6 @@ def kernel_chunk(rt, length: int, heads: int, groups: int) -> int:
 
 def passing_span() -> int:
     """State elements per workgroup of ssd_state_passing_backward (and so per W_c partial in w_part)."""
-    if not 1 <= PASSING_ELEMS <= 4:
-        raise ValueError(f"PASSING_ELEMS is {PASSING_ELEMS}; ssd_state_passing_backward takes 1 to 4 a thread")
     return WORKGROUP * PASSING_ELEMS
 
 
@@ -289,8 +283,8 @@ def state_passing(rt, dims: dict, dec: Tensor, states: Tensor, last_state: Tenso
     seg = segment_length(rt, "ssd_chunked (ssd_state_passing)", shape, nc, PASSING_LOOPS, segment=segment)
     pn = dims["headdim"] * dims["nstate"]
     for lo, hi in segments(nc, seg):
-        rt.run("ssd_state_passing", grid_1d(dims["batch"] * dims["heads"] * pn), {"PASS_AHEAD": bool(PASSING_AHEAD)},
-               dec=dec, states=states, last_state=last_state, **{**dims, "seg_lo": lo, "seg_hi": hi})
+        rt.run("ssd_state_passing", grid_1d(dims["batch"] * dims["heads"] * pn), dec=dec, states=states,
+               last_state=last_state, **{**dims, "seg_lo": lo, "seg_hi": hi})
 
 
 def state_passing_backward(rt, dims: dict, dec: Tensor, dstates: Tensor, saved_states: Tensor, w_part: Tensor,
@@ -303,8 +297,7 @@ def state_passing_backward(rt, dims: dict, dec: Tensor, dstates: Tensor, saved_s
     carry = rt.empty((dims["batch"], dims["heads"], pn) if seg < nc else (1,))
     for lo, hi in reversed(segments(nc, seg)):
         rt.run("ssd_state_passing_backward", (_cdiv(pn, passing_span()), dims["heads"], dims["batch"]),
-               {"PASS_ELEMS": PASSING_ELEMS, "W_BATCH": PASSING_W_BATCH}, dec=dec, states=dstates,
-               saved_states=saved_states, w_part=w_part, carry=carry,
+               dec=dec, states=dstates, saved_states=saved_states, w_part=w_part, carry=carry,
                **{**dims, "seg_lo": lo, "seg_hi": hi})
 
 
@@ -452,8 +445,7 @@ def ssd_chunked_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor
     dadt, dscale = rt.empty(s.adt.shape), rt.empty(s.scale.shape)
     ddiag = rt.empty(s.adt.shape) if has_diag else None
     param_part = rt.empty((batch, nc, heads) if has_d else (1,))
-    rt.run("ssd_rows_backward", (nc, heads, batch),
-           {"HAS_D": has_d, "HAS_DIAG": has_diag, "DC_U": dc_u, "PASS_ELEMS": PASSING_ELEMS},
+    rt.run("ssd_rows_backward", (nc, heads, batch), {"HAS_D": has_d, "HAS_DIAG": has_diag, "DC_U": dc_u},
            u_part=u_part,
            row_part=xd_part, row_part2=v_part, row_part3=diag_part, w_part=w_part, x_part=x_part, tile_part=d_part,
            dadt=dadt, dscale=dscale, ddiag=ddiag if has_diag else rt.empty((1,)), param_part=param_part, **dims)
