@@ -247,14 +247,8 @@ fn cs_end_of(b: u32, h: u32, c: u32) -> f32 { return dec[dec_base(b, h, c) + CS 
 // E_{c+1} = exp(cs_end_c) E_c + added_c; E_nchunks, the state after the last step, goes to last_state
 // [B, H, P, N] (the recurrent decoding state). One thread per (b, h, state element), chunks [seg_lo, seg_hi)
 // (E_seg_lo carried in last_state from the previous segment). Grid grid_1d(B·H·P·N).
-override FWD_VEC: bool = false;  // measurement switch: the forward walk as the backward's, 4 elements in a vec4
 @compute @workgroup_size(256)
-fn ssd_state_passing(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                     @builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
-    if (FWD_VEC) {
-        passing_vec(wid, lid);
-        return;
-    }
+fn ssd_state_passing(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.y * nwg.x * WG + gid.x;
     let pn = d.headdim * d.nstate;
     if (i >= d.batch * d.heads * pn) { return; }
@@ -307,39 +301,6 @@ fn flush_w(pend: vec4<f32>, pending: u32, c_first: u32, b: u32, h: u32, t: u32, 
         w_part[((b * d.heads + h) * d.nchunks + c) * slots + slot] = exp(cs_end_of(b, h, c)) * t_red[t * WG];
     }
     workgroupBarrier();  // t_red is reused by the next batch
-}
-
-fn passing_vec(wid: vec3<u32>, lid: vec3<u32>) {
-    let pn = d.headdim * d.nstate;
-    let e0 = wid.x * pass_span() + lid.x;
-    let h = wid.y;
-    let b = wid.z;
-    let li = (b * d.heads + h) * pn + e0;
-    let has = vec4<bool>(pass_has(0u, e0, pn), pass_has(1u, e0, pn), pass_has(2u, e0, pn), pass_has(3u, e0, pn));
-    var run = vec4<f32>(0.0);
-    if (d.seg_lo > 0u) {
-        if (has.x) { run.x = last_state[li]; }
-        if (has.y) { run.y = last_state[li + WG]; }
-        if (has.z) { run.z = last_state[li + 2u * WG]; }
-        if (has.w) { run.w = last_state[li + 3u * WG]; }
-    }
-    for (var c = d.seg_lo; c < d.seg_hi; c++) {
-        let k = ((b * d.nchunks + c) * d.heads + h) * pn + e0;
-        var added = vec4<f32>(0.0);
-        if (has.x) { added.x = states[k]; }
-        if (has.y) { added.y = states[k + WG]; }
-        if (has.z) { added.z = states[k + 2u * WG]; }
-        if (has.w) { added.w = states[k + 3u * WG]; }
-        if (has.x) { states[k] = run.x; }
-        if (has.y) { states[k + WG] = run.y; }
-        if (has.z) { states[k + 2u * WG] = run.z; }
-        if (has.w) { states[k + 3u * WG] = run.w; }
-        run = exp(cs_end_of(b, h, c)) * run + added;
-    }
-    if (has.x) { last_state[li] = run.x; }
-    if (has.y) { last_state[li + WG] = run.y; }
-    if (has.z) { last_state[li + 2u * WG] = run.z; }
-    if (has.w) { last_state[li + 3u * WG] = run.w; }
 }
 
 // In place, last chunk to first: the in-chunk parts of dE become dS_c = dE_{c+1}, with
@@ -658,7 +619,6 @@ override MODE: u32 = 0u;
 // dy_t·y_off_t by row dots over this tile's n columns into row_part ([B, H, nchunks, ceil(N / 64), Q]), then
 // the pairs: M_Y without pairs (U's own pass over C and E) is not needed.
 override DC_U: bool = false;
-override DCB_CB_EARLY: bool = false;  // measurement switch: M_DCB loads its CB block before the head loop
 override VEC4: bool = false;  // P, N, the chunk and L multiples of 4: every operand load is one vec4
 
 // batch..nchunks as Dims; hsplit: M_DCB's workgroups per group (each takes heads_per_split of its heads,
@@ -1254,14 +1214,6 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
 
     if (MODE == M_DCB) {
         var dcb = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
-        var cb_rows = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
-        if (DCB_CB_EARLY) {  // this thread's CB block, the same for every head: loaded once, before the products
-            for (var i = 0u; i < 4u; i++) {
-                let t = e_m0 + e_ty * 4u + i;
-                cb_rows[i] = ld4_pair(e_pri(min(t, q - 1u), e_n0 + e_tx * 4u),
-                                      select(0u, count4(e_n0 + e_tx * 4u, q), t < e_steps), 1u);
-            }
-        }
         let h_lo = split * td.heads_per_split;
         let h_hi = min(h_lo + td.heads_per_split, hpg);
         for (var hl = h_lo; hl < h_hi; hl++) {
@@ -1301,11 +1253,8 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             for (var i = 0u; i < 4u; i++) {
                 let r = e_ty * 4u + i;
                 let t = e_m0 + r;
-                var cbv = cb_rows[i];
-                if (!DCB_CB_EARLY) {
-                    cbv = ld4_pair(e_pri(min(t, q - 1u), e_n0 + e_tx * 4u),
+                let cbv = ld4_pair(e_pri(min(t, q - 1u), e_n0 + e_tx * 4u),
                                    select(0u, count4(e_n0 + e_tx * 4u, q), t < e_steps), 1u);
-                }
                 for (var j = 0u; j < 4u; j++) {
                     let o = e_tx * 4u + j;
                     let s = e_n0 + o;

@@ -41,8 +41,6 @@ from mambactl.runtime.tensor import Tensor
 
 WORKGROUP = 256  # mirrors kernels/ssd.wgsl's WG
 PASSING_ELEMS = 4  # mirrors PASS_ELEMS there: ssd_state_passing_backward's state elements per thread
-FWD_VEC = 0  # measurement switches (kernels/ssd.wgsl FWD_VEC, DCB_CB_EARLY)
-DCB_CB_EARLY = 0
 MAX_CHUNK = 1024  # mirrors MAX_CHUNK there: ssd_prep / ssd_rows_backward hold a chunk in workgroup memory
 DEC_ROWS = 6  # mirrors ROWS there: the rows of `dec` (scale, 4 decay sums, diagonal weight)
 TILE = 64  # ssd_tile's output tile (64 × 64)
@@ -285,8 +283,7 @@ def state_passing(rt, dims: dict, dec: Tensor, states: Tensor, last_state: Tenso
     seg = segment_length(rt, "ssd_chunked (ssd_state_passing)", shape, nc, PASSING_LOOPS, segment=segment)
     pn = dims["headdim"] * dims["nstate"]
     for lo, hi in segments(nc, seg):
-        grid = (_cdiv(pn, passing_span()), dims["heads"], dims["batch"]) if FWD_VEC else grid_1d(dims["batch"] * dims["heads"] * pn)
-        rt.run("ssd_state_passing", grid, {"FWD_VEC": bool(FWD_VEC)}, dec=dec, states=states,
+        rt.run("ssd_state_passing", grid_1d(dims["batch"] * dims["heads"] * pn), dec=dec, states=states,
                last_state=last_state, **{**dims, "seg_lo": lo, "seg_hi": hi})
 
 
@@ -439,7 +436,7 @@ def ssd_chunked_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor
     split = _hsplit(batch, nc, heads, groups, s.chunk)
     dcb = rt.empty((split[0], batch, nc, groups, s.chunk, s.chunk))
     x_part = rt.empty((batch, heads, nc, npairs, s.chunk))
-    _tile(rt, dims, M_DCB, (npairs, nc * groups * split[0], batch), dec, {"HAS_DIAG": has_diag, "DCB_CB_EARLY": bool(DCB_CB_EARLY)}, xv=s.x, dyv=dy,
+    _tile(rt, dims, M_DCB, (npairs, nc * groups * split[0], batch), dec, {"HAS_DIAG": has_diag}, xv=s.x, dyv=dy,
           pairv=cb, tile_out=dcb, x_part=x_part, split=split)
     dB, dC = rt.empty(s.B.shape), rt.empty(s.C.shape)
     _tile(rt, dims, M_DB, grids["rows_n"], dec, xv=s.x, cv=s.C, pairv=dcb, stv=dstates, tile_out=dB, split=split)
