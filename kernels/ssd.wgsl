@@ -271,8 +271,8 @@ fn ssd_state_passing(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
 // vec4s (a private array measured slower), and sums W_c for W_BATCH chunks at once: one tree over t_red's four
 // rows of WG floats, each row in workgroup_sum's order (the same bits for any segmentation). H200, B 8, L 1024,
 // H 24, P 64, N 128, per layer: Mamba-2 (chunk 128) 0.133 ms at 1 element and 1 chunk a sum, 0.057 at 4 and 1,
-// 0.050 at 2 and 4, 0.045 at 4 and 4; Mamba-3 SISO (chunk 64) 0.256 / 0.105 / 0.091 / 0.078 (the byte bound at
-// ~3.4 TB/s: 0.044 / 0.088).
+// 0.050 at 2 and 4, 0.045 at 4 and 4; Mamba-3 SISO (chunk 64) 0.256 / 0.105 / 0.091 / 0.078 (at 4 and 4: 3.4 /
+// 3.7 TB/s of three passes over the states).
 const PASS_ELEMS: u32 = 4u;
 const W_BATCH: u32 = 4u;
 fn pass_span() -> u32 { return WG * PASS_ELEMS; }

@@ -65,7 +65,7 @@ M_CB, M_Y, M_STATE, M_DXD, M_DCB, M_DB, M_DC = range(7)
 # --- loop iterations per shader invocation (upper bounds, no loop unrolled), for Mesa llvmpipe's budget ---------
 REDUCE = 8  # log2(WORKGROUP) rounds of workgroup_sum / exclusive_prefix
 PASSING_LOOPS = 1  # ssd_state_passing per chunk
-PASSING_BACKWARD_LOOPS = 1 + REDUCE  # ssd_state_passing_backward per chunk (a workgroup sum of W_c each)
+PASSING_BACKWARD_LOOPS = 1 + REDUCE  # ssd_state_passing_backward per chunk (at most a workgroup sum of W_c each)
 # ssd_param_grads: a thread takes every 64th partial, then 6 tree rounds; charged as one loop per partial (more)
 
 
