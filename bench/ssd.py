@@ -178,7 +178,7 @@ def compare(rt, a, both) -> None:
     for v, ms, per in zip(variants, totals, last):
         name = ",".join(f"{k}={val}" for k, val in v.items())
         print(f"{name:40s} " + " ".join(f"{t:7.3f}" for t in ms) + f"   min {min(ms):.3f}")
-        print("    " + "  ".join(f"{k} {t:.3f}" for k, t in sorted(per.items(), key=lambda kv: -kv[1])[:9]))
+        print("    " + "  ".join(f"{k} {t:.3f}" for k, t in sorted(per.items(), key=lambda kv: -kv[1])))
 
 
 if __name__ == "__main__":

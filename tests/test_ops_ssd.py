@@ -343,3 +343,41 @@ def test_kernel_chunk_is_the_ops_choice(rt, monkeypatch):
         assert rel_err(y.numpy(), want_y) < 1e-4
         for name, got, w in zip(GRADS, grads, want_grads):
             assert rel_err(got.numpy(), w) < 1e-4, (name, forced)
+
+
+
+def test_state_walks(rt):
+    """The state walks against float64 recurrences: P·N = 9·130 = 1170 state elements, two workgroups of the
+    backward (4 elements a thread), the last one partial; 5 chunks, a partial last batch of W_c sums; every output
+    starts poisoned (NaN)."""
+    rng = np.random.default_rng(11)
+    B, nc, H, P, N = 2, 5, 3, 9, 130
+    adt = (-0.3 * rng.uniform(0.5, 1.5, (B, nc, H))).astype(np.float32)
+    dims = ssd_op._dims(B, nc, H, P, 1, N, 1)
+    dec = ssd_op._prep(rt, dims, rt.from_numpy(adt), rt.from_numpy(np.ones((B, nc, H), np.float32)))
+    decay = np.exp(adt.astype(np.float64)).transpose(0, 2, 1)[..., None, None]  # [B, H, nc, 1, 1]
+    added, part, saved = (rng.standard_normal((B, nc, H, P, N)).astype(np.float32) for _ in range(3))
+
+    states, last = rt.from_numpy(added), rt.empty((B, H, P, N))
+    ssd_op.state_passing(rt, dims, dec, states, last)
+    want, run = np.zeros((B, nc, H, P, N)), np.zeros((B, H, P, N))
+    for c in range(nc):
+        want[:, c] = run
+        run = decay[:, :, c] * run + added[:, c]
+    assert rel_err(states.numpy(), want) < 1e-6
+    assert rel_err(last.numpy(), run) < 1e-6
+
+    span = ssd_op.passing_span()
+    tiles = -(-P * N // span)
+    assert tiles == 2
+    dstates, w_part = rt.from_numpy(part), rt.empty((B, H, nc, tiles))
+    ssd_op.state_passing_backward(rt, dims, dec, dstates, rt.from_numpy(saved), w_part)
+    want_ds, want_w, run = np.zeros((B, nc, H, P, N)), np.zeros((B, H, nc, tiles)), np.zeros((B, H, P, N))
+    for c in reversed(range(nc)):
+        want_ds[:, c] = run
+        prod = (run * saved[:, c]).reshape(B, H, P * N)
+        for k in range(tiles):
+            want_w[:, :, c, k] = decay[:, :, c, 0, 0] * prod[:, :, k * span:(k + 1) * span].sum(axis=2)
+        run = part[:, c] + decay[:, :, c] * run
+    assert rel_err(dstates.numpy(), want_ds) < 1e-6
+    assert rel_err(w_part.numpy(), want_w) < 1e-5

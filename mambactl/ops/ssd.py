@@ -40,6 +40,7 @@ from mambactl.ops.checks import expect, grid_1d, is_cpu, loop_budget, segment_le
 from mambactl.runtime.tensor import Tensor
 
 WORKGROUP = 256  # mirrors kernels/ssd.wgsl's WG
+PASSING_ELEMS = 4  # mirrors PASS_ELEMS there: ssd_state_passing_backward's state elements per thread
 MAX_CHUNK = 1024  # mirrors MAX_CHUNK there: ssd_prep / ssd_rows_backward hold a chunk in workgroup memory
 DEC_ROWS = 6  # mirrors ROWS there: the rows of `dec` (scale, 4 decay sums, diagonal weight)
 TILE = 64  # ssd_tile's output tile (64 × 64)
@@ -64,7 +65,7 @@ M_CB, M_Y, M_STATE, M_DXD, M_DCB, M_DB, M_DC = range(7)
 # --- loop iterations per shader invocation (upper bounds, no loop unrolled), for Mesa llvmpipe's budget ---------
 REDUCE = 8  # log2(WORKGROUP) rounds of workgroup_sum / exclusive_prefix
 PASSING_LOOPS = 1  # ssd_state_passing per chunk
-PASSING_BACKWARD_LOOPS = 1 + REDUCE  # ssd_state_passing_backward per chunk (a workgroup sum of W_c each)
+PASSING_BACKWARD_LOOPS = 1 + REDUCE  # ssd_state_passing_backward per chunk (at most a workgroup sum of W_c each)
 # ssd_param_grads: a thread takes every 64th partial, then 6 tree rounds; charged as one loop per partial (more)
 
 
@@ -86,6 +87,11 @@ def kernel_chunk(rt, length: int, heads: int, groups: int) -> int:
     else:
         chunk = GPU_CHUNK_PER_HEAD if groups == heads else GPU_CHUNK_SHARED
     return max(1, min(chunk, length))
+
+
+def passing_span() -> int:
+    """State elements per workgroup of ssd_state_passing_backward (and so per W_c partial in w_part)."""
+    return WORKGROUP * PASSING_ELEMS
 
 
 def _min_split(hpg: int) -> int:
@@ -290,8 +296,8 @@ def state_passing_backward(rt, dims: dict, dec: Tensor, dstates: Tensor, saved_s
                          PASSING_BACKWARD_LOOPS, segment=segment)
     carry = rt.empty((dims["batch"], dims["heads"], pn) if seg < nc else (1,))
     for lo, hi in reversed(segments(nc, seg)):
-        rt.run("ssd_state_passing_backward", (_cdiv(pn, WORKGROUP), dims["heads"], dims["batch"]), dec=dec,
-               states=dstates, saved_states=saved_states, w_part=w_part, carry=carry,
+        rt.run("ssd_state_passing_backward", (_cdiv(pn, passing_span()), dims["heads"], dims["batch"]),
+               dec=dec, states=dstates, saved_states=saved_states, w_part=w_part, carry=carry,
                **{**dims, "seg_lo": lo, "seg_hi": hi})
 
 
@@ -411,7 +417,7 @@ def ssd_chunked_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor
     # The in-chunk part of dE, turned in place into dS_c = dE_{c+1}, with the partials of W_c.
     dstates = rt.empty(s.states.shape)
     _tile(rt, dims, M_STATE, grids["state"], dec, {"GRAD": True}, dyv=dy, cv=s.C, tile_out=dstates)
-    state_tiles = -(-headdim * nstate // WORKGROUP)
+    state_tiles = _cdiv(headdim * nstate, passing_span())
     w_part = rt.empty((batch, heads, nc, state_tiles))
     state_passing_backward(rt, dims, dec, dstates, s.states, w_part, shape, segment)
     rows = (batch, heads, nc, tp, s.chunk)
