@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from common import header, model_config, report  # first: it puts the checkout on sys.path
+from common import add_set_option, apply_sets, header, model_config, report  # first: it puts the checkout on sys.path
 from mambactl.models.config import LAYER_TYPES
 from mambactl.models.decode import RecurrentDecoder
 from mambactl.models.lm import LanguageModel
@@ -48,7 +48,9 @@ def parse_args(argv=None):
     p.add_argument("--device", default=None, help="adapter index or name[/backend]; default MAMBACTL_DEVICE or the best")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="append the JSON line to this file")
+    add_set_option(p)
     a = p.parse_args(argv)
+    apply_sets(p, a.set)
     a.arch_list = [s.strip() for s in a.arch.split(",") if s.strip()]
     bad = [s for s in a.arch_list if s not in LAYER_TYPES]
     if bad or not a.arch_list:
