@@ -428,6 +428,12 @@ fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
 override NW: u32 = 128u;  // a power of two >= N (mambactl/ops/mamba3_prep.py `norm_threads`)
 var<workgroup> norm_red: array<vec2<f32>, NW>;
 
+// proj's index of state dim 0 of row `row`'s u-th (B or C, rank, group): u < R·G are B's, then C's (after z, x).
+fn bc_column(row: u32, u: u32) -> u32 { return row * p.cols + 2u * p.heads * p.headdim + u * p.nstate; }
+
+// 1 / sqrt(mean(x²) + eps) from Σ x² over the N state dims.
+fn norm_rstd(sum_sq: f32) -> f32 { return 1.0 / sqrt(sum_sq / f32(p.nstate) + p.norm_eps); }
+
 // Σ over the workgroup's threads of `part`, in a fixed order; each thread gets it.
 fn norm_sum(t: u32, part: vec2<f32>) -> vec2<f32> {
     norm_red[t] = part;
@@ -450,10 +456,10 @@ fn mamba3_prep_norm(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
     let M = p.batch * p.len;
     for (var row = wid.z; row < M; row += nwg.z) {
         for (var u = 0u; u < 2u * rg; u++) {  // B's (rank, group)s, then C's: adjacent in proj
-            let base = row * p.cols + 2u * p.heads * p.headdim + u * N;
+            let base = bc_column(row, u);
             var x = 0.0;
             if (live) { x = proj[base + t]; }
-            let rs = 1.0 / sqrt(norm_sum(t, vec2<f32>(x * x, 0.0)).x / f32(N) + p.norm_eps);
+            let rs = norm_rstd(norm_sum(t, vec2<f32>(x * x, 0.0)).x);
             if (live && u < rg) { Bn[(row * rg + u) * N + t] = x * rs * B_norm_w[t]; }
             if (live && u >= rg) { Cn[(row * rg + u - rg) * N + t] = x * rs * C_norm_w[t]; }
         }
@@ -488,7 +494,7 @@ fn mamba3_prep_norm_backward(@builtin(local_invocation_index) t: u32, @builtin(w
         for (var row = blk * RB; row < min(M, blk * RB + RB); row++) {
             for (var u = 0u; u < 2u * rg; u++) {
                 let is_b = u < rg;
-                let base = row * p.cols + 2u * p.heads * p.headdim + u * N;  // in proj and dproj
+                let base = bc_column(row, u);  // in proj and dproj
                 let di = (row * rg + select(u - rg, u, is_b)) * N + t;        // in dBn / dCn
                 var x = 0.0;
                 var gw = 0.0;
@@ -499,7 +505,7 @@ fn mamba3_prep_norm_backward(@builtin(local_invocation_index) t: u32, @builtin(w
                     gw = dy * select(C_norm_w[t], B_norm_w[t], is_b);
                 }
                 let sums = norm_sum(t, vec2<f32>(x * x, gw * x));
-                let rs = 1.0 / sqrt(sums.x / f32(N) + p.norm_eps);
+                let rs = norm_rstd(sums.x);
                 if (live) { dproj[base + t] = rs * (gw - x * rs * rs * sums.y / f32(N)); }
                 // x, dy are 0 past N
                 if (is_b) { wb += dy * x * rs; } else { wc += dy * x * rs; }

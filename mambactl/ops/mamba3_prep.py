@@ -133,26 +133,17 @@ def norm_threads(d: Mamba3Dims) -> int:
     return 1 << (d.nstate - 1).bit_length()
 
 
-def _norm_grid(rt, d: Mamba3Dims, items: int, loops_per_item: int):
-    """(1, 1, workgroups) for the RMSNorm kernels over `items` rows or row blocks (a workgroup walks items z,
-    z + workgroups, ...), within llvmpipe's loop budget at `loops_per_item` iterations per item."""
+def _strided_grid(rt, d: Mamba3Dims, op: str, items: int, loops_per_item: int, x: int = 1, y: int = 1):
+    """(x, y, workgroups) for the kernels whose workgroups walk `items` (rows or row blocks) z, z + workgroups, ...,
+    within llvmpipe's loop budget at `loops_per_item` iterations per item."""
     groups = min(items, rt.max_groups)
-    loop_budget(rt, "mamba3_prep", (d.batch, d.length, d.heads), -(-items // groups) * loops_per_item)
-    return 1, 1, groups
+    loop_budget(rt, op, (d.batch, d.length, d.heads), -(-items // groups) * loops_per_item)
+    return x, y, groups
 
 
 def rotate_blocks(d: Mamba3Dims) -> int:
     """Row blocks of mamba3_prep_rotate_backward: the rows of its bias partials."""
     return -(-d.rows // ROTATE_ROWS)
-
-
-def _block_grid(rt, d: Mamba3Dims, width: int, ys: int, loops_per_block: int):
-    """(ceil(width / 64), ys, row blocks) for the kernels over blocks of ROTATE_ROWS rows (a thread walks blocks
-    z, z + groups, ...), within llvmpipe's loop budget at `loops_per_block` iterations per block."""
-    blocks = rotate_blocks(d)
-    groups = min(blocks, rt.max_groups)
-    loop_budget(rt, "mamba3_prep_backward", (d.batch, d.length, d.heads), -(-blocks // groups) * loops_per_block)
-    return -(-width // 64), ys, groups
 
 
 def mamba3_prep(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tensor, B_bias: Tensor,
@@ -188,7 +179,7 @@ def mamba3_prep(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tenso
            zr=out["zr"], **params)
     Bn, Cn = rt.empty((M, d.rgn)), rt.empty((M, d.rgn))
     norm_loops = 1 + 2 * R * d.groups * (1 + norm_threads(d).bit_length())
-    rt.run("mamba3_prep_norm", _norm_grid(rt, d, d.rows, norm_loops), {"NW": norm_threads(d)}, proj=proj,
+    rt.run("mamba3_prep_norm", _strided_grid(rt, d, op, d.rows, norm_loops), {"NW": norm_threads(d)}, proj=proj,
            B_norm_w=B_norm_w, C_norm_w=C_norm_w, Bn=Bn, Cn=Cn, **params)
     rotate_loops = 2 + -(-H // d.rgn) + H // d.groups
     rt.run("mamba3_prep_rotate", _row_grid(rt, d, d.rgn, 1, rotate_loops), proj=proj, dt_bias=dt_bias, Bn=Bn,
@@ -248,11 +239,12 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm
     rt.run("mamba3_prep_backward", _item_grid(rt, d, R), proj=proj, mimo_x=mimo_x, mimo_z=mimo_z, D=D, dv=dv,
            dzr=dzr, dys_in=dys, dproj=dproj, dvx=res["dvx"], dzz=res["dzz"], **params)
     rotate_loops = R * (-(-H // d.groups // splits) * (ROTATE_ROWS + 1) + ROTATE_ROWS + 1)
-    rt.run("mamba3_prep_rotate_backward", _block_grid(rt, d, d.groups * N, splits, rotate_loops), q_in=prep["q"],
+    rotate_grid = _strided_grid(rt, d, op, blocks, rotate_loops, -(-d.groups * N // 64), splits)
+    rt.run("mamba3_prep_rotate_backward", rotate_grid, q_in=prep["q"],
            k_in=prep["k"], theta_in=prep["theta"], dq=dq, dk=dk, dth=dth, dBn=dBn, dCn=dCn,
            dB_bias_part=res["dB_bias_part"], dC_bias_part=res["dC_bias_part"], **params)
     norm_loops = 1 + ROTATE_ROWS * (1 + 2 * R * d.groups * (1 + splits + norm_threads(d).bit_length()))
-    rt.run("mamba3_prep_norm_backward", _norm_grid(rt, d, blocks, norm_loops), {"NW": norm_threads(d)},
+    rt.run("mamba3_prep_norm_backward", _strided_grid(rt, d, op, blocks, norm_loops), {"NW": norm_threads(d)},
            proj=proj, B_norm_w=B_norm_w, C_norm_w=C_norm_w, dBn=dBn, dCn=dCn, dproj=dproj,
            dB_norm_part=res["dB_norm_part"], dC_norm_part=res["dC_norm_part"], **params)
     if S:
