@@ -41,8 +41,9 @@ _MIN_SPLIT_K = 512  # each split's K range is at least this long
 _COLUMN_SUMS_MAX = 65535 * 64  # column_sums (which adds the split planes) runs one 64-wide workgroup row
 # `linear` multiplies by Wᵀ (transposed per call, kernels/transpose.wgsl) from this many rows on. With both operands
 # K-contiguous the tiled kernel stages both by transposed stores and runs ~20% slower than with W's transpose
-# (H200, kernel alone: fwd 33.2 against dX's 41.5 TFLOP/s at 4096³); the transpose moves 8·N·K bytes, a few
-# percent of the product's time from ~250 rows on. Decoding (M = batch) keeps W as it is.
+# (H200, kernel alone: fwd 33.2 against dX's 41.5 TFLOP/s at 4096³). The transpose moves 8·N·K bytes, which by
+# that ~20% on 2·M·N·K FLOPs (at ~35 TFLOP/s and ~3 TB/s) pays for itself from a few hundred rows on: an estimate,
+# with 1024 leaving a margin (the 8192-row products measured; decoding, M = batch, keeps W as it is).
 TRANSPOSE_MIN_ROWS = 1024
 PRECISIONS = ("fp32", "f16")
 # matmul_f16's defaults, from bench/gemm.py on the H200 (amax passes included; at a7ea729, 2026-12-01 18:28):

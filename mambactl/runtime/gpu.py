@@ -5,9 +5,9 @@ something needs the results on the host (`read`) or new host data (`write`), or 
 GPU starts on it while the host records the rest): a whole training step is a handful of submits and no host
 round trip. After the host has waited for the GPU (a read), the first batch is FIRST_SUBMIT dispatches and each
 next one twice the last, up to DISPATCHES_PER_SUBMIT, so an idle GPU starts within a few dispatches' recording
-instead of waiting for 256 of them (~5 ms of host time at the 130m shape). All of a batch's uniform parameters go up in one write, and every dispatch
-binds its slot of that buffer by a dynamic offset, so bind groups depend only on the buffers bound and are
-cached (a training step binds the same pooled buffers every time).
+instead of waiting for 256 of them to be recorded. All of a batch's uniform parameters go up in one write, and
+every dispatch binds its slot of that buffer by a dynamic offset, so bind groups depend only on the buffers bound
+and are cached (a training step binds the same pooled buffers every time).
 """
 
 from __future__ import annotations
