@@ -93,8 +93,13 @@ def main() -> None:
     p.add_argument("--label", default="", help="tag the JSON lines and table rows (e.g. the commit)")
     p.add_argument("--out", default=None, help="also append the JSON lines to this file")
     p.add_argument("--gpu-times", action="store_true", help="also GPU-time one call per entry point (timestamps)")
+    p.add_argument("--set", action="append", default=[], metavar="OP.NAME=VALUE", help="as bench/train_step.py's")
     a = p.parse_args()
     sys.path.insert(0, str(Path(a.src).resolve() if a.src else Path(__file__).resolve().parent.parent))
+    import mambactl  # noqa: F401  (from --src, before common puts this checkout on sys.path)
+    from common import apply_sets
+
+    apply_sets(p, a.set)
 
     import numpy as np
 

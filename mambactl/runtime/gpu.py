@@ -28,6 +28,12 @@ _UNIFORM_SLOT = 256  # >= minUniformBufferOffsetAlignment on every backend
 _UNIFORM_SLOTS = 4096
 DISPATCHES_PER_SUBMIT = 256
 FIRST_SUBMIT = 32
+# wgpu's WGSL compiler guards every array index (a clamp) and gives every loop an extra iteration counter with a
+# second exit, so a shader cannot read out of bounds or hang: the defence a browser needs against untrusted
+# shaders. Ours are our own and tested against references, so modules are compiled without those checks
+# (wgpu-native's wgpuDeviceCreateShaderModuleTrusted) unless this is 1; storage buffers stay guarded by the
+# driver's robust buffer access either way.
+SHADER_RUNTIME_CHECKS = 0
 _BIND_GROUP_CACHE = 65536  # entries; past this the cache starts over
 _PACK = {"u32": "I", "i32": "i", "f32": "f"}
 _BIND_TYPE = {
@@ -42,6 +48,23 @@ def grid_1d(n: int, workgroup: int = 256) -> tuple[int, int]:
     groups = max(1, -(-n // workgroup))
     gx = min(groups, 65535)
     return gx, -(-groups // gx)
+
+
+def _shader_module(device, label: str, code: str, checks: int):
+    """A WGSL module; with `checks` 0, compiled without wgpu's index clamps and loop counters (SHADER_RUNTIME_CHECKS)."""
+    if checks:
+        return device.create_shader_module(label=label, code=code)
+    from wgpu.backends.wgpu_native._api import GPUShaderModule, ffi, lib, libf, new_struct_p, to_c_string_view
+
+    source = new_struct_p("WGPUShaderSourceWGSL *", code=to_c_string_view(code))
+    source[0].chain.next = ffi.NULL
+    source[0].chain.sType = lib.WGPUSType_ShaderSourceWGSL
+    descriptor = new_struct_p("WGPUShaderModuleDescriptor *", nextInChain=ffi.cast("WGPUChainedStruct *", source),
+                              label=to_c_string_view(label))
+    handle = libf.wgpuDeviceCreateShaderModuleTrusted(device._internal, descriptor, lib.WGPUShaderRuntimeChecks_None)
+    if handle == ffi.NULL:
+        raise MambactlError(f"the WGSL module {label} failed to compile")
+    return GPUShaderModule(label, handle, device)
 
 
 class Runtime:
@@ -102,8 +125,8 @@ class Runtime:
             # adapters' kernels): every other entry gets the module without them, the code GPUs were measured with.
             module_key = (ep.module, "subgroup" in ep.features)
             if module_key not in self._shader_modules:
-                self._shader_modules[module_key] = self.device.create_shader_module(
-                    label=ep.module, code=all_modules()[ep.module].source_for(ep.features)
+                self._shader_modules[module_key] = _shader_module(
+                    self.device, ep.module, all_modules()[ep.module].source_for(ep.features), SHADER_RUNTIME_CHECKS
                 )
             bgl = self.device.create_bind_group_layout(
                 entries=[
