@@ -89,6 +89,27 @@ def test_layout_lists_only_the_bindings_an_entry_uses():
     assert ep.params == (("n", "u32"),)
 
 
+def test_a_local_named_like_a_binding_is_not_a_use_of_it():
+    """A parameter or let / var named like a binding (here q and k) shadows it: the entry that never touches the
+    buffers q and k must not list them (a dispatch that does not pass them would fail), while one that does
+    use the global q lists it."""
+    mod = parse_module(
+        "t",
+        """
+        @group(0) @binding(0) var<storage, read> q: array<f32>;
+        @group(0) @binding(1) var<storage, read> k: array<f32>;
+        @group(0) @binding(2) var<storage, read_write> y: array<f32>;
+        fn rotate(q: f32, s: f32) -> f32 { let k = q * s; var v = k; return v; }
+        @compute @workgroup_size(1)
+        fn local_only(@builtin(global_invocation_id) gid: vec3<u32>) { let q = y[gid.x]; y[gid.x] = rotate(q, 2.0); }
+        @compute @workgroup_size(1)
+        fn reads_q(@builtin(global_invocation_id) gid: vec3<u32>) { y[gid.x] = rotate(q[gid.x], 2.0); }
+        """,
+    )
+    assert [b.name for b in mod.entries["local_only"].bindings] == ["y"]
+    assert [b.name for b in mod.entries["reads_q"].bindings] == ["q", "y"]
+
+
 def test_best_adapter_is_ranked_and_devices_are_listed():
     infos = device.list_adapters()
     assert infos, "this machine should have at least a software adapter"
@@ -287,3 +308,23 @@ def test_software_adapter_threads_default_to_twice_the_cores(given):
             "print(os.environ['LP_NUM_THREADS'])")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == (given or str(2 * (os.cpu_count() or 1)))
+
+
+def test_modules_compile_with_and_without_wgpus_runtime_checks(rt, monkeypatch):
+    """Modules are compiled without wgpu's index clamps and loop counters (SHADER_RUNTIME_CHECKS = 0); with the
+    checks back on (a fresh Runtime, so nothing is cached) the same kernels give the same bits on ragged shapes
+    (edge tiles, K not a multiple of the tile), and a module that does not compile still fails with its name."""
+    from mambactl.runtime import gpu
+
+    rng = np.random.default_rng(7)
+    x, w = rng.standard_normal((37, 70)).astype(np.float32), rng.standard_normal((45, 70)).astype(np.float32)
+    results = []
+    for checks, runtime in ((0, rt), (1, None)):
+        monkeypatch.setattr(gpu, "SHADER_RUNTIME_CHECKS", checks)
+        runtime = runtime or gpu.Runtime()
+        y = linear.linear(runtime.from_numpy(x), runtime.from_numpy(w))
+        results.append(runtime.read(y))
+        with pytest.raises(Exception, match="broken"):
+            gpu._shader_module(runtime.device, "broken", "@compute @workgroup_size(1) fn main() { let a = b; }", checks)
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_allclose(results[0], x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-5, atol=1e-4)

@@ -27,6 +27,8 @@ _FN = re.compile(r"(@compute[^\n]*\n)?\s*fn\s+(\w+)\s*\(")
 _STRUCT = re.compile(r"struct\s+(\w+)\s*\{([^}]*)\}")
 _IDENT = re.compile(r"(?<![\w.])[A-Za-z_]\w*")  # not a member access like gid.y
 _COMMENT = re.compile(r"//[^\n]*")
+_PARAM = re.compile(r"(\w+)\s*:")  # a parameter's name in a function's parameter list
+_LOCAL = re.compile(r"\b(?:let|var|const)\s+(\w+)")  # a name a function body declares
 _SCALAR_SIZE = {"u32": 4, "i32": 4, "f32": 4}
 # WGSL that only compiles where the device has the `subgroup` feature (naga validates a whole module against the
 # device's features, so a module using it would fail everywhere else).
@@ -82,6 +84,15 @@ def _functions(src: str) -> dict[str, tuple[bool, str]]:
     return {m.group(2): (m.group(1) is not None, src[m.end() : end]) for m, end in _definitions(src)}
 
 
+def _referenced(text: str) -> set[str]:
+    """The identifiers a function's text (its parameter list and body) refers to outside itself: every identifier
+    but the names it declares (parameters, let / var / const), so a local `k` does not count as a use of a
+    binding `k` (which would put that binding in the layout and make a dispatch that does not pass it fail)."""
+    params = text[: text.index("{")].rsplit(")", 1)[0]
+    local = set(_PARAM.findall(params)) | set(_LOCAL.findall(text))
+    return set(_IDENT.findall(text)) - local
+
+
 def _function_spans(src: str) -> dict[str, tuple[int, int]]:
     """name -> (start, end) of the whole definition (attributes included)."""
     return {m.group(2): (m.start(), end) for m, end in _definitions(src)}
@@ -94,7 +105,7 @@ def _uses_subgroup(funcs: dict[str, tuple[bool, str]]) -> set[str]:
     while grew:
         grew = False
         for f, (_, body) in funcs.items():
-            if f not in uses and any(ident in uses for ident in _IDENT.findall(body)):
+            if f not in uses and any(ident in uses for ident in _referenced(body)):
                 uses.add(f)
                 grew = True
     return uses
@@ -127,7 +138,7 @@ def parse_module(name: str, source: str, base: str = "") -> Module:
             if f in seen:
                 continue
             seen.add(f)
-            for ident in _IDENT.findall(funcs[f][1]):
+            for ident in _referenced(funcs[f][1]):
                 if ident in globals_:
                     used.add(ident)
                 elif ident in funcs and ident not in seen:
