@@ -381,3 +381,35 @@ def test_state_walks(rt):
         run = part[:, c] + decay[:, :, c] * run
     assert rel_err(dstates.numpy(), want_ds) < 1e-6
     assert rel_err(w_part.numpy(), want_w) < 1e-5
+
+
+@pytest.mark.parametrize("nstate", [130, 132])
+def test_state_passing_variants_are_bit_identical(rt, monkeypatch, nstate):
+    """Every variant of the forward walk (PASSING_FORWARD) gives ssd_state_passing's bits and matches the float64
+    recurrence, whole and in segments of 1 and 3 of its 7 chunks (buffers left partly filled at a segment's end).
+    P·N = 9·130 = 1170: the vec4 layout falls back to scalar accesses; 9·132 = 1188: vec4s, and the four-element
+    layouts' second workgroup partial. last_state starts poisoned (NaN)."""
+    rng = np.random.default_rng(12)
+    B, nc, H, P, N = 2, 7, 3, 9, nstate
+    adt = (-0.3 * rng.uniform(0.5, 1.5, (B, nc, H))).astype(np.float32)
+    dims = ssd_op._dims(B, nc, H, P, 1, N, 1)
+    dec = ssd_op._prep(rt, dims, rt.from_numpy(adt), rt.from_numpy(np.ones((B, nc, H), np.float32)))
+    decay = np.exp(adt.astype(np.float64)).transpose(0, 2, 1)[..., None, None]  # [B, H, nc, 1, 1]
+    added = rng.standard_normal((B, nc, H, P, N)).astype(np.float32)
+    want, run = np.zeros((B, nc, H, P, N)), np.zeros((B, H, P, N))
+    for c in range(nc):
+        want[:, c] = run
+        run = decay[:, :, c] * run + added[:, c]
+    first = None
+    for variant in [0, *ssd_op.PASSING_FORWARD_VARIANTS]:
+        monkeypatch.setattr(ssd_op, "PASSING_FORWARD", variant)
+        for segment in (None, 1, 3):
+            states, last = rt.from_numpy(added), rt.empty((B, H, P, N))
+            ssd_op.state_passing(rt, dims, dec, states, last, segment=segment)
+            got = states.numpy(), last.numpy()
+            if first is None:
+                first = got
+                assert rel_err(got[0], want) < 1e-6
+                assert rel_err(got[1], run) < 1e-6
+            assert np.array_equal(got[0], first[0]), (variant, segment, "states")
+            assert np.array_equal(got[1], first[1]), (variant, segment, "last_state")
