@@ -101,7 +101,8 @@ struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nsta
 @group(0) @binding(28) var<storage, read_write> param_part: array<f32>;
 @group(0) @binding(29) var<storage, read_write> grad_0: array<f32>;
 @group(0) @binding(31) var<storage, read_write> grad_1: array<f32>;
-@group(0) @binding(32) var<storage, read_write> last_state: array<f32>;  // [B, H, P, N]: S after the last step
+// [B, H, P, N]: S after the last step, as vec4s (ssd_state_passing's 16-byte accesses)
+@group(0) @binding(32) var<storage, read_write> last_state: array<vec4<f32>>;
 @group(0) @binding(33) var<storage, read_write> ssm_state: array<f32>;   // ssd_step: [B, H, P, N], in place
 // [B, H, nchunks, ceil(P / 64), Q]: U_r = dy_r·y_off_r by 64-column tiles of P (ssd_tile M_Y without pairs);
 // with DC_U [B, H, nchunks, ceil(N / 64), Q] by 64-column tiles of N (M_DC: U_r = C_r·(exp(cs_r) E_cᵀ dy_r))
@@ -245,102 +246,78 @@ fn cs_end_of(b: u32, h: u32, c: u32) -> f32 { return dec[dec_base(b, h, c) + CS 
 
 // In place: the states each chunk adds become the states entering each chunk, E_0 = 0,
 // E_{c+1} = exp(cs_end_c) E_c + added_c; E_nchunks, the state after the last step, goes to last_state
-// [B, H, P, N] (the recurrent decoding state). One thread per (b, h, state element), chunks [seg_lo, seg_hi)
-// (E_seg_lo carried in last_state from the previous segment). Grid grid_1d(B·H·P·N). ssd_state_passing_buffered
-// below is the same walk with several chunks' loads in flight (variants to be measured).
-@compute @workgroup_size(256)
-fn ssd_state_passing(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = gid.y * nwg.x * WG + gid.x;
-    let pn = d.headdim * d.nstate;
-    if (i >= d.batch * d.heads * pn) { return; }
-    let e = i % pn;
-    let h = (i / pn) % d.heads;
-    let b = i / (pn * d.heads);
-    var run = 0.0;
-    if (d.seg_lo > 0u) { run = last_state[i]; }
-    for (var c = d.seg_lo; c < d.seg_hi; c++) {
-        let k = ((b * d.nchunks + c) * d.heads + h) * pn + e;
-        let added = states[k];
-        states[k] = run;
-        run = exp(cs_end_of(b, h, c)) * run + added;
-    }
-    // The padding past L has s = a = 0 (no decay, nothing added), so this is the state after step L − 1.
-    last_state[i] = run;
-}
+// [B, H, P, N] (the recurrent decoding state). Chunks [seg_lo, seg_hi), E_seg_lo carried in last_state from the
+// previous segment. Each thread owns four consecutive state elements of one head (one 16-byte access each), and
+// each chunk's loads are issued PASS_BUFFERS − 1 chunks before they are needed: a walk that issues its next load
+// only after the recurrence step that waits for the previous one waits a whole memory latency per chunk. Chunk
+// c's inputs (its added states and cs_end) go into buffer c mod PASS_BUFFERS right after chunk c − PASS_BUFFERS
+// ran, so while chunk c waits, chunks c + 1 .. c + PASS_BUFFERS − 1 are in flight. The buffers are named
+// registers taken in turn by straight-line code (one loop iteration per PASS_BUFFERS chunks), each refilled after
+// its chunk's step has read it: a rotation (`cur = next; next = load`) copies a load still in flight at the
+// loop's end, which waits for it (the forward "a chunk ahead" that measured equal, docs/performance.md), and an
+// array indexed by a loop counter can land in local memory. cs_end is buffered raw, its exp taken when the chunk
+// runs (an exp at the load would wait for it).
+// H200, 2026-12-02 (bench/ssd.py --variants round robin in one process, GPU timestamps; B 8, L 1024, H 24, P 64,
+// N 128; that round's other kernels ran ~1.6× slower than usual, so compare within it), ms per call: Mamba-3 SISO
+// (G 24, chunk 64, 16 chunks) the walk before this one (one element a thread, one chunk's loads at a time) 0.461;
+// one element a thread with 1 / 2 / 4 / 8 buffers 0.111 / 0.106 / 0.092 / 0.093; four strided (e0 + j·WG, scalar)
+// with 1 / 2 / 4 0.090 / 0.094 / 0.092; a vec4 with 1 / 2 / 4 / 8 0.080 / 0.084 / 0.079 / 0.089. Mamba-2 (G 1,
+// chunk 128, 8 chunks): 0.154; 0.043 / 0.038 / 0.038 / 0.039; 0.034 / 0.035 / 0.035; 0.031 / 0.032 / 0.033 /
+// 0.037. Kept: a vec4 and 4 buffers (the best at Mamba-3, within 0.002 ms of the best at Mamba-2).
+// PASS_SCALAR, for P·N not a multiple of 4 (a head's slab then need not start on a vec4): the same four
+// consecutive elements a thread, grid and walk, by scalar accesses (components of the vec4 views). The simplest
+// correct fallback: only the access width changes, where padding each slab to a multiple of 4 would change the
+// states' layout that ssd_tile shares. Not measured (off the shapes above).
+const PASS_BUFFERS: u32 = 4u;
+override PASS_SCALAR: bool = false;
 
-// ssd_state_passing_buffered: the same walk and the same bits, with each chunk's loads issued PASS_BUFFERS − 1
-// chunks before they are needed; a measurement switch (mambactl/ops/ssd.py PASSING_FORWARD) until the H200 picks
-// a variant. ssd_state_passing waits a whole memory latency per chunk: its next load is issued only after the
-// recurrence step that waits for the previous one. Here chunk c's inputs (its added states and cs_end) go into
-// buffer c mod PASS_BUFFERS right after chunk c − PASS_BUFFERS ran, so while chunk c waits, chunks c + 1 ..
-// c + PASS_BUFFERS − 1 are in flight. The buffers are named registers taken in turn by straight-line code (one
-// loop iteration per PASS_BUFFERS chunks), each refilled after its chunk's step has read it: a rotation
-// (`cur = next; next = load`) copies a load still in flight at the loop's end, which waits for it (the forward
-// "a chunk ahead" that measured equal, docs/performance.md), and an array indexed by a loop counter can land in
-// local memory. cs_end is buffered raw, its exp taken when the chunk runs (an exp at the load would wait for it).
-// PASS_LAYOUT, the state elements a thread owns:
-const PASS_ONE: u32 = 0u;      // one; grid grid_1d(B·H·P·N), as ssd_state_passing
-const PASS_STRIDED: u32 = 1u;  // four, e0 + j·WG (coalesced scalar accesses): ssd_state_passing_backward's grid
-const PASS_VEC4: u32 = 2u;     // four consecutive, one 16-byte access (P·N a multiple of 4); PASS_STRIDED's grid
-override PASS_LAYOUT: u32 = 0u;
-override PASS_BUFFERS: u32 = 2u;  // 1, 2, 4 or 8 (1: the loads of ssd_state_passing, one chunk at a time)
-
-// `states` and `last_state` as vec4s, so that PASS_VEC4 can load 16 bytes; the scalar layouts take one component
-// (a binding of both views of one buffer would alias two writable bindings).
+// `states` as vec4s, for ssd_state_passing's 16-byte accesses (ssd_state_passing_backward reads `states`).
 @group(0) @binding(58) var<storage, read_write> statesv: array<vec4<f32>>;
-@group(0) @binding(59) var<storage, read_write> last_statev: array<vec4<f32>>;
 
-// A thread's state elements: the head (b, h), its first element's offset in a head's [P·N] slab, and which of its
-// four exist (PASS_ONE: only the first).
+// A thread's state elements: the head (b, h), the first one's offset in a head's [P·N] slab, and which of its
+// four exist (without PASS_SCALAR all four or none).
 struct PassLanes { b: u32, h: u32, off: u32, has: vec4<bool> }
 // One chunk's inputs, loaded ahead: this thread's added states and the chunk's cs_end.
 struct PassBuffer { added: vec4<f32>, cs_end: f32 }
 
-// Element k of statesv (of last_statev if `last`); the *4 forms: the vec4 at vec4 index k4.
+// PASS_SCALAR: element k of statesv (of last_state if `last`).
 fn pass_get(k: u32, last: bool) -> f32 {
-    if (last) { return last_statev[k >> 2u][k & 3u]; }
+    if (last) { return last_state[k >> 2u][k & 3u]; }
     return statesv[k >> 2u][k & 3u];
 }
 fn pass_set(k: u32, v: f32, last: bool) {
-    if (last) { last_statev[k >> 2u][k & 3u] = v; } else { statesv[k >> 2u][k & 3u] = v; }
-}
-fn pass_get4(k4: u32, last: bool) -> vec4<f32> {
-    if (last) { return last_statev[k4]; }
-    return statesv[k4];
-}
-fn pass_set4(k4: u32, v: vec4<f32>, last: bool) {
-    if (last) { last_statev[k4] = v; } else { statesv[k4] = v; }
+    if (last) { last_state[k >> 2u][k & 3u] = v; } else { statesv[k >> 2u][k & 3u] = v; }
 }
 
-// This thread's elements of the [P·N] slab at element `slab` of statesv (of last_statev if `last`); 0 where
-// they do not exist.
+// This thread's elements of the [P·N] slab at element `slab` of statesv (of last_state if `last`); 0 where they
+// do not exist.
 fn pass_load(slab: u32, w: PassLanes, last: bool) -> vec4<f32> {
     let k = slab + w.off;
     var v = vec4<f32>(0.0);
-    if (PASS_LAYOUT == PASS_VEC4) {
-        if (w.has.x) { v = pass_get4(k >> 2u, last); }
+    if (!PASS_SCALAR) {
+        if (w.has.x) {
+            if (last) { v = last_state[k >> 2u]; } else { v = statesv[k >> 2u]; }
+        }
         return v;
     }
     if (w.has.x) { v.x = pass_get(k, last); }
-    if (PASS_LAYOUT == PASS_STRIDED) {
-        if (w.has.y) { v.y = pass_get(k + WG, last); }
-        if (w.has.z) { v.z = pass_get(k + 2u * WG, last); }
-        if (w.has.w) { v.w = pass_get(k + 3u * WG, last); }
-    }
+    if (w.has.y) { v.y = pass_get(k + 1u, last); }
+    if (w.has.z) { v.z = pass_get(k + 2u, last); }
+    if (w.has.w) { v.w = pass_get(k + 3u, last); }
     return v;
 }
 fn pass_store(slab: u32, w: PassLanes, v: vec4<f32>, last: bool) {
     let k = slab + w.off;
-    if (PASS_LAYOUT == PASS_VEC4) {
-        if (w.has.x) { pass_set4(k >> 2u, v, last); }
+    if (!PASS_SCALAR) {
+        if (w.has.x) {
+            if (last) { last_state[k >> 2u] = v; } else { statesv[k >> 2u] = v; }
+        }
         return;
     }
     if (w.has.x) { pass_set(k, v.x, last); }
-    if (PASS_LAYOUT == PASS_STRIDED) {
-        if (w.has.y) { pass_set(k + WG, v.y, last); }
-        if (w.has.z) { pass_set(k + 2u * WG, v.z, last); }
-        if (w.has.w) { pass_set(k + 3u * WG, v.w, last); }
-    }
+    if (w.has.y) { pass_set(k + 1u, v.y, last); }
+    if (w.has.z) { pass_set(k + 2u, v.z, last); }
+    if (w.has.w) { pass_set(k + 3u, v.w, last); }
 }
 
 fn pass_chunk_slab(w: PassLanes, c: u32) -> u32 {
@@ -352,7 +329,7 @@ fn pass_fill(buf: ptr<function, PassBuffer>, c: u32, w: PassLanes) {
     if (c < d.seg_hi) { *buf = PassBuffer(pass_load(pass_chunk_slab(w, c), w, false), cs_end_of(w.b, w.h, c)); }
 }
 
-// Chunk c, when in this segment, from *buf: E_c out, the running state on (ssd_state_passing's arithmetic), then
+// Chunk c, when in this segment, from *buf: E_c out, E = exp(cs_end)·E + added (a product, then a sum), then
 // chunk c + PASS_BUFFERS's inputs into the buffer just read.
 fn pass_turn(run: ptr<function, vec4<f32>>, buf: ptr<function, PassBuffer>, c: u32, w: PassLanes) {
     if (c < d.seg_hi) {
@@ -362,22 +339,12 @@ fn pass_turn(run: ptr<function, vec4<f32>>, buf: ptr<function, PassBuffer>, c: u
     }
 }
 
-// As ssd_state_passing (E_seg_lo carried in last_state, E after the segment written there), PASS_LAYOUT's
-// elements a thread, PASS_BUFFERS chunks' loads in flight. Grid: PASS_ONE grid_1d(B·H·P·N), else
-// (ceil(P·N / pass_span()), H, B).
+// Grid (ceil(P·N / pass_span()), H, B).
 @compute @workgroup_size(256)
-fn ssd_state_passing_buffered(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                              @builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
+fn ssd_state_passing(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let pn = d.headdim * d.nstate;
-    var w: PassLanes;
-    if (PASS_LAYOUT == PASS_ONE) {
-        let i = gid.y * nwg.x * WG + gid.x;
-        if (i >= d.batch * d.heads * pn) { return; }
-        w = PassLanes(i / (pn * d.heads), (i / pn) % d.heads, i % pn, vec4<bool>(true, false, false, false));
-    } else {
-        let off = wid.x * pass_span() + select(lid.x, 4u * lid.x, PASS_LAYOUT == PASS_VEC4);
-        w = PassLanes(wid.z, wid.y, off, vec4<bool>(off < pn, off + WG < pn, off + 2u * WG < pn, off + 3u * WG < pn));
-    }
+    let off = wid.x * pass_span() + 4u * lid.x;
+    let w = PassLanes(wid.z, wid.y, off, vec4<u32>(off) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(pn));
     let last_slab = (w.b * d.heads + w.h) * pn;
     var run = vec4<f32>(0.0);
     if (d.seg_lo > 0u) { run = pass_load(last_slab, w, true); }
@@ -385,27 +352,18 @@ fn ssd_state_passing_buffered(@builtin(global_invocation_id) gid: vec3<u32>, @bu
     var buf1: PassBuffer;
     var buf2: PassBuffer;
     var buf3: PassBuffer;
-    var buf4: PassBuffer;
-    var buf5: PassBuffer;
-    var buf6: PassBuffer;
-    var buf7: PassBuffer;
     let lo = d.seg_lo;
     pass_fill(&buf0, lo, w);
-    if (PASS_BUFFERS > 1u) { pass_fill(&buf1, lo + 1u, w); }
-    if (PASS_BUFFERS > 2u) { pass_fill(&buf2, lo + 2u, w); pass_fill(&buf3, lo + 3u, w); }
-    if (PASS_BUFFERS > 4u) {
-        pass_fill(&buf4, lo + 4u, w); pass_fill(&buf5, lo + 5u, w);
-        pass_fill(&buf6, lo + 6u, w); pass_fill(&buf7, lo + 7u, w);
-    }
+    pass_fill(&buf1, lo + 1u, w);
+    pass_fill(&buf2, lo + 2u, w);
+    pass_fill(&buf3, lo + 3u, w);
     for (var c = lo; c < d.seg_hi; c += PASS_BUFFERS) {
         pass_turn(&run, &buf0, c, w);
-        if (PASS_BUFFERS > 1u) { pass_turn(&run, &buf1, c + 1u, w); }
-        if (PASS_BUFFERS > 2u) { pass_turn(&run, &buf2, c + 2u, w); pass_turn(&run, &buf3, c + 3u, w); }
-        if (PASS_BUFFERS > 4u) {
-            pass_turn(&run, &buf4, c + 4u, w); pass_turn(&run, &buf5, c + 5u, w);
-            pass_turn(&run, &buf6, c + 6u, w); pass_turn(&run, &buf7, c + 7u, w);
-        }
+        pass_turn(&run, &buf1, c + 1u, w);
+        pass_turn(&run, &buf2, c + 2u, w);
+        pass_turn(&run, &buf3, c + 3u, w);
     }
+    // The padding past L has s = a = 0 (no decay, nothing added), so this is the state after step L − 1.
     pass_store(last_slab, w, run, true);
 }
 

@@ -40,18 +40,7 @@ from mambactl.ops.checks import expect, grid_1d, is_cpu, loop_budget, segment_le
 from mambactl.runtime.tensor import Tensor
 
 WORKGROUP = 256  # mirrors kernels/ssd.wgsl's WG
-PASSING_ELEMS = 4  # mirrors PASS_ELEMS there: ssd_state_passing_backward's state elements per thread
-# The forward state walk, a measurement switch until the H200 picks one (bench/ssd.py --variants
-# "PASSING_FORWARD=0;PASSING_FORWARD=1;..."): 0 ssd_state_passing (one element a thread, one chunk's loads at a
-# time), k > 0 ssd_state_passing_buffered with (PASS_LAYOUT, PASS_BUFFERS) = PASSING_FORWARD_VARIANTS[k]: the
-# elements a thread owns, and the chunks whose loads are in flight at once. All give the same bits.
-PASSING_FORWARD = 0
-PASS_ONE, PASS_STRIDED, PASS_VEC4 = range(3)  # mirrors PASS_LAYOUT's values there
-PASSING_FORWARD_VARIANTS = {
-    1: (PASS_ONE, 1), 2: (PASS_ONE, 2), 3: (PASS_ONE, 4), 4: (PASS_ONE, 8),
-    5: (PASS_STRIDED, 1), 6: (PASS_STRIDED, 2), 7: (PASS_STRIDED, 4),
-    8: (PASS_VEC4, 1), 9: (PASS_VEC4, 2), 10: (PASS_VEC4, 4), 11: (PASS_VEC4, 8),
-}
+PASSING_ELEMS = 4  # mirrors PASS_ELEMS there: the state walks' elements per thread (ssd_state_passing: a vec4)
 MAX_CHUNK = 1024  # mirrors MAX_CHUNK there: ssd_prep / ssd_rows_backward hold a chunk in workgroup memory
 DEC_ROWS = 6  # mirrors ROWS there: the rows of `dec` (scale, 4 decay sums, diagonal weight)
 TILE = 64  # ssd_tile's output tile (64 × 64)
@@ -75,7 +64,7 @@ M_CB, M_Y, M_STATE, M_DXD, M_DCB, M_DB, M_DC = range(7)
 
 # --- loop iterations per shader invocation (upper bounds, no loop unrolled), for Mesa llvmpipe's budget ---------
 REDUCE = 8  # log2(WORKGROUP) rounds of workgroup_sum / exclusive_prefix
-PASSING_LOOPS = 1  # ssd_state_passing per chunk (ssd_state_passing_buffered: 1 per PASS_BUFFERS chunks)
+PASSING_LOOPS = 1  # ssd_state_passing per chunk (one per PASS_BUFFERS = 4 chunks, charged as one per chunk)
 PASSING_BACKWARD_LOOPS = 1 + REDUCE  # ssd_state_passing_backward per chunk (at most a workgroup sum of W_c each)
 # ssd_param_grads: a thread takes every 64th partial, then 6 tree rounds; charged as one loop per partial (more)
 
@@ -101,7 +90,7 @@ def kernel_chunk(rt, length: int, heads: int, groups: int) -> int:
 
 
 def passing_span() -> int:
-    """State elements per workgroup of ssd_state_passing_backward (and so per W_c partial in w_part)."""
+    """State elements per workgroup of the state walks (and so per W_c partial of the backward's in w_part)."""
     return WORKGROUP * PASSING_ELEMS
 
 
@@ -182,7 +171,6 @@ def kernel_costs(batch: int, length: int, heads: int, headdim: int, groups: int,
         f"ssd_tile[MODE={M_DC}]": (group_grad, xs + bc + states + cb * planes),
         f"ssd_tile[DC_U,MODE={M_DC}]": (group_grad, xs + 2 * bc + states + cb * planes),
         "ssd_state_passing": (0, 2 * states),
-        "ssd_state_passing_buffered": (0, 2 * states),
         "ssd_state_passing_backward": (0, 3 * states),
     }
     for flags in ("", "HAS_D,", "HAS_DIAG,", "HAS_D,HAS_DIAG,"):  # D and diag change no product's size
@@ -289,25 +277,16 @@ def _check_chunk(op: str, rt, chunk: int | None, length: int, heads: int, groups
 
 def state_passing(rt, dims: dict, dec: Tensor, states: Tensor, last_state: Tensor, shape=None,
                   segment: int | None = None) -> None:
-    """ssd_state_passing (or PASSING_FORWARD's variant) over the chunks, in dispatch segments of `segment` chunks
-    (None: all of them, except on llvmpipe, whose loop budget sets it); E carried between segments in last_state."""
+    """ssd_state_passing over the chunks, in dispatch segments of `segment` chunks (None: all of them, except on
+    llvmpipe, whose loop budget sets it); E carried between segments in last_state."""
     nc = dims["nchunks"]
     seg = segment_length(rt, "ssd_chunked (ssd_state_passing)", shape, nc, PASSING_LOOPS, segment=segment)
     pn = dims["headdim"] * dims["nstate"]
-    if PASSING_FORWARD:
-        layout, buffers = PASSING_FORWARD_VARIANTS[PASSING_FORWARD]
-        if layout == PASS_VEC4 and pn % 4:
-            layout = PASS_STRIDED  # four elements a thread still, by scalar accesses
-        grid = (grid_1d(dims["batch"] * dims["heads"] * pn) if layout == PASS_ONE
-                else (_cdiv(pn, passing_span()), dims["heads"], dims["batch"]))
+    # P·N not a multiple of 4: scalar accesses (kernels/ssd.wgsl says why); else no constants, the profiled name
+    consts = {"PASS_SCALAR": True} if pn % 4 else None
     for lo, hi in segments(nc, seg):
-        part = {**dims, "seg_lo": lo, "seg_hi": hi}
-        if PASSING_FORWARD:
-            rt.run("ssd_state_passing_buffered", grid, {"PASS_LAYOUT": layout, "PASS_BUFFERS": buffers}, dec=dec,
-                   statesv=states, last_statev=last_state, **part)
-        else:
-            rt.run("ssd_state_passing", grid_1d(dims["batch"] * dims["heads"] * pn), dec=dec, states=states,
-                   last_state=last_state, **part)
+        rt.run("ssd_state_passing", (_cdiv(pn, passing_span()), dims["heads"], dims["batch"]), consts, dec=dec,
+               statesv=states, last_state=last_state, **{**dims, "seg_lo": lo, "seg_hi": hi})
 
 
 def state_passing_backward(rt, dims: dict, dec: Tensor, dstates: Tensor, saved_states: Tensor, w_part: Tensor,
