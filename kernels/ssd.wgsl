@@ -18,8 +18,8 @@
 //   E_{c+1} = exp(cs_end) E_c + Σ_o exp(cs_end − cs_o) s_o x_o B_oᵀ                  (M_STATE + passing)
 // Every chunk-level product is ssd_tile (the tile engine at the end of this file: batched 64 × 64 GEMM tiles
 // with the mask and scales applied while staging; C Bᵀ formed once per group). Chunk states go in order in
-// their own dispatch (one thread per state element walks the chunks; on Mesa llvmpipe, whose loop budget cuts
-// long walks, in several: seg_lo / seg_hi), so no workgroup waits on another.
+// their own dispatch (each thread walks the chunks for its own state elements; on Mesa llvmpipe, whose loop
+// budget cuts long walks, in several: seg_lo / seg_hi), so no workgroup waits on another.
 //
 // Backward, with dE_c = ∂loss/∂E_c and dS_c = dE_{c+1} (zero for the last chunk):
 //   dE_c = Σ_r exp(cs_r) dy_r C_rᵀ + exp(cs_end) dE_{c+1}                    (M_STATE GRAD + reverse passing)
@@ -101,7 +101,8 @@ struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nsta
 @group(0) @binding(28) var<storage, read_write> param_part: array<f32>;
 @group(0) @binding(29) var<storage, read_write> grad_0: array<f32>;
 @group(0) @binding(31) var<storage, read_write> grad_1: array<f32>;
-@group(0) @binding(32) var<storage, read_write> last_state: array<f32>;  // [B, H, P, N]: S after the last step
+// [B, H, P, N]: S after the last step, as vec4s (ssd_state_passing's 16-byte accesses)
+@group(0) @binding(32) var<storage, read_write> last_state: array<vec4<f32>>;
 @group(0) @binding(33) var<storage, read_write> ssm_state: array<f32>;   // ssd_step: [B, H, P, N], in place
 // [B, H, nchunks, ceil(P / 64), Q]: U_r = dy_r·y_off_r by 64-column tiles of P (ssd_tile M_Y without pairs);
 // with DC_U [B, H, nchunks, ceil(N / 64), Q] by 64-column tiles of N (M_DC: U_r = C_r·(exp(cs_r) E_cᵀ dy_r))
@@ -245,26 +246,125 @@ fn cs_end_of(b: u32, h: u32, c: u32) -> f32 { return dec[dec_base(b, h, c) + CS 
 
 // In place: the states each chunk adds become the states entering each chunk, E_0 = 0,
 // E_{c+1} = exp(cs_end_c) E_c + added_c; E_nchunks, the state after the last step, goes to last_state
-// [B, H, P, N] (the recurrent decoding state). One thread per (b, h, state element), chunks [seg_lo, seg_hi)
-// (E_seg_lo carried in last_state from the previous segment). Grid grid_1d(B·H·P·N).
+// [B, H, P, N] (the recurrent decoding state). Chunks [seg_lo, seg_hi), E_seg_lo carried in last_state from the
+// previous segment. Each thread owns four consecutive state elements of one head (one 16-byte access each), and
+// each chunk's loads are issued PASS_BUFFERS − 1 chunks before they are needed: a walk that issues its next load
+// only after the recurrence step that waits for the previous one waits a whole memory latency per chunk. Chunk
+// c's inputs (its added states and cs_end) go into buffer c mod PASS_BUFFERS right after chunk c − PASS_BUFFERS
+// ran, so while chunk c waits, chunks c + 1 .. c + PASS_BUFFERS − 1 are in flight. The buffers are named
+// registers taken in turn by straight-line code (one loop iteration per PASS_BUFFERS chunks), each refilled after
+// its chunk's step has read it: a rotation (`cur = next; next = load`) copies a load still in flight at the
+// loop's end, which waits for it (the forward "a chunk ahead" that measured equal, docs/performance.md), and an
+// array indexed by a loop counter can land in local memory. cs_end is buffered raw, its exp taken when the chunk
+// runs (an exp at the load would wait for it).
+// H200, 2026-12-02 (bench/ssd.py --variants round robin in one process, GPU timestamps; B 8, L 1024, H 24, P 64,
+// N 128; that round's other kernels ran ~1.6× slower than usual, so compare within it), ms per call: Mamba-3 SISO
+// (G 24, chunk 64, 16 chunks) the walk before this one (one element a thread, one chunk's loads at a time) 0.461;
+// one element a thread with 1 / 2 / 4 / 8 buffers 0.111 / 0.106 / 0.092 / 0.093; four strided (e0 + j·WG, scalar)
+// with 1 / 2 / 4 0.090 / 0.094 / 0.092; a vec4 with 1 / 2 / 4 / 8 0.080 / 0.084 / 0.079 / 0.089. Mamba-2 (G 1,
+// chunk 128, 8 chunks): 0.154; 0.043 / 0.038 / 0.038 / 0.039; 0.034 / 0.035 / 0.035; 0.031 / 0.032 / 0.033 /
+// 0.037. Kept: a vec4 and 4 buffers (the best at Mamba-3, within 0.002 ms of the best at Mamba-2).
+// PASS_SCALAR, for P·N not a multiple of 4 (a head's slab then need not start on a vec4): the same four
+// consecutive elements a thread, grid and walk, by scalar accesses (components of the vec4 views). The simplest
+// correct fallback: only the access width changes, where padding each slab to a multiple of 4 would change the
+// states' layout that ssd_tile shares. Not measured (off the shapes above).
+const PASS_BUFFERS: u32 = 4u;
+override PASS_SCALAR: bool = false;
+
+// `states` as vec4s, for ssd_state_passing's 16-byte accesses (ssd_state_passing_backward reads `states`).
+@group(0) @binding(58) var<storage, read_write> statesv: array<vec4<f32>>;
+
+// A thread's state elements: the head (b, h), the first one's offset in a head's [P·N] slab, and which of its
+// four exist (without PASS_SCALAR all four or none).
+struct PassLanes { b: u32, h: u32, off: u32, has: vec4<bool> }
+// One chunk's inputs, loaded ahead: this thread's added states and the chunk's cs_end.
+struct PassBuffer { added: vec4<f32>, cs_end: f32 }
+
+// PASS_SCALAR: element k of statesv (of last_state if `last`).
+fn pass_get(k: u32, last: bool) -> f32 {
+    if (last) { return last_state[k >> 2u][k & 3u]; }
+    return statesv[k >> 2u][k & 3u];
+}
+fn pass_set(k: u32, v: f32, last: bool) {
+    if (last) { last_state[k >> 2u][k & 3u] = v; } else { statesv[k >> 2u][k & 3u] = v; }
+}
+
+// This thread's elements of the [P·N] slab at element `slab` of statesv (of last_state if `last`); 0 where they
+// do not exist.
+fn pass_load(slab: u32, w: PassLanes, last: bool) -> vec4<f32> {
+    let k = slab + w.off;
+    var v = vec4<f32>(0.0);
+    if (!PASS_SCALAR) {
+        if (w.has.x) {
+            if (last) { v = last_state[k >> 2u]; } else { v = statesv[k >> 2u]; }
+        }
+        return v;
+    }
+    if (w.has.x) { v.x = pass_get(k, last); }
+    if (w.has.y) { v.y = pass_get(k + 1u, last); }
+    if (w.has.z) { v.z = pass_get(k + 2u, last); }
+    if (w.has.w) { v.w = pass_get(k + 3u, last); }
+    return v;
+}
+fn pass_store(slab: u32, w: PassLanes, v: vec4<f32>, last: bool) {
+    let k = slab + w.off;
+    if (!PASS_SCALAR) {
+        if (w.has.x) {
+            if (last) { last_state[k >> 2u] = v; } else { statesv[k >> 2u] = v; }
+        }
+        return;
+    }
+    if (w.has.x) { pass_set(k, v.x, last); }
+    if (w.has.y) { pass_set(k + 1u, v.y, last); }
+    if (w.has.z) { pass_set(k + 2u, v.z, last); }
+    if (w.has.w) { pass_set(k + 3u, v.w, last); }
+}
+
+fn pass_chunk_slab(w: PassLanes, c: u32) -> u32 {
+    return ((w.b * d.nchunks + c) * d.heads + w.h) * d.headdim * d.nstate;
+}
+
+// Chunk c's inputs into *buf when c is in this segment: loads only, nothing here waits for them.
+fn pass_fill(buf: ptr<function, PassBuffer>, c: u32, w: PassLanes) {
+    if (c < d.seg_hi) { *buf = PassBuffer(pass_load(pass_chunk_slab(w, c), w, false), cs_end_of(w.b, w.h, c)); }
+}
+
+// Chunk c, when in this segment, from *buf: E_c out, E = exp(cs_end)·E + added (a product, then a sum), then
+// chunk c + PASS_BUFFERS's inputs into the buffer just read.
+fn pass_turn(run: ptr<function, vec4<f32>>, buf: ptr<function, PassBuffer>, c: u32, w: PassLanes) {
+    if (c < d.seg_hi) {
+        pass_store(pass_chunk_slab(w, c), w, *run, false);
+        *run = exp((*buf).cs_end) * *run + (*buf).added;
+        pass_fill(buf, c + PASS_BUFFERS, w);
+    }
+}
+
+// Grid (ceil(P·N / pass_span()), H, B).
 @compute @workgroup_size(256)
-fn ssd_state_passing(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let i = gid.y * nwg.x * WG + gid.x;
+fn ssd_state_passing(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>) {
     let pn = d.headdim * d.nstate;
-    if (i >= d.batch * d.heads * pn) { return; }
-    let e = i % pn;
-    let h = (i / pn) % d.heads;
-    let b = i / (pn * d.heads);
-    var run = 0.0;
-    if (d.seg_lo > 0u) { run = last_state[i]; }
-    for (var c = d.seg_lo; c < d.seg_hi; c++) {
-        let k = ((b * d.nchunks + c) * d.heads + h) * pn + e;
-        let added = states[k];
-        states[k] = run;
-        run = exp(cs_end_of(b, h, c)) * run + added;
+    let off = wid.x * pass_span() + 4u * lid.x;
+    let w = PassLanes(wid.z, wid.y, off, vec4<u32>(off) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(pn));
+    let last_slab = (w.b * d.heads + w.h) * pn;
+    var run = vec4<f32>(0.0);
+    if (d.seg_lo > 0u) { run = pass_load(last_slab, w, true); }
+    var buf0: PassBuffer;
+    var buf1: PassBuffer;
+    var buf2: PassBuffer;
+    var buf3: PassBuffer;
+    let lo = d.seg_lo;
+    pass_fill(&buf0, lo, w);
+    pass_fill(&buf1, lo + 1u, w);
+    pass_fill(&buf2, lo + 2u, w);
+    pass_fill(&buf3, lo + 3u, w);
+    for (var c = lo; c < d.seg_hi; c += PASS_BUFFERS) {
+        pass_turn(&run, &buf0, c, w);
+        pass_turn(&run, &buf1, c + 1u, w);
+        pass_turn(&run, &buf2, c + 2u, w);
+        pass_turn(&run, &buf3, c + 3u, w);
     }
     // The padding past L has s = a = 0 (no decay, nothing added), so this is the state after step L − 1.
-    last_state[i] = run;
+    pass_store(last_slab, w, run, true);
 }
 
 // ssd_state_passing_backward gives each thread PASS_ELEMS state elements e0 + j·WG (coalesced), the components of

@@ -381,3 +381,53 @@ def test_state_walks(rt):
         run = part[:, c] + decay[:, :, c] * run
     assert rel_err(dstates.numpy(), want_ds) < 1e-6
     assert rel_err(w_part.numpy(), want_w) < 1e-5
+
+
+def _walk32(decay, added, fused):
+    """The forward walk in float32 in ssd_state_passing's order: E_c out, then E = decay_c·E + added_c, rounded
+    after the product and after the sum (fused: once, as an fma; longdouble holds the exact product).
+    decay [B, H, nc] float32, added [B, nc, H, P, N] -> (states, last_state)."""
+    wide = np.longdouble if fused else np.float32
+    states, run = np.empty_like(added), np.zeros(added[:, 0].shape, np.float32)
+    for c in range(added.shape[1]):
+        states[:, c] = run
+        prod = decay[:, :, c, None, None].astype(wide) * run.astype(wide)
+        run = (prod + added[:, c].astype(wide)).astype(np.float32)
+    return states, run
+
+
+@pytest.mark.parametrize("nstate", [131, 132])
+def test_state_passing_bits(rt, nstate):
+    """ssd_state_passing against the float64 recurrence and, bit for bit, against the float32 recurrence in its
+    order (_walk32) with the device's own exp of cs_end (the exp kernel's: llvmpipe's exp is not numpy's), whole
+    and in segments of 1 and 3 of its 7 chunks (4 buffers: partly filled at a segment's end, two loop turns
+    whole). P·N = 9·131 = 1179: PASS_SCALAR (odd, so head slabs start at every offset mod 4); 9·132 = 1188: vec4s;
+    both two workgroups, the second partial. last_state starts poisoned (NaN) and both outputs are views of
+    larger buffers whose tails (NaN) must stay unwritten; an unwritten state would keep its added value."""
+    from mambactl.ops.activations import exp
+
+    rng = np.random.default_rng(12)
+    B, nc, H, P, N = 2, 7, 3, 9, nstate
+    adt = (-0.3 * rng.uniform(0.5, 1.5, (B, nc, H))).astype(np.float32)
+    dims = ssd_op._dims(B, nc, H, P, 1, N, 1)
+    dec = ssd_op._prep(rt, dims, rt.from_numpy(adt), rt.from_numpy(np.ones((B, nc, H), np.float32)))
+    cs_end = np.ascontiguousarray(dec.numpy()[:, :, :, 1, -1])  # [B, H, nc]: row CS, the chunk's last position
+    decay = exp(rt.from_numpy(cs_end)).numpy()
+    added = rng.standard_normal((B, nc, H, P, N)).astype(np.float32)
+    want, run = np.zeros((B, nc, H, P, N)), np.zeros((B, H, P, N))
+    for c in range(nc):
+        want[:, c] = run
+        run = np.exp(cs_end[:, :, c, None, None].astype(np.float64)) * run + added[:, c]
+    # A compiler may contract decay·E + added into an fma (WGSL allows it; llvmpipe does not): one rounding a step.
+    exact = [_walk32(decay, added, fused) for fused in (False, True)]
+    guard = 64
+    for segment in (None, 1, 3):
+        states_buf = rt.from_numpy(np.concatenate([added.ravel(), np.full(guard, np.nan, np.float32)]))
+        last_buf = rt.empty((B * H * P * N + guard,))
+        states, last = states_buf.view(0, added.shape), last_buf.view(0, (B, H, P, N))
+        ssd_op.state_passing(rt, dims, dec, states, last, segment=segment)
+        got = states.numpy(), last.numpy()
+        assert rel_err(got[0], want) < 1e-6, segment
+        assert rel_err(got[1], run) < 1e-6, segment
+        assert any(np.array_equal(got[0], w[0]) and np.array_equal(got[1], w[1]) for w in exact), segment
+        assert np.isnan(states_buf.numpy()[-guard:]).all() and np.isnan(last_buf.numpy()[-guard:]).all(), segment

@@ -40,7 +40,7 @@ from mambactl.ops.checks import expect, grid_1d, is_cpu, loop_budget, segment_le
 from mambactl.runtime.tensor import Tensor
 
 WORKGROUP = 256  # mirrors kernels/ssd.wgsl's WG
-PASSING_ELEMS = 4  # mirrors PASS_ELEMS there: ssd_state_passing_backward's state elements per thread
+PASSING_ELEMS = 4  # mirrors PASS_ELEMS there: the state walks' elements per thread (ssd_state_passing: a vec4)
 MAX_CHUNK = 1024  # mirrors MAX_CHUNK there: ssd_prep / ssd_rows_backward hold a chunk in workgroup memory
 DEC_ROWS = 6  # mirrors ROWS there: the rows of `dec` (scale, 4 decay sums, diagonal weight)
 TILE = 64  # ssd_tile's output tile (64 × 64)
@@ -64,7 +64,7 @@ M_CB, M_Y, M_STATE, M_DXD, M_DCB, M_DB, M_DC = range(7)
 
 # --- loop iterations per shader invocation (upper bounds, no loop unrolled), for Mesa llvmpipe's budget ---------
 REDUCE = 8  # log2(WORKGROUP) rounds of workgroup_sum / exclusive_prefix
-PASSING_LOOPS = 1  # ssd_state_passing per chunk
+PASSING_LOOPS = 1  # ssd_state_passing per chunk (one per PASS_BUFFERS = 4 chunks, charged as one per chunk)
 PASSING_BACKWARD_LOOPS = 1 + REDUCE  # ssd_state_passing_backward per chunk (at most a workgroup sum of W_c each)
 # ssd_param_grads: a thread takes every 64th partial, then 6 tree rounds; charged as one loop per partial (more)
 
@@ -90,7 +90,7 @@ def kernel_chunk(rt, length: int, heads: int, groups: int) -> int:
 
 
 def passing_span() -> int:
-    """State elements per workgroup of ssd_state_passing_backward (and so per W_c partial in w_part)."""
+    """State elements per workgroup of the state walks (and so per W_c partial of the backward's in w_part)."""
     return WORKGROUP * PASSING_ELEMS
 
 
@@ -282,9 +282,11 @@ def state_passing(rt, dims: dict, dec: Tensor, states: Tensor, last_state: Tenso
     nc = dims["nchunks"]
     seg = segment_length(rt, "ssd_chunked (ssd_state_passing)", shape, nc, PASSING_LOOPS, segment=segment)
     pn = dims["headdim"] * dims["nstate"]
+    # P·N not a multiple of 4: scalar accesses (kernels/ssd.wgsl says why); else no constants, the profiled name
+    consts = {"PASS_SCALAR": True} if pn % 4 else None
     for lo, hi in segments(nc, seg):
-        rt.run("ssd_state_passing", grid_1d(dims["batch"] * dims["heads"] * pn), dec=dec, states=states,
-               last_state=last_state, **{**dims, "seg_lo": lo, "seg_hi": hi})
+        rt.run("ssd_state_passing", (_cdiv(pn, passing_span()), dims["heads"], dims["batch"]), consts, dec=dec,
+               statesv=states, last_state=last_state, **{**dims, "seg_lo": lo, "seg_hi": hi})
 
 
 def state_passing_backward(rt, dims: dict, dec: Tensor, dstates: Tensor, saved_states: Tensor, w_part: Tensor,
