@@ -10,7 +10,10 @@ The statistics come from the Vulkan layer in bench/pipeline_stats/ (build it fir
 which asks the driver for them (VK_KHR_pipeline_executable_properties) as each pipeline is created and appends
 them to MAMBACTL_PIPELINE_STATS; the loader reads the variables above when the process starts, so this script
 sets none of them. With MAMBACTL_PIPELINE_IR_DIR=DIR the layer also writes the driver's text representations
-(NIR, machine code, ...) to DIR/<seq>_<entry>_<executable>_<representation>.txt.
+(NIR, machine code, ...) to DIR/<seq>_<entry>_<executable>_<representation>.txt, and with
+MAMBACTL_PIPELINE_CACHE_DIR=DIR what the driver put in a pipeline cache of each pipeline's own, as
+DIR/<seq>_<entry>.pipeline_cache.bin: on a driver without the extension the script then lists those files
+(their sizes, and how many ELF headers each holds: NVIDIA's binaries might be cubins, for cuobjdump / nvdisasm).
 
 Which pipelines: one LM training step per --arch (forward with the loss, backward, AdamW with clipping, as
 bench/profile_step.py runs it) is recorded, entry point and constants of every dispatch, then each distinct
@@ -18,7 +21,7 @@ bench/profile_step.py runs it) is recorded, entry point and constants of every d
 to it. The constants depend on the shape (GEMM tiles, raster order and K splits on M = batch·seq, N and K; the
 weight transpose from 1024 rows; the SSD chunk and head splits on seq, batch and heads), not on the layer count:
 for the 130m model's pipelines run --d-model 768 --layers 1 --vocab 50280 --seq 1024 --batch 8 --d-state 16 (or
-128 for Mamba-2/3). --precision f16 records the steps with f16 GEMMs (matmul_f16) too.
+128 for Mamba-2/3). --precision fp32,f16 records each step with f16 GEMMs (matmul_f16) as well.
 
 Prints a table, entry[constants] | the recorded steps that use it | its dispatches in one step (the most of
 them) | executable | subgroup size | the driver's statistics (names as it gives them; hashes left out unless
@@ -106,6 +109,26 @@ def record_step(args, arch: str, precision: str, dispatches: collections.Counter
     rt.sync()
 
 
+class CacheDir:
+    """MAMBACTL_PIPELINE_CACHE_DIR: the layer's pipeline cache dumps that appeared since the last `new_files`."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self.seen = self._names()
+
+    def _names(self) -> set:
+        return set(os.listdir(self.path)) if self.path and os.path.isdir(self.path) else set()
+
+    def new_files(self) -> list[dict]:
+        names = self._names()
+        new, self.seen = sorted(names - self.seen), names
+        out = []
+        for name in new:
+            data = open(os.path.join(self.path, name), "rb").read()
+            out.append({"file": os.path.join(self.path, name), "bytes": len(data), "elf_headers": data.count(b"\x7fELF")})
+        return out
+
+
 def stat_text(value) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
@@ -133,15 +156,19 @@ def main() -> None:
     precisions = a.precision.split(",")
     archs = ARCHS if a.arch == "all" else (a.arch,)
     try:
-        # The layer first: a runtime that compiles one pipeline, which must leave a line in the stats file.
+        # The layer first: a runtime that compiles one pipeline, which must leave a line in the stats file (or,
+        # on a driver without the extension, a pipeline cache dump where MAMBACTL_PIPELINE_CACHE_DIR is set).
         stats_file = StatsFile(path)
         compiler = Runtime(a.device)
+        caches = CacheDir(os.environ.get("MAMBACTL_PIPELINE_CACHE_DIR"))
         stats_file.new_lines()  # whatever creating the device compiled (wgpu's own pipelines)
         compiler.pipeline(PROBE_ENTRY)
-        if not stats_file.new_lines():
+        have_stats = bool(stats_file.new_lines())
+        if not have_stats and not caches.new_files():
             sys.exit(f"pipeline_stats.py: no statistics arrived in {path}: the layer is not loaded (enable it when "
                      f"starting: {ENABLE}, layer built by bench/pipeline_stats/build.sh), or the driver offers no "
-                     f"VK_KHR_pipeline_executable_properties (then the layer said so on stderr above)")
+                     f"VK_KHR_pipeline_executable_properties (then the layer said so on stderr above, and "
+                     f"MAMBACTL_PIPELINE_CACHE_DIR=DIR still dumps the driver's pipeline caches)")
         compiler._pipelines.clear()  # each recorded pipeline is created anew below, the probe's too
         compiler._recipes.clear()
 
@@ -155,46 +182,53 @@ def main() -> None:
                     dispatches[key] = max(dispatches[key], n)
                     used_by[key].append(arch if len(precisions) == 1 else f"{arch}/{precision}")
         stats_file.new_lines()  # the recorded steps' own pipelines
+        caches.new_files()
 
-        rows = []
+        rows = []  # (key, the layer's line for one executable or {}, the key's pipeline cache dumps)
         for key in sorted(dispatches, key=lambda k: (k[0], label(*k))):
             entry, constants = key
             compiler.pipeline(entry, dict(constants) or None)
-            lines = stats_file.new_lines()
-            if not lines:
-                rows.append((key, {"executable": "(no statistics)", "stats": {}}))
-            for line in lines:
-                rows.append((key, line))
+            lines, dumps = stats_file.new_lines(), caches.new_files()
+            for line in lines or [{"executable": "(no statistics)" if have_stats else "", "stats": {}}]:
+                rows.append((key, line, dumps))
     except MambactlError as e:
         sys.exit(f"pipeline_stats.py: {e}")
 
     wanted = [s for s in a.stats.split(",") if s]
     names: list[str] = []
-    for _, line in rows:
+    for _, line, _ in rows:
         for name in line.get("stats", {}):
             if name not in names and (name in wanted if wanted else "hash" not in name.lower()):
                 names.append(name)
     info = compiler.info
     print(f"{info.name} ({info.backend}, {info.driver}); {', '.join(archs)} at d_model {a.d_model}, d_state "
           f"{a.d_state}, batch {a.batch} x seq {a.seq}, vocab {a.vocab}; {len(dispatches)} pipelines")
-    print(f"| pipeline | steps | dispatches | executable | subgroup | {' | '.join(names)} |")
-    print("|---" * (5 + len(names)) + "|")
-    for key, line in rows:
-        cells = [stat_text(line.get("stats", {}).get(n)) for n in names]
-        print(f"| {label(*key)} | {','.join(used_by[key])} | {dispatches[key]} | {line.get('executable', '')} | "
-              f"{line.get('subgroup_size', '')} | {' | '.join(cells)} |")
+    if have_stats:
+        print(f"| pipeline | steps | dispatches | executable | subgroup | {' | '.join(names)} |")
+        print("|---" * (5 + len(names)) + "|")
+    else:
+        print(f"no statistics from this driver; the pipeline cache dumps in {caches.path}:")
+        print("| pipeline | steps | dispatches | cache dump | bytes | ELF headers in it |")
+        print("|---" * 6 + "|")
+    for key, line, dumps in rows:
+        first = f"| {label(*key)} | {','.join(used_by[key])} | {dispatches[key]} |"
+        if have_stats:
+            cells = [stat_text(line.get("stats", {}).get(n)) for n in names]
+            print(f"{first} {line.get('executable', '')} | {line.get('subgroup_size', '')} | {' | '.join(cells)} |")
+        else:
+            for d in dumps or [{"file": "(none)", "bytes": "", "elf_headers": ""}]:
+                print(f"{first} {os.path.basename(d['file'])} | {d['bytes']} | {d['elf_headers']} |")
     if a.out:
         head = header("pipeline_stats", info)
         shape = {"d_model": a.d_model, "layers": a.layers, "vocab": a.vocab, "seq": a.seq, "batch": a.batch,
                  "d_state": a.d_state}
         with open(a.out, "a", encoding="utf-8") as f:
-            for (entry, constants), line in rows:
-                f.write(json.dumps({**head, **shape, "entry": entry, "constants": dict(constants),
-                                    "used_by": used_by[(entry, constants)],
-                                    "dispatches": dispatches[(entry, constants)],
+            for key, line, dumps in rows:
+                f.write(json.dumps({**head, **shape, "entry": key[0], "constants": dict(key[1]),
+                                    "used_by": used_by[key], "dispatches": dispatches[key],
                                     "executable": line.get("executable"), "description": line.get("description"),
-                                    "subgroup_size": line.get("subgroup_size"), "stats": line.get("stats", {})})
-                        + "\n")
+                                    "subgroup_size": line.get("subgroup_size"), "stats": line.get("stats", {}),
+                                    "pipeline_cache": dumps}) + "\n")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,11 @@
  * MAMBACTL_PIPELINE_IR_DIR set it also asks for the driver's internal representations (NIR, LLVM IR, machine
  * code: whatever it offers) and writes each text one to DIR/<seq>_<entry>_<executable>_<representation>.txt.
  *
+ * With MAMBACTL_PIPELINE_CACHE_DIR set it also gives each vkCreateComputePipelines call where the app passes no
+ * pipeline cache (wgpu passes none) an empty cache of its own and writes what the driver put in it to
+ * DIR/<seq>_<entry>.pipeline_cache.bin: the driver's binaries in a format of its own, which works on drivers
+ * without the extension too (NVIDIA's, maybe: look in them for an ELF, `grep -obUaP '\x7fELF'`).
+ *
  * What it changes: vkCreateDevice enables the extension and its pipelineExecutableInfo feature when the device
  * offers them and the app did not; vkCreateComputePipelines adds VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR
  * (and the internal representations bit when the IR dir is set). Everything else passes through. A device
@@ -72,6 +77,9 @@ typedef struct DeviceRecord {
     PFN_vkGetDeviceProcAddr next_get_device_proc_addr;
     PFN_vkDestroyDevice next_destroy_device;
     PFN_vkCreateComputePipelines next_create_compute_pipelines;
+    PFN_vkCreatePipelineCache create_pipeline_cache; /* MAMBACTL_PIPELINE_CACHE_DIR's dumps */
+    PFN_vkGetPipelineCacheData get_pipeline_cache_data;
+    PFN_vkDestroyPipelineCache destroy_pipeline_cache;
     /* NULL when the device does not offer VK_KHR_pipeline_executable_properties: then nothing is reported */
     PFN_vkGetPipelineExecutablePropertiesKHR get_executable_properties;
     PFN_vkGetPipelineExecutableStatisticsKHR get_executable_statistics;
@@ -259,11 +267,16 @@ static void write_internal_representations(const DeviceRecord *dev, const VkPipe
     free(irs);
 }
 
-static void report_pipeline(const DeviceRecord *dev, VkPipeline pipeline, const char *entry) {
+/* The seq numbers of `count` new pipelines: the first of them. */
+static unsigned long long reserve_seq(uint32_t count) {
     pthread_mutex_lock(&table_lock);
-    unsigned long long seq = pipeline_seq++;
+    unsigned long long first = pipeline_seq;
+    pipeline_seq += count;
     pthread_mutex_unlock(&table_lock);
+    return first;
+}
 
+static void report_pipeline(const DeviceRecord *dev, VkPipeline pipeline, const char *entry, unsigned long long seq) {
     VkPipelineInfoKHR pipeline_info = {VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR, NULL, pipeline};
     uint32_t executable_count = 0;
     if (dev->get_executable_properties(dev->device, &pipeline_info, &executable_count, NULL) != VK_SUCCESS) return;
@@ -342,6 +355,33 @@ static void report_pipeline(const DeviceRecord *dev, VkPipeline pipeline, const 
         pthread_mutex_unlock(&output_lock);
     }
     free(lines.data);
+}
+
+/* The driver's pipeline cache data of one vkCreateComputePipelines call, as DIR/<seq>_<entry>.pipeline_cache.bin:
+ * where the driver offers no statistics, its binaries (in a format of its own) may still be in there. */
+static void write_pipeline_cache(const DeviceRecord *dev, VkPipelineCache cache, const char *dir,
+                                 unsigned long long seq, const char *entry) {
+    size_t size = 0;
+    if (dev->get_pipeline_cache_data(dev->device, cache, &size, NULL) != VK_SUCCESS || size == 0) return;
+    void *data = malloc(size);
+    if (!data) return;
+    VkResult result = dev->get_pipeline_cache_data(dev->device, cache, &size, data);
+    if (result == VK_SUCCESS || result == VK_INCOMPLETE) {
+        char entry_part[96], path[4096];
+        sanitise(entry_part, sizeof entry_part, entry, 256);
+        snprintf(path, sizeof path, "%s/%llu_%s.pipeline_cache.bin", dir, seq, entry_part);
+        pthread_mutex_lock(&output_lock);
+        mkdir(dir, 0777);
+        FILE *f = fopen(path, "wb");
+        if (f) {
+            fwrite(data, 1, size, f);
+            fclose(f);
+        } else {
+            layer_message("cannot write %s: %s", path, strerror(errno));
+        }
+        pthread_mutex_unlock(&output_lock);
+    }
+    free(data);
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -453,7 +493,7 @@ static VKAPI_ATTR VkResult VKAPI_CALL layer_CreateDevice(VkPhysicalDevice physic
     int offered = known_instance && device_offers_executable_properties(&inst, physicalDevice);
     if (!offered)
         layer_message("%s does not offer VK_KHR_pipeline_executable_properties (or its pipelineExecutableInfo "
-                      "feature): no pipeline statistics from this device, everything passes through", device_name);
+                      "feature): no pipeline statistics from this device", device_name);
 
     /* The app's create info with the extension and the feature added where it did not ask for them. */
     VkDeviceCreateInfo create_info = *pCreateInfo;
@@ -504,6 +544,9 @@ static VKAPI_ATTR VkResult VKAPI_CALL layer_CreateDevice(VkPhysicalDevice physic
     r->next_get_device_proc_addr = next_gdpa;
     r->next_destroy_device = (PFN_vkDestroyDevice)next_gdpa(*pDevice, "vkDestroyDevice");
     r->next_create_compute_pipelines = (PFN_vkCreateComputePipelines)next_gdpa(*pDevice, "vkCreateComputePipelines");
+    r->create_pipeline_cache = (PFN_vkCreatePipelineCache)next_gdpa(*pDevice, "vkCreatePipelineCache");
+    r->get_pipeline_cache_data = (PFN_vkGetPipelineCacheData)next_gdpa(*pDevice, "vkGetPipelineCacheData");
+    r->destroy_pipeline_cache = (PFN_vkDestroyPipelineCache)next_gdpa(*pDevice, "vkDestroyPipelineCache");
     if (offered) {
         r->get_executable_properties =
             (PFN_vkGetPipelineExecutablePropertiesKHR)next_gdpa(*pDevice, "vkGetPipelineExecutablePropertiesKHR");
@@ -548,27 +591,47 @@ static VKAPI_ATTR VkResult VKAPI_CALL layer_CreateComputePipelines(VkDevice devi
     DeviceRecord dev;
     if (!lookup_device(dispatch_key(device), &dev) || !dev.next_create_compute_pipelines)
         return VK_ERROR_INITIALIZATION_FAILED; /* a device this layer never saw created */
-    if (!dev.get_executable_properties || createInfoCount == 0)
+    int statistics = dev.get_executable_properties != NULL;
+    /* The cache dump needs a cache of its own: only where the app passes none (wgpu does not). */
+    const char *cache_dir = getenv("MAMBACTL_PIPELINE_CACHE_DIR");
+    VkPipelineCache own_cache = VK_NULL_HANDLE;
+    if (cache_dir && *cache_dir && pipelineCache == VK_NULL_HANDLE && dev.create_pipeline_cache &&
+        dev.get_pipeline_cache_data && dev.destroy_pipeline_cache && createInfoCount) {
+        VkPipelineCacheCreateInfo cache_info = {VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO, NULL, 0, 0, NULL};
+        if (dev.create_pipeline_cache(device, &cache_info, NULL, &own_cache) != VK_SUCCESS) own_cache = VK_NULL_HANDLE;
+    }
+    if ((!statistics && !own_cache) || createInfoCount == 0)
         return dev.next_create_compute_pipelines(device, pipelineCache, createInfoCount, pCreateInfos, pAllocator, pPipelines);
 
     /* The app's create infos with the capture flags added. (A VkPipelineCreateFlags2CreateInfoKHR in pNext,
      * VK_KHR_maintenance5, would override these flags; wgpu passes none.) */
     const char *ir_dir = getenv("MAMBACTL_PIPELINE_IR_DIR");
-    VkPipelineCreateFlags capture = VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
-    if (ir_dir && *ir_dir && dev.get_internal_representations)
+    VkPipelineCreateFlags capture = 0;
+    if (statistics) capture |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
+    if (statistics && ir_dir && *ir_dir && dev.get_internal_representations)
         capture |= VK_PIPELINE_CREATE_CAPTURE_INTERNAL_REPRESENTATIONS_BIT_KHR;
     VkComputePipelineCreateInfo *create_infos = malloc(createInfoCount * sizeof *create_infos);
-    if (!create_infos) return VK_ERROR_OUT_OF_HOST_MEMORY;
+    if (!create_infos) {
+        if (own_cache) dev.destroy_pipeline_cache(device, own_cache, NULL);
+        return VK_ERROR_OUT_OF_HOST_MEMORY;
+    }
     for (uint32_t i = 0; i < createInfoCount; i++) {
         create_infos[i] = pCreateInfos[i];
         create_infos[i].flags |= capture;
     }
-    VkResult result =
-        dev.next_create_compute_pipelines(device, pipelineCache, createInfoCount, create_infos, pAllocator, pPipelines);
+    VkResult result = dev.next_create_compute_pipelines(device, own_cache ? own_cache : pipelineCache, createInfoCount,
+                                                        create_infos, pAllocator, pPipelines);
+    unsigned long long first_seq = reserve_seq(createInfoCount);
     /* even a failed batch may hold some pipelines (the others VK_NULL_HANDLE) */
-    for (uint32_t i = 0; i < createInfoCount; i++)
+    for (uint32_t i = 0; statistics && i < createInfoCount; i++)
         if (pPipelines[i] != VK_NULL_HANDLE)
-            report_pipeline(&dev, pPipelines[i], create_infos[i].stage.pName ? create_infos[i].stage.pName : "");
+            report_pipeline(&dev, pPipelines[i], create_infos[i].stage.pName ? create_infos[i].stage.pName : "",
+                            first_seq + i);
+    if (own_cache) {
+        write_pipeline_cache(&dev, own_cache, cache_dir, first_seq,
+                             create_infos[0].stage.pName ? create_infos[0].stage.pName : "");
+        dev.destroy_pipeline_cache(device, own_cache, NULL);
+    }
     free(create_infos);
     return result;
 }
