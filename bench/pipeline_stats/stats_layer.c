@@ -20,8 +20,8 @@
  *
  * What it changes: vkCreateDevice enables the extension and its pipelineExecutableInfo feature when the device
  * offers them and the app did not; vkCreateComputePipelines adds VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR
- * (and the internal representations bit when the IR dir is set). Everything else passes through. A device
- * without the extension gets one line on stderr and no statistics.
+ * (and the internal representations bit when the IR dir is set; with the cache dir set, its own pipeline cache).
+ * Everything else passes through. A device without the extension gets one line on stderr and no statistics.
  *
  * Enable it (an explicit layer: the loader reads these when the process starts):
  *   VK_LAYER_PATH=<this folder> VK_INSTANCE_LAYERS=VK_LAYER_MAMBACTL_pipeline_stats \
@@ -498,6 +498,8 @@ static VKAPI_ATTR VkResult VKAPI_CALL layer_CreateDevice(VkPhysicalDevice physic
     /* The app's create info with the extension and the feature added where it did not ask for them. */
     VkDeviceCreateInfo create_info = *pCreateInfo;
     const char **extension_names = NULL;
+    VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR *app_feature = NULL;
+    VkBool32 app_feature_value = VK_FALSE;
     VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR added_feature = {
         VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR, NULL, VK_TRUE};
     if (offered) {
@@ -514,12 +516,14 @@ static VKAPI_ATTR VkResult VKAPI_CALL layer_CreateDevice(VkPhysicalDevice physic
             create_info.enabledExtensionCount = pCreateInfo->enabledExtensionCount + 1;
             create_info.ppEnabledExtensionNames = extension_names;
         }
-        /* A second copy of the feature struct in the chain would be invalid: where the app has one, set it. */
-        VkBaseOutStructure *app_feature = NULL;
+        /* A second copy of the feature struct in the chain would be invalid: where the app has one, set it (for
+         * the driver's call only: it is restored below). */
         for (VkBaseOutStructure *s = (VkBaseOutStructure *)pCreateInfo->pNext; s; s = s->pNext)
-            if (s->sType == VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR) app_feature = s;
+            if (s->sType == VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR)
+                app_feature = (VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR *)s;
         if (app_feature) {
-            ((VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR *)app_feature)->pipelineExecutableInfo = VK_TRUE;
+            app_feature_value = app_feature->pipelineExecutableInfo;
+            app_feature->pipelineExecutableInfo = VK_TRUE;
         } else {
             added_feature.pNext = (void *)pCreateInfo->pNext; /* ahead of the app's chain (and the loader's link) */
             create_info.pNext = &added_feature;
@@ -528,6 +532,7 @@ static VKAPI_ATTR VkResult VKAPI_CALL layer_CreateDevice(VkPhysicalDevice physic
 
     VkResult result = next_create_device(physicalDevice, &create_info, pAllocator, pDevice);
     free(extension_names);
+    if (app_feature) app_feature->pipelineExecutableInfo = app_feature_value;
     if (result != VK_SUCCESS && offered) {
         layer_message("%s refused the device with VK_KHR_pipeline_executable_properties enabled (VkResult %d): "
                       "creating it as the app asked, without statistics", device_name, (int)result);
