@@ -42,11 +42,16 @@
 //   the H200 at 4096³ and at every model shape, 2026-12-01, four runs; fwd and dX equal within ~1%.
 //   Issuing them after half the multiply: equal too, in_proj fwd/dX 34.1/41.3 against 34.4/41.2, out_proj
 //   33.1/40.1 against 33.2/40.1, 2026-12-02 00:2x.)
-// - The BK steps of a tile are written out (kstep(buf, 0u) ...): naga bounds every loop with a counter
-//   (so drivers may not unroll it) and clamps each dynamic workgroup-array index; with literal k every
-//   index but the per-thread row/column is a constant, and the driver folds the clamps.
+// - The BK steps of a tile are written out (kstep(buf, 0u) ...), so every shared index but the per-thread
+//   row/column is a constant. (Written when naga still bounded every loop with a counter and clamped dynamic
+//   indices; the runtime now compiles without those checks, SHADER_RUNTIME_CHECKS, and the GEMM measured the
+//   same either way.)
 // - Accumulators are 4×4 blocks held in private mat4x4 variables and only ever indexed by constants
 //   (a dynamically indexed accumulator array spills to memory).
+// - Registers (H200, bench/pipeline_stats.py, 2026-12-02): T = 8 takes 147-151 a thread, so one 256-thread
+//   workgroup a multiprocessor. Measured and dropped: 512 threads slicing each tile's K between two halves (the
+//   driver then has 128 registers: it spilled 16 bytes, 30 against 41 TFLOP/s), 128 threads on 128 × 64 tiles
+//   (163-169 registers, ~20), and shared-load addresses tied to the step before (145-149, within noise).
 // - RASTER: resident workgroups cover whole lines of the grid's x dimension, so ops/linear.py lets x walk
 //   the dimension with fewer tiles (the tied head's forward, 64 row × 393 column tiles, then reads each
 //   weight panel once instead of once per row tile: +7% there).
