@@ -26,6 +26,35 @@ from mambactl.models.config import (AttentionConfig, Mamba1Config, Mamba2Config,
 HEADDIM = 64  # Mamba-2 / Mamba-3 head dim, and the attention head dim unless --heads says otherwise
 
 
+def training_step(rt, cfg: ModelConfig, batch: int, seq: int, *, seed: int = 0, lr: float = 1e-3):
+    """A step function for a new LM of `cfg` on `rt`: zero the gradients, forward with the loss on a fresh
+    random batch [batch, seq + 1] of tokens, backward, `adamw_step` (clip 1.0, weight decay 0.1 where the
+    parameter takes it); the step records, syncs nothing and returns the loss tensor. -> (step, the AdamW state)."""
+    import numpy as np
+
+    from mambactl.models.lm import LanguageModel
+    from mambactl.models.params import init_parameters, parameter_specs
+    from mambactl.ops.adamw import AdamWState, adamw_step
+
+    specs = parameter_specs(cfg)
+    lm = LanguageModel(cfg, rt, init_parameters(cfg, seed))
+    params, grads = [lm.params[s.name] for s in specs], [lm.grads[s.name] for s in specs]
+    no_decay = [s.no_decay for s in specs]
+    opt = AdamWState.zeros(params)
+    rng = np.random.default_rng(seed)
+
+    def step():
+        tokens = rng.integers(0, cfg.vocab_size, (batch, seq + 1))
+        lm.zero_grad()
+        loss, _, saved = lm.forward(tokens[:, :-1], tokens[:, 1:])
+        lm.backward(saved)
+        adamw_step(params, grads, opt, lr=lr, weight_decay=0.1, no_decay=no_decay, max_grad_norm=1.0)
+        del saved
+        return loss
+
+    return step, opt
+
+
 def commit() -> str:
     """The measured code: MAMBACTL_COMMIT when set (machines without .git, or a snapshot of a commit run from
     inside another checkout), else `git describe --always --dirty`."""

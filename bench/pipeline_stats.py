@@ -36,14 +36,10 @@ import json
 import os
 import sys
 
-from common import add_set_option, apply_sets, header, model_config  # first: it puts the checkout on sys.path
+from common import add_set_option, apply_sets, header, model_config, training_step  # first: it puts the checkout on sys.path
 
-import numpy as np  # noqa: E402
 
 from mambactl.errors import MambactlError  # noqa: E402
-from mambactl.models.lm import LanguageModel  # noqa: E402
-from mambactl.models.params import init_parameters, parameter_specs  # noqa: E402
-from mambactl.ops.adamw import AdamWState, adamw_step  # noqa: E402
 from mambactl.runtime.gpu import Runtime  # noqa: E402
 
 ARCHS = ("mamba1", "mamba2", "mamba3")
@@ -96,18 +92,8 @@ def record_step(args, arch: str, precision: str, dispatches: collections.Counter
 
     rt.run = recording
     cfg = model_config([arch] * args.layers, args.d_model, args.vocab, args.d_state)
-    lm = LanguageModel(cfg, rt, init_parameters(cfg, 0))
-    specs = parameter_specs(cfg)
-    params, grads = [lm.params[s.name] for s in specs], [lm.grads[s.name] for s in specs]
-    opt = AdamWState.zeros(params)
-    ids = np.random.default_rng(0).integers(0, args.vocab, (args.batch, args.seq))
-    lm.zero_grad()
-    _, _, saved = lm.forward(ids, np.roll(ids, -1, axis=1))
-    lm.backward(saved)
-    del saved
-    adamw_step(params, grads, opt, lr=1e-3, weight_decay=0.1, max_grad_norm=1.0)
+    training_step(rt, cfg, args.batch, args.seq)[0]()
     rt.sync()
-
 
 class CacheDir:
     """MAMBACTL_PIPELINE_CACHE_DIR: the layer's pipeline cache dumps that appeared since the last `new_files`."""

@@ -18,13 +18,9 @@ import collections
 import json
 import time
 
-from common import add_set_option, apply_sets, model_config  # first: it puts the checkout on sys.path
+from common import add_set_option, apply_sets, model_config, training_step  # first: it puts the checkout on sys.path
 
-import numpy as np  # noqa: E402
 
-from mambactl.models.lm import LanguageModel  # noqa: E402
-from mambactl.models.params import init_parameters, parameter_specs  # noqa: E402
-from mambactl.ops.adamw import AdamWState, adamw_step  # noqa: E402
 from mambactl.runtime.gpu import get_runtime  # noqa: E402
 
 
@@ -39,19 +35,10 @@ def main() -> None:
     apply_sets(p, a.set)
     rt = get_runtime(a.device)
     cfg = model_config([a.arch] * a.layers, a.d_model, a.vocab, a.d_state)
-    lm = LanguageModel(cfg, rt, init_parameters(cfg, 0))
-    specs = parameter_specs(cfg)
-    params, grads = [lm.params[s.name] for s in specs], [lm.grads[s.name] for s in specs]
-    opt = AdamWState.zeros(params)
-    rng = np.random.default_rng(0)
+    one_step, _ = training_step(rt, cfg, a.batch, a.seq)
 
     def step():
-        ids = rng.integers(0, a.vocab, (a.batch, a.seq))
-        lm.zero_grad()
-        _, _, saved = lm.forward(ids, np.roll(ids, -1, axis=1))
-        lm.backward(saved)
-        del saved
-        adamw_step(params, grads, opt, lr=1e-3, weight_decay=0.1, max_grad_norm=1.0)
+        one_step()
         rt.sync()
 
     step()  # compile pipelines, fill the pool

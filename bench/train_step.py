@@ -31,12 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
-from common import REPO, add_set_option, apply_sets, header, model_config, report  # first: it puts the checkout on sys.path
-from mambactl.models.lm import LanguageModel
-from mambactl.models.params import count_parameters, init_parameters, parameter_specs
-from mambactl.ops.adamw import AdamWState, adamw_step
+from common import REPO, add_set_option, apply_sets, header, model_config, report, training_step  # first: it puts the checkout on sys.path
+from mambactl.models.params import count_parameters
 from mambactl.runtime.gpu import get_runtime
 
 
@@ -126,23 +122,8 @@ def main(argv=None) -> int:
         print(f"peer: {peer.get('line') or peer.get('error')}", file=sys.stderr, flush=True)
 
     cfg = model_config([a.arch] * a.layers, a.d_model, a.vocab, a.d_state)
-    specs = parameter_specs(cfg)
-    lm = LanguageModel(cfg, rt, init_parameters(cfg, a.seed))
-    params = [lm.params[s.name] for s in specs]
-    grads = [lm.grads[s.name] for s in specs]
-    no_decay = [s.no_decay for s in specs]
-    opt = AdamWState.zeros(params)
-    rng = np.random.default_rng(a.seed)
+    step, opt = training_step(rt, cfg, a.batch, a.seq, seed=a.seed, lr=a.lr)
     B, L, V = a.batch, a.seq, a.vocab
-
-    def step():
-        tokens = rng.integers(0, V, (B, L + 1))
-        lm.zero_grad()
-        loss, _, saved = lm.forward(tokens[:, :-1], tokens[:, 1:])
-        lm.backward(saved)
-        adamw_step(params, grads, opt, lr=a.lr, weight_decay=0.1, no_decay=no_decay, max_grad_norm=1.0)
-        del saved
-        return loss
 
     rt.sync()
     t_warm = time.perf_counter()
