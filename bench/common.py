@@ -55,6 +55,14 @@ def training_step(rt, cfg: ModelConfig, batch: int, seq: int, *, seed: int = 0, 
     return step, opt
 
 
+def pipeline_label(entry: str, constants=None, leave_out=()) -> str:
+    """entry[FLAG,...,NAME=value] for a pipeline's constants (a dict or its items): true flags by name, false ones
+    left out, numbers as NAME=value, in name order; names in `leave_out` are not shown."""
+    parts = [k if v is True else f"{k}={v}" for k, v in sorted(dict(constants or {}).items())
+             if k not in leave_out and v is not False]
+    return entry + (f"[{','.join(parts)}]" if parts else "")
+
+
 def commit() -> str:
     """The measured code: MAMBACTL_COMMIT when set (machines without .git, or a snapshot of a commit run from
     inside another checkout), else `git describe --always --dirty`."""

@@ -36,7 +36,7 @@ import json
 import os
 import sys
 
-from common import add_set_option, apply_sets, header, model_config, training_step  # first: it puts the checkout on sys.path
+from common import add_set_option, apply_sets, header, model_config, pipeline_label, training_step  # first: it puts the checkout on sys.path
 
 
 from mambactl.errors import MambactlError  # noqa: E402
@@ -72,12 +72,6 @@ class StatsFile:
             if line.get("pid") == os.getpid():  # another process may append to the same file
                 lines.append(line)
         return lines
-
-
-def label(entry: str, constants: tuple) -> str:
-    """entry[FLAG,NAME=value,...]: true flags by name, false ones left out, numbers as NAME=value."""
-    parts = [k if v is True else f"{k}={v}" for k, v in constants if v is not False]
-    return entry + (f"[{','.join(parts)}]" if parts else "")
 
 
 def record_step(args, arch: str, precision: str, dispatches: collections.Counter) -> None:
@@ -171,7 +165,7 @@ def main() -> None:
         caches.new_files()
 
         rows = []  # (key, the layer's line for one executable or {}, the key's pipeline cache dumps)
-        for key in sorted(dispatches, key=lambda k: (k[0], label(*k))):
+        for key in sorted(dispatches, key=lambda k: (k[0], pipeline_label(*k))):
             entry, constants = key
             compiler.pipeline(entry, dict(constants) or None)
             lines, dumps = stats_file.new_lines(), caches.new_files()
@@ -197,7 +191,7 @@ def main() -> None:
         print("| pipeline | steps | dispatches | cache dump | bytes | ELF headers in it |")
         print("|---" * 6 + "|")
     for key, line, dumps in rows:
-        first = f"| {label(*key)} | {','.join(used_by[key])} | {dispatches[key]} |"
+        first = f"| {pipeline_label(*key)} | {','.join(used_by[key])} | {dispatches[key]} |"
         if have_stats:
             cells = [stat_text(line.get("stats", {}).get(n)) for n in names]
             print(f"{first} {line.get('executable', '')} | {line.get('subgroup_size', '')} | {' | '.join(cells)} |")

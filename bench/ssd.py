@@ -23,7 +23,7 @@ import collections
 import statistics
 import time
 
-from common import header, report  # first: it puts the checkout on sys.path
+from common import header, pipeline_label, report  # first: it puts the checkout on sys.path
 
 import numpy as np  # noqa: E402
 
@@ -32,11 +32,8 @@ from mambactl.runtime.gpu import get_runtime  # noqa: E402
 
 
 def label(entry: str, constants: dict | None) -> str:
-    """entry[NAME,...,KEY=value] as kernel_costs keys it: true flags by name, numbers as KEY=value, VEC4 left out
-    (it only picks the load width)."""
-    parts = [k if v is True else f"{k}={v}" for k, v in sorted((constants or {}).items())
-             if k != "VEC4" and v is not False]
-    return entry + (f"[{','.join(parts)}]" if parts else "")
+    """The entry as kernel_costs keys it: VEC4 left out (it only picks the load width)."""
+    return pipeline_label(entry, constants, leave_out=("VEC4",))
 
 
 def main() -> None:
