@@ -55,6 +55,17 @@ def training_step(rt, cfg: ModelConfig, batch: int, seq: int, *, seed: int = 0, 
     return step, opt
 
 
+def keep_busy(rt, fn, seconds: float = 0.5) -> None:
+    """Run fn() back to back for `seconds`, then sync: a GPU left idle for a moment clocks down (the H200 to
+    345 MHz from 1980 within ~1 s) and short timed calls then read up to 4× slow, so time them right after this."""
+    import time
+
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        fn()
+        rt.sync()
+
+
 def pipeline_label(entry: str, constants=None, leave_out=()) -> str:
     """entry[FLAG,...,NAME=value] for a pipeline's constants (a dict or its items): true flags by name, false ones
     left out, numbers as NAME=value, in name order; names in `leave_out` are not shown."""

@@ -23,7 +23,7 @@ import collections
 import statistics
 import time
 
-from common import header, pipeline_label, report  # first: it puts the checkout on sys.path
+from common import header, keep_busy, pipeline_label, report  # first: it puts the checkout on sys.path
 
 import numpy as np  # noqa: E402
 
@@ -107,6 +107,7 @@ def main() -> None:
     counts: dict = collections.Counter()
     gpu_clock = "timestamp-query" in rt.features
     if gpu_clock:
+        keep_busy(rt, both)
         rt.gpu_times = []
         both()
         rt.sync()
@@ -161,6 +162,7 @@ def compare(rt, a, both) -> None:
     for _ in range(a.repeats):
         for i, v in enumerate(variants):
             apply(v)
+            keep_busy(rt, both)
             rt.gpu_times = []
             both()
             rt.sync()

@@ -32,8 +32,8 @@
 //   ∂loss/∂a_σ = Σ_{o < σ ≤ t} T_to + Σ_{t ≥ σ} dy_t·y_off_t + Σ_{o < σ} s_o x_o·dxd_state_o + W_c,
 //   T_to = exp(Σ_{o<k≤t} a_k)(C_t·B_o)(dy_t·s_o x_o),  y_off_t = exp(cs_t) E_c C_t,
 //   dxd_state_o = exp(cs_end − cs_o) dS_c B_o,  W_c = exp(cs_end)⟨E_c, dS_c⟩;
-// dy_t·y_off_t comes from M_Y without pairs (the state term dotted with dy; at one head per group from M_DC
-// instead, as C_t·(exp(cs_t) E_cᵀ dy_t), its state part, between its two K phases), s_o x_o·dxd_state_o from M_DXD
+// dy_t·y_off_t comes from M_DC (C_t·(exp(cs_t) E_hᵀ dy_t): its state phase, head by head, before the pairs),
+// s_o x_o·dxd_state_o from M_DXD
 // between its two K phases, the crossing sums Σ_{o<σ≤t} T_to from M_DCB (per head, beside dCB), W_c from the
 // reverse passing; ssd_rows_backward adds them up. These are direct sums, as mamba_ssm's "stable" ddA
 // kernels: the shorter identity ∂loss/∂cs_r = dy_r·(y_r − D x_r) − s_r x_r·dxd_r cancels large near-diagonal
@@ -62,7 +62,6 @@ const RLO: u32 = 4u;
 const DIAG: u32 = 5u;          // the diagonal weight (= SCALE without HAS_DIAG)
 const ROWS: u32 = 6u;
 
-override PAIRS: bool = true;      // ssd_tile M_Y: false = the state term alone, dotted with dy (U)
 override GRAD: bool = false;      // ssd_tile M_STATE: dy, C, exp(cs_r) (dE) instead of x, B, exp(cs_end − cs_r) s_r
 override ACCUMULATE: bool = false;
 override HAS_D: bool = true;      // ssd_rows_backward: the core has a D skip (dx += D dy, ∂D partials)
@@ -104,8 +103,8 @@ struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nsta
 // [B, H, P, N]: S after the last step, as vec4s (ssd_state_passing's 16-byte accesses)
 @group(0) @binding(32) var<storage, read_write> last_state: array<vec4<f32>>;
 @group(0) @binding(33) var<storage, read_write> ssm_state: array<f32>;   // ssd_step: [B, H, P, N], in place
-// [B, H, nchunks, ceil(P / 64), Q]: U_r = dy_r·y_off_r by 64-column tiles of P (ssd_tile M_Y without pairs);
-// with DC_U [B, H, nchunks, ceil(N / 64), Q] by 64-column tiles of N (M_DC: U_r = C_r·(exp(cs_r) E_cᵀ dy_r))
+// [B, H, nchunks, ceil(N / 64), Q]: U_r = dy_r·y_off_r by 64-column tiles of N (ssd_tile M_DC: U_r =
+// C_r·(exp(cs_r) E_hᵀ dy_r))
 @group(0) @binding(35) var<storage, read_write> u_part: array<f32>;
 // A segmented walk's running sums between its dispatches: ssd_state_passing_backward's dE [B, H, P·N],
 // ssd_param_grads' [H, 3].
@@ -483,8 +482,7 @@ fn ssd_rows_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invoc
     let seg = (q + WG - 1u) / WG;
     let steps = min(q, d.len - c * q);
     let tiles_p = (d.headdim + TILE - 1u) / TILE;
-    var u_tiles = tiles_p;  // U by column tiles of P (M_Y), or of N (M_DC with DC_U)
-    if (DC_U) { u_tiles = (d.nstate + TILE - 1u) / TILE; }
+    let u_tiles = (d.nstate + TILE - 1u) / TILE;  // U by M_DC's column tiles of N
     let tiles_q = (q + TILE - 1u) / TILE;
     let npairs = tiles_q * (tiles_q + 1u) / 2u;
     let live_rows = (steps + TILE - 1u) / TILE;  // row tiles with any valid position
@@ -691,7 +689,7 @@ fn ssd_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
 // chunk c, head h or group g; t, s positions in the chunk, p < P, n < N, hpg = H / G heads per group):
 //   M_CB     CB[t, s] = C_t·B_s                                 per group, tiles s ≤ t only
 //   M_Y      y[t, p] = exp(cs_t) C_t·E[p] + Σ_{s ≤ t} CB[t, s] w_ts sc_s x_s[p] (+ D x_t[p]),
-//            w_ts = exp(Σ a over (s, t]); !PAIRS: the state term alone, dotted with dy_t (U_t) instead
+//            w_ts = exp(Σ a over (s, t])
 //   M_STATE  S[p, n] = Σ_s v_s left_s[p] right_s[n]: x, B, v = exp(cs_end − cs_s) sc_s (the state a chunk
 //            adds) or (GRAD) dy, C, v = exp(cs_s) (dE's in-chunk part)
 //   M_DXD    dxd[s, p] = exp(cs_end − cs_s) B_s·dS[p] + Σ_{t ≥ s} CB[t, s] w_ts dy_t[p]; then
@@ -715,10 +713,6 @@ const M_DCB: u32 = 4u;
 const M_DB: u32 = 5u;
 const M_DC: u32 = 6u;
 override MODE: u32 = 0u;
-// M_DC with one head per group (G = H, Mamba-3): the state phase first, then U_t = C_t·(that state part) =
-// dy_t·y_off_t by row dots over this tile's n columns into row_part ([B, H, nchunks, ceil(N / 64), Q]), then
-// the pairs: M_Y without pairs (U's own pass over C and E) is not needed.
-override DC_U: bool = false;
 override VEC4: bool = false;  // P, N, the chunk and L multiples of 4: every operand load is one vec4
 
 // batch..nchunks as Dims; hsplit: M_DCB's workgroups per group (each takes heads_per_split of its heads,
@@ -781,8 +775,6 @@ var<private> e_lb: vec4<f32>;
 
 fn count4(start: u32, limit: u32) -> u32 { return min(4u, limit - min(start, limit)); }
 
-// M_DC: whether K phase `phase2` is the pair phase (the first one, but the second with DC_U).
-fn dc_pairs(phase2: bool) -> bool { return phase2 == DC_U; }
 
 fn ld4_x(i: u32, valid: u32) -> vec4<f32> {
     if (VEC4) { return select(vec4<f32>(0.0), xv[select(0u, i >> 2u, valid > 0u)], valid > 0u); }
@@ -944,7 +936,7 @@ fn fetch_a(t: u32, k0: u32, phase2: bool) -> vec4<f32> {
         return ld4_pair(e_pri(min(tpos, td.chunk - 1u), e_m0 + m4), select(0u, count4(e_m0 + m4, e_steps),
                         tpos < e_ke1), td.hsplit);
     }
-    if (MODE == M_DC && dc_pairs(phase2)) {  // dCB[t, s .. s + 3]: rows t, k = s
+    if (MODE == M_DC && phase2) {  // dCB[t, s .. s + 3]: rows t, k = s
         return ld4_pair(e_pri(e_m0 + r, kk), select(0u, count4(kk, e_pair_end), e_m0 + r < e_steps), td.hsplit);
     }
     // M_DB / M_DC state phase: K = (head of the group, p), contiguous in x / dy; a per-(row, head) weight.
@@ -995,7 +987,7 @@ fn fetch_b(t: u32, k0: u32, phase2: bool) -> vec4<f32> {
         return ld4_x(e_xi(e_n0 + cn, e_h, kk), select(0u, count4(kk, td.headdim), e_n0 + cn < e_steps));
     }
     if (MODE == M_DB && !phase2) { return ld4_c(e_bci(kmc, n4), select(0u, count4(n4, td.nstate), km < e_ke1)); }
-    if (MODE == M_DC && dc_pairs(phase2)) {
+    if (MODE == M_DC && phase2) {
         return ld4_b(e_bci(kmc, n4), select(0u, count4(n4, td.nstate), km < e_pair_end));
     }
     // dS or E of the group's heads: row k = (head, p) of [H·P, N] from the group's first head.
@@ -1078,22 +1070,19 @@ fn row_sum(part: vec4<f32>, tid: u32) -> f32 {
     return sum;
 }
 
-// Row dots of the accumulator with x or dy over this thread's 4 columns.
-fn row_dots(with_dy: bool) -> vec4<f32> {
+// Row dots of the accumulator with x over this thread's 4 columns.
+fn row_dots_x() -> vec4<f32> {
     var part = vec4<f32>(0.0);
     for (var i = 0u; i < 4u; i++) {
         let r = e_m0 + e_ty * 4u + i;
         let n = e_n0 + e_tx * 4u;
         let valid = select(0u, count4(n, td.headdim), r < e_steps);
-        var o = vec4<f32>(0.0);
-        if (with_dy) { o = ld4_dy(e_xi(min(r, e_steps - 1u), e_h, n), valid); }
-        else { o = ld4_x(e_xi(min(r, e_steps - 1u), e_h, n), valid); }
-        part[i] = dot(e_acc[i], o);
+        part[i] = dot(e_acc[i], ld4_x(e_xi(min(r, e_steps - 1u), e_h, n), valid));
     }
     return part;
 }
 
-// Row dots of the accumulator with C_t over this thread's 4 columns n (M_DC with DC_U).
+// Row dots of the accumulator with C_t over this thread's 4 columns n (M_DC).
 fn row_dots_c() -> vec4<f32> {
     var part = vec4<f32>(0.0);
     for (var i = 0u; i < 4u; i++) {
@@ -1268,19 +1257,15 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     e_ke2 = 0u;
     let causal_end = min(e_m0 + 64u, e_steps);
     if (MODE == M_CB) { e_ke1 = td.nstate; }
-    if (MODE == M_Y) { e_ke1 = td.nstate; if (PAIRS) { e_ke2 = causal_end; } }
+    if (MODE == M_Y) { e_ke1 = td.nstate; e_ke2 = causal_end; }
     if (MODE == M_STATE) { e_ke1 = e_steps; }
     if (MODE == M_DXD) { e_ke1 = td.nstate; e_kb2 = e_m0; e_ke2 = e_steps; }
     if (MODE == M_DCB) { e_ke1 = td.headdim; }
     if (MODE == M_DB) { e_kb1 = e_m0; e_ke1 = e_steps; e_ke2 = hpg * td.headdim; }
-    if (MODE == M_DC) {
-        e_ke1 = causal_end;
-        e_ke2 = hpg * td.headdim;
-        if (DC_U) { e_ke1 = hpg * td.headdim; e_ke2 = causal_end; }
-    }
+    if (MODE == M_DC) { e_ke1 = hpg * td.headdim; e_ke2 = causal_end; }  // the state phase first (U), then pairs
     e_pair_end = e_ke1;
     e_state_end = e_ke2;
-    if (MODE == M_DC && DC_U) { e_pair_end = e_ke2; e_state_end = e_ke1; }
+    if (MODE == M_DC) { e_pair_end = e_ke2; e_state_end = e_ke1; }
     e_steps1 = (e_ke1 - e_kb1 + 15u) / 16u;
     let total = e_steps1 + (e_ke2 - e_kb2 + 15u) / 16u;
 
@@ -1384,14 +1369,29 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     zero_acc();
     if (MODE == M_DXD) {  // the state term, its row dots V_s = sc_s x_s·(state term)_s, then the pairs on top
         e_run(tid, 0u, e_steps1);
-        let v = row_sum(row_dots(false), tid);  // its first barrier: every thread is past its last multiply
+        let v = row_sum(row_dots_x(), tid);  // its first barrier: every thread is past its last multiply
         if (tid < 64u && e_m0 + tid < e_steps) { row_part2[row_at + e_m0 + tid] = v * t_row_sc[tid]; }
         e_run(tid, e_steps1, total);
-    } else if (MODE == M_DC && DC_U) {  // the state part, U_t = C_t·(state part)_t over this tile's n, the pairs
-        e_run(tid, 0u, e_steps1);
-        let u = row_sum(row_dots_c(), tid);  // its first barrier: every thread is past its last multiply
-        if (tid < 64u && e_m0 + tid < e_steps) { row_part[row_at + e_m0 + tid] = u; }
-        e_run(tid, e_steps1, total);
+    } else if (MODE == M_DC) {
+        // Each head's state part on its own: U_t of that head = C_t·(its state part)_t over this tile's n (a direct
+        // product: never a difference of running sums over the heads), added into dC; then the pairs on top.
+        let pair_steps = total - e_steps1;
+        let head_steps = (td.headdim + 15u) / 16u;
+        var dc = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+        for (var hl = 0u; hl < hpg; hl++) {
+            e_kb1 = hl * td.headdim;
+            e_ke1 = e_kb1 + td.headdim;
+            e_state_end = e_ke1;
+            e_steps1 = head_steps;
+            zero_acc();
+            e_run(tid, 0u, head_steps);
+            let u = row_sum(row_dots_c(), tid);  // its first barrier: every thread is past its last multiply
+            let head_rows = (((e_b * td.heads + e_g * hpg + hl) * td.nchunks + e_c) * tiles_n + wid.x % tiles_n) * q;
+            if (tid < 64u && e_m0 + tid < e_steps) { row_part[head_rows + e_m0 + tid] = u; }
+            dc += e_acc;
+        }
+        e_acc = dc;
+        e_run(tid, head_steps, head_steps + pair_steps);  // steps from e_steps1 on are phase 2: the pairs
     } else {
         e_run(tid, 0u, total);
     }
@@ -1401,7 +1401,7 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
         let n = e_n0 + e_tx * 4u;
         if (MODE == M_CB) {
             if (r < q) { store_row(e_pri(r, n), e_acc[i], count4(n, q)); }
-        } else if (MODE == M_Y && PAIRS) {
+        } else if (MODE == M_Y) {
             if (r < e_steps) {
                 var v = e_acc[i];
                 if (HAS_D) { v += skip[e_h] * ld4_x(e_xi(r, e_h, n), count4(n, td.headdim)); }
@@ -1413,12 +1413,8 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             if (r < e_steps) { store_row(e_bci(r, n), e_acc[i], count4(n, td.nstate)); }
         }
     }
-    if (MODE == M_Y && !PAIRS) {  // U_t = dy_t·(state term)_t
-        let u = row_sum(row_dots(true), tid);
-        if (tid < 64u && e_m0 + tid < e_steps) { row_part[row_at + e_m0 + tid] = u; }
-    }
     if (MODE == M_DXD) {  // dx = sc dxd (+ D dy); x·dxd into row_part; Σ dy·x for ∂D
-        let xd = row_sum(row_dots(false), tid);
+        let xd = row_sum(row_dots_x(), tid);
         if (tid < 64u && e_m0 + tid < e_steps) { row_part[row_at + e_m0 + tid] = xd; }
         var dd = vec4<f32>(0.0);
         for (var i = 0u; i < 4u; i++) {
