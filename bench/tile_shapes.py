@@ -1,10 +1,10 @@
 """How fast a batch of small GEMM tiles can run, by workgroup shape: the ceiling for the SSD tile engine.
 
-    python bench/tile_shapes.py [--tiles 1536 --rows 64 --k 128] [--configs 64x64/4x4,64x64/8x4,...] [--scale]
+    python bench/tile_shapes.py [--tiles 1536 --rows 64 --cols 128 --k 128] [--configs 64x64/4x4,64x64/8x4,...] [--scale]
         [--repeats 5] [--warm-s 0.5] [--device D] [--out FILE]
 
 Each workgroup computes one TM × TN tile of C[t] = A[t]ᵀ B (A[t] [K, M] k-major, M = --rows and distinct per tile, B
-[K, 128] shared, as ssd_tile's M_STATE reads x and B), stepping K by 16 through double-buffered shared
+[K, --cols] shared, as ssd_tile's M_STATE reads x and B), stepping K by 16 through double-buffered shared
 tiles with one barrier a step, the next step's operands in registers while this one is multiplied (the
 engine's scheme; `/late` after a config: loaded after it, linear.wgsl's order; `/ka`, `/kb`: A or B
 K-contiguous in memory, staged by transposed scalar stores as ssd_tile stages such operands). A config `TMxTN/RMxRN` gives the tile and each thread's register block (threads =
@@ -32,11 +32,10 @@ import wgpu  # noqa: E402
 from mambactl.ops.checks import is_cpu  # noqa: E402
 from mambactl.runtime.gpu import _shader_module, get_runtime  # noqa: E402
 
-N_ALL = 128  # B's columns (the SSD's N); a tile takes TN of them
 BK = 16
 
 
-def shader(m_all: int, tm: int, tn: int, rm: int, rn: int, scale: bool, early: bool, a_kc: bool, b_kc: bool) -> tuple[str, int]:
+def shader(m_all: int, n_all: int, tm: int, tn: int, rm: int, rn: int, scale: bool, early: bool, a_kc: bool, b_kc: bool) -> tuple[str, int]:
     """WGSL for one config, every per-thread loop written out; returns (source, threads)."""
     txc, tyc = tn // rn, tm // rm
     threads = txc * tyc
@@ -82,7 +81,7 @@ def shader(m_all: int, tm: int, tn: int, rm: int, rn: int, scale: bool, early: b
             L.append(f"      lb{j} = b[((n0 + v / 4u) * p.k + k0 + (v % 4u) * 4u) / 4u]; }}")
         else:
             L.append(f"      let k = k0 + v / {tn // 4}u;")
-            L.append(f"      lb{j} = b[k * {N_ALL // 4}u + n0 / 4u + v % {tn // 4}u]; }}")
+            L.append(f"      lb{j} = b[k * {n_all // 4}u + n0 / 4u + v % {tn // 4}u]; }}")
     L.append("}")
     L.append("fn commit(buf: u32) {")
     for name, count, kc, row, sh in (("la", la, a_kc, arow, "sa"), ("lb", lb, b_kc, brow, "sb")):
@@ -143,7 +142,7 @@ def shader(m_all: int, tm: int, tn: int, rm: int, rn: int, scale: bool, early: b
         for i in range(4):
             row = f"ty * 4u + {q * tyc * 4 + i}u"
             for j in range(qb):
-                L.append(f"    c[(tile * {m_all}u + m0 + {row}) * {N_ALL // 4}u + n0 / 4u + tx + {j * txc}u] = acc{q}_{i}_{j};")
+                L.append(f"    c[(tile * {m_all}u + m0 + {row}) * {n_all // 4}u + n0 / 4u + tx + {j * txc}u] = acc{q}_{i}_{j};")
     L.append("}")
     return "\n".join(L), threads
 
@@ -152,6 +151,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiles", type=int, default=1536, help="A matrices (Mamba-2 M_STATE: B·chunks·H = 1536)")
     ap.add_argument("--rows", type=int, default=64, help="A's columns M (the SSD's P = 64), a multiple of the tiles' TM")
+    ap.add_argument("--cols", type=int, default=128, help="B's columns (the SSD's N = 128), a multiple of TN")
     ap.add_argument("--k", type=int, default=128, help="K, a multiple of 16 (the chunk)")
     ap.add_argument("--configs", default="64x64/4x4,64x64/4x4/late,64x64/8x4/late,64x64/8x8/late,64x128/8x8/late")
     ap.add_argument("--scale", action="store_true")
@@ -164,11 +164,11 @@ def main() -> None:
     dev = rt.device
     head = header("tile_shapes", rt.info)
     M = a.rows
-    print(f"{rt.info.name} ({rt.info.backend}): {a.tiles} tiles of [{a.k}, {M}]ᵀ · [{a.k}, {N_ALL}]"
+    print(f"{rt.info.name} ({rt.info.backend}): {a.tiles} tiles of [{a.k}, {M}]ᵀ · [{a.k}, {a.cols}]"
           + (", scaled rows" if a.scale else ""))
     rng = np.random.default_rng(0)
     A = rng.standard_normal((a.tiles, a.k, M), dtype=np.float32)
-    B = rng.standard_normal((a.k, N_ALL), dtype=np.float32)
+    B = rng.standard_normal((a.k, a.cols), dtype=np.float32)
     W = -rng.random((a.tiles, a.k), dtype=np.float32)
     Aw = A * np.exp(W)[:, :, None] if a.scale else A
     want = np.einsum("tkm,kn->tmn", Aw.astype(np.float64), B.astype(np.float64))
@@ -177,10 +177,10 @@ def main() -> None:
               for m in (A, A.transpose(0, 2, 1))]  # [tiles, K, M] and the K-contiguous [tiles, M, K]
     bufs_b = [dev.create_buffer_with_data(data=np.ascontiguousarray(m).tobytes(), usage=usage) for m in (B, B.T)]
     buf_w = dev.create_buffer_with_data(data=W.tobytes(), usage=usage)
-    buf_c = dev.create_buffer(size=a.tiles * M * N_ALL * 4, usage=usage)
+    buf_c = dev.create_buffer(size=a.tiles * M * a.cols * 4, usage=usage)
     uni = dev.create_buffer_with_data(data=np.array([a.k, a.tiles, 0, 0], np.uint32).tobytes(),
                                       usage=wgpu.BufferUsage.UNIFORM)
-    flops = 2.0 * a.tiles * M * N_ALL * a.k
+    flops = 2.0 * a.tiles * M * a.cols * a.k
     queries = resolved = None
     if "timestamp-query" in rt.features:
         queries = dev.create_query_set(type=wgpu.QueryType.timestamp, count=2)
@@ -189,7 +189,7 @@ def main() -> None:
         tile, reg, *modes = cfg.split("/")
         tm, tn = (int(v) for v in tile.split("x"))
         rm, rn = (int(v) for v in reg.split("x"))
-        src, threads = shader(M, tm, tn, rm, rn, a.scale, "late" not in modes, "ka" in modes, "kb" in modes)
+        src, threads = shader(M, a.cols, tm, tn, rm, rn, a.scale, "late" not in modes, "ka" in modes, "kb" in modes)
         module = _shader_module(dev, f"tile_shapes {cfg}", src, 0)  # no runtime checks, as the runtime compiles
         pipe = dev.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"})
         entries = [{"binding": 0, "resource": {"buffer": uni, "offset": 0, "size": 16}}]
@@ -206,7 +206,7 @@ def main() -> None:
             cp.set_pipeline(pipe)
             cp.set_bind_group(0, bg)
             for _ in range(n):
-                cp.dispatch_workgroups(N_ALL // tn, a.tiles, M // tm)
+                cp.dispatch_workgroups(a.cols // tn, a.tiles, M // tm)
             cp.end()
             if queries:
                 enc.resolve_query_set(queries, 0, 2, resolved, 0)
@@ -217,9 +217,9 @@ def main() -> None:
             ticks = np.frombuffer(dev.queue.read_buffer(resolved, 0, 16), np.uint64)
             return (int(ticks[1]) - int(ticks[0])) * 1e-9
 
-        dev.queue.write_buffer(buf_c, 0, np.full(a.tiles * M * N_ALL, np.nan, np.float32).tobytes())
+        dev.queue.write_buffer(buf_c, 0, np.full(a.tiles * M * a.cols, np.nan, np.float32).tobytes())
         run(1)
-        got = np.frombuffer(dev.queue.read_buffer(buf_c), np.float32).reshape(a.tiles, M, N_ALL)
+        got = np.frombuffer(dev.queue.read_buffer(buf_c), np.float32).reshape(a.tiles, M, a.cols)
         err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
         reps = 1 if is_cpu(rt) else 20
         keep_busy(rt, lambda: run(reps), a.warm_s)  # noqa: B023
