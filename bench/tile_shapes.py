@@ -151,7 +151,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiles", type=int, default=1536, help="A matrices (Mamba-2 M_STATE: B·chunks·H = 1536)")
     ap.add_argument("--rows", type=int, default=64, help="A's columns M (the SSD's P = 64), a multiple of the tiles' TM")
-    ap.add_argument("--cols", type=int, default=128, help="B's columns (the SSD's N = 128), a multiple of TN")
+    ap.add_argument("--cols", type=int, default=128, help="B's columns (the SSD's N = 128), a multiple of TN "
+                    "(on the H200 a 128x256/8x16 config did not finish within a 300-s call)")
     ap.add_argument("--k", type=int, default=128, help="K, a multiple of 16 (the chunk)")
     ap.add_argument("--configs", default="64x64/4x4,64x64/4x4/late,64x64/8x4/late,64x64/8x8/late,64x128/8x8/late")
     ap.add_argument("--scale", action="store_true")
