@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,9 +58,7 @@ def training_step(rt, cfg: ModelConfig, batch: int, seq: int, *, seed: int = 0, 
 
 def keep_busy(rt, fn, seconds: float = 0.5) -> None:
     """Run fn() back to back for `seconds`, then sync: a GPU left idle for a moment clocks down (the H200 to
-    345 MHz from 1980 within ~1 s) and short timed calls then read up to 4× slow, so time them right after this."""
-    import time
-
+    345 MHz from 1980 within ~1.5 s) and short timed calls then read 4-5× slow, so time them right after this."""
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         fn()

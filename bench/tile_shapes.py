@@ -19,10 +19,9 @@ ran the next config's first timings up to 4× slower) and checks every config's 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
-
-import json
 
 from common import header, keep_busy  # first: it puts the checkout on sys.path
 

@@ -1386,7 +1386,7 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             zero_acc();
             e_run(tid, 0u, head_steps);
             let u = row_sum(row_dots_c(), tid);  // its first barrier: every thread is past its last multiply
-            let head_rows = (((e_b * td.heads + e_g * hpg + hl) * td.nchunks + e_c) * tiles_n + wid.x % tiles_n) * q;
+            let head_rows = row_at + hl * td.nchunks * tiles_n * q;  // row_at is the group's first head's
             if (tid < 64u && e_m0 + tid < e_steps) { row_part[head_rows + e_m0 + tid] = u; }
             dc += e_acc;
         }
