@@ -10,7 +10,9 @@ last logits back), then --new-tokens steps, each feeding back the greedy token o
 work per token of `generate`: one step, one logits read). Warm-up repeats (pipeline compilation, first
 allocations) are excluded; the median repeat is reported: prefill time, decode tokens/s = batch × steps /
 decode time, ms per step, submits per token. Attention layers' KV caches grow during the steps as they would
-in `generate` (doubling when full), so that cost is included.
+in `generate` (doubling when full), so that cost is included. Steps replay a captured graph where the decoder
+does (models/decode.py; `--no-replay` records every step through the ops). `--gpu-profile` adds the GPU time
+of one recorded step by entry point (timestamp queries; the adapter must have them).
 Prints a small table and one JSON line (also appended to --out FILE).
 """
 
@@ -23,7 +25,7 @@ import time
 
 import numpy as np
 
-from common import add_set_option, apply_sets, header, model_config, report  # first: it puts the checkout on sys.path
+from common import add_set_option, apply_sets, header, model_config, pipeline_label, report  # first: it puts the checkout on sys.path
 from mambactl.models.config import LAYER_TYPES
 from mambactl.models.decode import RecurrentDecoder
 from mambactl.models.lm import LanguageModel
@@ -48,6 +50,8 @@ def parse_args(argv=None):
     p.add_argument("--device", default=None, help="adapter index or name[/backend]; default MAMBACTL_DEVICE or the best")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="append the JSON line to this file")
+    p.add_argument("--no-replay", action="store_true", help="record every step through the ops (no graph replay)")
+    p.add_argument("--gpu-profile", action="store_true", help="GPU time of one step by entry point")
     add_set_option(p)
     a = p.parse_args(argv)
     apply_sets(p, a.set)
@@ -72,7 +76,7 @@ def main(argv=None) -> int:
 
     def repeat() -> tuple[float, float, float, int, int]:
         """(prefill s, decode s, submits per token, KV cache bytes and capacity at the end) of one prompt batch."""
-        dec = RecurrentDecoder(lm)
+        dec = RecurrentDecoder(lm, replay=False if a.no_replay else None)
         rt.sync()
         t0 = time.perf_counter()
         logits = dec.prefill(rng.integers(0, V, (B, L)))
@@ -129,8 +133,33 @@ def main(argv=None) -> int:
     if cache_bytes:
         rows.append(("KV cache", f"{cache_bytes / 2**20:.2f} MiB, room for {cache_positions} positions "
                                  f"({L + N} used)"))
+    if a.gpu_profile:
+        result["gpu_profile"] = gpu_profile(rt, lm, rng, a)
+        ms = sum(v[0] for v in result["gpu_profile"].values())
+        calls = sum(v[1] for v in result["gpu_profile"].values())
+        top = sorted(result["gpu_profile"].items(), key=lambda kv: -kv[1][0])[:8]
+        rows.append(("GPU per step", f"{ms:.3f} ms in {calls} dispatches; " + ", ".join(f"{k} {v[0]:.3f} ({v[1]})"
+                                                                                  for k, v in top)))
     report(rows, result, a.out)
     return 0
+
+
+def gpu_profile(rt, lm, rng, a) -> dict:
+    """{entry point label: [GPU ms, dispatches]} of one decoding step recorded through the ops."""
+    if "timestamp-query" not in rt.features:
+        raise SystemExit(f"--gpu-profile: {rt.info.name} has no timestamp-query feature")
+    dec = RecurrentDecoder(lm, replay=False)
+    logits = dec.prefill(rng.integers(0, a.vocab, (a.batch, a.prompt_len)))
+    logits = dec.step(np.argmax(logits[:, :a.vocab], axis=1))  # pipelines compiled outside the profiled step
+    rt.gpu_times = []
+    dec.step(np.argmax(logits[:, :a.vocab], axis=1))
+    entries: dict = {}
+    for entry, constants, ns in rt.gpu_times:
+        e = entries.setdefault(pipeline_label(entry, constants), [0.0, 0])
+        e[0] += ns * 1e-6
+        e[1] += 1
+    rt.gpu_times = None
+    return {k: [round(v[0], 4), v[1]] for k, v in entries.items()}
 
 
 if __name__ == "__main__":

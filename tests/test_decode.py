@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from lm_checks import random_weights
+from mambactl.errors import MambactlError
 from mambactl.models.config import (LAYER_TYPES, AttentionConfig, Mamba1Config, Mamba2Config, Mamba3Config,
                                     ModelConfig)
 from mambactl.models.decode import DECODERS, RecurrentDecoder
@@ -58,3 +59,50 @@ def test_step_logits_equal_parallel_forward(gpu, cfg, prefix):
 
 def test_every_layer_type_decodes():
     assert set(DECODERS) == set(LAYER_TYPES)
+
+
+REPLAY_CFGS = {
+    "mamba1": ModelConfig(vocab_size=30, d_model=12, n_layer=2, mamba1=Mamba1Config(d_state=4, d_conv=4)),
+    "mamba2": ModelConfig(vocab_size=23, d_model=8, n_layer=2, layers=["mamba2"] * 2,
+                          mamba2=Mamba2Config(d_state=4, headdim=4, ngroups=2, chunk_size=4)),
+    "mamba2-mamba3-mimo": ModelConfig(vocab_size=20, d_model=16, n_layer=2, layers=["mamba2", "mamba3"],
+                                      mamba2=Mamba2Config(d_state=4, headdim=8, chunk_size=4),
+                                      mamba3=Mamba3Config(d_state=8, headdim=8, ngroups=2, chunk_size=4, is_mimo=True,
+                                                          mimo_rank=2, rope_fraction=1.0, is_outproj_norm=True)),
+    "mamba3-siso": ModelConfig(vocab_size=21, d_model=16, n_layer=2, layers=["mamba3"] * 2,
+                               mamba3=Mamba3Config(d_state=8, headdim=8, chunk_size=4)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REPLAY_CFGS))
+def test_replayed_steps_equal_recorded_ones_and_run_no_op_code(gpu, name, monkeypatch):
+    cfg = REPLAY_CFGS[name]
+    lm = LanguageModel(cfg, gpu, random_weights(cfg, 0))
+    ids = np.random.default_rng(2).integers(0, cfg.vocab_size, (2, 10))
+    plain, replayed = RecurrentDecoder(lm, replay=False), RecurrentDecoder(lm)
+    assert replayed.replay and not plain.replay
+    for round_ in range(2):  # a second prefill starts the states, and the graph, afresh
+        prompt = ids[:, : 2 + round_]
+        want, got = [plain.prefill(prompt)], [replayed.prefill(prompt)]
+        for t in range(prompt.shape[1], 10):
+            want.append(plain.step(ids[:, t]))
+            if t >= prompt.shape[1] + 2:  # the first step records, the second is captured, then replays
+                runs = []
+                monkeypatch.setattr(gpu, "run", lambda *a, **k: runs.append(a[0]))
+                got.append(replayed.step(ids[:, t]))
+                monkeypatch.undo()
+                assert runs == [], "a replayed step must not go through the ops"
+            else:
+                got.append(replayed.step(ids[:, t]))
+        np.testing.assert_array_equal(np.stack(got), np.stack(want))  # the same kernels on the same data
+
+
+def test_attention_models_record_every_step_and_a_wrong_batch_is_refused(gpu):
+    cfg = ModelConfig(vocab_size=25, d_model=16, n_layer=2, layers=["mamba2", "attention"],
+                      mamba2=Mamba2Config(d_state=4, headdim=8, chunk_size=4), attention=AttentionConfig(n_heads=2))
+    lm = LanguageModel(cfg, gpu, random_weights(cfg, 0))
+    dec = RecurrentDecoder(lm)
+    assert not dec.replay  # its KV cache grows and its position moves: no step is like the last
+    dec.prefill(np.zeros((2, 3), np.int64))
+    with pytest.raises(MambactlError, match="3 tokens for a batch of 2"):
+        dec.step(np.zeros(3, np.int64))

@@ -193,6 +193,39 @@ def test_a_repeated_step_binds_the_same_pooled_buffers_and_creates_no_bind_group
     assert len(rt._bind_groups) == cached
 
 
+def test_a_captured_graph_replays_its_work_on_new_inputs(rt):
+    rng = np.random.default_rng(4)
+    w = rt.from_numpy(rng.standard_normal((7, 20)).astype(np.float32))
+    x = rt.from_numpy(np.zeros((5, 20), np.float32))
+    acc = rt.from_numpy(np.zeros((5, 7), np.float32))
+    with rt.capture() as graph:  # a dispatch chain, a copy, and state updated in place
+        h = activations.silu(linear.linear(x, w))
+        t = activations.add(h, acc)
+        rt.copy(t, acc)
+    assert graph.commands and any(c[0] == "copy" for c in graph.commands)
+    want_acc = np.zeros((5, 7))
+    wn = w.numpy().astype(np.float64)
+    for _ in range(3):
+        host = rng.standard_normal((5, 20)).astype(np.float32)
+        rt.write(x, host)
+        rt.replay(graph)
+        z = host.astype(np.float64) @ wn.T
+        want_acc = want_acc + z / (1 + np.exp(-z))
+        np.testing.assert_allclose(acc.numpy(), want_acc, rtol=1e-5, atol=1e-5)
+
+
+def test_capture_refuses_host_transfers_and_nesting(rt):
+    x = rt.from_numpy(np.ones(8, np.float32))
+    for what, call in (("write", lambda: rt.write(x, np.zeros(8, np.float32))), ("read", lambda: x.numpy()),
+                       ("fill", lambda: rt.fill(x, 0.0))):
+        with pytest.raises(MambactlError, match="cannot be captured"), rt.capture():
+            activations.silu(x)
+            call()
+    with pytest.raises(MambactlError, match="already capturing"), rt.capture(), rt.capture():
+        pass
+    np.testing.assert_array_equal(x.numpy(), np.ones(8, np.float32))  # the runtime works on after a refusal
+
+
 def test_shape_and_dtype_errors_name_the_op_and_tensor_before_dispatch(rt):
     a = rt.from_numpy(np.ones((3, 4), np.float32))
     b = rt.from_numpy(np.ones((5, 6), np.float32))

@@ -113,7 +113,7 @@ def mamba3_decode_state(saved: dict, cfg: ModelConfig) -> dict:
 
 
 def mamba3_step(p: dict, x: Tensor, state: dict, cfg: ModelConfig) -> Tensor:
-    """One token per batch row: x [B, d_model] -> [B, d_model]; `state` (θ, h, previous k and v) advances."""
+    """One token per batch row: x [B, d_model] -> [B, d_model]; `state` (θ, h, previous k and v) advances in place."""
     batch = x.shape[0]
     d = _dims(cfg, batch, 1)
     M, H, R, N, P = batch, d.heads, d.rank, d.nstate, d.headdim
@@ -125,7 +125,8 @@ def mamba3_step(p: dict, x: Tensor, state: dict, cfg: ModelConfig) -> Tensor:
                                      state["theta"], pr["theta"].reshape(batch, H, S), d.angles, d.mimo)
     v = pr["v"].reshape(batch, H, R, P)
     ys = mamba3_scan_step(state["h"], q, k, v, pr["adt"], pr["dt"], pr["lam"], state["k"], state["v"])
-    state.update(theta=theta, k=k, v=v)
+    for name, new in (("theta", theta), ("k", k), ("v", v)):  # in place, so a captured step replays (runtime.Graph)
+        x.runtime.copy(new, state[name])
     norm_w = p["norm.weight"] if cfg.mamba3.is_outproj_norm else None
     out, _ = mamba3_finish(ys.reshape(M, H, R, P), pr["v"], pr["zr"], p["D"], norm_w, mimo[2], d, NORM_EPS)
     return linear.linear(out, p["out_proj.weight"])

@@ -8,12 +8,18 @@ next one twice the last, up to DISPATCHES_PER_SUBMIT, so an idle GPU starts with
 instead of waiting for 256 of them to be recorded. All of a batch's uniform parameters go up in one write, and
 every dispatch binds its slot of that buffer by a dynamic offset, so bind groups depend only on the buffers bound
 and are cached (a training step binds the same pooled buffers every time).
+
+A block of work that is the same every time (a decoding step of the Mamba layers: same kernels, same buffers,
+same parameters) can be recorded once as a `Graph` (`with rt.capture() as g: ...`) and queued again with
+`rt.replay(g)`, skipping the ops' Python: the host cost of a replayed dispatch is its encoding alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import struct
+from dataclasses import dataclass, field
 
 import numpy as np
 import wgpu
@@ -48,6 +54,16 @@ def grid_1d(n: int, workgroup: int = 256) -> tuple[int, int]:
     groups = max(1, -(-n // workgroup))
     gx = min(groups, 65535)
     return gx, -(-groups // gx)
+
+
+@dataclass
+class Graph:
+    """Recorded work to queue again (`Runtime.capture`, `Runtime.replay`): per dispatch its pipeline, bind group,
+    uniform bytes (one slot per uniform binding) and grid; copies as recorded. It keeps every tensor made while
+    it was captured, so their buffers stay its own (the pool cannot hand them to anyone else)."""
+
+    commands: list = field(default_factory=list)
+    tensors: list = field(default_factory=list)
 
 
 def _shader_module(device, label: str, code: str, checks: int):
@@ -98,6 +114,7 @@ class Runtime:
         self.gpu_times: list | None = None
         self._queries = None
         self._subgroup_size: int | None = None
+        self._graph: Graph | None = None  # being captured
 
     @property
     def subgroup_size(self) -> int:
@@ -164,18 +181,16 @@ class Runtime:
         groups = tuple(int(g) for g in groups) + (1,) * (3 - len(groups))
         if min(groups) < 1 or max(groups) > self.max_groups:
             raise ShapeError(f"{entry}: workgroup grid {groups} outside [1, {self.max_groups}] per dimension")
-        offsets, buffers, key = [], [], [id(bgl)]
+        slots, buffers, key = 0, [], [id(bgl)]
         for name, uniform in bindings:
             if uniform:
-                if len(self._uniform_bytes) // _UNIFORM_SLOT >= _UNIFORM_SLOTS:
-                    self.flush()
-                offsets.append(len(self._uniform_bytes))
-                try:
-                    values = [args[f] for f in fields]
-                except KeyError as e:
-                    raise ShapeError(f"{entry}: uniform parameter {e.args[0]!r} not given") from None
-                self._uniform_bytes += packer.pack(*values)
-                self._uniform_bytes += pad
+                if not slots:
+                    try:
+                        values = [args[f] for f in fields]
+                    except KeyError as e:
+                        raise ShapeError(f"{entry}: uniform parameter {e.args[0]!r} not given") from None
+                    uniform_slot = packer.pack(*values) + pad
+                slots += 1
                 buffers.append(self._uniforms)
                 key.append(id(self._uniforms))
                 continue
@@ -197,9 +212,43 @@ class Runtime:
             buffers.append((buf, t.offset, size))
             key += (id(buf), t.offset, size)
         label = None if self.gpu_times is None else (entry, constants)
-        self._pending.append(("dispatch", pipe, self._bind_group(bgl, ep, buffers, tuple(key)), offsets, groups, label))
+        command = ("dispatch", pipe, self._bind_group(bgl, ep, buffers, tuple(key)), uniform_slot * slots if slots else b"",
+                   slots, groups, label)
+        if self._graph is not None:
+            self._graph.commands.append(command)
+        self._record(command)
+
+    def _record(self, command: tuple) -> None:
+        """Queue a dispatch ("dispatch", pipeline, bind group, uniform bytes, uniform slots, grid, label) or a copy;
+        the uniform bytes go into this batch's ring, which the dispatch binds at their offsets."""
+        if command[0] == "dispatch":
+            _, pipe, bind_group, uniform_bytes, slots, groups, label = command
+            if len(self._uniform_bytes) // _UNIFORM_SLOT + slots > _UNIFORM_SLOTS:
+                self.flush()
+            base = len(self._uniform_bytes)
+            self._uniform_bytes += uniform_bytes
+            command = ("dispatch", pipe, bind_group, [base + i * _UNIFORM_SLOT for i in range(slots)], groups, label)
+        self._pending.append(command)
         if len(self._pending) >= self._submit_after:
             self.flush()
+
+    @contextlib.contextmanager
+    def capture(self):
+        """Record what the block queues into a Graph (yielded) while it runs as usual. The block may not write,
+        fill or read tensors (a replay would not repeat that host side): inputs go into tensors made before it
+        and written between replays, outputs are read after it."""
+        if self._graph is not None:
+            raise MambactlError("capture: already capturing")
+        graph = self._graph = Graph()
+        try:
+            yield graph
+        finally:
+            self._graph = None
+
+    def replay(self, graph: Graph) -> None:
+        """Queue a captured graph's dispatches and copies again, in order (on the same buffers)."""
+        for command in graph.commands:
+            self._record(command)
 
     def _bind_group(self, bgl, ep, buffers: list, key: tuple):
         """`buffers`: per binding, the uniform ring or a tensor's (buffer, byte offset, bytes bound); `key`
@@ -222,7 +271,10 @@ class Runtime:
     def copy(self, src: Tensor, dst: Tensor, nbytes: int | None = None, src_offset: int = 0, dst_offset: int = 0) -> None:
         """Record a buffer-to-buffer copy (ordered with the dispatches around it)."""
         n = src.nbytes if nbytes is None else nbytes
-        self._pending.append(("copy", src.buffer, src.offset + src_offset, dst.buffer, dst.offset + dst_offset, n))
+        command = ("copy", src.buffer, src.offset + src_offset, dst.buffer, dst.offset + dst_offset, n)
+        if self._graph is not None:
+            self._graph.commands.append(command)
+        self._record(command)
 
     def flush(self) -> None:
         """Submit everything recorded so far as one command buffer (compute passes split only by copies)."""
@@ -292,6 +344,8 @@ class Runtime:
         if n > int(self.limits["max-buffer-size"]):
             raise ShapeError(f"tensor {tuple(shape)} needs {n} bytes, over this device's max buffer size")
         t = Tensor(self, self.pool.acquire(n), shape, dtype)
+        if self._graph is not None:
+            self._graph.tensors.append(t)
         if self.poison and t.size:
             self.run("fill", grid_1d(t.size), dst=t, n=t.size, value=float("nan"))
         return t
@@ -309,6 +363,7 @@ class Runtime:
     def write(self, t: Tensor, array) -> None:
         # queue.write_buffer runs before any later submit; flush first so a pooled buffer that
         # recorded-but-unsubmitted work still reads is not overwritten early.
+        self._not_capturing("write")
         self.flush()
         data = np.ascontiguousarray(array, dtype=t.dtype)
         if data.size != t.size:
@@ -317,12 +372,17 @@ class Runtime:
             self.device.queue.write_buffer(t.buffer, t.offset, data.tobytes())
 
     def read(self, t: Tensor) -> np.ndarray:
+        self._not_capturing("read")
         self.flush()
         self._submit_after = FIRST_SUBMIT  # the readback drains the GPU: start it again soon
         if t.size == 0:
             return np.zeros(t.shape, t.dtype)
         mem = self.device.queue.read_buffer(t.buffer, t.offset, t.nbytes)
         return np.frombuffer(mem, dtype=t.dtype).reshape(t.shape).copy()
+
+    def _not_capturing(self, what: str) -> None:
+        if self._graph is not None:
+            raise MambactlError(f"{what}: host transfers cannot be captured in a graph (runtime.capture)")
 
     def fill(self, t: Tensor, value: float) -> None:
         """Set every element (e.g. NaN to poison outputs in tests, 0 to reset gradient accumulators)."""
