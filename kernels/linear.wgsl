@@ -5,10 +5,11 @@
 // ops/linear.py sums the planes (so a short, wide product like dW of a small projection still fills
 // the GPU). Any M, N, K: out-of-range loads read 0 and out-of-range stores are skipped.
 //
-// Two entry points:
+// Entry points:
 //   matmul         the tiled GEMM. 256 threads compute a 16·T × 16·T tile of C, each thread a T × T register
 //                  block (T = 8: 128² tiles, the default; T = 4: 64² tiles for small outputs), stepping K by
 //                  BK = 16 (so every thread stages whole vec4s of both operands).
+//   matvec         C = A Bᵀ for at most 4 rows of A (decoding): 32 threads a column, reading the weight once.
 //   matmul_direct  no workgroup memory or barriers, for CPU adapters.
 //   matmul_subgroup  matmul_direct sharing B loads through 8-lane subgroups (lavapipe); compiled only where the
 //                  device has the subgroup feature (runtime/kernels.py strips it elsewhere).
@@ -291,6 +292,70 @@ fn matmul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index
         store_block(wid.z, r, q + 64u, acc01);
         store_block(wid.z, r + 64u, q, acc10);
         store_block(wid.z, r + 64u, q + 64u, acc11);
+    }
+}
+
+// ---- matvec -------------------------------------------------------------------------------------
+// C[M, N] (+)= A[M, K] · B[N, K]ᵀ (+ bias) for a few rows (M ≤ 4: decoding a token per sequence), TRANS_B,
+// K a multiple of 4. A tiled GEMM at M = 1 computes a 64-row tile for one row and walks K in 16-k steps with a
+// barrier each: latency, not bandwidth (29-40 µs an in_proj on the H200). Here each 32-thread group of the
+// workgroup takes one column n (one row of the weight, read as consecutive vec4s by its 32 threads, four loads
+// in flight a thread) for all M rows of A, and a tree over the group's threads sums the partials in a fixed
+// order: the weight is read once, at the memory's speed.
+const MV_GROUP = 32u;  // threads per column
+const MV_COLS = 8u;    // columns per 256-thread workgroup
+
+fn mv_a(row: u32, i: u32) -> vec4<f32> { return a[row * (p.k / 4u) + i]; }
+
+// The group's partial sums for rows 0..3 of A (components), in a_sh's first 256 vec4 slots.
+fn mv_slot(t: u32) -> vec2<u32> { return vec2<u32>(t / BM_MAX4, t % BM_MAX4); }
+
+@compute @workgroup_size(256)
+fn matvec(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let col = wid.x * MV_COLS + t / MV_GROUP;
+    let lane = t % MV_GROUP;
+    let k4 = p.k / 4u;
+    let rows = min(p.m, 4u);
+    var acc = vec4<f32>(0.0);  // component r: row r of A
+    if (col < p.n) {
+        let w0 = col * k4;
+        var i = lane;
+        for (; i + 3u * MV_GROUP < k4; i += 4u * MV_GROUP) {  // four independent weight loads in flight
+            let wa = b[w0 + i];
+            let wb = b[w0 + i + MV_GROUP];
+            let wc = b[w0 + i + 2u * MV_GROUP];
+            let wd = b[w0 + i + 3u * MV_GROUP];
+            for (var r = 0u; r < 4u; r++) {
+                if (r < rows) {
+                    acc[r] += dot(mv_a(r, i), wa) + dot(mv_a(r, i + MV_GROUP), wb) + dot(mv_a(r, i + 2u * MV_GROUP), wc)
+                              + dot(mv_a(r, i + 3u * MV_GROUP), wd);
+                }
+            }
+        }
+        for (; i < k4; i += MV_GROUP) {
+            let w = b[w0 + i];
+            for (var r = 0u; r < 4u; r++) {
+                if (r < rows) { acc[r] += dot(mv_a(r, i), w); }
+            }
+        }
+    }
+    let at = mv_slot(t);
+    a_sh[0][at.x][at.y] = acc;
+    workgroupBarrier();
+    for (var half = MV_GROUP / 2u; half > 0u; half /= 2u) {  // lanes [0, half) add lanes [half, 2·half)
+        if (lane < half) {
+            let other = mv_slot(t + half);
+            a_sh[0][at.x][at.y] += a_sh[0][other.x][other.y];
+        }
+        workgroupBarrier();
+    }
+    if (lane < rows && col < p.n) {  // thread r of the group stores row r
+        let total = mv_slot(t - lane);
+        var v = a_sh[0][total.x][total.y][lane];
+        if (HAS_BIAS) { v += bias[col >> 2u][col & 3u]; }
+        let e = lane * p.n + col;
+        if (ACCUMULATE) { v += c[e >> 2u][e & 3u]; }
+        c[e >> 2u][e & 3u] = v;
     }
 }
 

@@ -157,6 +157,35 @@ def test_every_matmul_kernel_transpose_and_k_split(rt, rng, kernel, tile, vec4, 
     assert rel(out.numpy(), acc + ref) < REDUCTION_TOL
 
 
+# K: one vec4 (no full group), ragged against the 4 × 32-vec4 main loop (its remainder loop), several main-loop
+# steps; N: below, at and past the 8 columns of a workgroup.
+@pytest.mark.parametrize("M", [1, 2, 3, 4])
+@pytest.mark.parametrize("K,N", [(4, 1), (12, 8), (516, 9), (2048, 300)])
+def test_matvec_few_rows_times_a_transposed_weight(rt, rng, M, K, N):
+    """GPUs' pick for decoding (at most MATVEC_ROWS rows times Bᵀ): with a bias, accumulating, and by default."""
+    (a32, a), (b32, b), (bias32, bias), (acc32, acc) = f32(rng, M, K), f32(rng, N, K), f32(rng, N), f32(rng, M, N)
+    ga, gb = rt.from_numpy(a32), rt.from_numpy(b32)
+    ref = a @ b.T
+    assert rel(linear.matmul(ga, gb, trans_b=True, kernel="matvec").numpy(), ref) < REDUCTION_TOL
+    got = linear.matmul(ga, gb, trans_b=True, kernel="matvec", bias=rt.from_numpy(bias32)).numpy()
+    assert rel(got, ref + bias) < REDUCTION_TOL
+    out = rt.from_numpy(acc32)
+    linear.matmul(ga, gb, trans_b=True, kernel="matvec", out=out)
+    assert rel(out.numpy(), acc + ref) < REDUCTION_TOL
+    assert rel(linear.linear(ga, gb, rt.from_numpy(bias32)).numpy(), ref + bias) < REDUCTION_TOL  # the default (matvec on GPUs)
+
+
+def test_matvec_refuses_what_it_does_not_compute(rt, rng):
+    a, b = rt.from_numpy(f32(rng, 5, 8)[0]), rt.from_numpy(f32(rng, 3, 8)[0])
+    with pytest.raises(ShapeError, match="matvec needs A"):
+        linear.matmul(a, b, trans_b=True, kernel="matvec")  # 5 rows
+    with pytest.raises(ShapeError, match="matvec needs A"):
+        linear.matmul(a.reshape(8, 5), b, trans_a=True, trans_b=True, kernel="matvec")
+    with pytest.raises(ShapeError, match="matvec needs A"):
+        linear.matmul(rt.from_numpy(f32(rng, 2, 6)[0]), rt.from_numpy(f32(rng, 3, 6)[0]), trans_b=True,
+                      kernel="matvec")  # K not a multiple of 4
+
+
 @pytest.mark.parametrize("tile", sorted(linear.TILES))
 @pytest.mark.parametrize("raster", [False, True])
 @pytest.mark.parametrize("M,K,N,split_k", [(70, 129, 300, 1), (200, 1040, 36, 2)])

@@ -27,6 +27,8 @@ from mambactl.runtime.tensor import Tensor
 # On the H200 128² won at every measured shape, x_proj's 80-column output included (64×128, 128×64 and
 # BK 8 variants were never faster and were dropped); 64² is for outputs at most 64 wide.
 TILES = {"64x64": 4, "128x128": 8}
+MATVEC_ROWS = 4  # `matvec` (C = A Bᵀ, K a multiple of 4) takes GPU products of at most this many rows of A
+_MATVEC_COLS = 8  # columns of C per matvec workgroup (MV_COLS there)
 _DIRECT_TILE = 64  # matmul_direct / matmul_subgroup: 64×64 outputs per workgroup of 8 invocations (subgroup: N ≥ 64)
 _DIRECT_STORE_LOOPS = 512  # per invocation: 128 row stores of 4 columns, a loop of 4 each without VEC4
 CPU_KERNELS = ("matmul_direct", "matmul_subgroup")  # no workgroup memory or barriers
@@ -154,8 +156,8 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
     """C[M, N] = op(A) op(B) (+ bias); A is [M, K] ([K, M] if trans_a), B is [K, N] ([N, K] if trans_b).
 
     With `out`, the product is added into it (gradient accumulation). The defaults pick everything by adapter
-    and shape; tests and benchmarks can force each choice: `kernel` "matmul" (tiled), "matmul_direct" or
-    "matmul_subgroup" (CPU adapters: `cpu_kernel`), `tile` one of TILES, `vec4=False` the scalar loads that
+    and shape; tests and benchmarks can force each choice: `kernel` "matmul" (tiled), "matvec" (GPUs' pick for
+    at most MATVEC_ROWS rows times Bᵀ), "matmul_direct" or "matmul_subgroup" (CPU adapters: `cpu_kernel`), `tile` one of TILES, `vec4=False` the scalar loads that
     ragged shapes need (True raises where the shape does not allow vec4), `split_k` the number of K slices
     (default: enough to fill the GPU when the output has few tiles and K is long), `raster` whether workgroup x
     walks row tiles (default: x walks whichever of rows and columns has fewer tiles).
@@ -186,7 +188,19 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
     half = precision == "f16"
     if half and kernel not in (None, "matmul_f16"):
         raise ShapeError(f"matmul: precision f16 runs matmul_f16, not {kernel!r}")
-    entry = kernel or ("matmul_f16" if half else cpu_kernel(rt) if cpu else "matmul")
+    fits_matvec = (trans_b and not trans_a and M <= MATVEC_ROWS and K % 4 == 0 and vec4 is not False
+                   and -(-N // _MATVEC_COLS) <= rt.max_groups)
+    if kernel == "matvec" and not fits_matvec:
+        raise ShapeError(f"matmul: matvec needs A [M ≤ {MATVEC_ROWS}, K] times Bᵀ with K a multiple of 4 (M={M}, "
+                         f"N={N}, K={K}, trans_a={trans_a}, trans_b={trans_b})")
+    tiled_asked = tile is not None or split_k is not None or raster is not None  # choices of the tiled kernel
+    entry = kernel or ("matmul_f16" if half else cpu_kernel(rt) if cpu else
+                       "matvec" if fits_matvec and not tiled_asked else "matmul")
+    if entry == "matvec":
+        c = rt.empty((M, N)) if out is None else out
+        rt.run("matvec", (-(-N // _MATVEC_COLS),), {"HAS_BIAS": bias is not None, "ACCUMULATE": out is not None},
+               a=a, b=b, bias=bias if bias is not None else a, c=c, m=M, n=N, k=K, k_split=K)
+        return c
     consts = {"TRANS_A": trans_a, "TRANS_B": trans_b, "HAS_BIAS": bias is not None}
     if half:
         flush = FLUSH if flush is None else int(flush)
@@ -213,7 +227,7 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
             consts["COL_GROUPS"] = min(_DIRECT_TILE // 4, -(-N // 4))
             bn = 4 * consts["COL_GROUPS"]
     else:
-        raise ShapeError(f"matmul: unknown kernel {entry!r}; 'matmul', 'matmul_f16', 'matmul_direct' or "
+        raise ShapeError(f"matmul: unknown kernel {entry!r}; 'matmul', 'matmul_f16', 'matvec', 'matmul_direct' or "
                          "'matmul_subgroup'")
     groups = (-(-N // bn), -(-M // bm))
     if entry not in CPU_KERNELS and raster:
