@@ -128,8 +128,9 @@ fn conv1d_state(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
     conv_state[i] = v;
 }
 
-// One decoding step for x [B, ·] (len = 1): y = Σ_k w[c, k] · window[k] + bias with the window =
-// conv_state then x; the state then shifts by one (each thread owns one (b, c) column).
+// One decoding step for x [B, ·] (len = 1): y = Σ_k w[c, k] · window[k] + bias (SiLU of it with SILU) with the
+// window = conv_state then x, stored in PARTS tensors as the walks do; the state then shifts by one (each thread
+// owns one (b, c) column).
 @compute @workgroup_size(256)
 fn conv1d_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.y * nwg.x * 256u + gid.x;
@@ -148,7 +149,8 @@ fn conv1d_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
             conv_state[base + k * p.channels] = xv;
         }
     }
-    y[i] = s;
+    if (SILU) { s = s * sigmoid_of(s); }
+    store_part(b, c, s);
 }
 
 // --- Walks over time, K ≤ 4 (every adapter) -----------------------------------------------------------------------

@@ -419,6 +419,24 @@ def test_conv1d_state_and_steps_continue_the_sequence(rt, rng, K):
             assert rel(y.numpy(), full[:, t]) < ELEMENTWISE_TOL
 
 
+@pytest.mark.parametrize("parts", [None, [7], [3, 4], [2, 1, 4]])
+def test_conv1d_step_with_silu_in_parts(rt, rng, parts):
+    """The decoding step's SiLU and channel parts (Mamba-2's x, B, C) equal SiLU of the parallel conv, split."""
+    (x32, x), (w32, w), (b32, b) = f32(rng, 2, 6, 7), f32(rng, 7, 4), f32(rng, 7)
+    wide = _columns_of(rng, x32, 2, 3)
+    full = ref_act.silu(ref_conv.conv1d(x, w, b))
+    gw, gb = rt.from_numpy(w32), rt.from_numpy(b32)
+    state = conv1d.conv1d_state(rt.from_numpy(np.ascontiguousarray(wide[:, :3])), 4, x_start=2, channels=7)
+    for t in range(3, 6):
+        out = conv1d.conv1d_step(state, rt.from_numpy(np.ascontiguousarray(wide[:, t])), gw, gb, x_start=2, silu=True,
+                                 parts=parts)
+        got = np.concatenate([o.numpy() for o in out], axis=1) if parts else out.numpy()
+        assert [o.shape[1] for o in out] == parts if parts else got.shape == (2, 7)
+        assert rel(got, full[:, t]) < ELEMENTWISE_TOL
+    with pytest.raises(ShapeError, match="parts"):
+        conv1d.conv1d_step(state, rt.from_numpy(np.ascontiguousarray(wide[:, 0])), gw, gb, x_start=2, parts=[3, 3])
+
+
 def test_conv1d_taps_follow_pytorch(rt):
     """Tap K−1 multiplies the current step (PyTorch), not tap 0 (the old engine's reversed convention)."""
     x = np.zeros((1, 5, 1), np.float32)

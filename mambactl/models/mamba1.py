@@ -9,7 +9,7 @@ gradient tensors; gradients are accumulated into `g` (gradient accumulation over
 from __future__ import annotations
 
 from mambactl.models.config import ModelConfig
-from mambactl.ops import activations, conv1d, linear, slice
+from mambactl.ops import conv1d, linear, slice
 from mambactl.ops.fill import zeros
 from mambactl.ops.selective_scan import selective_scan, selective_scan_backward, selective_scan_step
 from mambactl.runtime.tensor import Tensor
@@ -78,8 +78,7 @@ def mamba1_step(p: dict, x: Tensor, state: dict, cfg: ModelConfig) -> Tensor:
     xz = linear.linear(x, p["in_proj.weight"], p.get("in_proj.bias"))
     z = slice.column_slice(xz, di, di)
     conv_b = p["conv1d.bias"] if m.conv_bias else zeros(rt, (di,))
-    u = activations.silu(conv1d.conv1d_step(state["conv"], xz, p["conv1d.weight"].reshape(di, m.d_conv), conv_b,
-                                            x_start=0))
+    u = conv1d.conv1d_step(state["conv"], xz, p["conv1d.weight"].reshape(di, m.d_conv), conv_b, silu=True)
     x_dbl = linear.linear(u, p["x_proj.weight"])
     dt_in, Bm, Cm = slice.column_split(x_dbl, [R, N, N])
     delta = linear.linear(dt_in, p["dt_proj.weight"])

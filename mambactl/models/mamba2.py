@@ -9,7 +9,7 @@ groups of d_inner / ngroups -> out_proj. `p` and `g` map this layer's mixer name
 from __future__ import annotations
 
 from mambactl.models.config import ModelConfig
-from mambactl.ops import activations, conv1d, linear, slice
+from mambactl.ops import conv1d, linear, slice
 from mambactl.ops.fill import zeros
 from mambactl.ops.rmsnorm_gated import rmsnorm_gated, rmsnorm_gated_backward
 from mambactl.ops.ssd import ssd_scan, ssd_scan_backward, ssd_step
@@ -81,9 +81,8 @@ def mamba2_step(p: dict, x: Tensor, state: dict, cfg: ModelConfig) -> Tensor:
     zxbcdt = linear.linear(x, p["in_proj.weight"], p.get("in_proj.bias"))
     dt = slice.column_slice(zxbcdt, di + conv_dim, H)
     conv_b = p["conv1d.bias"] if m.conv_bias else zeros(rt, (conv_dim,))
-    u = activations.silu(conv1d.conv1d_step(state["conv"], zxbcdt, p["conv1d.weight"].reshape(conv_dim, m.d_conv),
-                                            conv_b, x_start=di))
-    xs, Bm, Cm = slice.column_split(u, [di, G * N, G * N])
+    xs, Bm, Cm = conv1d.conv1d_step(state["conv"], zxbcdt, p["conv1d.weight"].reshape(conv_dim, m.d_conv), conv_b,
+                                    x_start=di, silu=True, parts=[di, G * N, G * N])
     y = ssd_step(state["ssm"], xs, dt, p["A_log"], Bm, Cm, p["D"], p["dt_bias"], dt_limit=tuple(m.dt_limit))
     yn, _ = rmsnorm_gated(y, zxbcdt, p["norm.weight"], di // G, cfg.norm_eps, z_start=0)
     return linear.linear(yn, p["out_proj.weight"], p.get("out_proj.bias"))

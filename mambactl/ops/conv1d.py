@@ -190,9 +190,11 @@ def conv1d_state(x: Tensor, taps: int, *, x_start: int = 0, channels: int | None
     return state
 
 
-def conv1d_step(state: Tensor, x: Tensor, w: Tensor, b: Tensor, *, x_start: int = 0) -> Tensor:
+def conv1d_step(state: Tensor, x: Tensor, w: Tensor, b: Tensor, *, x_start: int = 0, silu: bool = False,
+                parts: list[int] | None = None):
     """One decoding step: x [B, P] (channels in columns x_start..), w [C, K], b [C]; state [B, K − 1, C] is
-    shifted in place. -> y [B, C]."""
+    shifted in place. -> y [B, C] (SiLU of the conv with `silu`), or with `parts` (as conv1d_silu's) one tensor
+    [B, width] per channel range."""
     expect("conv1d_step", "x", x, (None, None))
     B, P = x.shape
     expect("conv1d_step", "w", w, (None, None))
@@ -201,7 +203,10 @@ def conv1d_step(state: Tensor, x: Tensor, w: Tensor, b: Tensor, *, x_start: int 
         raise ShapeError(f"conv1d_step: x channels [{x_start}, {x_start + C}) outside its {P} columns")
     expect("conv1d_step", "state", state, (B, max(K - 1, 1), C))
     expect("conv1d_step", "b", b, (C,))
-    y = x.runtime.empty((B, C))
-    x.runtime.run("conv1d_step", grid_1d(B * C), x=x, w=w, bias=b, conv_state=state, y=y, batch=B, len=1,
-                  channels=C, taps=K, block_rows=0, seg_len=1, **_strides(P, C, x_start))
-    return y
+    _check_parts("conv1d_step", parts, C)
+    outs = [x.runtime.empty((B, n)) for n in (parts or [C])]
+    ys = outs + [outs[0]] * (3 - len(outs))  # unused parts are never written
+    x.runtime.run("conv1d_step", grid_1d(B * C), {"SILU": silu, "PARTS": len(outs)}, x=x, w=w, bias=b,
+                  conv_state=state, y=ys[0], y1=ys[1], y2=ys[2], batch=B, len=1, channels=C, taps=K, block_rows=0,
+                  seg_len=1, **_strides(P, C, x_start, parts=parts))
+    return outs if parts is not None else outs[0]
