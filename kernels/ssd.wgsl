@@ -73,8 +73,9 @@ override NPARAM: u32 = 1u;        // ssd_param_grads: parameters per partial (1 
 // seg_lo, seg_hi: the part of a walk one dispatch takes (ssd_state_passing(_backward): chunks; ssd_param_grads:
 // (batch, chunk) partials), all of it but on Mesa llvmpipe, whose loop budget (65,535 loop iterations per
 // invocation, mambactl/ops/checks.py) splits long walks into dispatch segments that carry their sums in a buffer.
+// dt_stride, dt_col: ssd_step's dt_raw row stride and first column (in_proj's output row in Mamba-2's decoding).
 struct Dims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nstate: u32, chunk: u32, nchunks: u32,
-              dt_min: f32, dt_max: f32, seg_lo: u32, seg_hi: u32 }
+              dt_min: f32, dt_max: f32, seg_lo: u32, seg_hi: u32, dt_stride: u32, dt_col: u32 }
 
 @group(0) @binding(0) var<uniform> d: Dims;
 @group(0) @binding(2) var<storage, read> dt_raw: array<f32>;        // [B, L, H]
@@ -656,7 +657,8 @@ fn ssd_param_grads(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
 
 // One recurrent decoding step per (batch row, head, p), walking the N states of its row of S (len = 1):
 // Δ = clamp(softplus(dt_raw + dt_bias), dt_min, dt_max), S = exp(Δ A) S + Δ x Bᵀ, y = S C + D x, with x, y
-// [B, H·P], dt_raw [B, H], B, C [B, G·N] and ssm_state [B, H, P, N] read and updated. Grid grid_1d(B·H·P, 64).
+// [B, H·P], dt_raw [B, H] (columns [dt_col, dt_col + H) of rows dt_stride apart), B, C [B, G·N] and ssm_state
+// [B, H, P, N] read and updated. Grid grid_1d(B·H·P, 64).
 @compute @workgroup_size(64)
 fn ssd_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.y * nwg.x * 64u + gid.x;
@@ -664,7 +666,7 @@ fn ssd_step(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
     let h = (i / d.headdim) % d.heads;
     let b = i / (d.headdim * d.heads);
     let g = h / (d.heads / d.ngroups);
-    let dt = clamp(softplus(dt_raw[b * d.heads + h] + dt_bias[h]), d.dt_min, d.dt_max);
+    let dt = clamp(softplus(dt_raw[b * d.dt_stride + d.dt_col + h] + dt_bias[h]), d.dt_min, d.dt_max);
     let decay = exp(dt * -exp(A_log[h]));
     let xd = dt * x[i];
     var acc = skip[h] * x[i];

@@ -190,10 +190,15 @@ def test_step_continues_the_parallel_scan(rt, length, chunk, groups, dt_limit):
     assert rel_err(state.numpy(), final_state(pre, dt_limit)) < 1e-5
     assert rel_err(y_pre.numpy(), y_full[:, :length]) < 1e-5
     param = {k: rt.from_numpy(x[k]) for k in ("A_log", "D", "dt_bias")}
+    junk = np.random.default_rng(length).standard_normal((batch, 9)).astype(np.float32)
     for t in range(length, length + extra):
-        y = ssd_step(state, rt.from_numpy(x["x"][:, t].reshape(batch, -1)), rt.from_numpy(x["dt_raw"][:, t]),
+        dt, dt_start = x["dt_raw"][:, t], None
+        if t % 2:  # dt as columns [2, 2 + H) of wider rows (Mamba-2's in_proj output)
+            dt, dt_start = np.concatenate([junk[:, :2], dt, junk[:, 2:]], axis=1), 2
+        y = ssd_step(state, rt.from_numpy(x["x"][:, t].reshape(batch, -1)), rt.from_numpy(dt),
                      param["A_log"], rt.from_numpy(x["B"][:, t].reshape(batch, -1)),
-                     rt.from_numpy(x["C"][:, t].reshape(batch, -1)), param["D"], param["dt_bias"], dt_limit=dt_limit)
+                     rt.from_numpy(x["C"][:, t].reshape(batch, -1)), param["D"], param["dt_bias"], dt_limit=dt_limit,
+                     dt_start=dt_start)
         assert y.shape == (batch, heads * headdim)
         assert rel_err(y.numpy().reshape(batch, heads, headdim), y_full[:, t]) < 1e-5, t
     assert rel_err(state.numpy(), final_state(x, dt_limit)) < 1e-5
@@ -211,6 +216,8 @@ def test_step_shape_errors(rt):
         ssd_step(state, x, dt, vec, bad, bad, vec, vec)
     with pytest.raises(ShapeError, match="C has shape"):
         ssd_step(state, x, dt, vec, bc, rt.from_numpy(np.zeros((2, 5), np.float32)), vec, vec)
+    with pytest.raises(ShapeError, match=r"dt_raw columns \[3, 7\) outside its 6"):
+        ssd_step(state, x, rt.from_numpy(np.zeros((2, 6), np.float32)), vec, bc, bc, vec, vec, dt_start=3)
 
 
 def test_shape_errors(rt):

@@ -79,10 +79,10 @@ def mamba2_step(p: dict, x: Tensor, state: dict, cfg: ModelConfig) -> Tensor:
     m, di, H, P, G, N, conv_dim = _dims(cfg)
     rt = x.runtime
     zxbcdt = linear.linear(x, p["in_proj.weight"], p.get("in_proj.bias"))
-    dt = slice.column_slice(zxbcdt, di + conv_dim, H)
     conv_b = p["conv1d.bias"] if m.conv_bias else zeros(rt, (conv_dim,))
     xs, Bm, Cm = conv1d.conv1d_step(state["conv"], zxbcdt, p["conv1d.weight"].reshape(conv_dim, m.d_conv), conv_b,
                                     x_start=di, silu=True, parts=[di, G * N, G * N])
-    y = ssd_step(state["ssm"], xs, dt, p["A_log"], Bm, Cm, p["D"], p["dt_bias"], dt_limit=tuple(m.dt_limit))
+    y = ssd_step(state["ssm"], xs, zxbcdt, p["A_log"], Bm, Cm, p["D"], p["dt_bias"], dt_limit=tuple(m.dt_limit),
+                 dt_start=di + conv_dim)
     yn, _ = rmsnorm_gated(y, zxbcdt, p["norm.weight"], di // G, cfg.norm_eps, z_start=0)
     return linear.linear(yn, p["out_proj.weight"], p.get("out_proj.bias"))

@@ -262,7 +262,8 @@ def _dims(batch, length, heads, headdim, groups, nstate, chunk, dt_limit=(0.0, N
     lo, hi = dt_limit
     nchunks = -(-length // chunk)
     return dict(batch=batch, len=length, heads=heads, ngroups=groups, headdim=headdim, nstate=nstate, chunk=chunk,
-                nchunks=nchunks, dt_min=float(lo), dt_max=float(min(hi, NO_LIMIT)), seg_lo=0, seg_hi=nchunks)
+                nchunks=nchunks, dt_min=float(lo), dt_max=float(min(hi, NO_LIMIT)), seg_lo=0, seg_hi=nchunks,
+                dt_stride=heads, dt_col=0)
 
 
 def _check_chunk(op: str, rt, chunk: int | None, length: int, heads: int, groups: int) -> int:
@@ -488,8 +489,9 @@ def ssd_scan(x: Tensor, dt_raw: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: 
 
 
 def ssd_step(state: Tensor, x: Tensor, dt_raw: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor,
-             dt_bias: Tensor, dt_limit: tuple[float, float] = (0.0, NO_LIMIT)) -> Tensor:
-    """One decoding step per batch row. x [B, H·P], dt_raw [B, H], B, C [B, G·N], A_log, D, dt_bias [H];
+             dt_bias: Tensor, dt_limit: tuple[float, float] = (0.0, NO_LIMIT), dt_start: int | None = None) -> Tensor:
+    """One decoding step per batch row. x [B, H·P], dt_raw [B, H] (or, with `dt_start`, wider rows [B, W] whose
+    columns [dt_start, dt_start + H) are read: in_proj's output as it is), B, C [B, G·N], A_log, D, dt_bias [H];
     state [B, H, P, N] (e.g. a forward's `saved.last_state`) is advanced in place. -> y [B, H·P], the parallel
     scan's output at that position: Δ = clamp(softplus(dt_raw + dt_bias), dt_limit),
     S = exp(Δ A) S + Δ x Bᵀ, y = S C + D x."""
@@ -499,7 +501,12 @@ def ssd_step(state: Tensor, x: Tensor, dt_raw: Tensor, A_log: Tensor, B: Tensor,
     if min(state.shape) < 1:
         raise ShapeError(f"{op}: state has shape {state.shape}; every dimension must be at least 1")
     expect(op, "x", x, (batch, heads * headdim))
-    expect(op, "dt_raw", dt_raw, (batch, heads))
+    if dt_start is None:
+        expect(op, "dt_raw", dt_raw, (batch, heads))
+    else:
+        expect(op, "dt_raw", dt_raw, (batch, None))
+        if dt_start < 0 or dt_start + heads > dt_raw.shape[1]:
+            raise ShapeError(f"{op}: dt_raw columns [{dt_start}, {dt_start + heads}) outside its {dt_raw.shape[1]}")
     expect(op, "B", B, (batch, None))
     if B.shape[1] % nstate or B.shape[1] < nstate or heads % (B.shape[1] // nstate):
         raise ShapeError(f"{op}: B has shape {B.shape}; its width must be G·{nstate}, G dividing the {heads} heads")
@@ -508,6 +515,8 @@ def ssd_step(state: Tensor, x: Tensor, dt_raw: Tensor, A_log: Tensor, B: Tensor,
     for name, t in (("A_log", A_log), ("D", D), ("dt_bias", dt_bias)):
         expect(op, name, t, (heads,))
     dims = _dims(batch, 1, heads, headdim, groups, nstate, 1, dt_limit)
+    if dt_start is not None:
+        dims.update(dt_stride=dt_raw.shape[1], dt_col=dt_start)
     rt = x.runtime
     _check_loops(rt, op, tuple(state.shape), kernel_loops(1, headdim, nstate), ("ssd_step",))
     y = rt.empty(x.shape)
