@@ -106,3 +106,20 @@ def test_attention_models_record_every_step_and_a_wrong_batch_is_refused(gpu):
     dec.prefill(np.zeros((2, 3), np.int64))
     with pytest.raises(MambactlError, match="3 tokens for a batch of 2"):
         dec.step(np.zeros(3, np.int64))
+
+
+@pytest.mark.parametrize("name", ["mamba2", "mamba2-mamba3-mimo", "mamba3-siso"])
+def test_step_kernels_split_rows_of_the_state_over_lanes_as_on_gpus(gpu, name, monkeypatch):
+    """ssd_step and mamba3_scan_step with 32 threads a row of the state and a tree (GPUs' pick; CPU adapters walk
+    a row in one thread) still continue the parallel forward."""
+    from mambactl.ops import ssd
+
+    monkeypatch.setattr(ssd, "step_lanes", lambda _rt: 32)
+    cfg = REPLAY_CFGS[name]
+    lm = LanguageModel(cfg, gpu, random_weights(cfg, 0))
+    ids = np.random.default_rng(3).integers(0, cfg.vocab_size, (2, 8))
+    _, logits, _ = lm.forward(ids)
+    want = logits.numpy().reshape(2, 8, -1)
+    dec = RecurrentDecoder(lm)
+    got = np.stack([dec.prefill(ids[:, :3])] + [dec.step(ids[:, t]) for t in range(3, 8)], axis=1)
+    assert np.abs(got - want[:, 2:]).max() / np.abs(want).max() < 1e-4

@@ -177,9 +177,11 @@ def final_state(x, dt_limit=(0.0, np.inf)):
     (19, 8, 2, (0.5, 1.0)),  # padding in the last chunk; a dt_limit that binds
     (7, 1, 1, (0.0, np.inf)),  # chunk 1: the final state is all state passing
 ])
-def test_step_continues_the_parallel_scan(rt, length, chunk, groups, dt_limit):
+@pytest.mark.parametrize("lanes,nstate", [(1, 5), (32, 5), (32, 37)])  # CPU adapters' walk; GPUs' tree, N past a lane each
+def test_step_continues_the_parallel_scan(rt, monkeypatch, length, chunk, groups, dt_limit, lanes, nstate):
     """Prefill L steps, then ssd_step 3 more from saved.last_state: y equals the parallel scan over L + 3."""
-    batch, heads, headdim, nstate, extra = 2, 4, 3, 5, 3
+    monkeypatch.setattr(ssd_op, "step_lanes", lambda _rt: lanes)
+    batch, heads, headdim, extra = 2, 4, 3, 3
     x = make_inputs(batch, length + extra, heads, headdim, groups, nstate, seed=length)
     kw = dict(chunk=chunk, dt_limit=dt_limit)
     y_full, _ = ssd_scan(*(rt.from_numpy(x[k]) for k in NAMES), **kw)

@@ -48,7 +48,7 @@ from mambactl.runtime.tensor import Tensor
 MAX_STATE = 128  # mirrors MAX_N in kernels/mamba3_scan.wgsl (a private array per thread)
 MAX_RANK = 16    # mirrors MAX_R
 DEFAULT_CHUNK = 64  # MIMO's steps between saved states when the caller gives none
-THREADS = 64     # workgroup size of the forward and step entries
+THREADS = 64     # workgroup size of the forward entries
 BACKWARD_THREADS = 256  # mirrors BW: threads per backward workgroup (16 × 16, each 4 channels × 4 columns)
 BWD_CHANNELS = 64  # mirrors BPB: value channels per block of the backward (walked in order by one workgroup)
 TILE_N = 64      # mirrors BNB: state columns per backward workgroup
@@ -329,7 +329,9 @@ def mamba3_scan_step(state: Tensor, q: Tensor, k: Tensor, v: Tensor, adt: Tensor
         expect(op, name, t, (batch, heads))
     rt = q.runtime
     y = rt.empty(v.shape)
-    rt.run("mamba3_scan_step", grid_1d(batch * heads * headdim, THREADS), q=q, k=k, v=v, adt=adt, dt=dt, lam=lam,
+    lanes = ssd.step_lanes(rt)  # threads per row of h, as ssd_step
+    rt.run("mamba3_scan_step", grid_1d(batch * heads * headdim * lanes), {"STEP_LANES": lanes}, q=q, k=k, v=v,
+           adt=adt, dt=dt, lam=lam,
            k_prev=k_prev, v_prev=v_prev, ssm_state=state, y=y,
            **_step_params(batch, heads, rank, nstate, headdim, 0, False))
     return y

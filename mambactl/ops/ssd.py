@@ -89,6 +89,11 @@ def kernel_chunk(rt, length: int, heads: int, groups: int) -> int:
     return max(1, min(chunk, length))
 
 
+def step_lanes(rt) -> int:
+    """ssd_step's threads per row of the state (STEP_LANES there): 32 on GPUs, 1 on CPU adapters."""
+    return 1 if is_cpu(rt) else 32
+
+
 def passing_span() -> int:
     """State elements per workgroup of the state walks (and so per W_c partial of the backward's in w_part)."""
     return WORKGROUP * PASSING_ELEMS
@@ -140,7 +145,7 @@ def kernel_loops(chunk: int, headdim: int, nstate: int, heads: int = 1, groups: 
         "ssd_rows_backward": _cdiv(headdim * nstate, WORKGROUP) + seg * (2 * tiles_p + _cdiv(nstate, TILE))
         + 2 * REDUCE + seg + seg * npairs + tiles_q * tiles_p,
         "ssd_mamba2_backward": seg + 2 * REDUCE,
-        "ssd_step": nstate,
+        "ssd_step": nstate,  # on CPU adapters one thread walks a row of S (step_lanes)
     }
 
 
@@ -520,7 +525,8 @@ def ssd_step(state: Tensor, x: Tensor, dt_raw: Tensor, A_log: Tensor, B: Tensor,
     rt = x.runtime
     _check_loops(rt, op, tuple(state.shape), kernel_loops(1, headdim, nstate), ("ssd_step",))
     y = rt.empty(x.shape)
-    rt.run("ssd_step", grid_1d(batch * heads * headdim, 64), x=x, dt_raw=dt_raw, dt_bias=dt_bias, A_log=A_log,
+    lanes = step_lanes(rt)
+    rt.run("ssd_step", grid_1d(batch * heads * headdim * lanes), {"STEP_LANES": lanes}, x=x, dt_raw=dt_raw, dt_bias=dt_bias, A_log=A_log,
            b_in=B, c_in=C, skip=D, ssm_state=state, out=y, **dims)
     return y
 
