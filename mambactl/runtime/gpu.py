@@ -121,11 +121,12 @@ class Runtime:
         """Lanes per subgroup in compute shaders (0 without the subgroup feature), measured once by a probe
         dispatch: kernels that share loads through fixed lane numbers (matmul_subgroup) need exactly 8."""
         if self._subgroup_size is None:
-            self._subgroup_size = 0
+            size = 0
             if "subgroup" in self.features:
                 out = self.empty((4,))
                 self.run("subgroup_size_probe", (1,), c=out)
-                self._subgroup_size = int(self.read(out)[0])
+                size = int(self.read(out)[0])
+            self._subgroup_size = size
         return self._subgroup_size
 
     # pipelines --------------------------------------------------------------------------------------
@@ -211,7 +212,7 @@ class Runtime:
                 size = max(4, nbytes)
             buffers.append((buf, t.offset, size))
             key += (id(buf), t.offset, size)
-        label = None if self.gpu_times is None else (entry, constants)
+        label = (entry, constants)  # read only when gpu_times is on (and kept by a graph, which may be replayed then)
         command = ("dispatch", pipe, self._bind_group(bgl, ep, buffers, tuple(key)), uniform_slot * slots if slots else b"",
                    slots, groups, label)
         if self._graph is not None:
@@ -239,6 +240,7 @@ class Runtime:
         and written between replays, outputs are read after it."""
         if self._graph is not None:
             raise MambactlError("capture: already capturing")
+        self.subgroup_size  # the ops' one probe that reads back, run before (kernel choices depend on it)
         graph = self._graph = Graph()
         try:
             yield graph
