@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from lm_checks import random_weights
-from mambactl.errors import MambactlError
+from mambactl.errors import MambactlError, ShapeError
 from mambactl.models.config import (LAYER_TYPES, AttentionConfig, Mamba1Config, Mamba2Config, Mamba3Config,
                                     ModelConfig)
 from mambactl.models.decode import DECODERS, RecurrentDecoder
@@ -123,3 +123,15 @@ def test_step_kernels_split_rows_of_the_state_over_lanes_as_on_gpus(gpu, name, m
     dec = RecurrentDecoder(lm)
     got = np.stack([dec.prefill(ids[:, :3])] + [dec.step(ids[:, t]) for t in range(3, 8)], axis=1)
     assert np.abs(got - want[:, 2:]).max() / np.abs(want).max() < 1e-4
+
+
+def test_a_forward_of_last_logits_only_takes_no_targets(gpu):
+    cfg = REPLAY_CFGS["mamba1"]
+    lm = LanguageModel(cfg, gpu, random_weights(cfg, 0))
+    ids = np.random.default_rng(4).integers(0, cfg.vocab_size, (3, 5))
+    _, full, _ = lm.forward(ids)
+    _, last, _ = lm.forward(ids, last_only=True)
+    want = full.numpy().reshape(3, 5, -1)[:, -1]  # (on GPUs the 3 rows' head is matvec, the 15 rows' the tiled GEMM)
+    assert last.shape == (3, want.shape[1]) and np.abs(last.numpy() - want).max() / np.abs(want).max() < 1e-5
+    with pytest.raises(ShapeError, match="last_only computes no loss"):
+        lm.forward(ids, ids, last_only=True)

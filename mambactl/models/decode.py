@@ -45,13 +45,12 @@ class RecurrentDecoder:
     def prefill(self, ids: np.ndarray) -> np.ndarray:
         """ids [B, L] -> logits [B, V_padded] of the last position; the states are ready for `step`."""
         lm = self.lm
-        _, logits, saved = lm.forward(ids)
+        _, logits, saved = lm.forward(ids, last_only=True)
         self.states = [DECODERS[kind][0](layer_saved, lm.cfg)
                        for kind, (_, _, layer_saved) in zip(lm.cfg.layers, saved["layers"])]
         self._steps, self._graph = 0, None  # a graph binds the old states
-        B, L = np.asarray(ids).shape
-        self._batch = B
-        return logits.numpy().reshape(B, L, -1)[:, -1]
+        self._batch = np.asarray(ids).shape[0]
+        return logits.numpy()
 
     def step(self, tokens: np.ndarray) -> np.ndarray:
         """tokens [B] -> logits [B, V_padded] of the next position (one token per sequence)."""

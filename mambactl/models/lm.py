@@ -58,9 +58,10 @@ class LanguageModel:
         prefix = f"backbone.layers.{i}.mixer."
         return {k[len(prefix):]: v for k, v in table.items() if k.startswith(prefix)}
 
-    def forward(self, ids: np.ndarray, targets: np.ndarray | None = None):
+    def forward(self, ids: np.ndarray, targets: np.ndarray | None = None, last_only: bool = False):
         """ids, targets [B, L] ints (targets may hold -100). -> (loss Tensor [1] or None, logits [B·L, V], saved).
-        Nothing is read back: the caller reads the loss when it wants to."""
+        Nothing is read back: the caller reads the loss when it wants to. `last_only` (no targets): logits [B, V]
+        of each sequence's last position alone (a decoder's prefill: the head then runs on B rows, not B·L)."""
         cfg, rt = self.cfg, self.rt
         ids = np.asarray(ids)
         if ids.ndim != 2 or ids.shape[1] == 0:
@@ -83,6 +84,14 @@ class LanguageModel:
             out, layer_saved = LAYERS[kind][0](self._layer(self.params, i), xn, B, L, cfg)
             layers.append((h, rstd, layer_saved))
         h, hf, rstd_f = norm_with_residual(h, out, self.params[NORM_F], cfg.norm_eps)
+        if last_only:
+            if targets is not None:
+                raise ShapeError("forward: last_only computes no loss; give no targets")
+            last = rt.empty((B, cfg.d_model))
+            for b in range(B):  # row b·L + L − 1 of hf
+                rt.copy(hf, last, last.nbytes // B, src_offset=((b + 1) * L - 1) * last.nbytes // B,
+                        dst_offset=b * last.nbytes // B)
+            return None, linear.linear(last, self.params[EMBED]), dict(saved, layers=layers)
         logits = linear.linear(hf, self.params[EMBED])
         saved.update(layers=layers, h=h, rstd_f=rstd_f, hf=hf, logits=logits)
         loss = None
