@@ -66,7 +66,10 @@ struct ScanParams { batch: u32, len: u32, channels: u32, chunk: u32, nchunks: u3
 // Sums over `slices` consecutive blocks of `count` elements.
 struct SumParams { count: u32, slices: u32 }
 struct ParamSumParams { count: u32, batch: u32, nstate: u32 }
-struct StepParams { batch: u32, channels: u32, nstate: u32 }
+// z_stride, z_col: z's row stride and first column (Mamba-1 decoding reads it in in_proj's output row); bc_stride,
+// b_col, c_col: the same for B and C (in x_proj's output row).
+struct StepParams { batch: u32, channels: u32, nstate: u32, z_stride: u32, z_col: u32, bc_stride: u32, b_col: u32,
+                    c_col: u32 }
 
 @group(0) @binding(0) var<uniform> p: ScanParams;
 @group(0) @binding(1) var<storage, read> u: array<f32>;
@@ -142,13 +145,15 @@ fn selective_scan_step(@builtin(global_invocation_id) gid: vec3<u32>) {
     let dt = softplus(delta[i] + delta_bias[d]);
     let uv = u[i];
     var acc = D[d] * uv;
+    let bn = b * st.bc_stride + st.b_col;
+    let cn = b * st.bc_stride + st.c_col;
     for (var n = 0u; n < st.nstate; n++) {
         let k = i * st.nstate + n;
-        let h = exp(-dt * exp(A_log[d * st.nstate + n])) * state[k] + dt * B[b * st.nstate + n] * uv;
+        let h = exp(-dt * exp(A_log[d * st.nstate + n])) * state[k] + dt * B[bn + n] * uv;
         state[k] = h;
-        acc += C[b * st.nstate + n] * h;
+        acc += C[cn + n] * h;
     }
-    let zv = z[i];
+    let zv = z[b * st.z_stride + st.z_col + d];
     y[i] = acc * zv * sigmoid(zv);
 }
 

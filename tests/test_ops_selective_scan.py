@@ -307,10 +307,22 @@ def test_last_state_and_recurrent_steps_continue_the_parallel_scan(rt):
     _, saved = selective_scan(*(rt.from_numpy(head[k]) for k in NAMES), chunk=16)
     state = saved.last_state
     want = full.numpy()
+    junk = np.random.default_rng(5).standard_normal((batch, 4)).astype(np.float32)
     for t in range(length, length + extra):
         step = {k: (np.ascontiguousarray(v[:, t]) if v.ndim == 3 else v) for k, v in x.items()}
-        y = selective_scan_step(state, *(rt.from_numpy(step[k]) for k in NAMES))
+        if t == length:
+            y = selective_scan_step(state, *(rt.from_numpy(step[k]) for k in NAMES))
+        else:  # z, and B with C, read in place in wider rows (Mamba-1 decoding: in_proj's and x_proj's outputs)
+            args = {k: rt.from_numpy(step[k]) for k in NAMES}
+            args["z"] = rt.from_numpy(np.concatenate([junk[:, :3], step["z"], junk[:, 3:]], axis=1))
+            bc = rt.from_numpy(np.concatenate([junk[:, :1], step["B"], junk[:, 1:2], step["C"]], axis=1))
+            args["B"] = args["C"] = bc
+            y = selective_scan_step(state, *(args[k] for k in NAMES), z_start=3, b_start=1, c_start=nstate + 2)
         assert rel_err(y.numpy(), want[:, t]) < 1e-5
+    with pytest.raises(ShapeError, match="z columns"):
+        selective_scan_step(state, *(rt.from_numpy(step[k]) for k in NAMES), z_start=1)
+    with pytest.raises(ShapeError, match="together"):
+        selective_scan_step(state, *(rt.from_numpy(step[k]) for k in NAMES), b_start=0)
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -76,11 +76,11 @@ def mamba1_step(p: dict, x: Tensor, state: dict, cfg: ModelConfig) -> Tensor:
     m, di, R, N = cfg.mamba1, cfg.d_inner, cfg.dt_rank, cfg.mamba1.d_state
     rt = x.runtime
     xz = linear.linear(x, p["in_proj.weight"], p.get("in_proj.bias"))
-    z = slice.column_slice(xz, di, di)
     conv_b = p["conv1d.bias"] if m.conv_bias else zeros(rt, (di,))
     u = conv1d.conv1d_step(state["conv"], xz, p["conv1d.weight"].reshape(di, m.d_conv), conv_b, silu=True)
     x_dbl = linear.linear(u, p["x_proj.weight"])
-    dt_in, Bm, Cm = slice.column_split(x_dbl, [R, N, N])
-    delta = linear.linear(dt_in, p["dt_proj.weight"])
-    y = selective_scan_step(state["ssm"], u, delta, p["A_log"], Bm, Cm, p["D"], z, p["dt_proj.bias"])
+    delta = linear.linear(slice.column_slice(x_dbl, 0, R), p["dt_proj.weight"])
+    # z, B and C read in place in xz's and x_dbl's rows
+    y = selective_scan_step(state["ssm"], u, delta, p["A_log"], x_dbl, x_dbl, p["D"], xz, p["dt_proj.bias"],
+                            z_start=di, b_start=R, c_start=R + N)
     return linear.linear(y, p["out_proj.weight"], p.get("out_proj.bias"))

@@ -274,24 +274,43 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
 
 
 def selective_scan_step(state: Tensor, u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor,
-                        z: Tensor, delta_bias: Tensor) -> Tensor:
+                        z: Tensor, delta_bias: Tensor, *, z_start: int | None = None, b_start: int | None = None,
+                        c_start: int | None = None) -> Tensor:
     """One decoding step. u, delta, z [B, Dc]; B, C [B, N]; state [B, Dc, N] is advanced in place.
-    -> y [B, Dc] (gated), the same as the parallel scan's output at that position."""
+    -> y [B, Dc] (gated), the same as the parallel scan's output at that position. With `z_start`, z is wider rows
+    [B, W] whose columns [z_start, z_start + Dc) are read (in_proj's output as it is); with `b_start` and `c_start`,
+    B and C are one tensor of wider rows holding B at columns [b_start, b_start + N) and C at [c_start, ...)
+    (x_proj's output)."""
     op = "selective_scan_step"
     expect(op, "u", u, (None, None))
     batch, channels = u.shape
     expect(op, "A_log", A_log, (channels, None))
     nstate = A_log.shape[1]
     expect(op, "state", state, (batch, channels, nstate))
-    for name, t in (("delta", delta), ("z", z)):
-        expect(op, name, t, (batch, channels))
-    expect(op, "B", B, (batch, nstate))
-    expect(op, "C", C, (batch, nstate))
+    expect(op, "delta", delta, (batch, channels))
+    expect(op, "z", z, (batch, channels if z_start is None else None))
+    z_start = 0 if z_start is None else z_start
+    if not 0 <= z_start <= z.shape[1] - channels:
+        raise ShapeError(f"{op}: z columns [{z_start}, {z_start + channels}) outside its {z.shape[1]}")
+    if (b_start is None) != (c_start is None):
+        raise ShapeError(f"{op}: give b_start and c_start together (B and C in one tensor) or neither")
+    if b_start is None:
+        expect(op, "B", B, (batch, nstate))
+        expect(op, "C", C, (batch, nstate))
+        b_start = c_start = 0
+    else:
+        expect(op, "B", B, (batch, None))
+        if C is not B:
+            raise ShapeError(f"{op}: with b_start and c_start, B and C are the same tensor")
+        for name, start in (("B", b_start), ("C", c_start)):
+            if not 0 <= start <= B.shape[1] - nstate:
+                raise ShapeError(f"{op}: {name} columns [{start}, {start + nstate}) outside its {B.shape[1]}")
     expect(op, "D", D, (channels,))
     expect(op, "delta_bias", delta_bias, (channels,))
     y = u.runtime.empty((batch, channels))
     u.runtime.run("selective_scan_step", (-(-(batch * channels) // 64),), u=u, delta=delta, A_log=A_log, B=B, C=C,
-                  D=D, z=z, delta_bias=delta_bias, state=state, y=y, batch=batch, channels=channels, nstate=nstate)
+                  D=D, z=z, delta_bias=delta_bias, state=state, y=y, batch=batch, channels=channels, nstate=nstate,
+                  z_stride=z.shape[1], z_col=z_start, bc_stride=B.shape[1], b_col=b_start, c_col=c_start)
     return y
 
 
