@@ -273,6 +273,25 @@ def test_reshape_is_a_view(rt):
     np.testing.assert_array_equal(v.numpy(), np.arange(12).reshape(3, 4))
 
 
+def test_a_tensor_collected_in_a_reference_cycle_returns_a_live_buffer(rt):
+    """The cycle collector finalizes a cycle's objects in no set order: the tensor's buffer must not be released by
+    wgpu before the tensor hands it back to the pool (an exception's traceback holding tensors makes such cycles)."""
+    import gc
+
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(3):
+            box = {"t": rt.from_numpy(np.ones(1000, np.float32))}
+            box["self"] = box  # a cycle holding the tensor
+            del box
+        gc.collect()
+    finally:
+        gc.enable()
+    got = [rt.from_numpy(np.full(1000, i, np.float32)).numpy()[0] for i in range(3)]  # the pool's buffers of that size
+    assert got == [0.0, 1.0, 2.0]
+
+
 def test_pool_reuses_buffers(rt):
     t = rt.empty((1000,))
     buf = t.buffer

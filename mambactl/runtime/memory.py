@@ -25,6 +25,10 @@ class BufferPool:
         self.device = device
         self.free: dict[int, list] = defaultdict(list)  # size -> heap of (serial, buffer)
         self.serial: dict[int, int] = {}  # id(buffer) -> creation order
+        # Every buffer made, so none is ever finalized while the pool lives: a tensor caught in a reference cycle
+        # (an exception's traceback) is collected together with its buffer, in no set order, and wgpu releasing the
+        # buffer before the tensor gives it back would leave a dead buffer in the free lists.
+        self.owned: list = []
         self._next = itertools.count()
         self.allocated_bytes = 0
 
@@ -36,6 +40,7 @@ class BufferPool:
         self.allocated_bytes += size
         buffer = self.device.create_buffer(size=size, usage=STORAGE_USAGE)
         self.serial[id(buffer)] = next(self._next)
+        self.owned.append(buffer)
         return buffer
 
     def release(self, buffer) -> None:
