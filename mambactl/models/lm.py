@@ -67,6 +67,8 @@ class LanguageModel:
         if ids.ndim != 2 or ids.shape[1] == 0:
             raise ShapeError(f"forward: ids must be [batch, length] with length >= 1, got shape {ids.shape}")
         B, L = ids.shape
+        if last_only and targets is not None:
+            raise ShapeError("forward: last_only computes no loss; give no targets")
         # Every host upload happens before recording starts, so the step stays one submit.
         gids = rt.from_numpy(embedding.check_ids(ids.reshape(-1), cfg.padded_vocab_size))
         saved = dict(ids=ids)
@@ -85,8 +87,6 @@ class LanguageModel:
             layers.append((h, rstd, layer_saved))
         h, hf, rstd_f = norm_with_residual(h, out, self.params[NORM_F], cfg.norm_eps)
         if last_only:
-            if targets is not None:
-                raise ShapeError("forward: last_only computes no loss; give no targets")
             last = rt.empty((B, cfg.d_model))
             for b in range(B):  # row b·L + L − 1 of hf
                 rt.copy(hf, last, last.nbytes // B, src_offset=((b + 1) * L - 1) * last.nbytes // B,

@@ -215,6 +215,10 @@ class Runtime:
         label = (entry, constants)  # read only when gpu_times is on (and kept by a graph, which may be replayed then)
         command = ("dispatch", pipe, self._bind_group(bgl, ep, buffers, tuple(key)), uniform_slot * slots if slots else b"",
                    slots, groups, label)
+        self._queue(command)
+
+    def _queue(self, command: tuple) -> None:
+        """Record a command, and keep it in the graph being captured if there is one."""
         if self._graph is not None:
             self._graph.commands.append(command)
         self._record(command)
@@ -273,10 +277,7 @@ class Runtime:
     def copy(self, src: Tensor, dst: Tensor, nbytes: int | None = None, src_offset: int = 0, dst_offset: int = 0) -> None:
         """Record a buffer-to-buffer copy (ordered with the dispatches around it)."""
         n = src.nbytes if nbytes is None else nbytes
-        command = ("copy", src.buffer, src.offset + src_offset, dst.buffer, dst.offset + dst_offset, n)
-        if self._graph is not None:
-            self._graph.commands.append(command)
-        self._record(command)
+        self._queue(("copy", src.buffer, src.offset + src_offset, dst.buffer, dst.offset + dst_offset, n))
 
     def flush(self) -> None:
         """Submit everything recorded so far as one command buffer (compute passes split only by copies)."""
