@@ -87,10 +87,9 @@ class LanguageModel:
             layers.append((h, rstd, layer_saved))
         h, hf, rstd_f = norm_with_residual(h, out, self.params[NORM_F], cfg.norm_eps)
         if last_only:
-            last = rt.empty((B, cfg.d_model))
+            last, row = rt.empty((B, cfg.d_model)), 4 * cfg.d_model  # bytes a row
             for b in range(B):  # row b·L + L − 1 of hf
-                rt.copy(hf, last, last.nbytes // B, src_offset=((b + 1) * L - 1) * last.nbytes // B,
-                        dst_offset=b * last.nbytes // B)
+                rt.copy(hf, last, row, src_offset=((b + 1) * L - 1) * row, dst_offset=b * row)
             return None, linear.linear(last, self.params[EMBED]), dict(saved, layers=layers)
         logits = linear.linear(hf, self.params[EMBED])
         saved.update(layers=layers, h=h, rstd_f=rstd_f, hf=hf, logits=logits)
