@@ -288,8 +288,8 @@ def test_a_tensor_collected_in_a_reference_cycle_returns_a_live_buffer(rt):
         gc.collect()
     finally:
         gc.enable()
-    got = [rt.from_numpy(np.full(1000, i, np.float32)).numpy()[0] for i in range(3)]  # the pool's buffers of that size
-    assert got == [0.0, 1.0, 2.0]
+    got = [rt.from_numpy(np.full(1000, i, np.float32)).numpy()[0] for i in (1, 2, 3)]  # the pool's buffers of that size
+    assert got == [1.0, 2.0, 3.0]
 
 
 def test_pool_reuses_buffers(rt):
