@@ -11,7 +11,9 @@ CONFIGS = {
     # L not a multiple of the chunk; 4 heads of 8 sharing one B/C group
     "mamba2": (ModelConfig(vocab_size=37, d_model=16, n_layer=2, layers=["mamba2"] * 2,
                            mamba2=Mamba2Config(d_state=8, headdim=8, chunk_size=8)), 2, 19),
-    # two groups (B/C and the gated norm), biases, no conv bias, a dt_limit that binds, L = chunk + 1
+    # two groups (B/C and the gated norm), biases, no conv bias, a dt_limit that binds, L = chunk + 1; in_proj's
+    # bias puts dt's block at byte 272, not a multiple of lavapipe's 32-byte storage
+    # offset alignment (row_block copies it there)
     "groups": (ModelConfig(vocab_size=20, d_model=12, n_layer=1, layers=["mamba2"],
                            mamba2=Mamba2Config(d_state=5, d_conv=3, headdim=6, ngroups=2, chunk_size=16, bias=True,
                                                conv_bias=False, dt_limit=[0.05, 1.5])), 2, 17),

@@ -457,6 +457,21 @@ def test_column_slice_and_backward(rt, rng, M, P, start, width, rows_path):
     np.testing.assert_array_equal(back, ref_slice.column_slice_backward(dy, start, P))
 
 
+@pytest.mark.parametrize("shape,start,rows", [((64, 8), 4, 3), ((6, 5), 2, 4), ((9,), 3, 5), ((7, 2, 3), 1, 6),
+                                               ((5, 3), 0, 5)], ids=["view", "copy", "bias", "3d", "whole"])
+def test_row_block(rt, rng, shape, start, rows):
+    """Rows of a weight or bias: a view where its byte offset can be bound (the same buffer), else a copy (another);
+    either holds exactly those rows."""
+    x32 = rng.standard_normal(shape).astype(np.float32)
+    x = rt.from_numpy(x32)
+    got = slice.row_block(x, start, rows)
+    np.testing.assert_array_equal(got.numpy(), x32[start:start + rows])
+    offset = start * (x32.size // shape[0]) * 4
+    assert (got.buffer is x.buffer) == (offset % int(rt.limits["min-storage-buffer-offset-alignment"]) == 0)
+    with pytest.raises(ShapeError, match="row_block: rows"):
+        slice.row_block(x, start, shape[0] - start + 1)
+
+
 @pytest.mark.parametrize("rows_path", [False, True], ids=["per_element", "per_row"])
 @pytest.mark.parametrize("widths", [(3, 1, 17), (5,), (2, 9), (4, 1, 3, 8, 2), (8, 4, 12), (4,)],
                          ids=["three", "one", "two", "five", "vec4_three", "vec4_one"])

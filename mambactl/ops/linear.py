@@ -38,8 +38,16 @@ CPU_KERNELS = ("matmul_direct", "matmul_subgroup")  # no workgroup memory or bar
 # 32.1/31.0 at 3/6/8/10/12); out_proj's dW (72 tiles) 33.1/29.6/33.2/37.7 at 3/4/6/7 and level from 7 to 16.
 # At 1024 (2026-12-02 00:2x, same run): in_proj dW 38.7 at 7 slices against 33.5 at 3 (with the planes' sum 32.4
 # against 28.8), out_proj dW 36.1 at 14 against 36.4 at 7.
-_FILL_GROUPS = 1024
+# 1300 (was 1024) and no split above 256 tiles (was any output of ≤ 512 tiles, which 1024 // tiles split): a
+# Mamba-2 130m step on the H200 213.8/213.6 -> 212.4/212.4 ms streamed with 1300 alone, 212.3/212.7 with both
+# (2026-12-02 22:40, two rounds alternating; Mamba-1 196.6 -> 196.4, Mamba-3 243.8 -> 240.6). 1300 splits in_proj's
+# dW (162 tiles) 8 ways and out_proj's (72) 16: 9.8 and 8.7 waves of the H200's 132 multiprocessors at one 128²
+# workgroup each, against 7.4 and 7.9 at 6 and 14 (wave tails are this value's whole effect there). The 384-tile
+# outputs (out_proj forward, in_proj dX, the tied head's dX: ~3 waves already) lose nothing unsplit, and skip
+# writing and summing the planes.
+_FILL_GROUPS = 1300
 _MIN_SPLIT_K = 512  # each split's K range is at least this long
+_SPLIT_MAX_TILES = 256  # outputs of more tiles than this are never split
 _COLUMN_SUMS_MAX = 65535 * 64  # column_sums (which adds the split planes) runs one 64-wide workgroup row
 # `linear` multiplies by Wᵀ (transposed per call, kernels/transpose.wgsl) from this many rows on. With both operands
 # K-contiguous the tiled kernel stages both by transposed stores and runs ~20% slower than with W's transpose
@@ -234,7 +242,8 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
         groups = groups[::-1]
     if split_k is None:
         tiles = groups[0] * groups[1]
-        split_k = 1 if bias is not None or cpu else max(1, min(_FILL_GROUPS // tiles, K // _MIN_SPLIT_K))
+        split_k = 1 if bias is not None or cpu or tiles > _SPLIT_MAX_TILES else max(
+            1, min(_FILL_GROUPS // tiles, K // _MIN_SPLIT_K))
         if M * N > _COLUMN_SUMS_MAX or split_k * M * N * 4 > rt.max_binding:
             split_k = 1
         if entry in CPU_KERNELS:  # one loop iteration per k: on llvmpipe a K range must fit its loop budget

@@ -1,5 +1,6 @@
 """Column slice / scatter / concat of row-major matrices (kernels/slice.wgsl). Up to three consecutive column
-ranges move in one dispatch (`column_split`, `column_concat`)."""
+ranges move in one dispatch (`column_split`, `column_concat`). `row_block`: consecutive rows, as a view where the
+device can bind one there."""
 
 from __future__ import annotations
 
@@ -57,6 +58,24 @@ def column_split(x: Tensor, widths: list[int], start: int = 0, rows_path: bool |
                       rows=M, src_cols=P, dst_cols=part[0], start=col, **_widths(part))
         col += sum(part)
     return outs
+
+
+def row_block(x: Tensor, start: int, rows: int) -> Tensor:
+    """x[start : start + rows] along the first dimension (a weight's rows, a bias's entries): a view of x where its
+    byte offset is a multiple of the device's storage offset alignment (nothing is copied), else a copy. Read it
+    only: a write to the copy would not reach x."""
+    expect("row_block", "x", x)
+    n = x.shape[0]
+    if start < 0 or rows < 1 or start + rows > n:
+        raise ShapeError(f"row_block: rows [{start}, {start + rows}) outside a tensor of {n} rows")
+    per_row = x.size // n
+    view = x.view(start * per_row, (rows,) + x.shape[1:])
+    rt = x.runtime
+    if view.offset % int(rt.limits["min-storage-buffer-offset-alignment"]) == 0:
+        return view
+    out = rt.empty(view.shape)
+    rt.copy(view, out)  # buffer copies need 4-byte offsets only
+    return out
 
 
 def column_slice(x: Tensor, start: int, width: int, rows_path: bool | None = None) -> Tensor:
