@@ -44,3 +44,18 @@ def test_ssd_bench_costs_every_tile_pipeline(tmp_path, op, groups):
     for name, e in tiles.items():
         assert e["flops"] > 0 and e["bytes"] > 0, name
         assert e["calls"] == 1 and e["ms"] > 0, name
+
+
+def test_train_step_refuses_a_mambapy_peer_without_mambapy(monkeypatch):
+    """Without mambapy, transformers' use_mambapy silently runs its sequential loop: not the peer, so no ratio."""
+    import argparse
+    import importlib.util
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import train_step
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mambapy" else real(name, *a))
+    for impl in ("hf-mambapy", "mambapy"):
+        peer = train_step.run_peer(argparse.Namespace(peer=impl, peer_script=__file__), gpu_adapter=False)
+        assert peer["impl"] == impl and "mambapy is not importable" in peer["error"], peer
