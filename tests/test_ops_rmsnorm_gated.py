@@ -25,9 +25,11 @@ def inputs(M, D, seed=0):
     (7, 130, 65),    # groups wider than the 64-thread workgroup
 ])
 @pytest.mark.parametrize("columns", [False, True], ids=["dense", "columns"])
-def test_matches_reference(rt, M, D, group, columns):
+@pytest.mark.parametrize("rows_path", [False, True], ids=["workgroup_per_row", "invocation_per_row"])
+def test_matches_reference(rt, M, D, group, columns, rows_path):
     """Row counts leaving a ragged last block of the backward's 8-row blocks; with `columns` z is read from columns
-    [3, 3 + D) of a wider matrix and dz written into columns [1, 1 + D) of another (the rest left as it was)."""
+    [3, 3 + D) of a wider matrix and dz written into columns [1, 1 + D) of another (the rest left as it was).
+    Both kernels: a workgroup per (row, group) with a tree sum (GPUs), an invocation per (row, group) (CPUs)."""
     y, z, w, dout = inputs(M, D)
     gy, gw = rt.from_numpy(y), rt.from_numpy(w)
     rng = np.random.default_rng(3)
@@ -39,6 +41,7 @@ def test_matches_reference(rt, M, D, group, columns):
         kw_dz = dict(dz_out=(rt.from_numpy(dz_wide), 1))
     else:
         gz, kw, kw_dz = rt.from_numpy(z), {}, {}
+    kw["rows_path"] = rows_path
     out, rstd = rmsnorm_gated(gy, gz, gw, group, 1e-5, **kw)
     dy, dz, dw = rmsnorm_gated_backward(gy, gz, gw, rstd, group, rt.from_numpy(dout), **kw, **kw_dz)
     dz = dz.numpy()
@@ -53,16 +56,20 @@ def test_matches_reference(rt, M, D, group, columns):
     assert rstd.shape == (M, D // group)
 
 
-def test_weight_grad_accumulates_deterministically(rt):
-    y, z, w, dout = inputs(600, 24, seed=1)
+@pytest.mark.parametrize("rows_path", [False, True], ids=["workgroup_per_row", "invocation_per_row"])
+def test_weight_grad_accumulates_deterministically(rt, rows_path):
+    """1100 rows: the per-row backward then takes 2 rows an invocation (ops.rmsnorm.rows_block), a ragged last."""
+    y, z, w, dout = inputs(1100, 24, seed=1)
     args = [rt.from_numpy(a) for a in (y, z, w)]
-    _, rstd = rmsnorm_gated(*args, 6)
-    _, _, fresh = rmsnorm_gated_backward(*args, rstd, 6, rt.from_numpy(dout))
-    _, _, again = rmsnorm_gated_backward(*args, rstd, 6, rt.from_numpy(dout))
+    _, rstd = rmsnorm_gated(*args, 6, rows_path=rows_path)
+    _, _, fresh = rmsnorm_gated_backward(*args, rstd, 6, rt.from_numpy(dout), rows_path=rows_path)
+    _, _, again = rmsnorm_gated_backward(*args, rstd, 6, rt.from_numpy(dout), rows_path=rows_path)
     assert np.array_equal(fresh.numpy(), again.numpy())
+    want = ref.rmsnorm_gated_backward(*(a.astype(np.float64) for a in (y, z, w)), 6, dout.astype(np.float64), 1e-5)[2]
+    assert rel(fresh.numpy(), want) < 1e-5
     start = np.random.default_rng(2).standard_normal(24).astype(np.float32)
     acc = rt.from_numpy(start)
-    rmsnorm_gated_backward(*args, rstd, 6, rt.from_numpy(dout), dw=acc)
+    rmsnorm_gated_backward(*args, rstd, 6, rt.from_numpy(dout), dw=acc, rows_path=rows_path)
     np.testing.assert_allclose(acc.numpy(), start + fresh.numpy(), rtol=1e-6, atol=1e-6)
 
 

@@ -12,10 +12,16 @@ from mambactl.runtime.tensor import Tensor
 GPU_BLOCK_ROWS = 8
 
 
-def _per_row(rt, D: int, rows_path: bool | None) -> bool:
-    """One invocation per row (the *_rows entry points): on CPU adapters, while a row's two loops of D
+def per_row(rt, D: int, rows_path: bool | None) -> bool:
+    """One invocation per row of D (the *_rows entry points): on CPU adapters, while a row's two loops of D
     iterations stay within llvmpipe's loop budget; `rows_path` forces either."""
     return is_cpu(rt) and 2 * D <= SEGMENT_BUDGET if rows_path is None else rows_path
+
+
+def rows_block(M: int, D: int) -> int:
+    """Rows per invocation of a per-row backward: as many as leave ≥ 512 invocations and fit llvmpipe's loop
+    budget at two loops of D a row."""
+    return max(1, min(M // 512, SEGMENT_BUDGET // (2 * D + 1)))
 
 
 def _forward(x: Tensor, residual: Tensor | None, w: Tensor, eps: float, rows_path: bool | None):
@@ -28,15 +34,15 @@ def _forward(x: Tensor, residual: Tensor | None, w: Tensor, eps: float, rows_pat
     rt = x.runtime
     y, rstd = rt.empty((M, D)), rt.empty((M,))
     h = rt.empty((M, D)) if residual is not None else y  # without ADD neither is read
-    per_row = _per_row(rt, D, rows_path)
-    entry, grid = ("rmsnorm_forward_rows", grid_1d(M, 64)) if per_row else ("rmsnorm_forward", grid_1d(M, 1))
+    per_row_path = per_row(rt, D, rows_path)
+    entry, grid = ("rmsnorm_forward_rows", grid_1d(M, 64)) if per_row_path else ("rmsnorm_forward", grid_1d(M, 1))
     rt.run(entry, grid, {"ADD": residual is not None}, x=x, residual=x if residual is None else residual, h=h, w=w,
            y=y, rstd=rstd, rows=M, dim=D, eps=eps, block_rows=1)
     return h, y, rstd
 
 
 def rmsnorm(x: Tensor, w: Tensor, eps: float = 1e-5, rows_path: bool | None = None) -> tuple[Tensor, Tensor]:
-    """x [M, D], w [D] -> (y [M, D], rstd [M]); rstd is saved for the backward. `rows_path`: see _per_row."""
+    """x [M, D], w [D] -> (y [M, D], rstd [M]); rstd is saved for the backward. `rows_path`: see per_row."""
     _, y, rstd = _forward(x, None, w, eps, rows_path)
     return y, rstd
 
@@ -50,7 +56,7 @@ def add_rmsnorm(x: Tensor, residual: Tensor, w: Tensor, eps: float = 1e-5,
 def rmsnorm_backward(x: Tensor, w: Tensor, rstd: Tensor, dy: Tensor, dw: Tensor | None = None,
                      rows_path: bool | None = None, add_to: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """-> (dx [M, D], dw [D]); pass `dw` to accumulate into it, `add_to` [M, D] to get dx + add_to (the residual
-    stream's gradient from its other consumer, fused). `rows_path`: see _per_row."""
+    stream's gradient from its other consumer, fused). `rows_path`: see per_row."""
     expect("rmsnorm_backward", "x", x, (None, None))
     M, D = x.shape
     expect("rmsnorm_backward", "w", w, (D,))
@@ -61,14 +67,11 @@ def rmsnorm_backward(x: Tensor, w: Tensor, rstd: Tensor, dy: Tensor, dw: Tensor 
     if dw is not None:
         expect("rmsnorm_backward", "dw", dw, (D,))
     rt = x.runtime
-    per_row = _per_row(rt, D, rows_path)
-    if per_row:  # as many rows per invocation as leave ≥ 512 invocations and fit llvmpipe's loop budget
-        block = max(1, min(M // 512, SEGMENT_BUDGET // (2 * D + 1)))
-    else:
-        block = GPU_BLOCK_ROWS
+    per_row_path = per_row(rt, D, rows_path)
+    block = rows_block(M, D) if per_row_path else GPU_BLOCK_ROWS
     blocks = -(-M // block)
     dx, dw_part = rt.empty((M, D)), rt.empty((blocks, D))
-    entry, grid = ("rmsnorm_backward_rows", grid_1d(blocks, 64)) if per_row else ("rmsnorm_backward", grid_1d(blocks, 1))
+    entry, grid = ("rmsnorm_backward_rows", grid_1d(blocks, 64)) if per_row_path else ("rmsnorm_backward", grid_1d(blocks, 1))
     rt.run(entry, grid, {"ADD": add_to is not None}, x=x, w=w, rstd_in=rstd, dy=dy, dx=dx, dw_part=dw_part,
            add_to=dy if add_to is None else add_to, rows=M, dim=D, eps=0.0, block_rows=block)
     return dx, column_sums(dw_part, dw)

@@ -10,9 +10,10 @@ from __future__ import annotations
 from mambactl.errors import ShapeError
 from mambactl.ops.checks import expect, grid_1d
 from mambactl.ops.reduce import column_sums
+from mambactl.ops.rmsnorm import per_row, rows_block
 from mambactl.runtime.tensor import Tensor
 
-BLOCK_ROWS = 8  # rows per backward workgroup: [M / 8, D] weight-gradient partials, M / 8 · groups workgroups
+GPU_BLOCK_ROWS = 8  # rows per backward workgroup: [M / 8, D] weight-gradient partials, M / 8 · groups workgroups
 
 
 def _check(op: str, y: Tensor, z: Tensor, w: Tensor, group_size: int, z_start: int) -> tuple[int, int, int]:
@@ -28,22 +29,27 @@ def _check(op: str, y: Tensor, z: Tensor, w: Tensor, group_size: int, z_start: i
 
 
 def rmsnorm_gated(y: Tensor, z: Tensor, w: Tensor, group_size: int, eps: float = 1e-5, *,
-                  z_start: int = 0) -> tuple[Tensor, Tensor]:
+                  z_start: int = 0, rows_path: bool | None = None) -> tuple[Tensor, Tensor]:
     """y [M, D], z [M, P] (its columns z_start..z_start + D), w [D] -> (out [M, D], rstd [M, D / group_size]);
-    rstd is saved for the backward."""
+    rstd is saved for the backward. `rows_path`: one invocation per (row, group) (CPU adapters; ops.rmsnorm.per_row)."""
     M, D, P = _check("rmsnorm_gated", y, z, w, group_size, z_start)
     rt = y.runtime
     out, rstd = rt.empty((M, D)), rt.empty((M, D // group_size))
-    rt.run("rmsnorm_gated_forward", grid_1d(M * (D // group_size), 1), y=y, z=z, w=w, out=out, rstd=rstd,
+    items = M * (D // group_size)
+    entry, grid = (("rmsnorm_gated_forward_rows", grid_1d(items, 64)) if per_row(rt, group_size, rows_path)
+                   else ("rmsnorm_gated_forward", grid_1d(items, 1)))
+    rt.run(entry, grid, y=y, z=z, w=w, out=out, rstd=rstd,
            rows=M, dim=D, group=group_size, block_rows=1, eps=eps, z_stride=P, z_col=z_start, dz_stride=D, dz_col=0)
     return out, rstd
 
 
 def rmsnorm_gated_backward(y: Tensor, z: Tensor, w: Tensor, rstd: Tensor, group_size: int, dout: Tensor,
                            dw: Tensor | None = None, *, z_start: int = 0,
-                           dz_out: tuple[Tensor, int] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                           dz_out: tuple[Tensor, int] | None = None,
+                           rows_path: bool | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """-> (dy [M, D], dz, dw [D]); pass `dw` to accumulate into it. dz is [M, D], or with `dz_out` = (matrix
-    [M, Q], start) written into its columns [start, start + D) and that matrix returned."""
+    [M, Q], start) written into its columns [start, start + D) and that matrix returned. `rows_path`: as the
+    forward's."""
     op = "rmsnorm_gated_backward"
     M, D, P = _check(op, y, z, w, group_size, z_start)
     expect(op, "rstd", rstd, (M, D // group_size))
@@ -58,9 +64,14 @@ def rmsnorm_gated_backward(y: Tensor, z: Tensor, w: Tensor, rstd: Tensor, group_
         expect(op, "dz_out", dz, (M, None))
         if dz_col < 0 or dz_col + D > dz.shape[1]:
             raise ShapeError(f"{op}: dz_out columns [{dz_col}, {dz_col + D}) outside its {dz.shape[1]} columns")
-    blocks = -(-M // BLOCK_ROWS)
+    per_row_path = per_row(rt, group_size, rows_path)
+    block = rows_block(M, group_size) if per_row_path else GPU_BLOCK_ROWS
+    blocks = -(-M // block)
     dy, dw_part = rt.empty((M, D)), rt.empty((blocks, D))
-    rt.run("rmsnorm_gated_backward", grid_1d(blocks * (D // group_size), 1), y=y, z=z, w=w, dout=dout, rstd_in=rstd,
-           dy=dy, dz=dz, dw_part=dw_part, rows=M, dim=D, group=group_size, block_rows=BLOCK_ROWS, eps=0.0,
+    items = blocks * (D // group_size)
+    entry, grid = (("rmsnorm_gated_backward_rows", grid_1d(items, 64)) if per_row_path
+                   else ("rmsnorm_gated_backward", grid_1d(items, 1)))
+    rt.run(entry, grid, y=y, z=z, w=w, dout=dout, rstd_in=rstd,
+           dy=dy, dz=dz, dw_part=dw_part, rows=M, dim=D, group=group_size, block_rows=block, eps=0.0,
            z_stride=P, z_col=z_start, dz_stride=dz.shape[1], dz_col=dz_col)
     return dy, dz, column_sums(dw_part, dw)
