@@ -50,6 +50,9 @@ fn workgroup_sum(v: f32, t: u32) -> f32 {
     return total;
 }
 
+// The forward's output at column col of row `row`, its group's rstd r.
+fn store_out(row: u32, col: u32, r: f32) { out[row * p.dim + col] = gated(row, col) * r * w[col]; }
+
 // dout·w·u at column col of row `row`: the terms of the backward's group sum.
 fn dot_term(row: u32, col: u32) -> f32 { return dout[row * p.dim + col] * w[col] * gated(row, col); }
 
@@ -81,9 +84,7 @@ fn rmsnorm_gated_forward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
     var ss = 0.0;
     for (var i = lid.x; i < p.group; i += WG) { let u = gated(row, col0 + i); ss += u * u; }
     let r = 1.0 / sqrt(workgroup_sum(ss, lid.x) / f32(p.group) + p.eps);
-    for (var i = lid.x; i < p.group; i += WG) {
-        out[row * p.dim + col0 + i] = gated(row, col0 + i) * r * w[col0 + i];
-    }
+    for (var i = lid.x; i < p.group; i += WG) { store_out(row, col0 + i, r); }
     if (lid.x == 0u) { rstd[item] = r; }
 }
 
@@ -118,7 +119,7 @@ fn rmsnorm_gated_forward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @bu
     var ss = 0.0;
     for (var i = 0u; i < p.group; i++) { let u = gated(row, col0 + i); ss += u * u; }
     let r = 1.0 / sqrt(ss / f32(p.group) + p.eps);
-    for (var i = 0u; i < p.group; i++) { out[row * p.dim + col0 + i] = gated(row, col0 + i) * r * w[col0 + i]; }
+    for (var i = 0u; i < p.group; i++) { store_out(row, col0 + i, r); }
     rstd[item] = r;
 }
 
