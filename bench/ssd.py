@@ -117,7 +117,7 @@ def main() -> None:
             counts[key] += 1
         rt.gpu_times = None
     chunk = min(a.chunk, L)
-    costs = ssd.kernel_costs(B, L, H, P, G, N, chunk)
+    costs = ssd.kernel_costs(B, L, H, P, G, N, chunk, ssd.tile_engine(rt, ssd.kernel_loops(chunk, P, N, H, G)))
     rows = [("device", f"{rt.info.name} ({rt.info.backend})"),
             ("shape", f"B {B}, L {L}, H {H}, P {P}, G {G}, N {N}, chunk {chunk}, op {a.op} {tuned or ''}"),
             ("forward", f"{fwd * 1e3:.3f} ms (median of {a.repeats}, synced)"),

@@ -17,7 +17,8 @@
 //   y_r = Σ_{o ≤ r} exp(cs_r − cs_o) (C_r·B_o) s_o x_o + exp(cs_r) E_c C_r + D x_r   (ssd_tile M_CB, M_Y)
 //   E_{c+1} = exp(cs_end) E_c + Σ_o exp(cs_end − cs_o) s_o x_o B_oᵀ                  (M_STATE + passing)
 // Every chunk-level product is ssd_tile (the tile engine at the end of this file: batched 64 × 64 GEMM tiles
-// with the mask and scales applied while staging; C Bᵀ formed once per group). Chunk states go in order in
+// with the mask and scales applied while staging; C Bᵀ formed once per group; ssd_tile_lanes is the same engine
+// for CPU adapters, one 8-lane subgroup a tile). Chunk states go in order in
 // their own dispatch (each thread walks the chunks for its own state elements; on Mesa llvmpipe, whose loop
 // budget cuts long walks, in several: seg_lo / seg_hi), so no workgroup waits on another.
 //
@@ -1158,8 +1159,9 @@ fn pair_tiles(idx: u32) -> vec2<u32> {
 //   σ in [m0, m0 + 64) when n0 < m0: Σ_{t ≥ σ} F[t][63].
 fn f_idx(t: u32, o: u32) -> u32 { return t * 64u + (o + t) % 64u; }
 
-fn ssd_dcb_crossing(tid: u32, pair: u32, npairs: u32) {
-    // Row prefix sums: 4 threads a row, 16 columns each, then the earlier quarters' totals added.
+// Its phases, separated by workgroup barriers (ssd_tile runs them once a thread, ssd_tile_lanes once a virtual
+// thread tid < 256 each). Row prefix sums: 4 threads a row, 16 columns each,
+fn crossing_rows(tid: u32) {
     let row = tid >> 2u;
     let quarter = tid & 3u;
     var run = 0.0;
@@ -1169,19 +1171,26 @@ fn ssd_dcb_crossing(tid: u32, pair: u32, npairs: u32) {
         stage[i >> 2u][i & 3u] = run;
     }
     t_red[tid] = run;
-    workgroupBarrier();
+}
+
+// then the earlier quarters' totals added;
+fn crossing_rows_add(tid: u32) {
+    let row = tid >> 2u;
+    let quarter = tid & 3u;
     var before = 0.0;
     for (var k = 0u; k < quarter; k++) { before += t_red[row * 4u + k]; }
     for (var o = quarter * 16u; o < quarter * 16u + 16u; o++) {
         let i = f_idx(row, o);
         stage[i >> 2u][i & 3u] += before;
     }
-    workgroupBarrier();
-    // Column sums: 4 threads a column j (σ = n0 + 1 + j), 16 rows each; rows t ≥ σ on the diagonal tile.
+}
+
+// column sums: 4 threads a column j (σ = n0 + 1 + j), 16 rows each; rows t ≥ σ on the diagonal tile;
+fn crossing_cols(tid: u32) {
     let j = tid >> 2u;
-    let diag = e_m0 == e_n0;
+    let quarter = tid & 3u;
     var first = 0u;
-    if (diag) { first = j + 1u; }
+    if (e_m0 == e_n0) { first = j + 1u; }
     var col = 0.0;
     var last = 0.0;  // Σ over the quarter's rows t ≥ m0 + j of F[t][63] (the row-suffix range)
     for (var r = quarter * 16u; r < quarter * 16u + 16u; r++) {
@@ -1192,7 +1201,10 @@ fn ssd_dcb_crossing(tid: u32, pair: u32, npairs: u32) {
     }
     t_red[256u + tid] = col;
     t_red[512u + tid] = last;
-    workgroupBarrier();
+}
+
+// the four quarters of each (tid < 64);
+fn crossing_totals(tid: u32) {
     if (tid < 64u) {
         var cs = 0.0;
         var ls = 0.0;
@@ -1203,8 +1215,12 @@ fn ssd_dcb_crossing(tid: u32, pair: u32, npairs: u32) {
         t_red[768u + tid] = cs;  // column part of σ = n0 + 1 + tid
         t_red[832u + tid] = ls;  // row-suffix part of σ = m0 + tid (ls of tid 0 is the tile total)
     }
-    workgroupBarrier();
+}
+
+// and X_σ out.
+fn crossing_store(tid: u32, pair: u32, npairs: u32) {
     let q = td.chunk;
+    let diag = e_m0 == e_n0;
     let out_base = (((e_b * td.heads + e_h) * td.nchunks + e_c) * npairs + pair) * q;
     for (var sigma = tid; sigma < q; sigma += 256u) {
         var v = 0.0;
@@ -1215,39 +1231,52 @@ fn ssd_dcb_crossing(tid: u32, pair: u32, npairs: u32) {
         }
         x_part[out_base + sigma] = v;
     }
+}
+
+fn ssd_dcb_crossing(tid: u32, pair: u32, npairs: u32) {
+    crossing_rows(tid);
+    workgroupBarrier();
+    crossing_rows_add(tid);
+    workgroupBarrier();
+    crossing_cols(tid);
+    workgroupBarrier();
+    crossing_totals(tid);
+    workgroupBarrier();
+    crossing_store(tid, pair, npairs);
     workgroupBarrier();
 }
 
-@compute @workgroup_size(256)
-fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
-    let warp = tid >> 5u;
-    let lane = tid & 31u;
-    e_tx = (warp & 1u) * 8u + (lane & 7u);
-    e_ty = (warp >> 1u) * 4u + (lane >> 3u);
+// Where this workgroup's tile lies (sets e_b .. e_steps, the K ranges e_kb1 .. e_state_end, e_steps1), what
+// ssd_tile and ssd_tile_lanes share; `live` false: nothing to compute (a row tile wholly in the padding, or
+// M_STATE's rows past P).
+struct TileAt { live: bool, split: u32, npairs: u32, tiles_n: u32, row_at: u32, d_slot: u32, total: u32 }
+
+fn tile_begin(wid: vec3<u32>) -> TileAt {
+    var at: TileAt;
     let q = td.chunk;
     let hpg = td.heads / td.ngroups;
     let tiles_q = (q + 63u) / 64u;
-    let npairs = tiles_q * (tiles_q + 1u) / 2u;
+    at.npairs = tiles_q * (tiles_q + 1u) / 2u;
     e_b = wid.z;
     // Tile and (chunk, head / group) of this workgroup.
-    var tiles_n = (td.headdim + 63u) / 64u;  // M_Y, M_DXD: columns p
-    if (MODE == M_STATE || MODE == M_DB || MODE == M_DC) { tiles_n = (td.nstate + 63u) / 64u; }
-    var split = 0u;
+    at.tiles_n = (td.headdim + 63u) / 64u;  // M_Y, M_DXD: columns p
+    if (MODE == M_STATE || MODE == M_DB || MODE == M_DC) { at.tiles_n = (td.nstate + 63u) / 64u; }
+    at.split = 0u;
     if (MODE == M_CB || MODE == M_DCB) {
         let pt = pair_tiles(wid.x);
         e_m0 = pt.x * 64u;
         e_n0 = pt.y * 64u;
         var cg = wid.y;
         if (MODE == M_DCB) {
-            split = wid.y % td.hsplit;
+            at.split = wid.y % td.hsplit;
             cg = wid.y / td.hsplit;
         }
         e_c = cg / td.ngroups;
         e_g = cg % td.ngroups;
         e_h = e_g * hpg;
     } else {
-        e_m0 = (wid.x / tiles_n) * 64u;
-        e_n0 = (wid.x % tiles_n) * 64u;
+        e_m0 = (wid.x / at.tiles_n) * 64u;
+        e_n0 = (wid.x % at.tiles_n) * 64u;
         if (MODE == M_DB || MODE == M_DC) {
             e_c = wid.y / td.ngroups;
             e_g = wid.y % td.ngroups;
@@ -1260,14 +1289,14 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     }
     e_t0 = e_c * q;
     e_steps = min(q, td.len - e_t0);
-    let row_base = ((e_b * td.heads + e_h) * td.nchunks + e_c) * tiles_n;
-    let row_at = (row_base + wid.x % tiles_n) * q;  // this tile's rows in the per-row pieces [.., tiles_n, Q]
-    let d_slot = ((e_b * td.nchunks + e_c) * td.heads + e_h) * tiles_q * tiles_n + wid.x;  // M_DXD's Σ dy·x
+    let row_base = ((e_b * td.heads + e_h) * td.nchunks + e_c) * at.tiles_n;
+    at.row_at = (row_base + wid.x % at.tiles_n) * q;  // this tile's rows in the per-row pieces [.., tiles_n, Q]
+    at.d_slot = ((e_b * td.nchunks + e_c) * td.heads + e_h) * tiles_q * at.tiles_n + wid.x;  // M_DXD's Σ dy·x
+    at.live = true;
     if (MODE == M_STATE) {
-        if (e_m0 >= td.headdim) { return; }
-    } else if (e_m0 >= e_steps) {  // a row tile wholly in the padding (uniform over the workgroup)
-        if (MODE == M_DXD && tid == 0u) { tile_part[d_slot] = 0.0; }
-        return;
+        at.live = e_m0 < td.headdim;
+    } else {
+        at.live = e_m0 < e_steps;  // else a row tile wholly in the padding (uniform over the workgroup)
     }
 
     // K ranges: phase 1 [kb1, ke1), phase 2 [kb2, ke2).
@@ -1287,135 +1316,122 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     e_state_end = e_ke2;
     if (MODE == M_DC) { e_pair_end = e_ke2; e_state_end = e_ke1; }
     e_steps1 = (e_ke1 - e_kb1 + 15u) / 16u;
-    let total = e_steps1 + (e_ke2 - e_kb2 + 15u) / 16u;
+    at.total = e_steps1 + (e_ke2 - e_kb2 + 15u) / 16u;
+    return at;
+}
 
-    // Per-row factors and the pair-decay tables of the tile's rows.
-    if (MODE == M_Y || MODE == M_DXD) {
-        stage_row_decays(e_h, tid);
-        if (tid < 64u) {
-            let r = e_m0 + tid;
-            var w = 0.0;
-            var sc = 0.0;
+// M_Y, M_DXD: the tile rows' factors and pair-decay tables (thread tid < 256; a barrier must follow).
+fn stage_row_tables(tid: u32) {
+    stage_row_decays(e_h, tid);
+    if (tid < 64u) {
+        let r = e_m0 + tid;
+        var w = 0.0;
+        var sc = 0.0;
+        if (r < e_steps) {
+            sc = e_dec(e_h, SCALE, r);
+            if (MODE == M_Y) { w = exp(e_dec(e_h, CS, r)); } else { w = exp(e_dec(e_h, SFX, r)); }
+        }
+        t_row_w[tid] = w;
+        t_row_sc[tid] = sc;
+        if (MODE == M_DXD && HAS_DIAG) {
+            var cbd = 0.0;
+            var dg = 0.0;
             if (r < e_steps) {
-                sc = e_dec(e_h, SCALE, r);
-                if (MODE == M_Y) { w = exp(e_dec(e_h, CS, r)); } else { w = exp(e_dec(e_h, SFX, r)); }
+                let i = e_pri(r, r);
+                cbd = pairv[i >> 2u][i & 3u];
+                dg = e_dec(e_h, DIAG, r);
             }
-            t_row_w[tid] = w;
-            t_row_sc[tid] = sc;
-            if (MODE == M_DXD && HAS_DIAG) {
-                var cbd = 0.0;
-                var dg = 0.0;
-                if (r < e_steps) {
-                    let i = e_pri(r, r);
-                    cbd = pairv[i >> 2u][i & 3u];
-                    dg = e_dec(e_h, DIAG, r);
-                }
-                t_col_lo[tid] = cbd;
-                t_col_rlo[tid] = dg;
-            }
+            t_col_lo[tid] = cbd;
+            t_col_rlo[tid] = dg;
         }
-        workgroupBarrier();
     }
+}
 
-    if (MODE == M_DCB) {
-        var dcb = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
-        let h_lo = split * td.heads_per_split;
-        let h_hi = min(h_lo + td.heads_per_split, hpg);
-        for (var hl = h_lo; hl < h_hi; hl++) {
-            e_h = e_g * hpg + hl;
-            if (tid < 64u) {
-                let r = e_m0 + tid;
-                let o = e_n0 + tid;
-                var lo = 0.0;
-                var clo = 0.0;
-                var crlo = 0.0;
-                var csc = 0.0;
-                var cdg = 0.0;
-                if (r < q) { lo = e_dec(e_h, LO, r); }
-                if (o < q) {
-                    clo = e_dec(e_h, LO, o);
-                    crlo = e_dec(e_h, RLO, o);
-                    csc = e_dec(e_h, SCALE, o);
-                    if (HAS_DIAG) { cdg = e_dec(e_h, DIAG, o); }
-                }
-                t_row_lo[tid] = lo;
-                t_col_lo[tid] = clo;
-                t_col_rlo[tid] = crlo;
-                t_col_sc[tid] = csc;
-                t_row_w[tid] = cdg;
-            } else if (tid < 80u) {
-                let kr = e_m0 / SUB + (tid - 64u) / 4u;
-                let ko = e_n0 / SUB + (tid - 64u) % 4u;
-                var between = 0.0;
-                for (var k = min(kr, ko) + 1u; k < max(kr, ko); k++) {
-                    if (k * SUB + SUB <= q) { between += e_dec(e_h, LO, k * SUB + SUB - 1u); }
-                }
-                t_mid[tid - 64u] = between;
-            }
-            zero_acc();
-            e_run(tid, 0u, total);  // e_acc = dy_t·x_s over the tile (its barriers publish the tables)
-            workgroupBarrier();  // every thread is past its last multiply: F may overwrite the staged tiles
-            for (var i = 0u; i < 4u; i++) {
-                let r = e_ty * 4u + i;
-                let t = e_m0 + r;
-                let cbv = ld4_pair(e_pri(min(t, q - 1u), e_n0 + e_tx * 4u),
-                                   select(0u, count4(e_n0 + e_tx * 4u, q), t < e_steps), 1u);
-                for (var j = 0u; j < 4u; j++) {
-                    let o = e_tx * 4u + j;
-                    let s = e_n0 + o;
-                    let ok = s <= t && t < e_steps;
-                    var dsum = t_row_lo[r] - t_col_lo[o];
-                    if (t / SUB != s / SUB) { dsum = t_row_lo[r] + t_col_rlo[o] + t_mid[(r / SUB) * 4u + o / SUB]; }
-                    var csc = t_col_sc[o];
-                    if (HAS_DIAG && s == t) { csc = t_row_w[o]; }  // step t's own term: weight diag_t
-                    let gv = select(0.0, e_acc[i][j] * exp(min(dsum, 0.0)) * csc, ok);
-                    dcb[i][j] += gv;
-                    let fi = f_idx(r, o);
-                    stage[fi >> 2u][fi & 3u] = gv * cbv[j];
-                }
-            }
-            workgroupBarrier();
-            ssd_dcb_crossing(tid, wid.x, npairs);
+// M_DCB: head e_h's row and column tables of the tile pair (thread tid < 256; a barrier must follow).
+fn stage_dcb_tables(tid: u32) {
+    let q = td.chunk;
+    if (tid < 64u) {
+        let r = e_m0 + tid;
+        let o = e_n0 + tid;
+        var lo = 0.0;
+        var clo = 0.0;
+        var crlo = 0.0;
+        var csc = 0.0;
+        var cdg = 0.0;
+        if (r < q) { lo = e_dec(e_h, LO, r); }
+        if (o < q) {
+            clo = e_dec(e_h, LO, o);
+            crlo = e_dec(e_h, RLO, o);
+            csc = e_dec(e_h, SCALE, o);
+            if (HAS_DIAG) { cdg = e_dec(e_h, DIAG, o); }
         }
-        let plane = td.batch * td.nchunks * td.ngroups * q * q;
-        for (var i = 0u; i < 4u; i++) {
-            let t = e_m0 + e_ty * 4u + i;
-            let s = e_n0 + e_tx * 4u;
-            if (t < q) { store_row(split * plane + e_pri(t, s), dcb[i], count4(s, q)); }
+        t_row_lo[tid] = lo;
+        t_col_lo[tid] = clo;
+        t_col_rlo[tid] = crlo;
+        t_col_sc[tid] = csc;
+        t_row_w[tid] = cdg;
+    } else if (tid < 80u) {
+        let kr = e_m0 / SUB + (tid - 64u) / 4u;
+        let ko = e_n0 / SUB + (tid - 64u) % 4u;
+        var between = 0.0;
+        for (var k = min(kr, ko) + 1u; k < max(kr, ko); k++) {
+            if (k * SUB + SUB <= q) { between += e_dec(e_h, LO, k * SUB + SUB - 1u); }
         }
-        return;
+        t_mid[tid - 64u] = between;
     }
+}
 
-    zero_acc();
-    if (MODE == M_DXD) {  // the state term, its row dots V_s = sc_s x_s·(state term)_s, then the pairs on top
-        e_run(tid, 0u, e_steps1);
-        let v = row_sum(row_dots_x(), tid);  // its first barrier: every thread is past its last multiply
-        if (tid < 64u && e_m0 + tid < e_steps) { row_part2[row_at + e_m0 + tid] = v * t_row_sc[tid]; }
-        e_run(tid, e_steps1, total);
-    } else if (MODE == M_DC) {
-        // Each head's state part on its own: U_t of that head = C_t·(its state part)_t over this tile's n (a direct
-        // product: never a difference of running sums over the heads), added into dC; then the pairs on top.
-        let pair_steps = total - e_steps1;
-        let head_steps = (td.headdim + 15u) / 16u;
-        var dc = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
-        for (var hl = 0u; hl < hpg; hl++) {
-            e_kb1 = hl * td.headdim;
-            e_ke1 = e_kb1 + td.headdim;
-            e_state_end = e_ke1;
-            e_steps1 = head_steps;
-            zero_acc();
-            e_run(tid, 0u, head_steps);
-            let u = row_sum(row_dots_c(), tid);  // its first barrier: every thread is past its last multiply
-            let head_rows = row_at + hl * td.nchunks * tiles_n * q;  // row_at is the group's first head's
-            if (tid < 64u && e_m0 + tid < e_steps) { row_part[head_rows + e_m0 + tid] = u; }
-            dc += e_acc;
-        }
-        e_acc = dc;
-        e_run(tid, head_steps, head_steps + pair_steps);  // steps from e_steps1 on are phase 2: the pairs
-    } else {
-        e_run(tid, 0u, total);
+// M_DCB: head e_h's term of dCB on this thread's 4 × 4 block (e_acc = dy_t·x_s there), and T = that · CB into F.
+// A row's 4 columns s at once: they lie in one sub-block of SUB, so the pair decay takes one form for all four
+// (element by element, the indexing of e_acc and of the result by both loop variables cost lavapipe ~5× more).
+fn dcb_block() -> mat4x4<f32> {
+    let q = td.chunk;
+    let o0 = e_tx * 4u;
+    let s0 = e_n0 + o0;
+    let s4 = vec4<u32>(s0) + vec4<u32>(0u, 1u, 2u, 3u);
+    let col_lo = vec4<f32>(t_col_lo[o0], t_col_lo[o0 + 1u], t_col_lo[o0 + 2u], t_col_lo[o0 + 3u]);
+    let col_rlo = vec4<f32>(t_col_rlo[o0], t_col_rlo[o0 + 1u], t_col_rlo[o0 + 2u], t_col_rlo[o0 + 3u]);
+    var csc = vec4<f32>(t_col_sc[o0], t_col_sc[o0 + 1u], t_col_sc[o0 + 2u], t_col_sc[o0 + 3u]);
+    let cdg = vec4<f32>(t_row_w[o0], t_row_w[o0 + 1u], t_row_w[o0 + 2u], t_row_w[o0 + 3u]);
+    var g = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    for (var i = 0u; i < 4u; i++) {
+        let r = e_ty * 4u + i;
+        let t = e_m0 + r;
+        let cbv = ld4_pair(e_pri(min(t, q - 1u), s0), select(0u, count4(s0, q), t < e_steps), 1u);
+        var dsum = vec4<f32>(t_row_lo[r]) - col_lo;
+        if (t / SUB != s0 / SUB) { dsum = vec4<f32>(t_row_lo[r]) + col_rlo + vec4<f32>(t_mid[(r / SUB) * 4u + o0 / SUB]); }
+        var w = csc;
+        if (HAS_DIAG) { w = select(csc, cdg, s4 == vec4<u32>(t)); }  // step t's own term: weight diag_t
+        let ok = s4 <= vec4<u32>(t) & vec4<bool>(t < e_steps);
+        let gv = select(vec4<f32>(0.0), e_acc[i] * exp(min(dsum, vec4<f32>(0.0))) * w, ok);
+        g[i] = gv;
+        let tv = gv * cbv;
+        let f0 = f_idx(r, o0);
+        let f1 = f_idx(r, o0 + 1u);
+        let f2 = f_idx(r, o0 + 2u);
+        let f3 = f_idx(r, o0 + 3u);
+        stage[f0 >> 2u][f0 & 3u] = tv.x;
+        stage[f1 >> 2u][f1 & 3u] = tv.y;
+        stage[f2 >> 2u][f2 & 3u] = tv.z;
+        stage[f3 >> 2u][f3 & 3u] = tv.w;
     }
+    return g;
+}
 
+// M_DCB: this thread's block of the summed dCB into plane `split`.
+fn dcb_store(dcb: mat4x4<f32>, split: u32) {
+    let q = td.chunk;
+    let plane = td.batch * td.nchunks * td.ngroups * q * q;
+    for (var i = 0u; i < 4u; i++) {
+        let t = e_m0 + e_ty * 4u + i;
+        let s = e_n0 + e_tx * 4u;
+        if (t < q) { store_row(split * plane + e_pri(t, s), dcb[i], count4(s, q)); }
+    }
+}
+
+// M_CB, M_Y, M_STATE, M_DB, M_DC: this thread's block of the output.
+fn store_block() {
+    let q = td.chunk;
     for (var i = 0u; i < 4u; i++) {
         let r = e_m0 + e_ty * 4u + i;
         let n = e_n0 + e_tx * 4u;
@@ -1433,37 +1449,356 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
             if (r < e_steps) { store_row(e_bci(r, n), e_acc[i], count4(n, td.nstate)); }
         }
     }
+}
+
+// M_DXD: dx = sc dxd (+ D dy) (+ the diagonal) on this thread's block; returns its rows' x·dy over its columns.
+fn dxd_block() -> vec4<f32> {
+    var dd = vec4<f32>(0.0);
+    for (var i = 0u; i < 4u; i++) {
+        let r = e_m0 + e_ty * 4u + i;
+        let n = e_n0 + e_tx * 4u;
+        if (r < e_steps) {
+            let valid = count4(n, td.headdim);
+            let xo = ld4_x(e_xi(r, e_h, n), valid);
+            let go = ld4_dy(e_xi(r, e_h, n), valid);
+            let row = e_ty * 4u + i;
+            var v = e_acc[i] * t_row_sc[row];
+            if (HAS_D) { v += skip[e_h] * go; }
+            if (HAS_DIAG) { v += (t_col_rlo[row] * t_col_lo[row]) * go; }  // the diagonal: diag_s (C_s·B_s) dy_s
+            dd[i] = dot(xo, go);
+            store_row(e_xi(r, e_h, n), v, valid);
+        }
+    }
+    return dd;
+}
+
+@compute @workgroup_size(256)
+fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) tid: u32) {
+    let warp = tid >> 5u;
+    let lane = tid & 31u;
+    e_tx = (warp & 1u) * 8u + (lane & 7u);
+    e_ty = (warp >> 1u) * 4u + (lane >> 3u);
+    let hpg = td.heads / td.ngroups;
+    let at = tile_begin(wid);
+    if (!at.live) {
+        if (MODE == M_DXD && tid == 0u) { tile_part[at.d_slot] = 0.0; }
+        return;
+    }
+    let total = at.total;
+
+    // Per-row factors and the pair-decay tables of the tile's rows.
+    if (MODE == M_Y || MODE == M_DXD) {
+        stage_row_tables(tid);
+        workgroupBarrier();
+    }
+
+    if (MODE == M_DCB) {
+        var dcb = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+        let h_lo = at.split * td.heads_per_split;
+        let h_hi = min(h_lo + td.heads_per_split, hpg);
+        for (var hl = h_lo; hl < h_hi; hl++) {
+            e_h = e_g * hpg + hl;
+            stage_dcb_tables(tid);
+            zero_acc();
+            e_run(tid, 0u, total);  // e_acc = dy_t·x_s over the tile (its barriers publish the tables)
+            workgroupBarrier();  // every thread is past its last multiply: F may overwrite the staged tiles
+            dcb += dcb_block();
+            workgroupBarrier();
+            ssd_dcb_crossing(tid, wid.x, at.npairs);
+        }
+        dcb_store(dcb, at.split);
+        return;
+    }
+
+    zero_acc();
+    if (MODE == M_DXD) {  // the state term, its row dots V_s = sc_s x_s·(state term)_s, then the pairs on top
+        e_run(tid, 0u, e_steps1);
+        let v = row_sum(row_dots_x(), tid);  // its first barrier: every thread is past its last multiply
+        if (tid < 64u && e_m0 + tid < e_steps) { row_part2[at.row_at + e_m0 + tid] = v * t_row_sc[tid]; }
+        e_run(tid, e_steps1, total);
+    } else if (MODE == M_DC) {
+        // Each head's state part on its own: U_t of that head = C_t·(its state part)_t over this tile's n (a direct
+        // product: never a difference of running sums over the heads), added into dC; then the pairs on top.
+        let pair_steps = total - e_steps1;
+        let head_steps = (td.headdim + 15u) / 16u;
+        var dc = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+        for (var hl = 0u; hl < hpg; hl++) {
+            dc_head_range(hl, head_steps);
+            zero_acc();
+            e_run(tid, 0u, head_steps);
+            let u = row_sum(row_dots_c(), tid);  // its first barrier: every thread is past its last multiply
+            if (tid < 64u && e_m0 + tid < e_steps) { row_part[dc_head_rows(at, hl) + e_m0 + tid] = u; }
+            dc += e_acc;
+        }
+        e_acc = dc;
+        e_run(tid, head_steps, head_steps + pair_steps);  // steps from e_steps1 on are phase 2: the pairs
+    } else {
+        e_run(tid, 0u, total);
+    }
+
+    store_block();
     if (MODE == M_DXD) {  // dx = sc dxd (+ D dy); x·dxd into row_part; Σ dy·x for ∂D
         let xd = row_sum(row_dots_x(), tid);
-        if (tid < 64u && e_m0 + tid < e_steps) { row_part[row_at + e_m0 + tid] = xd; }
-        var dd = vec4<f32>(0.0);
-        for (var i = 0u; i < 4u; i++) {
-            let r = e_m0 + e_ty * 4u + i;
-            let n = e_n0 + e_tx * 4u;
-            if (r < e_steps) {
-                let valid = count4(n, td.headdim);
-                let xo = ld4_x(e_xi(r, e_h, n), valid);
-                let go = ld4_dy(e_xi(r, e_h, n), valid);
-                let row = e_ty * 4u + i;
-                var v = e_acc[i] * t_row_sc[row];
-                if (HAS_D) { v += skip[e_h] * go; }
-                if (HAS_DIAG) { v += (t_col_rlo[row] * t_col_lo[row]) * go; }  // the diagonal: diag_s (C_s·B_s) dy_s
-                dd[i] = dot(xo, go);
-                store_row(e_xi(r, e_h, n), v, valid);
-            }
-        }
-        let dsum = row_sum(dd, tid);  // per row (x·dy over the tile's columns), then the 64 rows in order
-        // ∂diag pieces, as row_part (ssd_rows_backward reads them as row_part3)
-        if (HAS_DIAG && tid < 64u && e_m0 + tid < e_steps) { x_part[row_at + e_m0 + tid] = dsum * t_col_lo[tid]; }
+        if (tid < 64u && e_m0 + tid < e_steps) { row_part[at.row_at + e_m0 + tid] = xd; }
+        let dsum = row_sum(dxd_block(), tid);  // per row (x·dy over the tile's columns), then the 64 rows in order
+        if (tid < 64u && e_m0 + tid < e_steps) { dxd_row_out(at, tid, dsum); }
         if (HAS_D) {
             if (tid < 64u) { t_red[tid] = dsum; }
             workgroupBarrier();
-            if (tid == 0u) {
-                var total_d = 0.0;
-                for (var r = 0u; r < 64u; r++) { total_d += t_red[r]; }
-                tile_part[d_slot] = total_d;
-            }
+            if (tid == 0u) { dxd_d_total(at); }
         }
     }
 }
 
+// M_DC: the K range of the group's head hl (its state phase, head by head) and that head's rows of U.
+fn dc_head_range(hl: u32, head_steps: u32) {
+    e_kb1 = hl * td.headdim;
+    e_ke1 = e_kb1 + td.headdim;
+    e_state_end = e_ke1;
+    e_steps1 = head_steps;
+}
+
+fn dc_head_rows(at: TileAt, hl: u32) -> u32 { return at.row_at + hl * td.nchunks * at.tiles_n * td.chunk; }
+
+// M_DXD with HAS_DIAG: the ∂diag piece of tile row `row` (as row_part; ssd_rows_backward reads it as row_part3).
+fn dxd_row_out(at: TileAt, row: u32, dsum: f32) {
+    if (HAS_DIAG) { x_part[at.row_at + e_m0 + row] = dsum * t_col_lo[row]; }
+}
+
+// M_DXD with HAS_D: Σ dy·x over the tile from its 64 row sums in t_red, in order, for ∂D.
+fn dxd_d_total(at: TileAt) {
+    var total_d = 0.0;
+    for (var r = 0u; r < 64u; r++) { total_d += t_red[r]; }
+    tile_part[at.d_slot] = total_d;
+}
+
+// ---- ssd_tile_lanes: the tile engine for CPU adapters ------------------------------------------------------
+// ssd_tile's 256 threads each multiply a 4 × 4 block out of workgroup memory; on Mesa lavapipe (8-lane
+// subgroups, one SIMD row of 8 invocations each) every such read is a per-lane gather, 2 loads for 16 FMAs,
+// and the 32 SIMD rows of a workgroup take turns at each barrier: the SSD products ran at 3-6 GFLOP/s there
+// against matmul_subgroup's ~35. Here one workgroup is one subgroup of 8 lanes and still one 64 × 64 tile, with
+// ssd_tile's loaders, tables and epilogues: lane l plays the 32 threads t = 8j + l (j < 32) of ssd_tile's
+// loading, table and crossing phases one after another (a barrier between phases, as there), and owns the tile
+// rows 8l .. 8l + 7 across all 64 columns for the multiply (the 32 blocks of the threads at ty = 2l, 2l + 1):
+// its A rows are its own, and B's 16 column blocks come from the lanes that hold them by subgroupBroadcast
+// (lane j holds blocks 2j, 2j + 1), 4 loads for 512 FMAs a k. Row sums over the tile's columns are a lane's
+// own (in the same order as row_sum's), so the per-row pieces need no workgroup memory. Same sums, same order of
+// each output's additions as ssd_tile; ops/ssd.py picks it where `cpu_subgroups` holds.
+// The accumulators are indexed only by constants (lane_fma, lane_put, lane_dcb: functions called with literal
+// block numbers): a private array indexed by a loop variable made the epilogues ~5× slower than the multiply on
+// lavapipe. The per-block epilogues read the blocks back from workgroup memory instead (lane_dump, lane_view).
+var<private> l_acc: array<mat4x4<f32>, 32>;   // block v: rows 4 (2l + v / 16) .., columns 4 (v % 16) ..
+var<private> l_keep: array<mat4x4<f32>, 32>;  // M_DCB: dCB summed over the heads; M_DC: dC over the state phases
+
+fn lane_fma(tx: u32, a0: vec4<f32>, a1: vec4<f32>, b: vec4<f32>) {
+    let m = l_acc[tx];
+    l_acc[tx] = mat4x4<f32>(fma(vec4<f32>(a0.x), b, m[0]), fma(vec4<f32>(a0.y), b, m[1]),
+                            fma(vec4<f32>(a0.z), b, m[2]), fma(vec4<f32>(a0.w), b, m[3]));
+    let n = l_acc[16u + tx];
+    l_acc[16u + tx] = mat4x4<f32>(fma(vec4<f32>(a1.x), b, n[0]), fma(vec4<f32>(a1.y), b, n[1]),
+                                  fma(vec4<f32>(a1.z), b, n[2]), fma(vec4<f32>(a1.w), b, n[3]));
+}
+
+// One k of the staged step (buffer 0): the lane's 8 rows of A times B's 64 columns.
+fn lane_kstep(k: u32, lane: u32) {
+    let a0 = stage[k * SROW + 2u * lane];
+    let a1 = stage[k * SROW + 2u * lane + 1u];
+    let o0 = stage[B_OFF + k * SROW + 2u * lane];
+    let o1 = stage[B_OFF + k * SROW + 2u * lane + 1u];
+    lane_fma(0u, a0, a1, subgroupBroadcast(o0, 0u)); lane_fma(1u, a0, a1, subgroupBroadcast(o1, 0u));
+    lane_fma(2u, a0, a1, subgroupBroadcast(o0, 1u)); lane_fma(3u, a0, a1, subgroupBroadcast(o1, 1u));
+    lane_fma(4u, a0, a1, subgroupBroadcast(o0, 2u)); lane_fma(5u, a0, a1, subgroupBroadcast(o1, 2u));
+    lane_fma(6u, a0, a1, subgroupBroadcast(o0, 3u)); lane_fma(7u, a0, a1, subgroupBroadcast(o1, 3u));
+    lane_fma(8u, a0, a1, subgroupBroadcast(o0, 4u)); lane_fma(9u, a0, a1, subgroupBroadcast(o1, 4u));
+    lane_fma(10u, a0, a1, subgroupBroadcast(o0, 5u)); lane_fma(11u, a0, a1, subgroupBroadcast(o1, 5u));
+    lane_fma(12u, a0, a1, subgroupBroadcast(o0, 6u)); lane_fma(13u, a0, a1, subgroupBroadcast(o1, 6u));
+    lane_fma(14u, a0, a1, subgroupBroadcast(o0, 7u)); lane_fma(15u, a0, a1, subgroupBroadcast(o1, 7u));
+}
+
+// e_run's K steps [first, last) into l_acc, each staged by the lane's 32 loader threads, then multiplied.
+fn lane_run(lane: u32, first: u32, last: u32) {
+    for (var s = first; s < last; s++) {
+        workgroupBarrier();  // stage's previous readers (the multiply, an epilogue's lane_view) are done
+        for (var j = 0u; j < 32u; j++) {
+            e_fetch(j * 8u + lane, s);
+            e_commit(j * 8u + lane, s, 0u);
+        }
+        workgroupBarrier();
+        for (var k = 0u; k < 16u; k++) { lane_kstep(k, lane); }
+    }
+    workgroupBarrier();
+}
+
+// Block v into stage as the tile's row-major [64 rows][16 column blocks] vec4s.
+fn lane_put(v: u32, lane: u32, m: mat4x4<f32>) {
+    let row = 8u * lane + 4u * (v / 16u);
+    for (var i = 0u; i < 4u; i++) { stage[(row + i) * 16u + v % 16u] = m[i]; }
+}
+
+fn lane_dump(lane: u32) {
+    lane_put(0u, lane, l_acc[0]); lane_put(1u, lane, l_acc[1]); lane_put(2u, lane, l_acc[2]); lane_put(3u, lane, l_acc[3]);
+    lane_put(4u, lane, l_acc[4]); lane_put(5u, lane, l_acc[5]); lane_put(6u, lane, l_acc[6]); lane_put(7u, lane, l_acc[7]);
+    lane_put(8u, lane, l_acc[8]); lane_put(9u, lane, l_acc[9]); lane_put(10u, lane, l_acc[10]); lane_put(11u, lane, l_acc[11]);
+    lane_put(12u, lane, l_acc[12]); lane_put(13u, lane, l_acc[13]); lane_put(14u, lane, l_acc[14]); lane_put(15u, lane, l_acc[15]);
+    lane_put(16u, lane, l_acc[16]); lane_put(17u, lane, l_acc[17]); lane_put(18u, lane, l_acc[18]); lane_put(19u, lane, l_acc[19]);
+    lane_put(20u, lane, l_acc[20]); lane_put(21u, lane, l_acc[21]); lane_put(22u, lane, l_acc[22]); lane_put(23u, lane, l_acc[23]);
+    lane_put(24u, lane, l_acc[24]); lane_put(25u, lane, l_acc[25]); lane_put(26u, lane, l_acc[26]); lane_put(27u, lane, l_acc[27]);
+    lane_put(28u, lane, l_acc[28]); lane_put(29u, lane, l_acc[29]); lane_put(30u, lane, l_acc[30]); lane_put(31u, lane, l_acc[31]);
+}
+
+fn lane_keep_acc() {
+    l_keep[0] += l_acc[0]; l_keep[1] += l_acc[1]; l_keep[2] += l_acc[2]; l_keep[3] += l_acc[3];
+    l_keep[4] += l_acc[4]; l_keep[5] += l_acc[5]; l_keep[6] += l_acc[6]; l_keep[7] += l_acc[7];
+    l_keep[8] += l_acc[8]; l_keep[9] += l_acc[9]; l_keep[10] += l_acc[10]; l_keep[11] += l_acc[11];
+    l_keep[12] += l_acc[12]; l_keep[13] += l_acc[13]; l_keep[14] += l_acc[14]; l_keep[15] += l_acc[15];
+    l_keep[16] += l_acc[16]; l_keep[17] += l_acc[17]; l_keep[18] += l_acc[18]; l_keep[19] += l_acc[19];
+    l_keep[20] += l_acc[20]; l_keep[21] += l_acc[21]; l_keep[22] += l_acc[22]; l_keep[23] += l_acc[23];
+    l_keep[24] += l_acc[24]; l_keep[25] += l_acc[25]; l_keep[26] += l_acc[26]; l_keep[27] += l_acc[27];
+    l_keep[28] += l_acc[28]; l_keep[29] += l_acc[29]; l_keep[30] += l_acc[30]; l_keep[31] += l_acc[31];
+}
+
+// M_DCB: head e_h's dCB term and F for block v, from l_acc (F overwrites stage: the multiply must be done).
+fn lane_dcb(v: u32, lane: u32) {
+    e_ty = 2u * lane + v / 16u;
+    e_tx = v % 16u;
+    e_acc = l_acc[v];
+    l_keep[v] += dcb_block();
+}
+
+fn lane_dcb_all(lane: u32) {
+    lane_dcb(0u, lane); lane_dcb(1u, lane); lane_dcb(2u, lane); lane_dcb(3u, lane); lane_dcb(4u, lane); lane_dcb(5u, lane);
+    lane_dcb(6u, lane); lane_dcb(7u, lane); lane_dcb(8u, lane); lane_dcb(9u, lane); lane_dcb(10u, lane); lane_dcb(11u, lane);
+    lane_dcb(12u, lane); lane_dcb(13u, lane); lane_dcb(14u, lane); lane_dcb(15u, lane); lane_dcb(16u, lane); lane_dcb(17u, lane);
+    lane_dcb(18u, lane); lane_dcb(19u, lane); lane_dcb(20u, lane); lane_dcb(21u, lane); lane_dcb(22u, lane); lane_dcb(23u, lane);
+    lane_dcb(24u, lane); lane_dcb(25u, lane); lane_dcb(26u, lane); lane_dcb(27u, lane); lane_dcb(28u, lane); lane_dcb(29u, lane);
+    lane_dcb(30u, lane); lane_dcb(31u, lane);
+}
+
+// Block v of the lane (as lane_dump left it in stage) as ssd_tile's thread state (e_ty, e_tx, e_acc).
+fn lane_view(v: u32, lane: u32) {
+    e_ty = 2u * lane + v / 16u;
+    e_tx = v % 16u;
+    let row = 4u * e_ty;
+    e_acc = mat4x4<f32>(stage[row * 16u + e_tx], stage[(row + 1u) * 16u + e_tx], stage[(row + 2u) * 16u + e_tx],
+                        stage[(row + 3u) * 16u + e_tx]);
+}
+
+// The sums over the tile's 64 columns of the row dots with x (or C: `with_c`) of rows 4 (2l + rh) .. + 3.
+fn lane_rows(lane: u32, rh: u32, with_c: bool) -> vec4<f32> {
+    var part = vec4<f32>(0.0);
+    for (var tx = 0u; tx < 16u; tx++) {
+        lane_view(rh * 16u + tx, lane);
+        if (with_c) { part += row_dots_c(); } else { part += row_dots_x(); }
+    }
+    return part;
+}
+
+@compute @workgroup_size(8)
+fn ssd_tile_lanes(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
+    let hpg = td.heads / td.ngroups;
+    let at = tile_begin(wid);
+    if (!at.live) {
+        if (MODE == M_DXD && lane == 0u) { tile_part[at.d_slot] = 0.0; }
+        return;
+    }
+    let total = at.total;
+    let zero = array<mat4x4<f32>, 32>();
+    if (MODE == M_Y || MODE == M_DXD) {
+        for (var j = 0u; j < 32u; j++) { stage_row_tables(j * 8u + lane); }
+    }
+
+    if (MODE == M_DCB) {
+        l_keep = zero;
+        let h_lo = at.split * td.heads_per_split;
+        let h_hi = min(h_lo + td.heads_per_split, hpg);
+        for (var hl = h_lo; hl < h_hi; hl++) {
+            e_h = e_g * hpg + hl;
+            for (var j = 0u; j < 32u; j++) { stage_dcb_tables(j * 8u + lane); }
+            l_acc = zero;
+            lane_run(lane, 0u, total);  // its barriers publish the tables; it ends with one: F may overwrite stage
+            lane_dcb_all(lane);
+            workgroupBarrier();
+            for (var j = 0u; j < 32u; j++) { crossing_rows(j * 8u + lane); }
+            workgroupBarrier();
+            for (var j = 0u; j < 32u; j++) { crossing_rows_add(j * 8u + lane); }
+            workgroupBarrier();
+            for (var j = 0u; j < 32u; j++) { crossing_cols(j * 8u + lane); }
+            workgroupBarrier();
+            for (var j = 0u; j < 8u; j++) { crossing_totals(j * 8u + lane); }
+            workgroupBarrier();
+            for (var j = 0u; j < 32u; j++) { crossing_store(j * 8u + lane, wid.x, at.npairs); }
+            workgroupBarrier();
+        }
+        l_acc = l_keep;
+        lane_dump(lane);
+        for (var v = 0u; v < 32u; v++) {
+            lane_view(v, lane);
+            dcb_store(e_acc, at.split);
+        }
+        return;
+    }
+
+    l_acc = zero;
+    if (MODE == M_DXD) {
+        lane_run(lane, 0u, e_steps1);
+        lane_dump(lane);
+        for (var rh = 0u; rh < 2u; rh++) {
+            let v = lane_rows(lane, rh, false);
+            for (var i = 0u; i < 4u; i++) {
+                let row = 8u * lane + 4u * rh + i;
+                if (e_m0 + row < e_steps) { row_part2[at.row_at + e_m0 + row] = v[i] * t_row_sc[row]; }
+            }
+        }
+        lane_run(lane, e_steps1, total);
+    } else if (MODE == M_DC) {
+        let pair_steps = total - e_steps1;
+        let head_steps = (td.headdim + 15u) / 16u;
+        l_keep = zero;
+        for (var hl = 0u; hl < hpg; hl++) {
+            dc_head_range(hl, head_steps);
+            l_acc = zero;
+            lane_run(lane, 0u, head_steps);
+            lane_dump(lane);
+            for (var rh = 0u; rh < 2u; rh++) {
+                let u = lane_rows(lane, rh, true);
+                for (var i = 0u; i < 4u; i++) {
+                    let row = 8u * lane + 4u * rh + i;
+                    if (e_m0 + row < e_steps) { row_part[dc_head_rows(at, hl) + e_m0 + row] = u[i]; }
+                }
+            }
+            lane_keep_acc();
+        }
+        l_acc = l_keep;
+        lane_run(lane, head_steps, head_steps + pair_steps);
+    } else {
+        lane_run(lane, 0u, total);
+    }
+
+    lane_dump(lane);
+    for (var v = 0u; v < 32u; v++) {
+        lane_view(v, lane);
+        store_block();
+    }
+    if (MODE == M_DXD) {
+        for (var rh = 0u; rh < 2u; rh++) {
+            let xd = lane_rows(lane, rh, false);
+            var dd = vec4<f32>(0.0);
+            for (var tx = 0u; tx < 16u; tx++) {
+                lane_view(rh * 16u + tx, lane);
+                dd += dxd_block();
+            }
+            for (var i = 0u; i < 4u; i++) {
+                let row = 8u * lane + 4u * rh + i;
+                if (e_m0 + row < e_steps) {
+                    row_part[at.row_at + e_m0 + row] = xd[i];
+                    dxd_row_out(at, row, dd[i]);
+                }
+                t_red[row] = dd[i];
+            }
+        }
+        if (HAS_D) {
+            workgroupBarrier();
+            if (lane == 0u) { dxd_d_total(at); }
+        }
+    }
+}

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
+from mambactl.ops.checks import SEGMENT_BUDGET, cpu_subgroups
 from mambactl.ops import ssd as ssd_op
 from mambactl.ops.ssd import kernel_chunk, ssd_chunked, ssd_chunked_backward, ssd_scan, ssd_scan_backward, ssd_step
 from mambactl.reference import ssd as ref
@@ -67,11 +68,20 @@ def check(rt, batch, length, heads, headdim, groups, nstate, chunk, seed=0, tol=
         assert rel_err(got, want) < tol, (name, rel_err(got, want))
 
 
+@pytest.fixture(params=["ssd_tile", "ssd_tile_lanes"])
+def engine(request, rt, monkeypatch):
+    """Both tile engines on any adapter that has them (ssd_tile_lanes needs 8-lane subgroups: lavapipe's)."""
+    if request.param == "ssd_tile_lanes" and not cpu_subgroups(rt):
+        pytest.skip("ssd_tile_lanes needs 8-lane subgroups")
+    monkeypatch.setattr(ssd_op, "FORCE_LANES", request.param == "ssd_tile_lanes")
+    return request.param
+
+
 LENGTHS = lambda c: [1, 5, c - 1, c, c + 1, 3 * c + 2]  # noqa: E731
 
 
 @pytest.mark.parametrize("chunk,length,groups", [(c, n, 1 + i % 2) for c in (8, 16) for i, n in enumerate(LENGTHS(c))])
-def test_matches_reference(rt, chunk, length, groups):
+def test_matches_reference(rt, engine, chunk, length, groups):
     check(rt, 2, length, 4, 5, groups, 6, chunk)
 
 
@@ -87,7 +97,7 @@ def test_matches_reference(rt, chunk, length, groups):
     # chunk 256 with L 260: a full chunk of four row blocks, then a chunk of 4 steps.
     (1, 260, 3, 33, 3, 65, 256),
 ])
-def test_tiles_and_chunk_shapes(rt, batch, length, heads, headdim, groups, nstate, chunk):
+def test_tiles_and_chunk_shapes(rt, engine, batch, length, heads, headdim, groups, nstate, chunk):
     check(rt, batch, length, heads, headdim, groups, nstate, chunk)
 
 
@@ -104,7 +114,7 @@ def test_dt_limit_clamps_and_masks_the_gradient(rt):
     check(rt, 2, 19, 4, 3, 2, 5, 8, seed=3, dt_limit=(0.5, 1.0))
 
 
-def test_deterministic_and_parameter_grads_accumulate(rt):
+def test_deterministic_and_parameter_grads_accumulate(rt, engine):
     x = make_inputs(2, 37, 4, 5, 2, 6, seed=2)
     dy = np.random.default_rng(3).standard_normal(x["x"].shape).astype(np.float32)
     _, fresh, _ = run_gpu(rt, x, dy, 8)
@@ -294,11 +304,11 @@ def check_core(rt, batch, length, heads, headdim, groups, nstate, chunk, seed=0,
     (2, 200, 4, 64, 1, 128, 128, False),  # mamba2's P, N at G = 1, two row tiles a chunk, a partial last one
     (1, 40, 20, 4, 1, 4, 16, True),    # 20 heads a group: dCB in 7 planes of 3 heads, the last of 2
 ])
-def test_core_matches_reference(rt, batch, length, heads, headdim, groups, nstate, chunk, strong):
+def test_core_matches_reference(rt, engine, batch, length, heads, headdim, groups, nstate, chunk, strong):
     check_core(rt, batch, length, heads, headdim, groups, nstate, chunk, strong=strong)
 
 
-def test_core_without_d(rt):
+def test_core_without_d(rt, engine):
     check_core(rt, 2, 21, 4, 3, 2, 5, 8, seed=4, strong=True, with_d=False)
 
 
@@ -308,7 +318,7 @@ def test_core_without_d(rt):
     (2, 200, 4, 64, 1, 128, 128, True),  # two row tiles a chunk (diagonal on both), D too, heads sharing a group
     (1, 45, 6, 7, 2, 9, 16, True),
 ])
-def test_core_with_diag(rt, batch, length, heads, headdim, groups, nstate, chunk, with_d):
+def test_core_with_diag(rt, engine, batch, length, heads, headdim, groups, nstate, chunk, with_d):
     """A diagonal weight (step t's own term in y_t weighted by diag_t, not scale_t): Mamba-3 SISO's form."""
     check_core(rt, batch, length, heads, headdim, groups, nstate, chunk, seed=8, strong=True, with_d=with_d,
                with_diag=True)
@@ -330,6 +340,28 @@ def test_core_dd_accumulates_and_shape_errors(rt):
         ssd_chunked(t["x"], t["adt"], rt.from_numpy(np.zeros((1, 9, 3), np.float32)), t["B"], t["C"])
     with pytest.raises(ShapeError, match="ssd_chunked: D has shape"):
         ssd_chunked(*(t[k] for k in names), rt.from_numpy(np.zeros(3, np.float32)))
+
+
+def test_tile_engine_is_the_ops_choice(rt, monkeypatch):
+    """ssd_tile_lanes where the adapter has 8-lane subgroups and its loops fit llvmpipe's budget, else ssd_tile;
+    FORCE_LANES forces either, and the dispatches are the chosen kernel's."""
+    loops = ssd_op.kernel_loops(64, 64, 16, 2, 1)  # the tiny Mamba-2: one head pair, N 16
+    assert loops["ssd_tile_lanes"] == ssd_op.LANE_LOOPS * loops["ssd_tile"]
+    lanes = "ssd_tile_lanes" if cpu_subgroups(rt) else "ssd_tile"
+    assert ssd_op.tile_engine(rt, loops) == lanes
+    assert ssd_op.tile_engine(rt, dict(loops, ssd_tile_lanes=SEGMENT_BUDGET + 1)) == "ssd_tile"
+    x = core_inputs(1, 9, 2, 3, 1, 4, seed=6)
+    t = {k: rt.from_numpy(v) for k, v in x.items()}
+    for force, want in ((None, lanes), (False, "ssd_tile")) + (((True, "ssd_tile_lanes"),) if cpu_subgroups(rt) else ()):
+        monkeypatch.setattr(ssd_op, "FORCE_LANES", force)
+        if "timestamp-query" in rt.features:
+            rt.gpu_times = []
+            ssd_chunked(*(t[k] for k in ("x", "adt", "scale", "B", "C")), t["D"], chunk=4)
+            rt.sync()
+            entries = {entry for entry, _, _ in rt.gpu_times if entry.startswith("ssd_tile")}
+            rt.gpu_times = None
+            assert entries == {want}, (force, entries)
+        assert ssd_op.tile_engine(rt, loops) == want
 
 
 def test_kernel_chunk_is_the_ops_choice(rt, monkeypatch):

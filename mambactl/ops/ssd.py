@@ -22,7 +22,9 @@ second M_CB dispatch per layer). The backward's transients: one more state tenso
 planes like C Bᵀ, and per-row pieces of ∂adt and ∂scale ([B, H, n_chunks, ·, chunk]).
 
 All chunk-level products are one WGSL tile engine (`ssd_tile`, its MODE picking the product; the plan, the
-FLOPs and the bytes of each are in kernels/ssd.wgsl and `kernel_costs`).
+FLOPs and the bytes of each are in kernels/ssd.wgsl and `kernel_costs`). CPU adapters with 8-lane subgroups
+(lavapipe) run the same engine as `ssd_tile_lanes`: one subgroup a tile, B shared by broadcasts instead of
+workgroup-memory reads (`tile_engine` picks; both are tested against float64 on any adapter that has both).
 
 On Mesa llvmpipe (its loop budget of 65,535 iterations per shader invocation: mambactl/ops/checks.py) the walks
 over chunks (the state passing, forward and backward, and the sums of the per-chunk parameter partials) go in
@@ -36,7 +38,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import expect, grid_1d, is_cpu, loop_budget, segment_length, segments
+from mambactl.ops.checks import (SEGMENT_BUDGET, cpu_subgroups, expect, grid_1d, is_cpu, loop_budget,
+                                 require_subgroup_lanes, segment_length, segments)
 from mambactl.runtime.tensor import Tensor
 
 WORKGROUP = 256  # mirrors kernels/ssd.wgsl's WG
@@ -49,6 +52,12 @@ TILE = 64  # ssd_tile's output tile (64 × 64)
 # carry (mambactl keeps that value in ModelConfig for import and export; its kernels do not read it). With chunk
 # None the ops take FORCE_CHUNK when set (tests, benchmarks), else `kernel_chunk`'s pick for the adapter and shape.
 FORCE_CHUNK: int | None = None
+# The tile engine: None picks `tile_engine`'s choice for the adapter; True / False force ssd_tile_lanes / ssd_tile
+# (tests run both on any adapter with 8-lane subgroups).
+FORCE_LANES: bool | None = None
+# ssd_tile_lanes' loop iterations per invocation over ssd_tile's (an upper bound: a lane plays 32 of its threads
+# one after another and adds 16 multiply iterations a k step to each step's 13 loads and loops)
+LANE_LOOPS = 40
 GPU_CHUNK_SHARED = 128  # GPUs, heads sharing B and C (G < H: Mamba-2); H200 measurements in kernel_chunk
 GPU_CHUNK_PER_HEAD = 64  # GPUs, one group per head (G = H: Mamba-3 SISO)
 CPU_CHUNK = 64  # CPU adapters: one 64-position tile per chunk (a shorter chunk leaves most of each tile padding)
@@ -141,6 +150,7 @@ def kernel_loops(chunk: int, headdim: int, nstate: int, heads: int = 1, groups: 
     return {
         "ssd_prep": 2 * seg + 2 * REDUCE + 2 * SUB,
         "ssd_tile": max(by_mode.values()),
+        "ssd_tile_lanes": LANE_LOOPS * max(by_mode.values()),
         # per position: the P-tile pieces, U's tiles of N, the ∂diag tiles, the crossings
         "ssd_rows_backward": _cdiv(headdim * nstate, WORKGROUP) + seg * (2 * tiles_p + _cdiv(nstate, TILE))
         + 2 * REDUCE + seg + seg * npairs + tiles_q * tiles_p,
@@ -150,9 +160,10 @@ def kernel_loops(chunk: int, headdim: int, nstate: int, heads: int = 1, groups: 
 
 
 def kernel_costs(batch: int, length: int, heads: int, headdim: int, groups: int, nstate: int,
-                 chunk: int) -> dict[str, tuple[float, float]]:
+                 chunk: int, engine: str = "ssd_tile") -> dict[str, tuple[float, float]]:
     """The predicted work of one forward + backward: {"ssd_tile[MODE=k,...]" or entry: (FLOPs, bytes)} as
-    bench/ssd.py keys its dispatches. FLOPs count the multiply-adds the tiles do (2 each, padding and the
+    bench/ssd.py keys its dispatches (`engine`: the tile engine's entry point, `tile_engine`'s pick; both do the
+    same work). FLOPs count the multiply-adds the tiles do (2 each, padding and the
     masked-out half of diagonal tiles included); bytes each operand read and each output written once (the
     re-reads of an operand by several workgroups, which L2 serves, are not counted)."""
     B, L, H, P, G, N, Q = batch, length, heads, headdim, groups, nstate, chunk
@@ -169,25 +180,43 @@ def kernel_costs(batch: int, length: int, heads: int, headdim: int, groups: int,
     y_pairs = (bch * tp * (tq * T2 * N + causal_blocks * T2), 2 * xs + bc + states + cb)
     dxd = (bch * tp * (tq * T2 * N + causal_blocks * T2), 3 * xs + bc + states + cb)
     costs = {
-        f"ssd_tile[MODE={M_CB}]": (bcg * npairs * T2 * N, 2 * bc + cb),
-        f"ssd_tile[MODE={M_STATE}]": (bch * tp * tn * T2 * Q, xs + bc + states),
-        f"ssd_tile[GRAD,MODE={M_STATE}]": (bch * tp * tn * T2 * Q, xs + bc + states),
-        f"ssd_tile[MODE={M_DB}]": (group_grad, xs + bc + states + cb * planes),
-        f"ssd_tile[MODE={M_DC}]": (group_grad, xs + 2 * bc + states + cb * planes),  # C twice: dC and U
+        f"{engine}[MODE={M_CB}]": (bcg * npairs * T2 * N, 2 * bc + cb),
+        f"{engine}[MODE={M_STATE}]": (bch * tp * tn * T2 * Q, xs + bc + states),
+        f"{engine}[GRAD,MODE={M_STATE}]": (bch * tp * tn * T2 * Q, xs + bc + states),
+        f"{engine}[MODE={M_DB}]": (group_grad, xs + bc + states + cb * planes),
+        f"{engine}[MODE={M_DC}]": (group_grad, xs + 2 * bc + states + cb * planes),  # C twice: dC and U
         "ssd_state_passing": (0, 2 * states),
         "ssd_state_passing_backward": (0, 3 * states),
     }
     for flags in ("", "HAS_D,", "HAS_DIAG,", "HAS_D,HAS_DIAG,"):  # D and diag change no product's size
-        costs[f"ssd_tile[{flags}MODE={M_Y}]"] = y_pairs
-        costs[f"ssd_tile[{flags}MODE={M_DXD}]"] = dxd
+        costs[f"{engine}[{flags}MODE={M_Y}]"] = y_pairs
+        costs[f"{engine}[{flags}MODE={M_DXD}]"] = dxd
     for flags in ("", "HAS_DIAG,"):
-        costs[f"ssd_tile[{flags}MODE={M_DCB}]"] = (bch * npairs * T2 * P, 2 * xs + cb * (1 + planes))
+        costs[f"{engine}[{flags}MODE={M_DCB}]"] = (bch * npairs * T2 * P, 2 * xs + cb * (1 + planes))
     return costs
 
 
+def tile_engine(rt, loops: dict[str, int]) -> str:
+    """The tile engine's entry point: ssd_tile_lanes on CPU adapters with 8-lane subgroups where its loops stay
+    within llvmpipe's budget (`loops`: kernel_loops at the shape), else ssd_tile; FORCE_LANES forces either."""
+    if FORCE_LANES is None:
+        lanes = cpu_subgroups(rt) and loops["ssd_tile_lanes"] <= SEGMENT_BUDGET
+    else:
+        lanes = FORCE_LANES
+        if lanes:
+            require_subgroup_lanes(rt, "ssd_tile_lanes")
+    return "ssd_tile_lanes" if lanes else "ssd_tile"
+
+
+def _loops(dims: dict) -> dict[str, int]:
+    return kernel_loops(dims["chunk"], dims["headdim"], dims["nstate"], dims["heads"], dims["ngroups"])
+
+
 def _check_loops(rt, op: str, shape, loops: dict[str, int], kernels) -> None:
-    """Refuse (on llvmpipe, before anything is recorded) a shape whose in-chunk loops pass the budget."""
+    """Refuse (on llvmpipe, before anything is recorded) a shape whose in-chunk loops pass the budget
+    ("ssd_tile" stands for the engine `tile_engine` picks)."""
     for name in kernels:
+        name = tile_engine(rt, loops) if name == "ssd_tile" else name
         loop_budget(rt, f"{op} ({name})", shape, loops[name])
 
 
@@ -331,15 +360,16 @@ def _prep(rt, dims: dict, adt, scale, diag=None) -> Tensor:
 
 
 def _tile(rt, dims: dict, mode: int, grid, dec: Tensor, consts: dict | None = None, **bufs) -> None:
-    """One ssd_tile dispatch (kernels/ssd.wgsl). Bindings the mode does not use get one-element scratches
-    (read-only ones may share `dec`; writable ones get their own)."""
+    """One dispatch of the tile engine (`tile_engine`'s: kernels/ssd.wgsl's ssd_tile or ssd_tile_lanes, the same
+    grid). Bindings the mode does not use get one-element scratches (read-only ones may share `dec`; writable ones
+    get their own)."""
     P, N, Q, L = dims["headdim"], dims["nstate"], dims["chunk"], dims["len"]
     vec4 = P % 4 == 0 and N % 4 == 0 and Q % 4 == 0 and L % 4 == 0
     args = {name: bufs.get(name, dec) for name in ("xv", "dyv", "bv", "cv", "pairv", "stv", "skip")}
     for name in ("tile_out", "row_part", "row_part2", "tile_part", "x_part"):
         args[name] = bufs[name] if name in bufs else rt.empty((1,))
     planes, per = bufs.get("split", (1, 1))
-    rt.run("ssd_tile", grid, {"MODE": mode, "VEC4": vec4, **(consts or {})}, dec=dec, decv=dec, **args,
+    rt.run(tile_engine(rt, _loops(dims)), grid, {"MODE": mode, "VEC4": vec4, **(consts or {})}, dec=dec, decv=dec, **args,
            **{k: dims[k] for k in ("batch", "len", "heads", "ngroups", "headdim", "nstate", "chunk", "nchunks")},
            hsplit=planes, heads_per_split=per)
 
