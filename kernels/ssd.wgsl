@@ -1248,10 +1248,10 @@ fn ssd_dcb_crossing(tid: u32, pair: u32, npairs: u32) {
 
 // Where this workgroup's tile lies (sets e_b .. e_steps, the K ranges e_kb1 .. e_state_end, e_steps1), what
 // ssd_tile and ssd_tile_lanes share; `live` false: nothing to compute (a row tile wholly in the padding, or
-// M_STATE's rows past P).
+// M_STATE's rows past P; M_DXD's Σ dy·x slot is then zeroed by the invocation given `first`).
 struct TileAt { live: bool, split: u32, npairs: u32, tiles_n: u32, row_at: u32, d_slot: u32, total: u32 }
 
-fn tile_begin(wid: vec3<u32>) -> TileAt {
+fn tile_begin(wid: vec3<u32>, first: bool) -> TileAt {
     var at: TileAt;
     let q = td.chunk;
     let hpg = td.heads / td.ngroups;
@@ -1298,6 +1298,7 @@ fn tile_begin(wid: vec3<u32>) -> TileAt {
     } else {
         at.live = e_m0 < e_steps;  // else a row tile wholly in the padding (uniform over the workgroup)
     }
+    if (!at.live && MODE == M_DXD && first) { tile_part[at.d_slot] = 0.0; }
 
     // K ranges: phase 1 [kb1, ke1), phase 2 [kb2, ke2).
     e_kb1 = 0u;
@@ -1479,11 +1480,8 @@ fn ssd_tile(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_ind
     e_tx = (warp & 1u) * 8u + (lane & 7u);
     e_ty = (warp >> 1u) * 4u + (lane >> 3u);
     let hpg = td.heads / td.ngroups;
-    let at = tile_begin(wid);
-    if (!at.live) {
-        if (MODE == M_DXD && tid == 0u) { tile_part[at.d_slot] = 0.0; }
-        return;
-    }
+    let at = tile_begin(wid, tid == 0u);
+    if (!at.live) { return; }
     let total = at.total;
 
     // Per-row factors and the pair-decay tables of the tile's rows.
@@ -1696,11 +1694,8 @@ fn lane_rows(lane: u32, rh: u32, with_c: bool) -> vec4<f32> {
 @compute @workgroup_size(8)
 fn ssd_tile_lanes(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invocation_id) lane: u32) {
     let hpg = td.heads / td.ngroups;
-    let at = tile_begin(wid);
-    if (!at.live) {
-        if (MODE == M_DXD && lane == 0u) { tile_part[at.d_slot] = 0.0; }
-        return;
-    }
+    let at = tile_begin(wid, lane == 0u);
+    if (!at.live) { return; }
     let total = at.total;
     let zero = array<mat4x4<f32>, 32>();
     if (MODE == M_Y || MODE == M_DXD) {
