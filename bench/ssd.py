@@ -32,8 +32,8 @@ from mambactl.runtime.gpu import get_runtime  # noqa: E402
 
 
 def label(entry: str, constants: dict | None) -> str:
-    """The entry as kernel_costs keys it: VEC4 left out (it only picks the load width)."""
-    return pipeline_label(entry, constants, leave_out=("VEC4",))
+    """The entry as kernel_costs keys it: VEC4 and F_SKEW left out (a load width, a layout in workgroup memory)."""
+    return pipeline_label(entry, constants, leave_out=("VEC4", "F_SKEW"))
 
 
 def main() -> None:

@@ -1152,12 +1152,15 @@ fn pair_tiles(idx: u32) -> vec2<u32> {
     return vec2<u32>(mt, idx - mt * (mt + 1u) / 2u);
 }
 
-// M_DCB's crossing sums for head e_h from T in F (= stage's first 1024 vec4s as [t][(o + t) % 64] scalars):
+// M_DCB's crossing sums for head e_h from T in F (= stage's first 1024 vec4s as [t][(o + F_SKEW t) % 64] scalars:
+// the skew spreads a column over the banks of a GPU's workgroup memory; ssd_tile_lanes sets it 0, so a row's 4
+// columns of T are one vec4 store):
 // X_σ = Σ_{t ≥ σ, s < σ} T_ts over this tile pair, into x_part row (pair, h) [B, H, nchunks, npairs, Q]
 // (zero where the tile adds nothing). With row prefix sums F[t][o] = Σ_{s ≤ o} T_ts (direct sums):
 //   σ in (n0, n0 + 64): Σ_{t ≥ σ} F[t][σ − 1 − n0];  σ in [n0 + 64, m0): Σ_t F[t][63];
 //   σ in [m0, m0 + 64) when n0 < m0: Σ_{t ≥ σ} F[t][63].
-fn f_idx(t: u32, o: u32) -> u32 { return t * 64u + (o + t) % 64u; }
+override F_SKEW: u32 = 1u;
+fn f_idx(t: u32, o: u32) -> u32 { return t * 64u + (o + F_SKEW * t) % 64u; }
 
 // Its phases, separated by workgroup barriers (ssd_tile runs them once a thread, ssd_tile_lanes once a virtual
 // thread tid < 256 each). Row prefix sums: 4 threads a row, 16 columns each,
@@ -1165,6 +1168,20 @@ fn crossing_rows(tid: u32) {
     let row = tid >> 2u;
     let quarter = tid & 3u;
     var run = 0.0;
+    if (F_SKEW == 0u) {  // the quarter's 16 columns are 4 whole vec4s: the same sums in the same order
+        let base = (row * 64u + quarter * 16u) >> 2u;
+        for (var c = 0u; c < 4u; c++) {
+            var v = stage[base + c];
+            v.x += run;
+            v.y += v.x;
+            v.z += v.y;
+            v.w += v.z;
+            run = v.w;
+            stage[base + c] = v;
+        }
+        t_red[tid] = run;
+        return;
+    }
     for (var o = quarter * 16u; o < quarter * 16u + 16u; o++) {
         let i = f_idx(row, o);
         run += stage[i >> 2u][i & 3u];
@@ -1179,6 +1196,11 @@ fn crossing_rows_add(tid: u32) {
     let quarter = tid & 3u;
     var before = 0.0;
     for (var k = 0u; k < quarter; k++) { before += t_red[row * 4u + k]; }
+    if (F_SKEW == 0u) {
+        let base = (row * 64u + quarter * 16u) >> 2u;
+        for (var c = 0u; c < 4u; c++) { stage[base + c] += vec4<f32>(before); }
+        return;
+    }
     for (var o = quarter * 16u; o < quarter * 16u + 16u; o++) {
         let i = f_idx(row, o);
         stage[i >> 2u][i & 3u] += before;
@@ -1407,6 +1429,10 @@ fn dcb_block() -> mat4x4<f32> {
         let gv = select(vec4<f32>(0.0), e_acc[i] * exp(min(dsum, vec4<f32>(0.0))) * w, ok);
         g[i] = gv;
         let tv = gv * cbv;
+        if (F_SKEW == 0u) {
+            stage[f_idx(r, o0) >> 2u] = tv;
+            continue;
+        }
         let f0 = f_idx(r, o0);
         let f1 = f_idx(r, o0 + 1u);
         let f2 = f_idx(r, o0 + 2u);

@@ -369,7 +369,11 @@ def _tile(rt, dims: dict, mode: int, grid, dec: Tensor, consts: dict | None = No
     for name in ("tile_out", "row_part", "row_part2", "tile_part", "x_part"):
         args[name] = bufs[name] if name in bufs else rt.empty((1,))
     planes, per = bufs.get("split", (1, 1))
-    rt.run(tile_engine(rt, _loops(dims)), grid, {"MODE": mode, "VEC4": vec4, **(consts or {})}, dec=dec, decv=dec, **args,
+    entry = tile_engine(rt, _loops(dims))
+    consts = {"MODE": mode, "VEC4": vec4, **(consts or {})}
+    if entry == "ssd_tile_lanes" and mode == M_DCB:
+        consts["F_SKEW"] = 0  # no bank conflicts to spread on a CPU: T's row of 4 columns as one vec4 store
+    rt.run(entry, grid, consts, dec=dec, decv=dec, **args,
            **{k: dims[k] for k in ("batch", "len", "heads", "ngroups", "headdim", "nstate", "chunk", "nchunks")},
            hsplit=planes, heads_per_split=per)
 
