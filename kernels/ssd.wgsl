@@ -1314,12 +1314,8 @@ fn tile_begin(wid: vec3<u32>, first: bool) -> TileAt {
     let row_base = ((e_b * td.heads + e_h) * td.nchunks + e_c) * at.tiles_n;
     at.row_at = (row_base + wid.x % at.tiles_n) * q;  // this tile's rows in the per-row pieces [.., tiles_n, Q]
     at.d_slot = ((e_b * td.nchunks + e_c) * td.heads + e_h) * tiles_q * at.tiles_n + wid.x;  // M_DXD's Σ dy·x
-    at.live = true;
-    if (MODE == M_STATE) {
-        at.live = e_m0 < td.headdim;
-    } else {
-        at.live = e_m0 < e_steps;  // else a row tile wholly in the padding (uniform over the workgroup)
-    }
+    // M_STATE's rows are P's; the others' are positions (a row tile wholly in the padding: uniform over the workgroup)
+    at.live = select(e_m0 < e_steps, e_m0 < td.headdim, MODE == M_STATE);
     if (!at.live && MODE == M_DXD && first) { tile_part[at.d_slot] = 0.0; }
 
     // K ranges: phase 1 [kb1, ke1), phase 2 [kb2, ke2).
