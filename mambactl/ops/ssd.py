@@ -65,7 +65,9 @@ NO_LIMIT = 3.0e38  # an upper clamp that never binds (a finite float32)
 KSTEP = 16  # ssd_tile's K per staged step
 SUB = 16  # mirrors SUB there: sub-block of the pair decays
 MAX_HSPLIT = 8  # ssd_tile M_DCB: at most this many dCB planes per group (dB / dC add them per load)
-DCB_WORKGROUPS = 1024  # M_DCB splits a group's heads until it has about this many workgroups
+# M_DCB splits a group's heads until it has about this many workgroups (H200, Mamba-2 130m, after the K loop a
+# phase: 2048 -> 8 planes of 3 heads, M_DCB 0.201 -> 0.187 ms a layer; 512: 0.231; 2026-12-03, round robin)
+DCB_WORKGROUPS = 2048
 DCB_HEADS = 16  # and at least until each workgroup has at most this many (MAX_HSPLIT permitting)
 # ssd_tile's MODE values (kernels/ssd.wgsl)
 M_CB, M_Y, M_STATE, M_DXD, M_DCB, M_DB, M_DC = range(7)
