@@ -1668,15 +1668,20 @@ fn lane_kstep(k: u32, lane: u32) {
 
 // e_run's K steps [first, last) into l_acc, each staged by the lane's 32 loader threads, then multiplied.
 fn lane_run(lane: u32, first: u32, last: u32) {
-    for (var s = first; s < last; s++) {
-        workgroupBarrier();  // stage's previous readers (the multiply, an epilogue's lane_view) are done
-        for (var j = 0u; j < 32u; j++) {
-            e_stage(j * 8u + lane, s, 0u);
-        }
-        workgroupBarrier();
-        for (var k = 0u; k < 16u; k++) { lane_kstep(k, lane); }
+    let mid = clamp(e_steps1, first, last);  // one loop a phase, as e_run
+    for (var s = first; s < mid; s++) { lane_step(lane, s, false); }
+    for (var s = mid; s < last; s++) { lane_step(lane, s, true); }
+    workgroupBarrier();
+}
+
+fn lane_step(lane: u32, s: u32, phase2: bool) {
+    workgroupBarrier();  // stage's previous readers (the multiply, an epilogue's lane_view) are done
+    for (var j = 0u; j < 32u; j++) {
+        e_fetch(j * 8u + lane, s, phase2);
+        e_commit(j * 8u + lane, 0u, phase2);
     }
     workgroupBarrier();
+    for (var k = 0u; k < 16u; k++) { lane_kstep(k, lane); }
 }
 
 // Block v into stage as the tile's row-major [64 rows][16 column blocks] vec4s.
