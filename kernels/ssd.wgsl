@@ -1135,21 +1135,17 @@ fn e_run(tid: u32, first: u32, last: u32) {
     workgroupBarrier();
     var buf = 0u;
     let mid = clamp(e_steps1, first + 1u, last);  // phase 1's steps end at mid
-    for (var s = first + 1u; s < mid; s++) {
-        e_fetch(tid, s, false);  // in flight while this step is multiplied
-        e_multiply(buf);
-        e_commit(tid, buf ^ 1u, false);
-        workgroupBarrier();
-        buf ^= 1u;
-    }
-    for (var s = mid; s < last; s++) {
-        e_fetch(tid, s, true);
-        e_multiply(buf);
-        e_commit(tid, buf ^ 1u, true);
-        workgroupBarrier();
-        buf ^= 1u;
-    }
+    for (var s = first + 1u; s < mid; s++) { e_step(tid, s, buf, false); buf ^= 1u; }
+    for (var s = mid; s < last; s++) { e_step(tid, s, buf, true); buf ^= 1u; }
     e_multiply(buf);
+}
+
+// Step s staged into the other buffer while buffer `buf` (the step before) is multiplied.
+fn e_step(tid: u32, s: u32, buf: u32, phase2: bool) {
+    e_fetch(tid, s, phase2);  // in flight while this step is multiplied
+    e_multiply(buf);
+    e_commit(tid, buf ^ 1u, phase2);
+    workgroupBarrier();
 }
 
 fn zero_acc() { e_acc = mat4x4<f32>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0)); }
