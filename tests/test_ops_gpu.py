@@ -563,10 +563,10 @@ def test_fill_and_zeros(rt):
     assert np.all(t.numpy() == 2.5)
 
 
-@pytest.mark.parametrize("R,n", [(1, 3), (5, 65), (32, 7), (33, 130), (130, 1), (1030, 66)])
+@pytest.mark.parametrize("R,n", [(1, 3), (5, 65), (8, 9), (31, 5), (32, 7), (33, 130), (130, 1), (1030, 66)])
 def test_column_sums(rt, rng, R, n):
-    """One pass up to 32 rows, two over ⌈√R⌉-row blocks above (ragged last blocks, tails of the 4-row steps),
-    fresh and added into an accumulator."""
+    """One pass up to 32 rows, two over ⌈√R⌉-row blocks above (ragged last blocks; 31 rows: a 16-row step, the
+    8-row step, a 4-row step and a tail of 3), fresh and added into an accumulator."""
     (x32, x), (acc32, acc) = f32(rng, R, n), f32(rng, n)
     assert rel(reduce.column_sums(rt.from_numpy(x32)).numpy(), x.sum(0)) < REDUCTION_TOL
     assert rel(reduce.column_sums(rt.from_numpy(x32), rt.from_numpy(acc32)).numpy(), acc + x.sum(0)) < REDUCTION_TOL

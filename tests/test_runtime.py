@@ -149,6 +149,22 @@ def test_ops_are_recorded_and_submitted_together(rt):
     assert rt.submits == before + 1
 
 
+def test_a_batch_cut_short_by_a_write_sets_the_next_batch_by_its_own_length(rt):
+    # A training step starts with one dispatch (zeroing the gradients) and then uploads the token ids: the next
+    # batch must not double from the batch size that was allowed, or the GPU waits for twice as many dispatches.
+    host = np.arange(16, dtype=np.float32)
+    x, other = rt.from_numpy(host), rt.from_numpy(host)
+    x.numpy()
+    y = activations.add(x, x)  # one dispatch, then a write cuts the batch short
+    rt.write(other, host + 1)
+    before = rt.submits
+    for i in range(FIRST_SUBMIT):
+        assert rt.submits == before, "the next batch is FIRST_SUBMIT dispatches, not twice the allowed size"
+        y = activations.add(y, other)
+    assert rt.submits == before + 1
+    np.testing.assert_array_equal(y.numpy(), 2 * host + FIRST_SUBMIT * (host + 1))
+
+
 def test_long_recordings_are_submitted_in_growing_batches_with_the_same_result(rt):
     host = np.random.default_rng(1).standard_normal(300).astype(np.float32)
     x = rt.from_numpy(host)

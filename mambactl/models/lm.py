@@ -69,15 +69,15 @@ class LanguageModel:
         B, L = ids.shape
         if last_only and targets is not None:
             raise ShapeError("forward: last_only computes no loss; give no targets")
-        # Every host upload happens before recording starts, so the step stays one submit.
+        # The forward's uploads happen before recording starts; the embedding backward's plan (a host sort of the
+        # ids, three uploads) waits until the layers are recorded, so the GPU is already running them meanwhile.
         gids = rt.from_numpy(embedding.check_ids(ids.reshape(-1), cfg.padded_vocab_size))
         saved = dict(ids=ids)
         if targets is not None:
             targets = np.asarray(targets, np.int32).reshape(-1)
             if targets.size != B * L:
                 raise ShapeError(f"forward: targets have {targets.size} elements, ids have {B * L}")
-            saved.update(targets=rt.from_numpy(targets), count=cross_entropy.count_targets(targets),
-                         embedding_plan=embedding.EmbeddingGradPlan(rt, ids.reshape(-1)))
+            saved.update(targets=rt.from_numpy(targets), count=cross_entropy.count_targets(targets))
         h = embedding.embedding(gids, self.params[EMBED])
         layers, out = [], None
         for i, kind in enumerate(cfg.layers):
@@ -85,6 +85,8 @@ class LanguageModel:
             h, xn, rstd = norm_with_residual(h, out, self.params[f"backbone.layers.{i}.norm.weight"], cfg.norm_eps)
             out, layer_saved = LAYERS[kind][0](self._layer(self.params, i), xn, B, L, cfg)
             layers.append((h, rstd, layer_saved))
+        if targets is not None:
+            saved["embedding_plan"] = embedding.EmbeddingGradPlan(rt, ids.reshape(-1))
         h, hf, rstd_f = norm_with_residual(h, out, self.params[NORM_F], cfg.norm_eps)
         if last_only:
             last, row = rt.empty((B, cfg.d_model)), 4 * cfg.d_model  # bytes a row

@@ -4,10 +4,11 @@ Ops call `rt.run(entry, groups, **bindings_and_params)`; dispatches are recorded
 something needs the results on the host (`read`) or new host data (`write`), or a batch has piled up (so the
 GPU starts on it while the host records the rest): a whole training step is a handful of submits and no host
 round trip. After the host has waited for the GPU (a read), the first batch is FIRST_SUBMIT dispatches and each
-next one twice the last, up to DISPATCHES_PER_SUBMIT, so an idle GPU starts within a few dispatches' recording
-instead of waiting for 256 of them to be recorded. All of a batch's uniform parameters go up in one write, and
-every dispatch binds its slot of that buffer by a dynamic offset, so bind groups depend only on the buffers bound
-and are cached (a training step binds the same pooled buffers every time).
+next one twice the last (a batch cut short by a write counts as its own length), up to DISPATCHES_PER_SUBMIT, so
+an idle GPU starts within a few dispatches' recording instead of waiting for 256 of them to be recorded. All of a
+batch's uniform parameters go up in one write, and every dispatch binds its slot of that buffer by a dynamic
+offset, so bind groups depend only on the buffers bound and are cached (a training step binds the same pooled
+buffers every time).
 
 A block of work that is the same every time (a decoding step of the Mamba layers: same kernels, same buffers,
 same parameters) can be recorded once as a `Graph` (`with rt.capture() as g: ...`) and queued again with
@@ -33,7 +34,9 @@ from mambactl.runtime.tensor import DTYPES, Tensor
 _UNIFORM_SLOT = 256  # >= minUniformBufferOffsetAlignment on every backend
 _UNIFORM_SLOTS = 4096
 DISPATCHES_PER_SUBMIT = 256
-FIRST_SUBMIT = 32
+# 4 (was 32): a synced Mamba-2 130m step on the H200 started its GPU work ~1 ms sooner, 208.0 -> 206.4 ms (median of
+# 6 after 3 warm-up, one call, 2026-12-03); a streamed one was level (204.1 / 203.8) for its 3 more submits.
+FIRST_SUBMIT = 4
 # wgpu's WGSL compiler guards every array index (a clamp) and gives every loop an extra iteration counter with a
 # second exit, so a shader cannot read out of bounds or hang: the defence a browser needs against untrusted
 # shaders. Ours are our own and tested against references, so modules are compiled without those checks
@@ -313,7 +316,7 @@ class Runtime:
             encoder.resolve_query_set(queries, 0, 2 * len(labels), resolved, 0)
         self.device.queue.submit([encoder.finish()])
         self.submits += 1
-        self._submit_after = min(DISPATCHES_PER_SUBMIT, 2 * self._submit_after)
+        self._submit_after = min(DISPATCHES_PER_SUBMIT, max(FIRST_SUBMIT, 2 * len(self._pending)))
         self._pending.clear()
         self._uniform_bytes = bytearray()
         if labels:
