@@ -60,8 +60,6 @@ struct FinishParams { frows: u32, fheads: u32, frank: u32, fheaddim: u32, eps: f
 @group(0) @binding(15) var<storage, read_write> lam: array<f32>;
 @group(0) @binding(16) var<storage, read_write> theta: array<f32>;  // [M, H, S]
 // backward
-@group(0) @binding(17) var<storage, read> q_in: array<f32>;
-@group(0) @binding(18) var<storage, read> k_in: array<f32>;
 @group(0) @binding(19) var<storage, read> theta_in: array<f32>;
 @group(0) @binding(20) var<storage, read> dq: array<f32>;
 @group(0) @binding(21) var<storage, read> dk: array<f32>;
@@ -346,7 +344,9 @@ fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
 // gradient's rows, never stored): their sums over the split's heads, in order, are dCn, dBn [splits, M, R, G, N]
 // (mamba3_prep_norm_backward adds the splits in order); their sums over the block's rows, in order, are the block's
 // partials dC_bias_part, dB_bias_part [blocks, H, R, N] (the wrapper sums them over blocks); the first dim of a
-// pair also writes ∂loss/∂θ = Σ_r d1·out0 − d0·out1 over q and k into dth (rank 0 stores, later ranks add).
+// pair also writes ∂loss/∂θ = Σ_r d1·out0 − d0·out1 over q and k into dth (rank 0 stores, later ranks add), with
+// the rotated pair out0, out1 rebuilt from Bn, Cn and the biases as the forward made it: reading the stored q, k
+// [M, H, R, N] instead was 200 of the ~540 MB this kernel moved at the mamba3-130m shape.
 const RB: u32 = 8u;  // rows per block, mirrored by ROTATE_ROWS in mambactl/ops/mamba3_prep.py
 @compute @workgroup_size(64)
 fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
@@ -395,8 +395,18 @@ fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
                         let cs = cos(th);
                         let sn = sg * sin(th);
                         if (pj.z == 1u && live) {
-                            let t = dqm * q_in[base + n] - xq * q_in[base + m] + dkm * k_in[base + n]
-                                    - xk * k_in[base + m];
+                            // the forward's q, k pair (mamba3_prep_rotate; the partner's sign is −sg)
+                            let src = (row0 + i) * rgn + (r * G + g) * N;
+                            let bias = (h * R + r) * N;
+                            let q0 = Cn[src + n] + C_bias[bias + n];
+                            let q1 = Cn[src + m] + C_bias[bias + m];
+                            let k0 = Bn[src + n] + B_bias[bias + n];
+                            let k1 = Bn[src + m] + B_bias[bias + m];
+                            let qn = q0 * cs + q1 * sn;
+                            let qm = q1 * cs + q0 * -sn;
+                            let kn = k0 * cs + k1 * sn;
+                            let km = k1 * cs + k0 * -sn;
+                            let t = dqm * qn - xq * qm + dkm * kn - xk * km;
                             if (r == 0u) { dth[rh * S + pj.y] = t; } else { dth[rh * S + pj.y] += t; }
                         }
                         xq = xq * cs - dqm * sn;

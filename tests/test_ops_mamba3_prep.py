@@ -110,9 +110,9 @@ def run_gpu(gpu, d, x, g, segment=None):
         dzr, dproj = None, gpu.from_numpy(host)
     pr = mamba3_prep(t["proj"], t["dt_bias"], t["B_norm_w"], t["C_norm_w"], t["B_bias"], t["C_bias"], t["mimo_x"],
                      t["mimo_z"], d, A_FLOOR, ref.NORM_EPS, segment=segment)
-    bw = mamba3_prep_backward(t["proj"], t["dt_bias"], t["B_norm_w"], t["C_norm_w"], t["mimo_x"], t["mimo_z"],
-                              t["D"], pr, t["dq"], t["dk"], t["dv"], dzr, t["dadt"], t["ddt"], t["dlam"], t["dys"],
-                              d, A_FLOOR, ref.NORM_EPS, segment=segment, dproj=dproj)
+    bw = mamba3_prep_backward(t["proj"], t["dt_bias"], t["B_norm_w"], t["C_norm_w"], t["B_bias"], t["C_bias"],
+                              t["mimo_x"], t["mimo_z"], t["D"], pr, t["dq"], t["dk"], t["dv"], dzr, t["dadt"],
+                              t["ddt"], t["dlam"], t["dys"], d, A_FLOOR, ref.NORM_EPS, segment=segment, dproj=dproj)
     fwd = {k: v.numpy() for k, v in pr.items()}
     if not d.mimo:  # zr = z in place: "zr" is proj itself
         assert pr["zr"] is t["proj"]

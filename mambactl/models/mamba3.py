@@ -80,9 +80,10 @@ def mamba3_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfi
         column_sums(fb["dmo"], out=g["mimo_o"].reshape(-1))
     dq, dk, dv, dadt, ddt, dlam = mamba3_scan_backward(s["scan"], fb["dys"].reshape(d.batch, d.length, H, R, P))
     flat = lambda t: t.reshape(M, -1)  # noqa: E731
-    bw = mamba3_prep_backward(s["proj"], p["dt_bias"], p["B_norm.weight"], p["C_norm.weight"], mimo_x, mimo_z,
-                              p["D"], pr, flat(dq), flat(dk), flat(dv), fb["dzr"], flat(dadt), flat(ddt), flat(dlam),
-                              fb["dys"], d, cfg.mamba3.A_floor, NORM_EPS, dproj=dproj)
+    bw = mamba3_prep_backward(s["proj"], p["dt_bias"], p["B_norm.weight"], p["C_norm.weight"], p["B_bias"],
+                              p["C_bias"], mimo_x, mimo_z, p["D"], pr, flat(dq), flat(dk), flat(dv), fb["dzr"],
+                              flat(dadt), flat(ddt), flat(dlam), fb["dys"], d, cfg.mamba3.A_floor, NORM_EPS,
+                              dproj=dproj)
     dproj = bw["dproj"]
     column_sums(bw["dB_bias_part"], out=g["B_bias"].reshape(-1))
     column_sums(bw["dC_bias_part"], out=g["C_bias"].reshape(-1))

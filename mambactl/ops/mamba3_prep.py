@@ -149,7 +149,8 @@ def rotate_blocks(d: Mamba3Dims) -> int:
 def mamba3_prep(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tensor, B_bias: Tensor,
                 C_bias: Tensor, mimo_x: Tensor, mimo_z: Tensor, d: Mamba3Dims, a_floor: float, norm_eps: float,
                 segment: int | None = None) -> dict:
-    """-> dict of q, k [M, H, R, N], v, zr [M, H, R, P], adt, dt, lam [M, H], theta [M, H, S]. B_norm_w, C_norm_w
+    """-> dict of q, k [M, H, R, N], v, zr [M, H, R, P], adt, dt, lam [M, H], theta [M, H, S], and the normalized
+    Bn, Cn [M, R·G·N] (the rotation's backward rebuilds q, k from them and the biases). B_norm_w, C_norm_w
     [N]: the RMSNorm (epsilon norm_eps) of each (rank, group) of proj's B and C columns, read in place. mimo_x,
     mimo_z [H, R, P] for MIMO, None for SISO (v = x, zr = z there). SISO stores no zr: "zr" is proj itself, whose
     first H·P columns are z, and mamba3_finish reads them in place.
@@ -177,7 +178,7 @@ def mamba3_prep(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tenso
     params.update(seg_begin=0, seg_end=d.length)
     rt.run("mamba3_prep_forward", _item_grid(rt, d, R), proj=proj, mimo_x=mimo_x, mimo_z=mimo_z, v=out["v"],
            zr=out["zr"], **params)
-    Bn, Cn = rt.empty((M, d.rgn)), rt.empty((M, d.rgn))
+    Bn, Cn = out["Bn"], out["Cn"] = rt.empty((M, d.rgn)), rt.empty((M, d.rgn))
     norm_loops = 1 + 2 * R * d.groups * (1 + norm_threads(d).bit_length())
     rt.run("mamba3_prep_norm", _strided_grid(rt, d, op, d.rows, norm_loops), {"NW": norm_threads(d)}, proj=proj,
            B_norm_w=B_norm_w, C_norm_w=C_norm_w, Bn=Bn, Cn=Cn, **params)
@@ -190,8 +191,8 @@ def mamba3_prep(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tenso
     return out
 
 
-def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tensor, mimo_x: Tensor,
-                         mimo_z: Tensor, D: Tensor, prep: dict, dq: Tensor, dk: Tensor, dv: Tensor,
+def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tensor, B_bias: Tensor,
+                         C_bias: Tensor, mimo_x: Tensor, mimo_z: Tensor, D: Tensor, prep: dict, dq: Tensor, dk: Tensor, dv: Tensor,
                          dzr: Tensor | None, dadt: Tensor, ddt: Tensor, dlam: Tensor, dys: Tensor, d: Mamba3Dims,
                          a_floor: float, norm_eps: float, segment: int | None = None,
                          dproj: Tensor | None = None) -> dict:
@@ -213,6 +214,8 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm
     rt = proj.runtime
     expect(op, "B_norm_w", B_norm_w, (N,))
     expect(op, "C_norm_w", C_norm_w, (N,))
+    for name, t in (("B_bias", B_bias), ("C_bias", C_bias)):
+        expect(op, name, t, (H, R, N))
     mimo_x, mimo_z = _mimo_or_stand_in(op, d, dt_bias, mimo_x=mimo_x, mimo_z=mimo_z)
     if d.mimo:
         if dproj is not None:
@@ -240,8 +243,8 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm
            dzr=dzr, dys_in=dys, dproj=dproj, dvx=res["dvx"], dzz=res["dzz"], **params)
     rotate_loops = R * (-(-H // d.groups // splits) * (ROTATE_ROWS + 1) + ROTATE_ROWS + 1)
     rotate_grid = _strided_grid(rt, d, op, blocks, rotate_loops, -(-d.groups * N // 64), splits)
-    rt.run("mamba3_prep_rotate_backward", rotate_grid, q_in=prep["q"],
-           k_in=prep["k"], theta_in=prep["theta"], dq=dq, dk=dk, dth=dth, dBn=dBn, dCn=dCn,
+    rt.run("mamba3_prep_rotate_backward", rotate_grid, Bn=prep["Bn"], Cn=prep["Cn"], B_bias=B_bias, C_bias=C_bias,
+           theta_in=prep["theta"], dq=dq, dk=dk, dth=dth, dBn=dBn, dCn=dCn,
            dB_bias_part=res["dB_bias_part"], dC_bias_part=res["dC_bias_part"], **params)
     norm_loops = 1 + ROTATE_ROWS * (1 + 2 * R * d.groups * (1 + splits + norm_threads(d).bit_length()))
     rt.run("mamba3_prep_norm_backward", _strided_grid(rt, d, op, blocks, norm_loops), {"NW": norm_threads(d)},
