@@ -211,6 +211,10 @@ fn pair_of(n: u32) -> vec3<u32> {
 // -1 for a pair's first dim, +1 for its second: rotated_n = x_n cos θ + sign · x_partner sin θ.
 fn pair_sign(kind: u32) -> f32 { return select(1.0, -1.0, kind == 1u); }
 
+// One dim of a rotated pair: x cos θ + partner · sn, sn = its sign · sin θ (the forward's q, k and the backward's
+// rebuilt ones both come from here, so they are the same values).
+fn rotated(x: f32, partner: f32, cs: f32, sn: f32) -> f32 { return x * cs + partner * sn; }
+
 // Channel c of (row, h): v, zr over the ranks (SISO: v = x; zr = z is read in place).
 @compute @workgroup_size(256)
 fn mamba3_prep_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -293,8 +297,8 @@ fn mamba3_prep_rotate(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(nu
             let th = theta[rh * S + pj.y];
             let cs = cos(th);
             let sn = sg * sin(th);
-            k[dst] = k0 * cs + (bm + B_bias[bias + m]) * sn;
-            q[dst] = q0 * cs + (cm + C_bias[bias + m]) * sn;
+            k[dst] = rotated(k0, bm + B_bias[bias + m], cs, sn);
+            q[dst] = rotated(q0, cm + C_bias[bias + m], cs, sn);
         }
     }
 }
@@ -402,11 +406,8 @@ fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
                             let q1 = Cn[src + m] + C_bias[bias + m];
                             let k0 = Bn[src + n] + B_bias[bias + n];
                             let k1 = Bn[src + m] + B_bias[bias + m];
-                            let qn = q0 * cs + q1 * sn;
-                            let qm = q1 * cs + q0 * -sn;
-                            let kn = k0 * cs + k1 * sn;
-                            let km = k1 * cs + k0 * -sn;
-                            let t = dqm * qn - xq * qm + dkm * kn - xk * km;
+                            let t = dqm * rotated(q0, q1, cs, sn) - xq * rotated(q1, q0, cs, -sn)
+                                    + dkm * rotated(k0, k1, cs, sn) - xk * rotated(k1, k0, cs, -sn);
                             if (r == 0u) { dth[rh * S + pj.y] = t; } else { dth[rh * S + pj.y] += t; }
                         }
                         xq = xq * cs - dqm * sn;

@@ -192,9 +192,9 @@ def mamba3_prep(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tenso
 
 
 def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tensor, B_bias: Tensor,
-                         C_bias: Tensor, mimo_x: Tensor, mimo_z: Tensor, D: Tensor, prep: dict, dq: Tensor, dk: Tensor, dv: Tensor,
-                         dzr: Tensor | None, dadt: Tensor, ddt: Tensor, dlam: Tensor, dys: Tensor, d: Mamba3Dims,
-                         a_floor: float, norm_eps: float, segment: int | None = None,
+                         C_bias: Tensor, mimo_x: Tensor, mimo_z: Tensor, D: Tensor, prep: dict, dq: Tensor,
+                         dk: Tensor, dv: Tensor, dzr: Tensor | None, dadt: Tensor, ddt: Tensor, dlam: Tensor,
+                         dys: Tensor, d: Mamba3Dims, a_floor: float, norm_eps: float, segment: int | None = None,
                          dproj: Tensor | None = None) -> dict:
     """Gradients of `mamba3_prep` (dv is the scan's; D·dys, the skip's share, is added here). mimo_x, mimo_z:
     None for SISO.
