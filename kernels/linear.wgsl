@@ -11,8 +11,9 @@
 //                  BK = 16 (so every thread stages whole vec4s of both operands).
 //   matvec         C = A Bᵀ for at most 4 rows of A (decoding): 32 threads a column, reading the weight once.
 //   matmul_direct  no workgroup memory or barriers, for CPU adapters.
-//   matmul_subgroup  matmul_direct sharing B loads through 8-lane subgroups (lavapipe); compiled only where the
-//                  device has the subgroup feature (runtime/kernels.py strips it elsewhere).
+//   matmul_subgroup  matmul_direct sharing B loads through 8-lane subgroups and reading A and B through textures
+//                  (lavapipe); compiled only where the device has the subgroup feature (runtime/kernels.py strips
+//                  it elsewhere).
 // (linear_f16.wgsl compiles this file in front of its matmul_f16, the opt-in f16 mode, which reuses the
 // bindings, fetch_a/fetch_b, the accumulators and the stores below.)
 //
@@ -476,21 +477,99 @@ fn matmul_direct(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
 }
 
 // ---- matmul_subgroup ----------------------------------------------------------------------------
-// matmul_direct with the B operand shared through the subgroup, for CPU adapters whose subgroups are 8 lanes
-// (Mesa lavapipe on AVX2; ops/linear.py checks Runtime.subgroup_size). One workgroup is one subgroup of 8
-// invocations and computes a 64 × 64 tile of C; lane l the 8 rows r0 + 8l .. + 7 and all 64 columns, in
-// 2 × 16 accumulators of 4 × 4. Every lane needs the same 64 values of B per k, so lane l loads columns
-// c0 + 8j + l (j < 8) and subgroupBroadcast hands each to all lanes: 8 + 8 loads per lane per k instead of
-// matmul_direct's 32 + 16, for the same 512 FMAs (on lavapipe a broadcast from a constant lane is a vector
-// shuffle, ~100× cheaper than a load; subgroupAdd and dynamic shuffles are not). K goes in blocks of 8 whose
-// operands are all loaded first, then each 4 × 4 accumulator takes its 8 updates in a row (mul_k8): the 512
-// accumulators live in memory (16 vector registers), so this moves each one once per 8 k instead of once per
-// k (-30 to -40% CPU time at the tiny model's shapes on lavapipe). The block's tail past K multiplies zeros.
-// Loads, clamping and stores as in matmul_direct. COL_GROUPS (pipeline constant, 1-16) narrows the tile to
-// 4 · COL_GROUPS columns: ops/linear.py takes the fewest groups that cover a narrow N (x_proj's 36, dt_proj's
-// 4), so those outputs stop computing 64 columns of which 28 or 60 are clamped copies; the accumulators,
-// loads and stores of the groups past it are dead code under the constant.
+// matmul_direct with the B operand shared through the subgroup and both operands read through textures, for CPU
+// adapters whose subgroups are 8 lanes (Mesa lavapipe on AVX2; ops/linear.py checks Runtime.subgroup_size). One
+// workgroup is one subgroup of 8 invocations and computes a 64 × 64 tile of C; lane l the 8 rows r0 + 8l .. + 7
+// and all 64 columns, in 2 × 16 accumulators of 4 × 4. Every lane needs the same 64 values of B per k, so lane l
+// loads a 1/8 share of them and subgroupBroadcast hands each to all lanes (on lavapipe a broadcast from a
+// constant lane is a vector shuffle). K goes in blocks of 8 whose operands are all loaded first, then each 4 × 4
+// accumulator takes its 8 updates in a row (mul_k8): the 512 accumulators live in memory (16 vector registers),
+// so this moves each one once per 8 k instead of once per k. The block's tail past K multiplies zeros.
+// Why textures (the runtime copies A and B into them before the dispatch, runtime/gpu.py): lavapipe compiles a
+// storage-buffer load into a loop over the lanes with a bounds check and a dynamic vector insert through memory
+// per lane and component (~30 cycles each), a texel fetch into a gather unrolled over the lanes. With VEC4 (the
+// contiguous dimensions of A and B multiples of 4) every load is a texel of 4 values along that dimension:
+// 32 texels per lane per k-block at every transpose, instead of 128 scalar loads: 512×64×256 ran 4.6 -> 1.2 ms
+// (2026-12-03, 2 cores). Without VEC4 (ragged shapes) each value is a texel fetch and a component pick.
+// Rows and columns past the edge read the last row or column (their results are never stored); stores as in
+// matmul_direct. COL_GROUPS (pipeline constant, 1-16) narrows the tile to 4 · COL_GROUPS columns: ops/linear.py
+// takes the fewest groups that cover a narrow N (x_proj's 36, dt_proj's 4), so those outputs stop computing 64
+// columns of which 28 or 60 are clamped copies; the accumulators, loads and stores of the groups past it are
+// dead code under the constant.
 override COL_GROUPS: u32 = 16u;
+const TEXTURE_ROW_SHIFT = 12u;  // log2 of runtime/gpu.py's TEXTURE_ROW: 4096 texels a texture row
+
+@group(0) @binding(5) var a_tex: texture_2d<f32>;  // A and B, copied into textures by the runtime
+@group(0) @binding(6) var b_tex: texture_2d<f32>;
+
+// Floats 4i .. 4i + 3 of a tensor read through a texture.
+fn texel(t: texture_2d<f32>, i: u32) -> vec4<f32> {
+    return textureLoad(t, vec2<u32>(i & ((1u << TEXTURE_ROW_SHIFT) - 1u), i >> TEXTURE_ROW_SHIFT), 0);
+}
+
+fn texture_elem(t: texture_2d<f32>, e: u32) -> f32 {
+    let v = texel(t, e >> 2u);
+    return v[e & 3u];
+}
+
+// Values k .. k + 7 of row r of a row-major operand with rows of `len` values (A, or B when TRANS_B), k = kk the
+// k-block's start; values past kz repeat the last ones in range (the caller zeroes A's).
+fn row8(t: texture_2d<f32>, r: u32, len: u32, kk: u32, kz: u32) -> array<f32, 8> {
+    let e = r * len;
+    if (VEC4) {
+        let lo = texel(t, (e + min(kk, kz - 4u)) >> 2u);
+        let hi = texel(t, (e + min(kk + 4u, kz - 4u)) >> 2u);
+        return array<f32, 8>(lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w);
+    }
+    return array<f32, 8>(texture_elem(t, e + min(kk, kz - 1u)), texture_elem(t, e + min(kk + 1u, kz - 1u)),
+                         texture_elem(t, e + min(kk + 2u, kz - 1u)), texture_elem(t, e + min(kk + 3u, kz - 1u)),
+                         texture_elem(t, e + min(kk + 4u, kz - 1u)), texture_elem(t, e + min(kk + 5u, kz - 1u)),
+                         texture_elem(t, e + min(kk + 6u, kz - 1u)), texture_elem(t, e + min(kk + 7u, kz - 1u)));
+}
+
+// Values r .. r + 3 at k of an operand stored k-major with `len` values per k (A when TRANS_A, B otherwise);
+// r past the end reads the last ones.
+fn span4(t: texture_2d<f32>, k: u32, len: u32, r: u32) -> vec4<f32> {
+    let e = k * len;
+    if (VEC4) {  // r is a multiple of 4
+        return texel(t, (e + min(r, len - 4u)) >> 2u);
+    }
+    return vec4<f32>(texture_elem(t, e + min(r, len - 1u)), texture_elem(t, e + min(r + 1u, len - 1u)),
+                     texture_elem(t, e + min(r + 2u, len - 1u)), texture_elem(t, e + min(r + 3u, len - 1u)));
+}
+
+fn in_k(v: vec4<f32>, k: u32, kz: u32) -> vec4<f32> {
+    return select(vec4<f32>(0.0), v, k < kz);
+}
+
+// A at a lane's rows r0 .. r0 + 7 for the k-block from kk, as [rows r0 + 4h .. + 3][k - kk] (0 past kz).
+fn a_block(r0: u32, kk: u32, kz: u32) -> array<array<vec4<f32>, 8>, 2> {
+    if (TRANS_A) {
+        return array<array<vec4<f32>, 8>, 2>(a_cols8(r0, kk, kz), a_cols8(r0 + 4u, kk, kz));
+    }
+    let a0 = row8(a_tex, min(r0, p.m - 1u), p.k, kk, kz); let a1 = row8(a_tex, min(r0 + 1u, p.m - 1u), p.k, kk, kz);
+    let a2 = row8(a_tex, min(r0 + 2u, p.m - 1u), p.k, kk, kz); let a3 = row8(a_tex, min(r0 + 3u, p.m - 1u), p.k, kk, kz);
+    let a4 = row8(a_tex, min(r0 + 4u, p.m - 1u), p.k, kk, kz); let a5 = row8(a_tex, min(r0 + 5u, p.m - 1u), p.k, kk, kz);
+    let a6 = row8(a_tex, min(r0 + 6u, p.m - 1u), p.k, kk, kz); let a7 = row8(a_tex, min(r0 + 7u, p.m - 1u), p.k, kk, kz);
+    return array<array<vec4<f32>, 8>, 2>(
+        array<vec4<f32>, 8>(in_k(vec4<f32>(a0[0], a1[0], a2[0], a3[0]), kk, kz), in_k(vec4<f32>(a0[1], a1[1], a2[1], a3[1]), kk + 1u, kz),
+                            in_k(vec4<f32>(a0[2], a1[2], a2[2], a3[2]), kk + 2u, kz), in_k(vec4<f32>(a0[3], a1[3], a2[3], a3[3]), kk + 3u, kz),
+                            in_k(vec4<f32>(a0[4], a1[4], a2[4], a3[4]), kk + 4u, kz), in_k(vec4<f32>(a0[5], a1[5], a2[5], a3[5]), kk + 5u, kz),
+                            in_k(vec4<f32>(a0[6], a1[6], a2[6], a3[6]), kk + 6u, kz), in_k(vec4<f32>(a0[7], a1[7], a2[7], a3[7]), kk + 7u, kz)),
+        array<vec4<f32>, 8>(in_k(vec4<f32>(a4[0], a5[0], a6[0], a7[0]), kk, kz), in_k(vec4<f32>(a4[1], a5[1], a6[1], a7[1]), kk + 1u, kz),
+                            in_k(vec4<f32>(a4[2], a5[2], a6[2], a7[2]), kk + 2u, kz), in_k(vec4<f32>(a4[3], a5[3], a6[3], a7[3]), kk + 3u, kz),
+                            in_k(vec4<f32>(a4[4], a5[4], a6[4], a7[4]), kk + 4u, kz), in_k(vec4<f32>(a4[5], a5[5], a6[5], a7[5]), kk + 5u, kz),
+                            in_k(vec4<f32>(a4[6], a5[6], a6[6], a7[6]), kk + 6u, kz), in_k(vec4<f32>(a4[7], a5[7], a6[7], a7[7]), kk + 7u, kz)));
+}
+
+// TRANS_A: rows r .. r + 3 of A at k = kk .. kk + 7 (A is stored [K, M]).
+fn a_cols8(r: u32, kk: u32, kz: u32) -> array<vec4<f32>, 8> {
+    return array<vec4<f32>, 8>(
+        in_k(span4(a_tex, min(kk, kz - 1u), p.m, r), kk, kz), in_k(span4(a_tex, min(kk + 1u, kz - 1u), p.m, r), kk + 1u, kz),
+        in_k(span4(a_tex, min(kk + 2u, kz - 1u), p.m, r), kk + 2u, kz), in_k(span4(a_tex, min(kk + 3u, kz - 1u), p.m, r), kk + 3u, kz),
+        in_k(span4(a_tex, min(kk + 4u, kz - 1u), p.m, r), kk + 4u, kz), in_k(span4(a_tex, min(kk + 5u, kz - 1u), p.m, r), kk + 5u, kz),
+        in_k(span4(a_tex, min(kk + 6u, kz - 1u), p.m, r), kk + 6u, kz), in_k(span4(a_tex, min(kk + 7u, kz - 1u), p.m, r), kk + 7u, kz));
+}
 
 // Lanes 0-3 (lo) or 4-7 (hi) of v as one vec4, in every lane.
 fn lanes_lo4(v: f32) -> vec4<f32> {
@@ -501,33 +580,49 @@ fn lanes_hi4(v: f32) -> vec4<f32> {
     return vec4<f32>(subgroupBroadcast(v, 4u), subgroupBroadcast(v, 5u), subgroupBroadcast(v, 6u), subgroupBroadcast(v, 7u));
 }
 
-// Rows r .. r + 7 of A at k as two vec4 (0 where k is past the K range: the k-block's tail).
-fn rows8_a(r: u32, k: u32, inside: bool) -> array<vec4<f32>, 2> {
-    let zero = vec4<f32>(0.0);
-    return array<vec4<f32>, 2>(select(zero, col4_a(r, k), inside), select(zero, col4_a(r + 4u, k), inside));
+// Each lane's v, in every lane.
+fn lanes8(v: vec4<f32>) -> array<vec4<f32>, 8> {
+    return array<vec4<f32>, 8>(subgroupBroadcast(v, 0u), subgroupBroadcast(v, 1u), subgroupBroadcast(v, 2u), subgroupBroadcast(v, 3u),
+                               subgroupBroadcast(v, 4u), subgroupBroadcast(v, 5u), subgroupBroadcast(v, 6u), subgroupBroadcast(v, 7u));
 }
 
-// Columns c0 .. c0 + 63 of B at k as 16 vec4, in every lane: lane l loads columns c0 + 8j + l (j < 8; only
-// those of the first COL_GROUPS vec4, the rest are 0).
+// B (stored [K, N]) at k, columns c0 .. c0 + 63 as 16 vec4, in every lane: lane l loads columns c0 + 4l .. + 3
+// and c0 + 32 + 4l .. + 3 (the second only where COL_GROUPS passes 8; else 0).
 fn cols64_b(k: u32, c0: u32, lane: u32) -> array<vec4<f32>, 16> {
-    let b0 = elem_b(k, c0 + lane);
-    var b1 = 0.0;
-    if (COL_GROUPS > 2u) { b1 = elem_b(k, c0 + 8u + lane); }
-    var b2 = 0.0;
-    if (COL_GROUPS > 4u) { b2 = elem_b(k, c0 + 16u + lane); }
-    var b3 = 0.0;
-    if (COL_GROUPS > 6u) { b3 = elem_b(k, c0 + 24u + lane); }
-    var b4 = 0.0;
-    if (COL_GROUPS > 8u) { b4 = elem_b(k, c0 + 32u + lane); }
-    var b5 = 0.0;
-    if (COL_GROUPS > 10u) { b5 = elem_b(k, c0 + 40u + lane); }
-    var b6 = 0.0;
-    if (COL_GROUPS > 12u) { b6 = elem_b(k, c0 + 48u + lane); }
-    var b7 = 0.0;
-    if (COL_GROUPS > 14u) { b7 = elem_b(k, c0 + 56u + lane); }
-    return array<vec4<f32>, 16>(lanes_lo4(b0), lanes_hi4(b0), lanes_lo4(b1), lanes_hi4(b1), lanes_lo4(b2), lanes_hi4(b2),
-                                lanes_lo4(b3), lanes_hi4(b3), lanes_lo4(b4), lanes_hi4(b4), lanes_lo4(b5), lanes_hi4(b5),
-                                lanes_lo4(b6), lanes_hi4(b6), lanes_lo4(b7), lanes_hi4(b7));
+    let v0 = lanes8(span4(b_tex, k, p.n, c0 + 4u * lane));
+    var v1 = array<vec4<f32>, 8>();
+    if (COL_GROUPS > 8u) { v1 = lanes8(span4(b_tex, k, p.n, c0 + 32u + 4u * lane)); }
+    return array<vec4<f32>, 16>(v0[0], v0[1], v0[2], v0[3], v0[4], v0[5], v0[6], v0[7], v1[0], v1[1], v1[2], v1[3], v1[4], v1[5], v1[6], v1[7]);
+}
+
+// TRANS_B: lane l's columns c0 + 8j + l (j < 8) at k = kk + i: bt[j][i]; -> columns c0 .. c0 + 63 at kk + i.
+fn cols64_bt(bt: array<array<f32, 8>, 8>, i: u32) -> array<vec4<f32>, 16> {
+    return array<vec4<f32>, 16>(lanes_lo4(bt[0][i]), lanes_hi4(bt[0][i]), lanes_lo4(bt[1][i]), lanes_hi4(bt[1][i]),
+                                lanes_lo4(bt[2][i]), lanes_hi4(bt[2][i]), lanes_lo4(bt[3][i]), lanes_hi4(bt[3][i]),
+                                lanes_lo4(bt[4][i]), lanes_hi4(bt[4][i]), lanes_lo4(bt[5][i]), lanes_hi4(bt[5][i]),
+                                lanes_lo4(bt[6][i]), lanes_hi4(bt[6][i]), lanes_lo4(bt[7][i]), lanes_hi4(bt[7][i]));
+}
+
+// B at columns c0 .. c0 + 63 for the k-block from kk, as [k - kk][column group], in every lane.
+fn b_block(c0: u32, kk: u32, kz: u32, lane: u32) -> array<array<vec4<f32>, 16>, 8> {
+    if (TRANS_B) {  // B stored [N, K]: lane l loads 8 k of its columns c0 + 8j + l (only those of the first COL_GROUPS vec4)
+        let z = array<f32, 8>();
+        let b0 = row8(b_tex, min(c0 + lane, p.n - 1u), p.k, kk, kz);
+        var b1 = z; if (COL_GROUPS > 2u) { b1 = row8(b_tex, min(c0 + 8u + lane, p.n - 1u), p.k, kk, kz); }
+        var b2 = z; if (COL_GROUPS > 4u) { b2 = row8(b_tex, min(c0 + 16u + lane, p.n - 1u), p.k, kk, kz); }
+        var b3 = z; if (COL_GROUPS > 6u) { b3 = row8(b_tex, min(c0 + 24u + lane, p.n - 1u), p.k, kk, kz); }
+        var b4 = z; if (COL_GROUPS > 8u) { b4 = row8(b_tex, min(c0 + 32u + lane, p.n - 1u), p.k, kk, kz); }
+        var b5 = z; if (COL_GROUPS > 10u) { b5 = row8(b_tex, min(c0 + 40u + lane, p.n - 1u), p.k, kk, kz); }
+        var b6 = z; if (COL_GROUPS > 12u) { b6 = row8(b_tex, min(c0 + 48u + lane, p.n - 1u), p.k, kk, kz); }
+        var b7 = z; if (COL_GROUPS > 14u) { b7 = row8(b_tex, min(c0 + 56u + lane, p.n - 1u), p.k, kk, kz); }
+        let bt = array<array<f32, 8>, 8>(b0, b1, b2, b3, b4, b5, b6, b7);
+        return array<array<vec4<f32>, 16>, 8>(cols64_bt(bt, 0u), cols64_bt(bt, 1u), cols64_bt(bt, 2u), cols64_bt(bt, 3u),
+                                              cols64_bt(bt, 4u), cols64_bt(bt, 5u), cols64_bt(bt, 6u), cols64_bt(bt, 7u));
+    }
+    return array<array<vec4<f32>, 16>, 8>(
+        cols64_b(min(kk, kz - 1u), c0, lane), cols64_b(min(kk + 1u, kz - 1u), c0, lane), cols64_b(min(kk + 2u, kz - 1u), c0, lane),
+        cols64_b(min(kk + 3u, kz - 1u), c0, lane), cols64_b(min(kk + 4u, kz - 1u), c0, lane), cols64_b(min(kk + 5u, kz - 1u), c0, lane),
+        cols64_b(min(kk + 6u, kz - 1u), c0, lane), cols64_b(min(kk + 7u, kz - 1u), c0, lane));
 }
 
 // acc + Σ_j x[j] ⊗ y[j] over a k-block of 8.
@@ -546,24 +641,11 @@ fn matmul_subgroup(@builtin(workgroup_id) wid: vec3<u32>, @builtin(subgroup_invo
     var s1_0 = mat4x4<f32>(); var s1_1 = mat4x4<f32>(); var s1_2 = mat4x4<f32>(); var s1_3 = mat4x4<f32>(); var s1_4 = mat4x4<f32>(); var s1_5 = mat4x4<f32>(); var s1_6 = mat4x4<f32>(); var s1_7 = mat4x4<f32>();
     var s1_8 = mat4x4<f32>(); var s1_9 = mat4x4<f32>(); var s1_10 = mat4x4<f32>(); var s1_11 = mat4x4<f32>(); var s1_12 = mat4x4<f32>(); var s1_13 = mat4x4<f32>(); var s1_14 = mat4x4<f32>(); var s1_15 = mat4x4<f32>();
     for (var kk = wid.z * p.k_split; kk < kz; kk += 8u) {  // one loop iteration per k-block of 8
-        let x0 = rows8_a(r0, min(kk + 0u, kz - 1u), kk + 0u < kz);
-        let x1 = rows8_a(r0, min(kk + 1u, kz - 1u), kk + 1u < kz);
-        let x2 = rows8_a(r0, min(kk + 2u, kz - 1u), kk + 2u < kz);
-        let x3 = rows8_a(r0, min(kk + 3u, kz - 1u), kk + 3u < kz);
-        let x4 = rows8_a(r0, min(kk + 4u, kz - 1u), kk + 4u < kz);
-        let x5 = rows8_a(r0, min(kk + 5u, kz - 1u), kk + 5u < kz);
-        let x6 = rows8_a(r0, min(kk + 6u, kz - 1u), kk + 6u < kz);
-        let x7 = rows8_a(r0, min(kk + 7u, kz - 1u), kk + 7u < kz);
-        let y0 = cols64_b(min(kk + 0u, kz - 1u), c0, lane);
-        let y1 = cols64_b(min(kk + 1u, kz - 1u), c0, lane);
-        let y2 = cols64_b(min(kk + 2u, kz - 1u), c0, lane);
-        let y3 = cols64_b(min(kk + 3u, kz - 1u), c0, lane);
-        let y4 = cols64_b(min(kk + 4u, kz - 1u), c0, lane);
-        let y5 = cols64_b(min(kk + 5u, kz - 1u), c0, lane);
-        let y6 = cols64_b(min(kk + 6u, kz - 1u), c0, lane);
-        let y7 = cols64_b(min(kk + 7u, kz - 1u), c0, lane);
-        let xa0 = array<vec4<f32>, 8>(x0[0], x1[0], x2[0], x3[0], x4[0], x5[0], x6[0], x7[0]);
-        let xa1 = array<vec4<f32>, 8>(x0[1], x1[1], x2[1], x3[1], x4[1], x5[1], x6[1], x7[1]);
+        let xs = a_block(r0, kk, kz);
+        let ys = b_block(c0, kk, kz, lane);
+        let xa0 = xs[0];
+        let xa1 = xs[1];
+        let y0 = ys[0]; let y1 = ys[1]; let y2 = ys[2]; let y3 = ys[3]; let y4 = ys[4]; let y5 = ys[5]; let y6 = ys[6]; let y7 = ys[7];
         let ya0 = array<vec4<f32>, 8>(y0[0], y1[0], y2[0], y3[0], y4[0], y5[0], y6[0], y7[0]);
         let ya1 = array<vec4<f32>, 8>(y0[1], y1[1], y2[1], y3[1], y4[1], y5[1], y6[1], y7[1]);
         let ya2 = array<vec4<f32>, 8>(y0[2], y1[2], y2[2], y3[2], y4[2], y5[2], y6[2], y7[2]);

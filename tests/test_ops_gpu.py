@@ -263,6 +263,33 @@ def test_matmul_direct_edge_blocks(rt, rng, ta, tb, kernel):
         assert rel(got, (a.T if ta else a) @ (b.T if tb else b)) < REDUCTION_TOL
 
 
+def test_matmul_subgroup_reads_arena_views_through_textures_and_falls_back_where_they_do_not_fit(rt, rng, monkeypatch):
+    """matmul_subgroup reads A and B through textures that the runtime fills from the tensors' bytes before the
+    dispatch: views at an Arena's offsets (a model's weights), an operand over several texture rows that ends inside
+    one, every transpose. An operand whose texture would pass the device's 2-D limit takes matmul_direct."""
+    from mambactl.runtime.arena import Arena
+    from mambactl.runtime.gpu import TEXTURE_ROW
+
+    skip_without_subgroups(rt, "matmul_subgroup")
+    K = 4100
+    arena = Arena(rt, [(3,), (36, K), (40, 36)])
+    (w32, w), (v32, v), (x32, x) = f32(rng, 36, K), f32(rng, 40, 36), f32(rng, 9, K)
+    rt.write(arena.tensors[1], w32)
+    rt.write(arena.tensors[2], v32)
+    gw, gv, gx = arena.tensors[1], arena.tensors[2], rt.from_numpy(x32)
+    assert gw.offset and gw.size > 4 * TEXTURE_ROW and gw.size % (4 * TEXTURE_ROW)  # several rows, the last partial
+    assert linear.cpu_kernel(rt, gx, gw) == "matmul_subgroup"
+    y = linear.matmul(gx, gw, trans_b=True)
+    assert rel(y.numpy(), x @ w.T) < REDUCTION_TOL
+    assert rel(linear.matmul(y, gw).numpy(), x @ w.T @ w) < REDUCTION_TOL
+    assert rel(linear.matmul(gx, y, trans_a=True).numpy(), x.T @ x @ w.T) < REDUCTION_TOL
+    assert rel(linear.matmul(y, gv, trans_b=True).numpy(), x @ w.T @ v.T) < REDUCTION_TOL
+    monkeypatch.setitem(rt.limits, "max-texture-dimension-2d", 2)  # gw needs 10 rows
+    assert not rt.fits_texture(gw) and rt.fits_texture(gv)
+    assert linear.cpu_kernel(rt, gx, gw) == "matmul_direct"
+    assert rel(linear.matmul(gx, gw, trans_b=True).numpy(), x @ w.T) < REDUCTION_TOL
+
+
 def test_linear_backward_accumulates(rt, rng):
     (x32, x), (w32, w), (dy32, dy), (acc32, acc), (bacc32, bacc) = (
         f32(rng, 9, 7), f32(rng, 5, 7), f32(rng, 9, 5), f32(rng, 5, 7), f32(rng, 5))

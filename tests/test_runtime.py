@@ -89,6 +89,19 @@ def test_layout_lists_only_the_bindings_an_entry_uses():
     assert ep.params == (("n", "u32"),)
 
 
+def test_a_texture_global_is_a_texture_binding():
+    mod = parse_module(
+        "t",
+        """
+        @group(0) @binding(0) var<storage, read_write> y: array<f32>;
+        @group(0) @binding(3) var x_tex: texture_2d<f32>;
+        @compute @workgroup_size(1)
+        fn main(@builtin(global_invocation_id) gid: vec3<u32>) { y[gid.x] = textureLoad(x_tex, vec2<u32>(gid.x, 0u), 0).x; }
+        """,
+    )
+    assert [(b.number, b.name, b.kind) for b in mod.entries["main"].bindings] == [(0, "y", "read_write"), (3, "x_tex", "texture")]
+
+
 def test_a_local_named_like_a_binding_is_not_a_use_of_it():
     """A parameter or let / var named like a binding (here q and k) shadows it: the entry that never touches the
     buffers q and k must not list them (a dispatch that does not pass them would fail), while one that does

@@ -135,10 +135,10 @@ def choose_tile(M: int, N: int, K: int) -> str:
     return "64x64" if min(M, N) <= 64 else "128x128"
 
 
-def cpu_kernel(rt) -> str:
+def cpu_kernel(rt, a: Tensor, b: Tensor) -> str:
     """The GEMM for a CPU adapter: matmul_subgroup where subgroups have 8 lanes (it broadcasts from lanes 0-7;
-    Mesa lavapipe on AVX2), else matmul_direct."""
-    return "matmul_subgroup" if cpu_subgroups(rt) else "matmul_direct"
+    Mesa lavapipe on AVX2) and both operands fit its textures, else matmul_direct."""
+    return "matmul_subgroup" if cpu_subgroups(rt) and rt.fits_texture(a) and rt.fits_texture(b) else "matmul_direct"
 
 
 def vec4_ok(M: int, N: int, K: int, trans_a: bool, trans_b: bool) -> bool:
@@ -202,7 +202,7 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
         raise ShapeError(f"matmul: matvec needs A [M ≤ {MATVEC_ROWS}, K] times Bᵀ with K a multiple of 4 (M={M}, "
                          f"N={N}, K={K}, trans_a={trans_a}, trans_b={trans_b})")
     tiled_asked = tile is not None or split_k is not None or raster is not None  # choices of the tiled kernel
-    entry = kernel or ("matmul_f16" if half else cpu_kernel(rt) if cpu else
+    entry = kernel or ("matmul_f16" if half else cpu_kernel(rt, a, b) if cpu else
                        "matvec" if fits_matvec and not tiled_asked else "matmul")
     if entry == "matvec":
         c = rt.empty((M, N)) if out is None else out
@@ -230,7 +230,7 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
         consts.update(VEC4=vec4_path(M, N, K, trans_a, trans_b, vec4), T=t, RASTER=raster)
     elif entry in CPU_KERNELS:
         bm = bn = _DIRECT_TILE
-        consts["VEC4"] = vec4_path(M, N, K, trans_a, trans_b, vec4)  # its stores (its loads are scalar)
+        consts["VEC4"] = vec4_path(M, N, K, trans_a, trans_b, vec4)  # stores (matmul_subgroup: and texel loads)
         if entry == "matmul_subgroup":  # a narrow N takes a tile of the fewest 4-column groups that cover it
             consts["COL_GROUPS"] = min(_DIRECT_TILE // 4, -(-N // 4))
             bn = 4 * consts["COL_GROUPS"]
@@ -265,14 +265,15 @@ def matmul(a: Tensor, b: Tensor, *, trans_a=False, trans_b=False, bias: Tensor |
         consts["ACCUMULATE"] = out is not None
         if out is None:
             out = rt.empty((M, N))
-        rt.run(entry, groups, consts, a=a, b=b, bias=bias if bias is not None else a, c=out, m=M, n=N, k=K,
-               k_split=K, **scales)
+        rt.run(entry, groups, consts, a=a, b=b, a_tex=a, b_tex=b, bias=bias if bias is not None else a, c=out, m=M,
+               n=N, k=K, k_split=K, **scales)
         return out
     if bias is not None:
         raise ShapeError("matmul: split-K with a bias is not supported")
     planes = rt.empty((splits, M, N))
     consts["ACCUMULATE"] = False
-    rt.run(entry, groups + (splits,), consts, a=a, b=b, bias=a, c=planes, m=M, n=N, k=K, k_split=k_split, **scales)
+    rt.run(entry, groups + (splits,), consts, a=a, b=b, a_tex=a, b_tex=b, bias=a, c=planes, m=M, n=N, k=K,
+           k_split=k_split, **scales)
     summed = column_sums(planes.reshape(splits, M * N), None if out is None else out.reshape(M * N))
     return out if out is not None else summed.reshape(M, N)
 

@@ -13,6 +13,11 @@ buffers every time).
 A block of work that is the same every time (a decoding step of the Mamba layers: same kernels, same buffers,
 same parameters) can be recorded once as a `Graph` (`with rt.capture() as g: ...`) and queued again with
 `rt.replay(g)`, skipping the ops' Python: the host cost of a replayed dispatch is its encoding alone.
+
+A kernel may read a tensor through a texture (`var x_tex: texture_2d<f32>;`, bound by name like a buffer): the
+dispatch is then preceded by a copy of the tensor into a pooled rgba32float texture, TEXTURE_ROW texels (4 floats
+each) a row, so float e is component e % 4 of texel e / 4. That is for the CPU adapter's GEMM: on Mesa lavapipe a
+storage-buffer load is a loop over the SIMD lanes, a texel fetch an unrolled gather (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -43,12 +48,15 @@ FIRST_SUBMIT = 4
 # (wgpu-native's wgpuDeviceCreateShaderModuleTrusted) unless this is 1; storage buffers stay guarded by the
 # driver's robust buffer access either way.
 SHADER_RUNTIME_CHECKS = 0
+TEXTURE_ROW = 4096  # texels per row of a tensor's texture (TEXTURE_ROW_SHIFT in kernels/linear.wgsl): 64 KiB of floats
 _BIND_GROUP_CACHE = 65536  # entries; past this the cache starts over
 _PACK = {"u32": "I", "i32": "i", "f32": "f"}
 _BIND_TYPE = {
     "uniform": {"buffer": {"type": wgpu.BufferBindingType.uniform, "has_dynamic_offset": True}},
     "read": {"buffer": {"type": wgpu.BufferBindingType.read_only_storage}},
     "read_write": {"buffer": {"type": wgpu.BufferBindingType.storage}},
+    "texture": {"texture": {"sample_type": wgpu.TextureSampleType.unfilterable_float,
+                            "view_dimension": wgpu.TextureViewDimension.d2, "multisampled": False}},
 }
 
 
@@ -86,6 +94,19 @@ def _shader_module(device, label: str, code: str, checks: int):
     return GPUShaderModule(label, handle, device)
 
 
+def _copy_to_texture(encoder, buffer, offset: int, nbytes: int, texture) -> None:
+    """Record the copy of a tensor's bytes into its texture (Runtime._texture): its whole rows, then the last,
+    partial row (rounded up to a texel: fits_texture checked those bytes are in the buffer)."""
+    row_bytes = 16 * TEXTURE_ROW
+    full, tail = divmod(nbytes, row_bytes)
+    if full:
+        encoder.copy_buffer_to_texture({"buffer": buffer, "offset": offset, "bytes_per_row": row_bytes},
+                                       {"texture": texture}, (TEXTURE_ROW, full, 1))
+    if tail:
+        encoder.copy_buffer_to_texture({"buffer": buffer, "offset": offset + full * row_bytes, "bytes_per_row": row_bytes},
+                                       {"texture": texture, "origin": (0, full, 0)}, (-(-tail // 16), 1, 1))
+
+
 class Runtime:
     def __init__(self, device: str | int | None = None):
         self.adapter, self.info = device_mod.choose_adapter(device)
@@ -105,6 +126,9 @@ class Runtime:
         self._submit_after = FIRST_SUBMIT  # dispatches in the next batch
         # (layout, bound buffers) -> (bind group, the buffers: kept so their ids stay theirs)
         self._bind_groups: dict[tuple, tuple] = {}
+        # (texture binding's place among the entry's textures, rows) -> (texture, view): every dispatch copies its
+        # tensors in first, so one texture per place and size serves them all (and bind groups stay cached)
+        self._textures: dict[tuple[int, int], tuple] = {}
         self._fence = None
         # Tests set this: every new tensor starts as NaN, so an element a kernel forgets to write fails.
         self.poison = False
@@ -168,13 +192,13 @@ class Runtime:
         """What `run` needs per (entry, constants as given), cached: a training step records ~80 dispatches and
         on a 2-core CPU adapter the host's Python per dispatch is part of every step (the adapter runs a
         submit on the submitting thread's time; docs/architecture.md). -> (pipeline, layout, entry point, its
-        bindings as (name, is_uniform), the uniform fields' names, their struct packer, the slot's padding)."""
+        bindings as (name, kind), the uniform fields' names, their struct packer, the slot's padding)."""
         key = (entry, tuple(constants.items())) if constants else entry
         recipe = self._recipes.get(key)
         if recipe is None:
             pipe, bgl, ep = self.pipeline(entry, constants)
             packer = struct.Struct("<" + "".join(_PACK[t] for _, t in ep.params))
-            recipe = self._recipes[key] = (pipe, bgl, ep, tuple((b.name, b.kind == "uniform") for b in ep.bindings),
+            recipe = self._recipes[key] = (pipe, bgl, ep, tuple((b.name, b.kind) for b in ep.bindings),
                                            tuple(name for name, _ in ep.params), packer,
                                            bytes(_UNIFORM_SLOT - packer.size))
         return recipe
@@ -185,9 +209,9 @@ class Runtime:
         groups = tuple(int(g) for g in groups) + (1,) * (3 - len(groups))
         if min(groups) < 1 or max(groups) > self.max_groups:
             raise ShapeError(f"{entry}: workgroup grid {groups} outside [1, {self.max_groups}] per dimension")
-        slots, buffers, key = 0, [], [id(bgl)]
-        for name, uniform in bindings:
-            if uniform:
+        slots, buffers, key, textures = 0, [], [id(bgl)], 0
+        for name, kind in bindings:
+            if kind == "uniform":
                 if not slots:
                     try:
                         values = [args[f] for f in fields]
@@ -208,6 +232,13 @@ class Runtime:
                     f"limit of {self.max_binding} bytes"
                 )
             buf = t.buffer
+            if kind == "texture":
+                texture, view = self._texture(entry, name, t, textures)
+                textures += 1
+                self._queue(("texture", buf, t.offset, nbytes, texture))
+                buffers.append(view)
+                key.append(id(view))
+                continue
             # A pooled tensor binds its whole buffer; a view at an offset (an Arena's) binds its own bytes, so a
             # small view of a large buffer stays inside the storage binding limit.
             size = buf.size
@@ -219,6 +250,24 @@ class Runtime:
         command = ("dispatch", pipe, self._bind_group(bgl, ep, buffers, tuple(key)), uniform_slot * slots if slots else b"",
                    slots, groups, label)
         self._queue(command)
+
+    def fits_texture(self, t: Tensor) -> bool:
+        """Whether a kernel can read `t` through a texture: its rows fit the device's 2-D texture limit and its
+        bytes start on a texel (16 bytes) and, rounded up to whole texels, lie inside its buffer."""
+        rows = -(-t.nbytes // (16 * TEXTURE_ROW))
+        return (rows <= int(self.limits["max-texture-dimension-2d"]) and t.offset % 16 == 0
+                and t.offset + -(-t.nbytes // 16) * 16 <= t.buffer.size)
+
+    def _texture(self, entry: str, name: str, t: Tensor, place: int) -> tuple:
+        if not self.fits_texture(t):
+            raise ShapeError(f"{entry}: tensor {name!r} {t.shape} cannot be read through a texture on this device")
+        rows = max(1, -(-t.nbytes // (16 * TEXTURE_ROW)))
+        hit = self._textures.get((place, rows))
+        if hit is None:
+            texture = self.device.create_texture(size=(TEXTURE_ROW, rows, 1), format=wgpu.TextureFormat.rgba32float,
+                                                 usage=wgpu.TextureUsage.TEXTURE_BINDING | wgpu.TextureUsage.COPY_DST)
+            hit = self._textures[(place, rows)] = (texture, texture.create_view())
+        return hit
 
     def _queue(self, command: tuple) -> None:
         """Record a command, and keep it in the graph being captured if there is one."""
@@ -268,6 +317,9 @@ class Runtime:
                 self._bind_groups.clear()
             entries = []
             for b, bound in zip(ep.bindings, buffers):
+                if b.kind == "texture":
+                    entries.append({"binding": b.number, "resource": bound})
+                    continue
                 if b.kind == "uniform":
                     entries.append({"binding": b.number, "resource": {"buffer": bound, "offset": 0,
                                                                       "size": _UNIFORM_SLOT}})
@@ -307,6 +359,9 @@ class Runtime:
                 if cpass is not None:
                     cpass.end()
                     cpass = None
+                if cmd[0] == "texture":
+                    _copy_to_texture(encoder, *cmd[1:])
+                    continue
                 _, src, so, dst, do, n = cmd
                 encoder.copy_buffer_to_buffer(src, so, dst, do, n)
         if cpass is not None:

@@ -1,7 +1,8 @@
 """WGSL sources: find every entry point, and reflect what explicit bind group layouts need.
 
 Each `kernels/NAME.wgsl` is one op family. Globals are declared as
-`@group(0) @binding(N) var<storage, read> x: array<f32>;` (or `read_write`, or `var<uniform> p: Params`).
+`@group(0) @binding(N) var<storage, read> x: array<f32>;` (or `read_write`, or `var<uniform> p: Params`, or
+`var x_tex: texture_2d<f32>;`, a tensor the runtime copies into a texture for the dispatch: runtime/gpu.py).
 For an entry point we collect the globals it reaches (its body and the functions it calls), so its
 bind group layout lists exactly those bindings with their real numbers and access modes — never `auto`.
 
@@ -23,6 +24,7 @@ from pathlib import Path
 _GLOBAL = re.compile(
     r"@group\(0\)\s*@binding\((\d+)\)\s*var<\s*(storage|uniform)\s*(?:,\s*(read_write|read))?\s*>\s*(\w+)\s*:\s*([^;]+);"
 )
+_TEXTURE = re.compile(r"@group\(0\)\s*@binding\((\d+)\)\s*var\s+(\w+)\s*:\s*texture_2d<f32>\s*;")
 _FN = re.compile(r"(@compute[^\n]*\n)?\s*fn\s+(\w+)\s*\(")
 _STRUCT = re.compile(r"struct\s+(\w+)\s*\{([^}]*)\}")
 _IDENT = re.compile(r"(?<![\w.])[A-Za-z_]\w*")  # not a member access like gid.y
@@ -42,7 +44,7 @@ _ENABLE_FEATURES = {"f16": "shader-f16"}  # WGSL extension -> the wgpu feature t
 class Binding:
     number: int
     name: str
-    kind: str  # "uniform" | "read" | "read_write"
+    kind: str  # "uniform" | "read" | "read_write" | "texture"
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,7 @@ def parse_module(name: str, source: str, base: str = "") -> Module:
         body = _ENABLE.sub("", source)
         source = "".join(f"enable {e.strip()};\n" for e in enables) + base + "\n" + body
     globals_ = {m.group(4): (int(m.group(1)), m.group(2), m.group(3), m.group(5).strip()) for m in _GLOBAL.finditer(source)}
+    globals_.update({m.group(2): (int(m.group(1)), "texture", None, "") for m in _TEXTURE.finditer(source)})
     structs = {m.group(1): m.group(2) for m in _STRUCT.finditer(source)}
     funcs = _functions(source)
     subgroup_fns = _uses_subgroup(funcs)
@@ -146,7 +149,7 @@ def parse_module(name: str, source: str, base: str = "") -> Module:
         bindings, params = [], ()
         for g in used:
             number, space, access, ty = globals_[g]
-            kind = "uniform" if space == "uniform" else (access or "read")
+            kind = space if space in ("uniform", "texture") else (access or "read")
             bindings.append(Binding(number, g, kind))
             if space == "uniform":
                 fields = [f.strip() for f in structs[ty].split(",") if f.strip()]
