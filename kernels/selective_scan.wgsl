@@ -115,6 +115,14 @@ struct StepParams { batch: u32, channels: u32, nstate: u32, z_stride: u32, z_col
 @group(0) @binding(35) var<storage, read_write> states4: array<vec4<f32>>;
 @group(0) @binding(36) var<storage, read> saved_states4: array<vec4<f32>>;
 @group(0) @binding(37) var<storage, read_write> scratch4: array<vec4<f32>>;
+// The subgroup kernels (CPU adapters) read the per-step inputs through textures the runtime copies them into:
+// on lavapipe a storage-buffer load is a loop over the lanes, a texel fetch an unrolled gather (runtime/gpu.py).
+@group(0) @binding(38) var u_tex: texture_2d<f32>;
+@group(0) @binding(39) var delta_tex: texture_2d<f32>;
+@group(0) @binding(40) var z_tex: texture_2d<f32>;
+@group(0) @binding(41) var dy_tex: texture_2d<f32>;
+@group(0) @binding(42) var B_tex: texture_2d<f32>;
+@group(0) @binding(43) var C_tex: texture_2d<f32>;
 fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 
 // log(1 + e) for e >= 0. WGSL only promises log an absolute error of 2^-21 on [0.5, 2] (llvmpipe uses that
@@ -939,17 +947,17 @@ fn lanes_lo4(v: f32) -> vec4<f32> {
 fn lanes_hi4(v: f32) -> vec4<f32> {
     return vec4<f32>(subgroupBroadcast(v, 4u), subgroupBroadcast(v, 5u), subgroupBroadcast(v, 6u), subgroupBroadcast(v, 7u));
 }
-// B_t or C_t (row bc of [B, L, N]) in every lane: lane l loads states l and 8 + l (0 past N).
-fn shared_B(bc: u32, lane: u32) -> State16 {
-    let v0 = select(0.0, B[bc + min(lane, N - 1u)], lane < N);
-    var v1 = 0.0;
-    if (N > 8u) { v1 = select(0.0, B[bc + min(8u + lane, N - 1u)], 8u + lane < N); }
-    return State16(lanes_lo4(v0), lanes_hi4(v0), lanes_lo4(v1), lanes_hi4(v1));
+// Float e of a tensor read through a texture (4 floats a texel, 4096 texels a row: runtime/gpu.py TEXTURE_ROW).
+fn texture_elem(t: texture_2d<f32>, e: u32) -> f32 {
+    let v = textureLoad(t, vec2<u32>((e >> 2u) & 4095u, e >> 14u), 0);
+    return v[e & 3u];
 }
-fn shared_C(bc: u32, lane: u32) -> State16 {
-    let v0 = select(0.0, C[bc + min(lane, N - 1u)], lane < N);
+
+// B_t or C_t (row bc of [B, L, N], in the texture t) in every lane: lane l loads states l and 8 + l (0 past N).
+fn shared_state(t: texture_2d<f32>, bc: u32, lane: u32) -> State16 {
+    let v0 = select(0.0, texture_elem(t, bc + min(lane, N - 1u)), lane < N);
     var v1 = 0.0;
-    if (N > 8u) { v1 = select(0.0, C[bc + min(8u + lane, N - 1u)], 8u + lane < N); }
+    if (N > 8u) { v1 = select(0.0, texture_elem(t, bc + min(8u + lane, N - 1u)), 8u + lane < N); }
     return State16(lanes_lo4(v0), lanes_hi4(v0), lanes_lo4(v1), lanes_hi4(v1));
 }
 
@@ -1079,12 +1087,12 @@ fn selective_scan_forward_subgroup(@builtin(global_invocation_id) gid: vec3<u32>
         if (t0 % chunk == 0u && valid) { save_states(((b * dp.nchunks + t0 / chunk) * dp.channels + d) * N, h); }
         for (var t = t0; t < min((t0 / chunk + 1u) * chunk, seg_end); t++) {
             let row = direct_row(b, t, d);
-            let dt = softplus(delta[row] + bias);
-            let uv = u[row];
+            let dt = softplus(texture_elem(delta_tex, row) + bias);
+            let uv = texture_elem(u_tex, row);
             let bc = (b * dp.len + t) * N;
-            h = s_add(s_mul(s_exp(s_scale(a, dt)), h), s_scale(shared_B(bc, lane), dt * uv));
-            let acc = s_dot(shared_C(bc, lane), h);
-            let zv = z[row];
+            h = s_add(s_mul(s_exp(s_scale(a, dt)), h), s_scale(shared_state(B_tex, bc, lane), dt * uv));
+            let acc = s_dot(shared_state(C_tex, bc, lane), h);
+            let zv = texture_elem(z_tex, row);
             if (valid) { y[row] = (skip * uv + acc) * zv * sigmoid(zv); }
         }
     }
@@ -1116,10 +1124,10 @@ var<private> sg_terms: StepTerms;
 // h after step t from h before it (its terms left in sg_terms).
 fn sg_advance(h: State16, t: u32) -> State16 {
     let row = direct_row(sg_b, t, sg_d);
-    let x = delta[row] + sg_bias;
+    let x = texture_elem(delta_tex, row) + sg_bias;
     let dt = softplus(x);
-    let uv = u[row];
-    sg_terms = StepTerms(x, dt, uv, s_exp(s_scale(sg_a, dt)), shared_B((sg_b * dp.len + t) * N, sg_lane));
+    let uv = texture_elem(u_tex, row);
+    sg_terms = StepTerms(x, dt, uv, s_exp(s_scale(sg_a, dt)), shared_state(B_tex, (sg_b * dp.len + t) * N, sg_lane));
     return s_add(s_mul(sg_terms.decay, h), s_scale(sg_terms.Bt, dt * uv));
 }
 
@@ -1128,8 +1136,8 @@ fn sg_advance(h: State16, t: u32) -> State16 {
 fn sg_adjoint(t: u32, h: State16, prev: State16, terms: StepTerms) {
     let row = direct_row(sg_b, t, sg_d);
     let uv = terms.uv;
-    let zv = z[row];
-    let dyv = dy[row];
+    let zv = texture_elem(z_tex, row);
+    let dyv = texture_elem(dy_tex, row);
     let gate = sigmoid(zv);
     let dyg = dyv * zv * gate;                            // dy through the gate
     let dzg = dyv * gate * (1.0 + zv * sigmoid(-zv));     // dz is this times the ungated y
@@ -1138,7 +1146,7 @@ fn sg_adjoint(t: u32, h: State16, prev: State16, terms: StepTerms) {
     let dsp = select(sigmoid(x), 1.0, x > 20.0);          // ∂Δ/∂delta
     let dtu = dt * uv;
     let Bt = terms.Bt;
-    let Ct = shared_C((sg_b * dp.len + t) * N, sg_lane);
+    let Ct = shared_state(C_tex, (sg_b * dp.len + t) * N, sg_lane);
     let yc = s_dot(Ct, h);                                // C_t·h_t
     let gn = s_add(sg_g, s_scale(Ct, dyg));
     let decay = terms.decay;

@@ -189,7 +189,8 @@ def direct_per_thread(rt, batch: int, length: int, channels: int, nstate: int, c
     return -(-channels // groups), groups
 
 
-def _choose_path(rt, op: str, path: str | None, nstate: int, steps: int) -> str:
+def _choose_path(rt, op: str, path: str | None, nstate: int, steps: int, textured: tuple = ()) -> str:
+    """`textured`: the tensors the subgroup kernels read through textures (they take them only where all fit)."""
     if path is not None:
         if path not in PATHS:
             raise ShapeError(f"{op}: unknown path {path!r}; one of {PATHS} or None")
@@ -200,7 +201,7 @@ def _choose_path(rt, op: str, path: str | None, nstate: int, steps: int) -> str:
         return path
     if not is_cpu(rt):
         return "tiled" if lanes_fit(rt, nstate) else "direct"
-    if nstate <= SUBGROUP_MAX_STATE and cpu_subgroups(rt):
+    if nstate <= SUBGROUP_MAX_STATE and cpu_subgroups(rt) and all(rt.fits_texture(t) for t in textured):
         one = subgroup_backward_loops_per_chunk(nstate, steps) + subgroup_fixed(nstate)
         if not (is_llvmpipe(rt) and one > LOOP_BUDGET):
             return "subgroup"
@@ -237,7 +238,7 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
         raise ShapeError(f"{op}: chunk is {chunk}; it must be a positive multiple of {CHUNK_MULTIPLE}")
     rt = u.runtime
     chunk = chunk or DEFAULT_CHUNK
-    chosen = _choose_path(rt, op, path, nstate, min(chunk, length))
+    chosen = _choose_path(rt, op, path, nstate, min(chunk, length), (u, delta, z, B, C))
     params = _scan_params(batch, length, channels, chunk)
     y = rt.empty(u.shape)
     states = rt.empty((batch, params["nchunks"], channels, nstate))
@@ -251,7 +252,8 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
             params.update(seg_begin=t0, seg_end=t1)
             rt.run("selective_scan_forward_subgroup", grid_1d(batch * groups * SUBGROUP_LANES, DIRECT_FORWARD_GROUP),
                    {"N": nstate}, u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y,
-                   states=states, states4=states, last_state=last_state, ngroups=groups, per_thread=1, **params)
+                   states=states, states4=states, last_state=last_state, ngroups=groups, per_thread=1,
+                   u_tex=u, delta_tex=delta, z_tex=z, B_tex=B, C_tex=C, **params)
         return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
     if chosen == "direct":
         seg = segment_length(rt, op, tuple(u.shape), length, direct_forward_loops_per_step(nstate), 2 * nstate,
@@ -345,7 +347,7 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
     nchunks = params["nchunks"]
     du, ddelta, dz = rt.empty(s.u.shape), rt.empty(s.u.shape), rt.empty(s.u.shape)
     param_part = rt.empty((batch, channels, nstate + 2))
-    chosen = _choose_path(rt, op, path, nstate, min(s.chunk, length))
+    chosen = _choose_path(rt, op, path, nstate, min(s.chunk, length), (s.u, s.delta, s.z, dy, s.B, s.C))
     if chosen == "subgroup":
         _check_subgroup(rt, op, nstate)
         groups, span = subgroup_groups(channels), min(s.chunk, length)
@@ -363,7 +365,7 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
                    u=s.u, delta=s.delta, A_log=s.A_log, B=s.B, C=s.C, D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy,
                    saved_states=s.states, saved_states4=s.states, du=du, ddelta=ddelta, dz=dz, dB_part=dB_part,
                    dC_part=dC_part, param_part=param_part, scratch4=scratch, carry=carry, ngroups=groups,
-                   per_thread=1, **params)
+                   per_thread=1, u_tex=s.u, delta_tex=s.delta, z_tex=s.z, dy_tex=dy, B_tex=s.B, C_tex=s.C, **params)
     elif chosen == "direct":
         per, groups = direct_per_thread(rt, batch, length, channels, nstate, s.chunk, per_thread)
         dB_part = rt.empty((groups, batch, length, nstate))
