@@ -1,3 +1,4 @@
+//! include texture
 // Fused softmax cross-entropy over logits [M, V] with targets [M] (i32; ignore_index rows count 0).
 // Forward: one 256-thread workgroup per row reads it once (online softmax) and writes lse[row] and
 // loss[row] = lse − logit[target]
@@ -14,6 +15,7 @@ struct Params { rows: u32, vocab: u32, ignore_index: i32, scale: f32 }
 @group(0) @binding(4) var<storage, read_write> lse: array<f32>;
 @group(0) @binding(5) var<storage, read_write> loss: array<f32>;
 @group(0) @binding(6) var<storage, read_write> dlogits: array<f32>;
+@group(0) @binding(7) var logits_tex: texture_2d<f32>;  // the *_rows entry points read the logits as a texture (texture.wgsl)
 
 var<workgroup> red_max: array<f32, 256>;
 var<workgroup> red_sum: array<f32, 256>;
@@ -108,13 +110,13 @@ fn cross_entropy_forward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @bu
     if (row >= p.rows) { return; }
     let base = row * p.vocab;
     var ms = vec2<f32>(-3.0e38, 0.0);
-    for (var i = 0u; i < p.vocab; i++) { ms = online_add(ms, logits[base + i]); }
+    for (var i = 0u; i < p.vocab; i++) { ms = online_add(ms, texture_elem(logits_tex, base + i)); }
     let m = ms.x;
     let s = ms.y;
     let l = m + log(s);
     lse[row] = l;
     let tgt = targets[row];
-    if (tgt == p.ignore_index) { loss[row] = 0.0; } else { loss[row] = l - logits[base + u32(tgt)]; }
+    if (tgt == p.ignore_index) { loss[row] = 0.0; } else { loss[row] = l - texture_elem(logits_tex, base + u32(tgt)); }
 }
 
 // The backward as a walk too (CPU adapters): one invocation per row reads its target and lse once, then
@@ -128,7 +130,7 @@ fn cross_entropy_backward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @b
     let counted = tgt != p.ignore_index;
     let l = lse_in[row];
     for (var i = 0u; i < p.vocab; i++) {
-        var g = exp(logits[base + i] - l);
+        var g = exp(texture_elem(logits_tex, base + i) - l);
         if (i32(i) == tgt) { g -= 1.0; }
         dlogits[base + i] = select(0.0, g * p.scale, counted);
     }

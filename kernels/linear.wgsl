@@ -1,3 +1,4 @@
+//! include texture
 // GEMM for linear layers: C[M, N] (+)= A[M, K] · B[K, N] (+ bias[N]).
 // Transposes are pipeline constants, so one kernel gives the forward Y = X Wᵀ (TRANS_B),
 // dX = dY W (none) and dW = dYᵀ X (TRANS_A). ACCUMULATE adds into C (gradient accumulation).
@@ -497,20 +498,8 @@ fn matmul_direct(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocatio
 // columns of which 28 or 60 are clamped copies; the accumulators, loads and stores of the groups past it are
 // dead code under the constant.
 override COL_GROUPS: u32 = 16u;
-const TEXTURE_ROW_SHIFT = 12u;  // log2 of runtime/gpu.py's TEXTURE_ROW: 4096 texels a texture row
-
-@group(0) @binding(5) var a_tex: texture_2d<f32>;  // A and B, copied into textures by the runtime
+@group(0) @binding(5) var a_tex: texture_2d<f32>;  // A and B, copied into textures by the runtime (texture.wgsl)
 @group(0) @binding(6) var b_tex: texture_2d<f32>;
-
-// Floats 4i .. 4i + 3 of a tensor read through a texture.
-fn texel(t: texture_2d<f32>, i: u32) -> vec4<f32> {
-    return textureLoad(t, vec2<u32>(i & ((1u << TEXTURE_ROW_SHIFT) - 1u), i >> TEXTURE_ROW_SHIFT), 0);
-}
-
-fn texture_elem(t: texture_2d<f32>, e: u32) -> f32 {
-    let v = texel(t, e >> 2u);
-    return v[e & 3u];
-}
 
 // Values k .. k + 7 of row r of a row-major operand with rows of `len` values (A, or B when TRANS_B), k = kk the
 // k-block's start; values past kz repeat the last ones in range (the caller zeroes A's).

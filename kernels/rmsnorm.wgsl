@@ -1,7 +1,8 @@
+//! include texture
 // RMSNorm over the last dim: y = x · rstd · w with rstd = 1 / sqrt(mean(x²) + eps), eps a parameter
 // (1e-5 is the Mamba default). One WG-thread workgroup per row (forward) or per block of block_rows rows
 // (backward); rows on a 2-D grid. The *_rows entry points (CPU adapters) do the same with one invocation per row
-// (forward) or per block of rows (backward) and no barriers.
+// (forward) or per block of rows (backward) and no barriers, reading their inputs through textures (texture.wgsl).
 // With ADD the residual add around it is fused in (models/lm.py): the forward normalises h = x + residual and
 // writes h too (the next layer's residual stream), the backward returns dx + add_to (the gradient reaching h from
 // its other consumer), so the separate add kernels and their passes over [M, D] are gone.
@@ -24,6 +25,11 @@ struct Params { rows: u32, dim: u32, eps: f32, block_rows: u32 }
 @group(0) @binding(9) var<storage, read> residual: array<f32>;  // ADD, forward
 @group(0) @binding(10) var<storage, read_write> h: array<f32>;  // ADD, forward: x + residual
 @group(0) @binding(11) var<storage, read> add_to: array<f32>;   // ADD, backward
+@group(0) @binding(12) var x_tex: texture_2d<f32>;  // the *_rows entry points' x, w, dy, residual and add_to
+@group(0) @binding(13) var w_tex: texture_2d<f32>;
+@group(0) @binding(14) var dy_tex: texture_2d<f32>;
+@group(0) @binding(15) var residual_tex: texture_2d<f32>;
+@group(0) @binding(16) var add_to_tex: texture_2d<f32>;
 
 // Threads per workgroup of the GPU kernels: 256, so the backward's blocks of rows (M / 8 workgroups) still fill a
 // large GPU (1,024 × 64 threads left it a quarter occupied, at ~1 TB/s).
@@ -59,12 +65,11 @@ fn normed_at(k: u32) -> f32 {
     return x[k];
 }
 
-// dx at element k (column i) of a row with rstd r and c = r³·mean(dy·w·x); dw's term is added into its block.
-fn backward_at(k: u32, i: u32, r: f32, c: f32, part: u32, first: bool) {
-    let g = dy[k];
-    let v = x[k];
-    var d = r * g * w[i] - v * c;
-    if (ADD) { d += add_to[k]; }
+// dx at element k (column i) of a row with rstd r and c = r³·mean(dy·w·x), from dy (g), x (v), w[i] and with ADD
+// add_to[k] (extra); dw's term is added into its block.
+fn backward_at(k: u32, i: u32, g: f32, v: f32, wi: f32, extra: f32, r: f32, c: f32, part: u32, first: bool) {
+    var d = r * g * wi - v * c;
+    if (ADD) { d += extra; }
     dx[k] = d;
     let term = g * v * r;
     if (first) { dw_part[part + i] = term; } else { dw_part[part + i] += term; }
@@ -96,8 +101,19 @@ fn rmsnorm_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         var s = 0.0;
         for (var i = lid.x; i < p.dim; i += WG) { s += dy[base + i] * w[i] * x[base + i]; }
         let c = r * r * r * workgroup_sum(s, lid.x) / f32(p.dim);
-        for (var i = lid.x; i < p.dim; i += WG) { backward_at(base + i, i, r, c, block * p.dim, row == row0); }
+        for (var i = lid.x; i < p.dim; i += WG) {
+            let k = base + i;
+            var extra = 0.0;
+            if (ADD) { extra = add_to[k]; }
+            backward_at(k, i, dy[k], x[k], w[i], extra, r, c, block * p.dim, row == row0);
+        }
     }
+}
+
+// x (with ADD x + residual) at element k, through the textures.
+fn input_texture(k: u32) -> f32 {
+    if (ADD) { return texture_elem(x_tex, k) + texture_elem(residual_tex, k); }
+    return texture_elem(x_tex, k);
 }
 
 // CPU adapters (Mesa llvmpipe runs a workgroup as SIMD loops on one thread; each barrier of workgroup_sum is a
@@ -109,9 +125,13 @@ fn rmsnorm_forward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
     if (row >= p.rows) { return; }
     let base = row * p.dim;
     var ss = 0.0;
-    for (var i = 0u; i < p.dim; i++) { let v = input_at(base + i); ss += v * v; }
+    for (var i = 0u; i < p.dim; i++) {
+        let v = input_texture(base + i);
+        if (ADD) { h[base + i] = v; }
+        ss += v * v;
+    }
     let r = 1.0 / sqrt(ss / f32(p.dim) + p.eps);
-    for (var i = 0u; i < p.dim; i++) { y[base + i] = normed_at(base + i) * r * w[i]; }
+    for (var i = 0u; i < p.dim; i++) { y[base + i] = input_texture(base + i) * r * texture_elem(w_tex, i); }
     rstd[row] = r;
 }
 
@@ -125,8 +145,16 @@ fn rmsnorm_backward_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin
         let base = row * p.dim;
         let r = rstd_in[row];
         var s = 0.0;
-        for (var i = 0u; i < p.dim; i++) { s += dy[base + i] * w[i] * x[base + i]; }
+        for (var i = 0u; i < p.dim; i++) {
+            s += texture_elem(dy_tex, base + i) * texture_elem(w_tex, i) * texture_elem(x_tex, base + i);
+        }
         let c = r * r * r * s / f32(p.dim);
-        for (var i = 0u; i < p.dim; i++) { backward_at(base + i, i, r, c, block * p.dim, row == row0); }
+        for (var i = 0u; i < p.dim; i++) {
+            let k = base + i;
+            var extra = 0.0;
+            if (ADD) { extra = texture_elem(add_to_tex, k); }
+            backward_at(k, i, texture_elem(dy_tex, k), texture_elem(x_tex, k), texture_elem(w_tex, i), extra, r, c,
+                        block * p.dim, row == row0);
+        }
     }
 }

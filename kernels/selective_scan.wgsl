@@ -1,3 +1,4 @@
+//! include texture
 // Mamba-1 selective scan (S6), fused like mamba_ssm's selective_scan_fn with delta_softplus, and its exact
 // backward. u, delta, z, y [B, L, Dc] (time-major rows); A_log [Dc, N]; B, C [B, L, N]; D, delta_bias [Dc]:
 //   Δ = softplus(delta + delta_bias), A = −exp(A_log), h_t = exp(Δ_t A) h_{t−1} + Δ_t B_t u_t,
@@ -115,8 +116,7 @@ struct StepParams { batch: u32, channels: u32, nstate: u32, z_stride: u32, z_col
 @group(0) @binding(35) var<storage, read_write> states4: array<vec4<f32>>;
 @group(0) @binding(36) var<storage, read> saved_states4: array<vec4<f32>>;
 @group(0) @binding(37) var<storage, read_write> scratch4: array<vec4<f32>>;
-// The subgroup kernels (CPU adapters) read the per-step inputs through textures the runtime copies them into:
-// on lavapipe a storage-buffer load is a loop over the lanes, a texel fetch an unrolled gather (runtime/gpu.py).
+// The subgroup kernels (CPU adapters) read the per-step inputs through textures (texture.wgsl).
 @group(0) @binding(38) var u_tex: texture_2d<f32>;
 @group(0) @binding(39) var delta_tex: texture_2d<f32>;
 @group(0) @binding(40) var z_tex: texture_2d<f32>;
@@ -947,12 +947,6 @@ fn lanes_lo4(v: f32) -> vec4<f32> {
 fn lanes_hi4(v: f32) -> vec4<f32> {
     return vec4<f32>(subgroupBroadcast(v, 4u), subgroupBroadcast(v, 5u), subgroupBroadcast(v, 6u), subgroupBroadcast(v, 7u));
 }
-// Float e of a tensor read through a texture (4 floats a texel, 4096 texels a row: runtime/gpu.py TEXTURE_ROW).
-fn texture_elem(t: texture_2d<f32>, e: u32) -> f32 {
-    let v = textureLoad(t, vec2<u32>((e >> 2u) & 4095u, e >> 14u), 0);
-    return v[e & 3u];
-}
-
 // B_t or C_t (row bc of [B, L, N], in the texture t) in every lane: lane l loads states l and 8 + l (0 past N).
 fn shared_state(t: texture_2d<f32>, bc: u32, lane: u32) -> State16 {
     let v0 = select(0.0, texture_elem(t, bc + min(lane, N - 1u)), lane < N);

@@ -1,3 +1,4 @@
+//! include texture
 // Column slices of row-major matrices. A column range of [M, P] is a strided gather from every row
 // (a contiguous byte copy is right only for M = 1). Scatter is the backward and builds concatenations.
 // Both move up to three consecutive column ranges in one pass (widths width, width1, width2; 0 for unused parts):
@@ -16,6 +17,9 @@ struct Params { rows: u32, src_cols: u32, dst_cols: u32, start: u32, width: u32,
 @group(0) @binding(4) var<storage, read_write> dst2: array<f32>;
 @group(0) @binding(5) var<storage, read> src1: array<f32>;
 @group(0) @binding(6) var<storage, read> src2: array<f32>;
+@group(0) @binding(13) var src_tex: texture_2d<f32>;  // the *_rows entry points read their sources through textures
+@group(0) @binding(14) var src1_tex: texture_2d<f32>;
+@group(0) @binding(15) var src2_tex: texture_2d<f32>;
 
 // dst_k [M, width_k] = src[:, start + offset_k : start + offset_k + width_k], the parts side by side
 @compute @workgroup_size(256)
@@ -117,12 +121,14 @@ fn column_slice_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
     let r = gid.y * nwg.x * 64u + gid.x;
     if (r >= p.rows) { return; }
     let first = r * p.src_cols + p.start;
-    for (var c = 0u; c < p.width; c++) { dst[r * p.width + c] = src[first + c]; }
+    for (var c = 0u; c < p.width; c++) { dst[r * p.width + c] = texture_elem(src_tex, first + c); }
     if (PARTS >= 2u) {
-        for (var c = 0u; c < p.width1; c++) { dst1[r * p.width1 + c] = src[first + p.width + c]; }
+        for (var c = 0u; c < p.width1; c++) { dst1[r * p.width1 + c] = texture_elem(src_tex, first + p.width + c); }
     }
     if (PARTS >= 3u) {
-        for (var c = 0u; c < p.width2; c++) { dst2[r * p.width2 + c] = src[first + p.width + p.width1 + c]; }
+        for (var c = 0u; c < p.width2; c++) {
+            dst2[r * p.width2 + c] = texture_elem(src_tex, first + p.width + p.width1 + c);
+        }
     }
 }
 
@@ -137,11 +143,13 @@ fn column_scatter_rows(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
     let r = gid.y * nwg.x * 64u + gid.x;
     if (r >= p.rows) { return; }
     let first = r * p.dst_cols + p.start;
-    for (var c = 0u; c < p.width; c++) { put_rows(first + c, src[r * p.width + c]); }
+    for (var c = 0u; c < p.width; c++) { put_rows(first + c, texture_elem(src_tex, r * p.width + c)); }
     if (PARTS >= 2u) {
-        for (var c = 0u; c < p.width1; c++) { put_rows(first + p.width + c, src1[r * p.width1 + c]); }
+        for (var c = 0u; c < p.width1; c++) { put_rows(first + p.width + c, texture_elem(src1_tex, r * p.width1 + c)); }
     }
     if (PARTS >= 3u) {
-        for (var c = 0u; c < p.width2; c++) { put_rows(first + p.width + p.width1 + c, src2[r * p.width2 + c]); }
+        for (var c = 0u; c < p.width2; c++) {
+            put_rows(first + p.width + p.width1 + c, texture_elem(src2_tex, r * p.width2 + c));
+        }
     }
 }

@@ -102,6 +102,38 @@ def test_a_texture_global_is_a_texture_binding():
     assert [(b.number, b.name, b.kind) for b in mod.entries["main"].bindings] == [(0, "y", "read_write"), (3, "x_tex", "texture")]
 
 
+def test_a_texture_is_copied_again_only_after_its_tensor_is_written(rt, rng, monkeypatch):
+    """A tensor read through a texture (cross_entropy's per-row kernels, on any adapter when forced) is copied into
+    it before the first dispatch, not again while nothing wrote it, and again after a host write, a buffer copy into
+    it and a dispatch that writes it; every result matches its inputs at that point."""
+    from mambactl.ops import cross_entropy
+
+    copies = []
+    record = rt._record
+    monkeypatch.setattr(rt, "_record", lambda cmd: (copies.append(cmd[0] == "texture"), record(cmd)))
+
+    def lse_now(logits, expected_copies):
+        copies.clear()
+        _, lse = cross_entropy.cross_entropy(logits, targets, 6, rows_path=True)
+        got = lse.numpy()
+        assert sum(copies) == expected_copies
+        ref = logits.numpy().astype(np.float64)
+        np.testing.assert_allclose(got, np.log(np.exp(ref).sum(axis=1)), rtol=1e-5)
+
+    targets = rt.from_numpy(rng.integers(0, 9, 6).astype(np.int32))
+    logits = rt.from_numpy(rng.standard_normal((6, 9)).astype(np.float32))
+    lse_now(logits, 1)
+    lse_now(logits, 0)
+    rt.write(logits, rng.standard_normal((6, 9)).astype(np.float32))
+    lse_now(logits, 1)
+    rt.copy(rt.from_numpy(rng.standard_normal((6, 9)).astype(np.float32)), logits)
+    lse_now(logits, 1)
+    x, w = (rt.from_numpy(rng.standard_normal(s).astype(np.float32)) for s in ((6, 4), (9, 4)))
+    linear.matmul(x, w, trans_b=True, out=logits)  # a dispatch adding into it
+    lse_now(logits, 1)
+    lse_now(logits, 0)
+
+
 def test_a_local_named_like_a_binding_is_not_a_use_of_it():
     """A parameter or let / var named like a binding (here q and k) shadows it: the entry that never touches the
     buffers q and k must not list them (a dispatch that does not pass them would fail), while one that does

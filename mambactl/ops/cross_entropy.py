@@ -11,10 +11,13 @@ from mambactl.runtime.tensor import Tensor
 IGNORE_INDEX = -100
 
 
-def _per_row(rt, V: int, rows_path: bool | None) -> bool:
-    """One invocation per row (the *_rows entry points): on CPU adapters, while a row's loop of V iterations stays
-    within llvmpipe's loop budget; `rows_path` forces either."""
-    return is_cpu(rt) and V <= SEGMENT_BUDGET if rows_path is None else bool(rows_path)
+def _per_row(rt, logits: Tensor, rows_path: bool | None) -> bool:
+    """One invocation per row (the *_rows entry points, which read the logits through a texture): on CPU adapters,
+    while a row's loop of V iterations stays within llvmpipe's loop budget and the logits fit a texture;
+    `rows_path` forces either."""
+    if rows_path is not None:
+        return bool(rows_path)
+    return is_cpu(rt) and logits.shape[1] <= SEGMENT_BUDGET and rt.fits_texture(logits)
 
 
 def cross_entropy(logits: Tensor, targets: Tensor, count: int, ignore_index: int = IGNORE_INDEX,
@@ -28,9 +31,9 @@ def cross_entropy(logits: Tensor, targets: Tensor, count: int, ignore_index: int
     expect("cross_entropy", "targets", targets, (M,), I32)
     rt = logits.runtime
     lse, loss_rows = rt.empty((M,)), rt.empty((M,))
-    per_row = _per_row(rt, V, rows_path)
+    per_row = _per_row(rt, logits, rows_path)
     entry, groups = ("cross_entropy_forward_rows", grid_1d(M, 64)) if per_row else ("cross_entropy_forward", grid_1d(M, 1))
-    rt.run(entry, groups, logits=logits, targets=targets, lse=lse, loss=loss_rows,
+    rt.run(entry, groups, logits=logits, logits_tex=logits, targets=targets, lse=lse, loss=loss_rows,
            rows=M, vocab=V, ignore_index=ignore_index, scale=0.0)
     loss = reduce_sum(loss_rows, scale=1.0 / max(count, 1))
     return loss, lse
@@ -45,10 +48,10 @@ def cross_entropy_backward(logits: Tensor, targets: Tensor, lse: Tensor, count: 
     expect("cross_entropy_backward", "lse", lse, (M,))
     rt = logits.runtime
     dlogits = rt.empty((M, V))
-    per_row = _per_row(rt, V, rows_path)
+    per_row = _per_row(rt, logits, rows_path)
     params = dict(targets=targets, lse_in=lse, rows=M, vocab=V, ignore_index=ignore_index, scale=1.0 / max(count, 1))
     if per_row:
-        rt.run("cross_entropy_backward_rows", grid_1d(M, 64), logits=logits, dlogits=dlogits, **params)
+        rt.run("cross_entropy_backward_rows", grid_1d(M, 64), logits_tex=logits, dlogits=dlogits, **params)
     elif V % 4 == 0:  # a row of 4k logits is a whole number of vec4s
         rt.run("cross_entropy_backward_vec4", grid_1d(M * V // 4), logits4=logits, dlogits4=dlogits, **params)
     else:

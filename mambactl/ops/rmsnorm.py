@@ -12,10 +12,13 @@ from mambactl.runtime.tensor import Tensor
 GPU_BLOCK_ROWS = 8
 
 
-def per_row(rt, D: int, rows_path: bool | None) -> bool:
-    """One invocation per row of D (the *_rows entry points): on CPU adapters, while a row's two loops of D
-    iterations stay within llvmpipe's loop budget; `rows_path` forces either."""
-    return is_cpu(rt) and 2 * D <= SEGMENT_BUDGET if rows_path is None else rows_path
+def per_row(rt, D: int, rows_path: bool | None, textured: tuple = ()) -> bool:
+    """One invocation per row of D (the *_rows entry points, which read `textured` through textures): on CPU
+    adapters, while a row's two loops of D iterations stay within llvmpipe's loop budget and those tensors fit
+    textures; `rows_path` forces either."""
+    if rows_path is not None:
+        return rows_path
+    return is_cpu(rt) and 2 * D <= SEGMENT_BUDGET and all(rt.fits_texture(t) for t in textured)
 
 
 def rows_block(M: int, D: int) -> int:
@@ -34,10 +37,12 @@ def _forward(x: Tensor, residual: Tensor | None, w: Tensor, eps: float, rows_pat
     rt = x.runtime
     y, rstd = rt.empty((M, D)), rt.empty((M,))
     h = rt.empty((M, D)) if residual is not None else y  # without ADD neither is read
-    per_row_path = per_row(rt, D, rows_path)
+    add = residual is not None
+    residual = x if residual is None else residual  # without ADD not read
+    per_row_path = per_row(rt, D, rows_path, (x, residual, w))
     entry, grid = ("rmsnorm_forward_rows", grid_1d(M, 64)) if per_row_path else ("rmsnorm_forward", grid_1d(M, 1))
-    rt.run(entry, grid, {"ADD": residual is not None}, x=x, residual=x if residual is None else residual, h=h, w=w,
-           y=y, rstd=rstd, rows=M, dim=D, eps=eps, block_rows=1)
+    rt.run(entry, grid, {"ADD": add}, x=x, residual=residual, h=h, w=w, y=y, rstd=rstd, x_tex=x,
+           residual_tex=residual, w_tex=w, rows=M, dim=D, eps=eps, block_rows=1)
     return h, y, rstd
 
 
@@ -67,11 +72,13 @@ def rmsnorm_backward(x: Tensor, w: Tensor, rstd: Tensor, dy: Tensor, dw: Tensor 
     if dw is not None:
         expect("rmsnorm_backward", "dw", dw, (D,))
     rt = x.runtime
-    per_row_path = per_row(rt, D, rows_path)
+    add = add_to is not None
+    add_to = dy if add_to is None else add_to  # without ADD not read
+    per_row_path = per_row(rt, D, rows_path, (x, w, dy, add_to))
     block = rows_block(M, D) if per_row_path else GPU_BLOCK_ROWS
     blocks = -(-M // block)
     dx, dw_part = rt.empty((M, D)), rt.empty((blocks, D))
     entry, grid = ("rmsnorm_backward_rows", grid_1d(blocks, 64)) if per_row_path else ("rmsnorm_backward", grid_1d(blocks, 1))
-    rt.run(entry, grid, {"ADD": add_to is not None}, x=x, w=w, rstd_in=rstd, dy=dy, dx=dx, dw_part=dw_part,
-           add_to=dy if add_to is None else add_to, rows=M, dim=D, eps=0.0, block_rows=block)
+    rt.run(entry, grid, {"ADD": add}, x=x, w=w, rstd_in=rstd, dy=dy, dx=dx, dw_part=dw_part, add_to=add_to, x_tex=x,
+           w_tex=w, dy_tex=dy, add_to_tex=add_to, rows=M, dim=D, eps=0.0, block_rows=block)
     return dx, column_sums(dw_part, dw)

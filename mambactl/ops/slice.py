@@ -12,28 +12,33 @@ from mambactl.runtime.tensor import Tensor
 PARTS_PER_DISPATCH = 3  # the kernels' dst/dst1/dst2 and src/src1/src2 bindings
 
 
-def _per_row(rt, total: int, rows_path: bool | None) -> bool:
-    """The *_rows kernels (one invocation per row walking its columns): on CPU adapters, while a row's columns stay
-    within llvmpipe's loop budget; `rows_path` forces either (tests)."""
-    return is_cpu(rt) and total <= SEGMENT_BUDGET if rows_path is None else bool(rows_path)
+def _per_row(rt, total: int, rows_path: bool | None, sources: list[Tensor]) -> bool:
+    """The *_rows kernels (one invocation per row walking its columns, reading `sources` through textures): on CPU
+    adapters, while a row's columns stay within llvmpipe's loop budget and the sources fit textures; `rows_path`
+    forces either (tests)."""
+    if rows_path is not None:
+        return bool(rows_path)
+    return is_cpu(rt) and total <= SEGMENT_BUDGET and all(rt.fits_texture(t) for t in sources)
 
 
-def _launch(rt, entry: str, M: int, widths: list[int], rows_path: bool | None, aligned: bool):
-    """-> (entry point, grid, whether it takes the vec4 bindings): per row on CPU adapters, else per element, four
-    at a time where every width and offset is a multiple of 4 (`aligned`)."""
-    if _per_row(rt, sum(widths), rows_path):
-        return entry + "_rows", grid_1d(M, 64), False
+def _launch(rt, entry: str, M: int, widths: list[int], rows_path: bool | None, aligned: bool, sources: list[Tensor]):
+    """-> (entry point, grid, its bindings' names: "rows", "vec4" or ""): per row on CPU adapters, else per element,
+    four at a time where every width and offset is a multiple of 4 (`aligned`)."""
+    if _per_row(rt, sum(widths), rows_path, sources):
+        return entry + "_rows", grid_1d(M, 64), "rows"
     if aligned and all(w % 4 == 0 for w in widths):
-        return entry + "_vec4", grid_1d(M * sum(widths) // 4), True
-    return entry, grid_1d(M * sum(widths)), False
+        return entry + "_vec4", grid_1d(M * sum(widths) // 4), "vec4"
+    return entry, grid_1d(M * sum(widths)), ""
 
 
-_VEC4_NAMES = {"src": "src4", "src1": "src4_1", "src2": "src4_2", "dst": "dst4", "dst1": "dst4_1", "dst2": "dst4_2"}
+_NAMES = {"vec4": {"src": "src4", "src1": "src4_1", "src2": "src4_2", "dst": "dst4", "dst1": "dst4_1", "dst2": "dst4_2"},
+          "rows": {"src": "src_tex", "src1": "src1_tex", "src2": "src2_tex"}}
 
 
-def _bind(names: tuple[str, ...], vec4: bool, tensors: list[Tensor]) -> dict:
-    """The kernels' buffers by name (the vec4 entry points' own bindings when vec4)."""
-    return dict(zip((_VEC4_NAMES[n] for n in names) if vec4 else names, tensors))
+def _bind(names: tuple[str, ...], kind: str, tensors: list[Tensor]) -> dict:
+    """The kernels' buffers by name (the vec4 entry points' own bindings, the rows ones' textures)."""
+    rename = _NAMES.get(kind, {})
+    return {rename.get(n, n): t for n, t in zip(names, tensors)}
 
 
 def _widths(parts: list[int]) -> dict:
@@ -53,8 +58,8 @@ def column_split(x: Tensor, widths: list[int], start: int = 0, rows_path: bool |
     for k in range(0, len(widths), PARTS_PER_DISPATCH):
         part, dsts = widths[k:k + PARTS_PER_DISPATCH], outs[k:k + PARTS_PER_DISPATCH]
         dsts = dsts + [dsts[0]] * (PARTS_PER_DISPATCH - len(dsts))  # unused parts (width 0) are never written
-        entry, grid, vec4 = _launch(x.runtime, "column_slice", M, part, rows_path, P % 4 == 0 and col % 4 == 0)
-        x.runtime.run(entry, grid, {"PARTS": len(part)}, **_bind(("src", "dst", "dst1", "dst2"), vec4, [x] + dsts),
+        entry, grid, kind = _launch(x.runtime, "column_slice", M, part, rows_path, P % 4 == 0 and col % 4 == 0, [x])
+        x.runtime.run(entry, grid, {"PARTS": len(part)}, **_bind(("src", "dst", "dst1", "dst2"), kind, [x] + dsts),
                       rows=M, src_cols=P, dst_cols=part[0], start=col, **_widths(part))
         col += sum(part)
     return outs
@@ -104,10 +109,10 @@ def column_concat(parts: list[Tensor], out: Tensor | None = None, start: int = 0
         group = parts[k:k + PARTS_PER_DISPATCH]
         srcs = group + [group[0]] * (PARTS_PER_DISPATCH - len(group))  # unused parts (width 0) are never read
         widths = [t.shape[1] for t in group]
-        entry, grid, vec4 = _launch(out.runtime, "column_scatter", M, widths, rows_path,
-                                    out.shape[1] % 4 == 0 and col % 4 == 0)
+        entry, grid, kind = _launch(out.runtime, "column_scatter", M, widths, rows_path,
+                                    out.shape[1] % 4 == 0 and col % 4 == 0, group)
         out.runtime.run(entry, grid, {"ACCUMULATE": accumulate, "PARTS": len(group)},
-                        **_bind(("src", "src1", "src2", "dst"), vec4, srcs + [out]), rows=M, src_cols=widths[0],
+                        **_bind(("src", "src1", "src2", "dst"), kind, srcs + [out]), rows=M, src_cols=widths[0],
                         dst_cols=out.shape[1], start=col, **_widths(widths))
         col += sum(widths)
     return out

@@ -15,9 +15,12 @@ same parameters) can be recorded once as a `Graph` (`with rt.capture() as g: ...
 `rt.replay(g)`, skipping the ops' Python: the host cost of a replayed dispatch is its encoding alone.
 
 A kernel may read a tensor through a texture (`var x_tex: texture_2d<f32>;`, bound by name like a buffer): the
-dispatch is then preceded by a copy of the tensor into a pooled rgba32float texture, TEXTURE_ROW texels (4 floats
-each) a row, so float e is component e % 4 of texel e / 4. That is for the CPU adapter's GEMM: on Mesa lavapipe a
-storage-buffer load is a loop over the SIMD lanes, a texel fetch an unrolled gather (docs/architecture.md).
+tensor is then copied into its own rgba32float texture, TEXTURE_ROW texels (4 floats each) a row, so float e is
+component e % 4 of texel e / 4 (kernels/texture.wgsl). The copy is recorded before the dispatch unless the texture
+already holds the tensor's bytes: every buffer carries the count of the last recorded command that may have written
+it (a dispatch binding it read_write, a copy into it, a host write), and a texture the count it was copied at. That
+is for the CPU adapters' kernels: on Mesa lavapipe a storage-buffer load is a loop over the SIMD lanes, a texel fetch
+an unrolled gather (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -48,8 +51,9 @@ FIRST_SUBMIT = 4
 # (wgpu-native's wgpuDeviceCreateShaderModuleTrusted) unless this is 1; storage buffers stay guarded by the
 # driver's robust buffer access either way.
 SHADER_RUNTIME_CHECKS = 0
-TEXTURE_ROW = 4096  # texels per row of a tensor's texture (TEXTURE_ROW_SHIFT in kernels/linear.wgsl): 64 KiB of floats
+TEXTURE_ROW = 4096  # texels per row of a tensor's texture (TEXTURE_ROW_SHIFT in kernels/texture.wgsl): 64 KiB of floats
 _BIND_GROUP_CACHE = 65536  # entries; past this the cache starts over
+_TEXTURE_CACHE = 1024  # tensors' textures (Runtime._texture); past this the cache starts over
 _PACK = {"u32": "I", "i32": "i", "f32": "f"}
 _BIND_TYPE = {
     "uniform": {"buffer": {"type": wgpu.BufferBindingType.uniform, "has_dynamic_offset": True}},
@@ -126,9 +130,11 @@ class Runtime:
         self._submit_after = FIRST_SUBMIT  # dispatches in the next batch
         # (layout, bound buffers) -> (bind group, the buffers: kept so their ids stay theirs)
         self._bind_groups: dict[tuple, tuple] = {}
-        # (texture binding's place among the entry's textures, rows) -> (texture, view): every dispatch copies its
-        # tensors in first, so one texture per place and size serves them all (and bind groups stay cached)
-        self._textures: dict[tuple[int, int], tuple] = {}
+        # (id(buffer), byte offset, bytes) of a tensor read through a texture -> [texture, view, the buffer's write
+        # count when it was copied in]; id(buffer) -> its write count (the pool keeps every buffer, so ids stay theirs)
+        self._textures: dict[tuple[int, int, int], list] = {}
+        self._writes: dict[int, int] = {}
+        self._write_count = 0
         self._fence = None
         # Tests set this: every new tensor starts as NaN, so an element a kernel forgets to write fails.
         self.poison = False
@@ -209,7 +215,7 @@ class Runtime:
         groups = tuple(int(g) for g in groups) + (1,) * (3 - len(groups))
         if min(groups) < 1 or max(groups) > self.max_groups:
             raise ShapeError(f"{entry}: workgroup grid {groups} outside [1, {self.max_groups}] per dimension")
-        slots, buffers, key, textures = 0, [], [id(bgl)], 0
+        slots, buffers, key, written = 0, [], [id(bgl)], []
         for name, kind in bindings:
             if kind == "uniform":
                 if not slots:
@@ -233,12 +239,12 @@ class Runtime:
                 )
             buf = t.buffer
             if kind == "texture":
-                texture, view = self._texture(entry, name, t, textures)
-                textures += 1
-                self._queue(("texture", buf, t.offset, nbytes, texture))
+                view = self._texture(entry, name, t)
                 buffers.append(view)
                 key.append(id(view))
                 continue
+            if kind == "read_write":
+                written.append(buf)
             # A pooled tensor binds its whole buffer; a view at an offset (an Arena's) binds its own bytes, so a
             # small view of a large buffer stays inside the storage binding limit.
             size = buf.size
@@ -250,6 +256,13 @@ class Runtime:
         command = ("dispatch", pipe, self._bind_group(bgl, ep, buffers, tuple(key)), uniform_slot * slots if slots else b"",
                    slots, groups, label)
         self._queue(command)
+        self._wrote(*written)
+
+    def _wrote(self, *buffers) -> None:
+        """Count a recorded write to these buffers (their textures' copies are then out of date)."""
+        self._write_count += 1
+        for buf in buffers:
+            self._writes[id(buf)] = self._write_count
 
     def fits_texture(self, t: Tensor) -> bool:
         """Whether a kernel can read `t` through a texture: its rows fit the device's 2-D texture limit and its
@@ -258,16 +271,25 @@ class Runtime:
         return (rows <= int(self.limits["max-texture-dimension-2d"]) and t.offset % 16 == 0
                 and t.offset + -(-t.nbytes // 16) * 16 <= t.buffer.size)
 
-    def _texture(self, entry: str, name: str, t: Tensor, place: int) -> tuple:
-        if not self.fits_texture(t):
-            raise ShapeError(f"{entry}: tensor {name!r} {t.shape} cannot be read through a texture on this device")
-        rows = max(1, -(-t.nbytes // (16 * TEXTURE_ROW)))
-        hit = self._textures.get((place, rows))
+    def _texture(self, entry: str, name: str, t: Tensor):
+        """The view of t's texture, with its copy recorded unless the texture holds t's bytes already (always while
+        capturing: a replay must copy what the host wrote between replays)."""
+        key = (id(t.buffer), t.offset, t.nbytes)
+        hit = self._textures.get(key)
         if hit is None:
+            if not self.fits_texture(t):
+                raise ShapeError(f"{entry}: tensor {name!r} {t.shape} cannot be read through a texture on this device")
+            if len(self._textures) >= _TEXTURE_CACHE:
+                self._textures.clear()
+            rows = max(1, -(-t.nbytes // (16 * TEXTURE_ROW)))
             texture = self.device.create_texture(size=(TEXTURE_ROW, rows, 1), format=wgpu.TextureFormat.rgba32float,
                                                  usage=wgpu.TextureUsage.TEXTURE_BINDING | wgpu.TextureUsage.COPY_DST)
-            hit = self._textures[(place, rows)] = (texture, texture.create_view())
-        return hit
+            hit = self._textures[key] = [texture, texture.create_view(), -1]
+        count = self._writes.get(key[0], 0)
+        if hit[2] != count or self._graph is not None:
+            self._queue(("texture", t.buffer, t.offset, t.nbytes, hit[0]))
+            hit[2] = count
+        return hit[1]
 
     def _queue(self, command: tuple) -> None:
         """Record a command, and keep it in the graph being captured if there is one."""
@@ -307,6 +329,8 @@ class Runtime:
         """Queue a captured graph's dispatches and copies again, in order (on the same buffers)."""
         for command in graph.commands:
             self._record(command)
+        for hit in self._textures.values():  # whatever the graph wrote, no texture is known to be current
+            hit[2] = -1
 
     def _bind_group(self, bgl, ep, buffers: list, key: tuple):
         """`buffers`: per binding, the uniform ring or a tensor's (buffer, byte offset, bytes bound); `key`
@@ -333,6 +357,7 @@ class Runtime:
         """Record a buffer-to-buffer copy (ordered with the dispatches around it)."""
         n = src.nbytes if nbytes is None else nbytes
         self._queue(("copy", src.buffer, src.offset + src_offset, dst.buffer, dst.offset + dst_offset, n))
+        self._wrote(dst.buffer)
 
     def flush(self) -> None:
         """Submit everything recorded so far as one command buffer (compute passes split only by copies)."""
@@ -431,6 +456,7 @@ class Runtime:
             raise ShapeError(f"write: array of {data.size} elements into a tensor of {t.size}")
         if data.size:
             self.device.queue.write_buffer(t.buffer, t.offset, data.tobytes())
+            self._wrote(t.buffer)
 
     def read(self, t: Tensor) -> np.ndarray:
         self._not_capturing("read")

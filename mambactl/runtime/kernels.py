@@ -9,7 +9,8 @@ bind group layout lists exactly those bindings with their real numbers and acces
 A file that needs a WGSL extension (`enable f16;`) is its own module, so the others still compile on adapters
 without it; it may build on another file with a line `//! extends NAME`: its module is then compiled as its
 `enable` directives, NAME.wgsl, then its own code (so it reuses NAME's bindings and helpers without a copy), and
-it lists only its own entry points. An entry point's `features` name the adapter features it needs: those of
+it lists only its own entry points. A line `//! include NAME` (any number of them) puts NAME.wgsl's code (helpers,
+no entry points: e.g. texture.wgsl) in front of the module's own the same way. An entry point's `features` name the adapter features it needs: those of
 its module's `enable` lines, and `subgroup` where it uses subgroup operations.
 """
 
@@ -37,6 +38,7 @@ _SCALAR_SIZE = {"u32": 4, "i32": 4, "f32": 4}
 _SUBGROUP_USE = re.compile(r"\bsubgroup[A-Z]\w*\s*\(|@builtin\(\s*subgroup_")
 _ENABLE = re.compile(r"^\s*enable\s+([\w\s,]+);", re.M)
 _EXTENDS = re.compile(r"^//! extends (\w+)\s*$", re.M)
+_INCLUDE = re.compile(r"^//! include (\w+)\s*$", re.M)
 _ENABLE_FEATURES = {"f16": "shader-f16"}  # WGSL extension -> the wgpu feature the device must have
 
 
@@ -174,6 +176,11 @@ def kernel_dir():
     return resources.files("mambactl.kernels")
 
 
+def _code(texts: dict, name: str) -> str:
+    """NAME.wgsl without comments, after the files it includes."""
+    return "\n".join([_code(texts, i) for i in _INCLUDE.findall(texts[name])] + [_COMMENT.sub("", texts[name])])
+
+
 @lru_cache(maxsize=None)
 def all_modules() -> dict[str, Module]:
     root = kernel_dir()
@@ -181,7 +188,8 @@ def all_modules() -> dict[str, Module]:
     mods = {}
     for name in sorted(texts):
         ext = _EXTENDS.search(texts[name])
-        base = _COMMENT.sub("", texts[ext.group(1)]) if ext else ""
+        bases = _INCLUDE.findall(texts[name]) + ([ext.group(1)] if ext else [])
+        base = "\n".join(_code(texts, b) for b in bases)
         mods[name] = parse_module(name, texts[name], base)
     return mods
 
