@@ -1,3 +1,4 @@
+//! include texture
 // Causal depthwise conv over the sequence with PyTorch's taps: x [B, L, ·] (time-major rows), y [B, L, C],
 // w [C, K] (a [C, 1, K] weight), bias [C]; y[b, t, c] = Σ_k w[c, k] · x[b, t − K + 1 + k, c] + bias[c].
 // x may be a column range of a wider matrix (Mamba's in_proj output): its rows are x_stride floats apart and
@@ -47,10 +48,29 @@ fn store_part(row: u32, c: u32, v: f32) {
     }
 }
 
+// TEXTURED (CPU adapters): the walks read x and the output gradients through textures (texture.wgsl); on GPUs
+// they read the buffers and the texture bindings are left unread.
+override TEXTURED: bool = false;
+@group(0) @binding(15) var x_tex: texture_2d<f32>;
+@group(0) @binding(16) var dy_tex: texture_2d<f32>;
+@group(0) @binding(17) var dy1_tex: texture_2d<f32>;
+@group(0) @binding(18) var dy2_tex: texture_2d<f32>;
+@group(0) @binding(19) var dy_other_tex: texture_2d<f32>;
+
 fn load_part(row: u32, c: u32) -> f32 {
-    if (PARTS == 1u || c < p.split1) { return dy[row * p.split1 + c]; }
-    if (PARTS == 2u || c < p.split2) { return dy1[row * (p.split2 - p.split1) + c - p.split1]; }
-    return dy2[row * (p.channels - p.split2) + c - p.split2];
+    if (PARTS == 1u || c < p.split1) {
+        let e = row * p.split1 + c;
+        if (TEXTURED) { return texture_elem(dy_tex, e); }
+        return dy[e];
+    }
+    if (PARTS == 2u || c < p.split2) {
+        let e = row * (p.split2 - p.split1) + c - p.split1;
+        if (TEXTURED) { return texture_elem(dy1_tex, e); }
+        return dy1[e];
+    }
+    let e = row * (p.channels - p.split2) + c - p.split2;
+    if (TEXTURED) { return texture_elem(dy2_tex, e); }
+    return dy2[e];
 }
 
 // As activations.wgsl's sigmoid_of, so the fused walks compute SiLU and its derivative as those kernels do.
@@ -58,6 +78,11 @@ fn sigmoid_of(v: f32) -> f32 { return 1.0 / (1.0 + exp(-v)); }
 
 // x at (row of the [B·L] rows, channel)
 fn x_at(row: u32, c: u32) -> f32 { return x[row * p.x_stride + p.x_col + c]; }
+
+fn x_walk(row: u32, c: u32) -> f32 {
+    if (TEXTURED) { return texture_elem(x_tex, row * p.x_stride + p.x_col + c); }
+    return x_at(row, c);
+}
 
 @compute @workgroup_size(256)
 fn conv1d_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -177,7 +202,7 @@ fn segments() -> u32 { return (p.len + p.seg_len - 1u) / p.seg_len; }
 // step's load behind the previous store, and one load in flight per thread left the GPU latency-bound.
 
 fn x_or0(row0: u32, t: u32, end: u32, c: u32) -> f32 {
-    if (t < end) { return x_at(row0 + t, c); }
+    if (t < end) { return x_walk(row0 + t, c); }
     return 0.0;
 }
 
@@ -224,9 +249,12 @@ fn back_in(row0: u32, t: i32, lo: u32, c: u32) -> BackIn {
     var o = BackIn(0.0, 0.0, 0.0);
     if (t < i32(lo)) { return o; }
     let row = row0 + u32(t);
-    if (t >= 3) { o.oldest = x_at(row - 3u, c); }
+    if (t >= 3) { o.oldest = x_walk(row - 3u, c); }
     o.g = load_part(row, c);
-    if (TWO_GRADS) { o.g2 = dy_other[row * p.channels + c]; }
+    if (TWO_GRADS) {
+        let e = row * p.channels + c;
+        if (TEXTURED) { o.g2 = texture_elem(dy_other_tex, e); } else { o.g2 = dy_other[e]; }
+    }
     return o;
 }
 
@@ -268,7 +296,7 @@ fn conv1d_backward_walk(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
     var st = BackState(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), 0.0);
     for (var j = 0u; j < 3u; j++) {  // x[hi − 3], x[hi − 2], x[hi − 1], _: one shift before the window at t = hi − 1
         let t = i32(hi) - 3 + i32(j);
-        if (t >= 0) { st.past[j] = x_at(row0 + u32(t), c); }
+        if (t >= 0) { st.past[j] = x_walk(row0 + u32(t), c); }
     }
     for (var t = i32(hi) - 1; t >= i32(lo); t -= 4) {
         let o0 = back_in(row0, t, lo, c);

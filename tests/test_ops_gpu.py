@@ -415,6 +415,38 @@ def test_conv1d_silu_in_parts(rt, rng, parts, walk, segment):
         conv1d.conv1d_silu(gx, gw, gb, parts=[C, 1], **kw)
 
 
+@pytest.mark.parametrize("textured", [False, True], ids=["buffers", "textures"])
+@pytest.mark.parametrize("parts", [None, (5, 2, 6)], ids=["two_grads", "parts"])
+def test_conv1d_walks_read_buffers_or_textures_alike(rt, rng, monkeypatch, textured, parts):
+    """The walks read x and the gradients from the buffers on GPUs and through textures on CPU adapters; either
+    way, on any adapter, they give the reference's numbers (x in columns of a wider matrix; Mamba-1's two gradients
+    or Mamba-2's three parts)."""
+    if textured:
+        monkeypatch.setattr(conv1d, "is_cpu", lambda _rt: True)  # _walk_textures' test (the segment rule's too)
+    else:
+        monkeypatch.setattr(conv1d, "_walk_textures", lambda _rt, t: (False, {n + "_tex": None for n in t}))
+    B, L, C, K = 2, 11, 13, 4
+    (x32, x), (w32, w), (b32, b) = f32(rng, B, L, C), f32(rng, C, K), f32(rng, C)
+    (da32, da), (db32, db_) = f32(rng, B, L, C), f32(rng, B, L, C)
+    gx, gw, gb = rt.from_numpy(_columns_of(rng, x32, 1, 2)), rt.from_numpy(w32), rt.from_numpy(b32)
+    kw = dict(x_start=1, walk=True)
+    edges = np.cumsum((0,) + (parts or (C,)))
+    outs = conv1d.conv1d_silu(gx, gw, gb, parts=list(parts) if parts else None, **kw)
+    act = ref_conv.conv1d_silu(x, w, b)
+    for o, lo, hi in zip(outs if parts else [outs], edges[:-1], edges[1:]):
+        assert rel(o.numpy(), act[:, :, lo:hi]) < ELEMENTWISE_TOL
+    if parts:
+        dact = [rt.from_numpy(np.ascontiguousarray(da32[:, :, lo:hi])) for lo, hi in zip(edges[:-1], edges[1:])]
+        dx, dw, dbias = conv1d.conv1d_silu_backward(gx, gw, gb, dact, **kw)
+        rdx, rdw, rdb = ref_conv.conv1d_silu_backward(x, w, b, da)
+    else:
+        dx, dw, dbias = conv1d.conv1d_silu_backward(gx, gw, gb, rt.from_numpy(da32), rt.from_numpy(db32), **kw)
+        rdx, rdw, rdb = ref_conv.conv1d_silu_backward(x, w, b, da, db_)
+    assert rel(dx.numpy(), rdx) < REDUCTION_TOL
+    assert rel(dw.numpy(), rdw) < REDUCTION_TOL
+    assert rel(dbias.numpy(), rdb) < REDUCTION_TOL
+
+
 def test_conv1d_walk_accumulates_and_checks_columns(rt, rng):
     """dw, db given are added into; a column range outside x or dx_out is a ShapeError naming the op."""
     (x32, x), (w32, w), (b32, b), (dy32, dy) = f32(rng, 2, 7, 5), f32(rng, 5, 4), f32(rng, 5), f32(rng, 2, 7, 5)

@@ -82,6 +82,13 @@ def conv1d_silu(x: Tensor, w: Tensor, b: Tensor, *, x_start: int = 0, parts: lis
     return _forward("conv1d_silu", x, w, b, x_start, walk, segment, silu=True, parts=parts)
 
 
+def _walk_textures(rt, tensors: dict) -> tuple[bool, dict]:
+    """The walks' TEXTURED constant and texture bindings (`x_tex`, ...): on CPU adapters, where all fit, the
+    walks read these tensors through textures (kernels/texture.wgsl says why); elsewhere the bindings are unread."""
+    textured = is_cpu(rt) and all(rt.fits_texture(t) for t in tensors.values())
+    return textured, {name + "_tex": t if textured else None for name, t in tensors.items()}
+
+
 def _forward(op: str, x: Tensor, w: Tensor, b: Tensor, x_start: int, walk: bool | None, segment: int | None,
              silu: bool, parts: list[int] | None = None):
     B, L, C, K, P = _dims(op, x, w, x_start)
@@ -92,9 +99,11 @@ def _forward(op: str, x: Tensor, w: Tensor, b: Tensor, x_start: int, walk: bool 
         outs = [rt.empty((B, L, n)) for n in (parts or [C])]
         ys = outs + [outs[0]] * (3 - len(outs))  # unused parts are never written
         seg = _segment(rt, L, K, segment)
-        rt.run("conv1d_forward_walk", grid_1d(-(-L // seg) * B * C, 64), {"SILU": silu, "PARTS": len(outs)}, x=x,
-               w=w, bias=b, y=ys[0], y1=ys[1], y2=ys[2], batch=B, len=L, channels=C, taps=K, block_rows=0,
-               seg_len=seg, **_strides(P, C, x_start, parts=parts))
+        textured, textures = _walk_textures(rt, {"x": x})
+        rt.run("conv1d_forward_walk", grid_1d(-(-L // seg) * B * C, 64),
+               {"SILU": silu, "PARTS": len(outs), "TEXTURED": textured}, x=x, w=w, bias=b, y=ys[0], y1=ys[1],
+               y2=ys[2], batch=B, len=L, channels=C, taps=K, block_rows=0, seg_len=seg,
+               **_strides(P, C, x_start, parts=parts), **textures)
         return outs if parts is not None else outs[0]
     y = rt.empty((B, L, C))
     rt.run("conv1d_forward", grid_1d(B * L * C), x=x, w=w, bias=b, y=y, batch=B, len=L, channels=C, taps=K,
@@ -155,11 +164,12 @@ def _backward(op: str, x: Tensor, w: Tensor, b: Tensor | None, dy, dy2: Tensor |
         rows = -(-L // seg) * B
         dw_part, db_part = rt.empty((rows, C * K)), rt.empty((rows, C))
         srcs = dys + [dys[0]] * (3 - len(dys))  # unused parts are never read; without TWO_GRADS nor is dy_other,
+        reads = dict(x=x, dy=srcs[0], dy1=srcs[1], dy2=srcs[2], dy_other=dys[0] if dy2 is None else dy2)
+        textured, textures = _walk_textures(rt, reads)
         rt.run("conv1d_backward_walk", grid_1d(rows * C, 64),  # and without SILU bias
-               {"SILU": silu, "TWO_GRADS": dy2 is not None, "PARTS": len(dys)}, x=x, w=w, bias=w if b is None else b,
-               dy=srcs[0], dy1=srcs[1], dy2=srcs[2], dy_other=dys[0] if dy2 is None else dy2, dx=dx,
-               dw_part=dw_part, db_part=db_part, seg_len=seg, **dims,
-               **_strides(P, C, x_start, dx.shape[2], dx_col, parts=parts))
+               {"SILU": silu, "TWO_GRADS": dy2 is not None, "PARTS": len(dys), "TEXTURED": textured}, w=w,
+               bias=w if b is None else b, dx=dx, dw_part=dw_part, db_part=db_part, seg_len=seg, **dims,
+               **_strides(P, C, x_start, dx.shape[2], dx_col, parts=parts), **reads, **textures)
     else:
         dy = dys[0] if parts is None else column_concat([t.reshape(B * L, -1) for t in dys]).reshape(B, L, C)
         dims.update(_strides(P, C, x_start, dx.shape[2], dx_col))

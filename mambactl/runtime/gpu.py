@@ -134,6 +134,7 @@ class Runtime:
         # count when it was copied in]; id(buffer) -> its write count (the pool keeps every buffer, so ids stay theirs)
         self._textures: dict[tuple[int, int, int], list] = {}
         self._writes: dict[int, int] = {}
+        self._unread = None
         self._write_count = 0
         self._fence = None
         # Tests set this: every new tensor starts as NaN, so an element a kernel forgets to write fails.
@@ -229,6 +230,11 @@ class Runtime:
                 key.append(id(self._uniforms))
                 continue
             t = args.get(name)
+            if kind == "texture" and t is None and name in args:  # a kernel whose constants leave it unread
+                view = self._unread_texture()
+                buffers.append(view)
+                key.append(id(view))
+                continue
             if not isinstance(t, Tensor):
                 raise ShapeError(f"{entry}: buffer {name!r} not given (got {type(t).__name__})")
             nbytes = t.nbytes
@@ -270,6 +276,15 @@ class Runtime:
         rows = -(-t.nbytes // (16 * TEXTURE_ROW))
         return (rows <= int(self.limits["max-texture-dimension-2d"]) and t.offset % 16 == 0
                 and t.offset + -(-t.nbytes // 16) * 16 <= t.buffer.size)
+
+    def _unread_texture(self):
+        """A 1-texel texture to bind where a kernel's pipeline constants leave a texture binding unread (`x_tex=None`:
+        conv1d's walks read buffers on GPUs, textures on CPU adapters)."""
+        if self._unread is None:
+            texture = self.device.create_texture(size=(1, 1, 1), format=wgpu.TextureFormat.rgba32float,
+                                                 usage=wgpu.TextureUsage.TEXTURE_BINDING)
+            self._unread = (texture, texture.create_view())
+        return self._unread[1]
 
     def _texture(self, entry: str, name: str, t: Tensor):
         """The view of t's texture, with its copy recorded unless the texture holds t's bytes already (always while
