@@ -41,6 +41,15 @@ def cpu_subgroups(rt) -> bool:
     return is_cpu(rt) and rt.subgroup_size == SUBGROUP_LANES
 
 
+def rows_kernel(rt, loops: int, rows_path: bool | None, textured=()) -> bool:
+    """Whether an op takes its *_rows kernel (one invocation per row, walking it in a loop, reading `textured`
+    through textures): on CPU adapters, while a row's `loops` iterations stay within llvmpipe's loop budget and
+    those tensors fit textures; `rows_path` forces either (tests)."""
+    if rows_path is not None:
+        return bool(rows_path)
+    return is_cpu(rt) and loops <= SEGMENT_BUDGET and rt.fits_texture(*textured)
+
+
 def require_subgroup_lanes(rt, what: str) -> None:
     """Refuse a forced subgroup kernel where subgroups do not have SUBGROUP_LANES lanes (`what` names it)."""
     if rt.subgroup_size != SUBGROUP_LANES:

@@ -85,7 +85,7 @@ def conv1d_silu(x: Tensor, w: Tensor, b: Tensor, *, x_start: int = 0, parts: lis
 def _walk_textures(rt, tensors: dict) -> tuple[bool, dict]:
     """The walks' TEXTURED constant and texture bindings (`x_tex`, ...): on CPU adapters, where all fit, the
     walks read these tensors through textures (kernels/texture.wgsl says why); elsewhere the bindings are unread."""
-    textured = is_cpu(rt) and all(rt.fits_texture(t) for t in tensors.values())
+    textured = is_cpu(rt) and rt.fits_texture(*tensors.values())
     return textured, {name + "_tex": t if textured else None for name, t in tensors.items()}
 
 

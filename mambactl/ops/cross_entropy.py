@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mambactl.ops.checks import I32, SEGMENT_BUDGET, expect, grid_1d, is_cpu
+from mambactl.ops.checks import I32, expect, grid_1d, rows_kernel
 from mambactl.ops.reduce import reduce_sum
 from mambactl.runtime.tensor import Tensor
 
@@ -12,12 +12,9 @@ IGNORE_INDEX = -100
 
 
 def _per_row(rt, logits: Tensor, rows_path: bool | None) -> bool:
-    """One invocation per row (the *_rows entry points, which read the logits through a texture): on CPU adapters,
-    while a row's loop of V iterations stays within llvmpipe's loop budget and the logits fit a texture;
-    `rows_path` forces either."""
-    if rows_path is not None:
-        return bool(rows_path)
-    return is_cpu(rt) and logits.shape[1] <= SEGMENT_BUDGET and rt.fits_texture(logits)
+    """One invocation per row (the *_rows entry points: a loop of V iterations, the logits read through a
+    texture): checks.rows_kernel."""
+    return rows_kernel(rt, logits.shape[1], rows_path, (logits,))
 
 
 def cross_entropy(logits: Tensor, targets: Tensor, count: int, ignore_index: int = IGNORE_INDEX,

@@ -138,7 +138,7 @@ def choose_tile(M: int, N: int, K: int) -> str:
 def cpu_kernel(rt, a: Tensor, b: Tensor) -> str:
     """The GEMM for a CPU adapter: matmul_subgroup where subgroups have 8 lanes (it broadcasts from lanes 0-7;
     Mesa lavapipe on AVX2) and both operands fit its textures, else matmul_direct."""
-    return "matmul_subgroup" if cpu_subgroups(rt) and rt.fits_texture(a) and rt.fits_texture(b) else "matmul_direct"
+    return "matmul_subgroup" if cpu_subgroups(rt) and rt.fits_texture(a, b) else "matmul_direct"
 
 
 def vec4_ok(M: int, N: int, K: int, trans_a: bool, trans_b: bool) -> bool:

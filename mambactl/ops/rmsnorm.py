@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from mambactl.ops.checks import SEGMENT_BUDGET, expect, grid_1d, is_cpu
+from mambactl.ops.checks import SEGMENT_BUDGET, expect, grid_1d, rows_kernel
 from mambactl.ops.reduce import column_sums
 from mambactl.runtime.tensor import Tensor
 
@@ -13,12 +13,8 @@ GPU_BLOCK_ROWS = 8
 
 
 def per_row(rt, D: int, rows_path: bool | None, textured: tuple = ()) -> bool:
-    """One invocation per row of D (the *_rows entry points, which read `textured` through textures): on CPU
-    adapters, while a row's two loops of D iterations stay within llvmpipe's loop budget and those tensors fit
-    textures; `rows_path` forces either."""
-    if rows_path is not None:
-        return rows_path
-    return is_cpu(rt) and 2 * D <= SEGMENT_BUDGET and all(rt.fits_texture(t) for t in textured)
+    """One invocation per row of D (the *_rows entry points, a row's two loops of D iterations): checks.rows_kernel."""
+    return rows_kernel(rt, 2 * D, rows_path, textured)
 
 
 def rows_block(M: int, D: int) -> int:

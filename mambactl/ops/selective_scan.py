@@ -201,7 +201,7 @@ def _choose_path(rt, op: str, path: str | None, nstate: int, steps: int, texture
         return path
     if not is_cpu(rt):
         return "tiled" if lanes_fit(rt, nstate) else "direct"
-    if nstate <= SUBGROUP_MAX_STATE and cpu_subgroups(rt) and all(rt.fits_texture(t) for t in textured):
+    if nstate <= SUBGROUP_MAX_STATE and cpu_subgroups(rt) and rt.fits_texture(*textured):
         one = subgroup_backward_loops_per_chunk(nstate, steps) + subgroup_fixed(nstate)
         if not (is_llvmpipe(rt) and one > LOOP_BUDGET):
             return "subgroup"

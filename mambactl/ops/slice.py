@@ -5,26 +5,17 @@ device can bind one there."""
 from __future__ import annotations
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import SEGMENT_BUDGET, expect, grid_1d, is_cpu
+from mambactl.ops.checks import expect, grid_1d, rows_kernel
 from mambactl.ops.fill import zeros
 from mambactl.runtime.tensor import Tensor
 
 PARTS_PER_DISPATCH = 3  # the kernels' dst/dst1/dst2 and src/src1/src2 bindings
 
 
-def _per_row(rt, total: int, rows_path: bool | None, sources: list[Tensor]) -> bool:
-    """The *_rows kernels (one invocation per row walking its columns, reading `sources` through textures): on CPU
-    adapters, while a row's columns stay within llvmpipe's loop budget and the sources fit textures; `rows_path`
-    forces either (tests)."""
-    if rows_path is not None:
-        return bool(rows_path)
-    return is_cpu(rt) and total <= SEGMENT_BUDGET and all(rt.fits_texture(t) for t in sources)
-
-
 def _launch(rt, entry: str, M: int, widths: list[int], rows_path: bool | None, aligned: bool, sources: list[Tensor]):
     """-> (entry point, grid, its bindings' names: "rows", "vec4" or ""): per row on CPU adapters, else per element,
     four at a time where every width and offset is a multiple of 4 (`aligned`)."""
-    if _per_row(rt, sum(widths), rows_path, sources):
+    if rows_kernel(rt, sum(widths), rows_path, sources):  # a row's columns in a loop, the sources as textures
         return entry + "_rows", grid_1d(M, 64), "rows"
     if aligned and all(w % 4 == 0 for w in widths):
         return entry + "_vec4", grid_1d(M * sum(widths) // 4), "vec4"
@@ -48,7 +39,7 @@ def _widths(parts: list[int]) -> dict:
 
 def column_split(x: Tensor, widths: list[int], start: int = 0, rows_path: bool | None = None) -> list[Tensor]:
     """x [M, P] -> [x[:, start : start + w0], the next w1 columns, ...] as new [M, w_k] tensors, three per pass.
-    `rows_path`: see _per_row."""
+    `rows_path`: see checks.rows_kernel."""
     expect("column_split", "x", x, (None, None))
     M, P = x.shape
     if not widths or min(widths) < 1 or start < 0 or start + sum(widths) > P:
@@ -84,7 +75,7 @@ def row_block(x: Tensor, start: int, rows: int) -> Tensor:
 
 
 def column_slice(x: Tensor, start: int, width: int, rows_path: bool | None = None) -> Tensor:
-    """x [M, P] -> x[:, start:start+width] as a new [M, width] tensor. `rows_path`: see _per_row."""
+    """x [M, P] -> x[:, start:start+width] as a new [M, width] tensor. `rows_path`: see checks.rows_kernel."""
     expect("column_slice", "x", x, (None, None))
     P = x.shape[1]
     if start < 0 or width < 1 or start + width > P:
@@ -95,7 +86,7 @@ def column_slice(x: Tensor, start: int, width: int, rows_path: bool | None = Non
 def column_concat(parts: list[Tensor], out: Tensor | None = None, start: int = 0, accumulate: bool = False,
                   rows_path: bool | None = None) -> Tensor:
     """[M, P_i]... side by side into columns start.. of `out` (a new [M, Σ P_i] matrix without it; with
-    `accumulate` added into it), three parts per pass. Returns out. `rows_path`: see _per_row."""
+    `accumulate` added into it), three parts per pass. Returns out. `rows_path`: see checks.rows_kernel."""
     for i, t in enumerate(parts):
         expect("column_concat", f"parts[{i}]", t, (parts[0].shape[0] if i else None, None))
     M, total = parts[0].shape[0], sum(t.shape[1] for t in parts)
@@ -120,7 +111,7 @@ def column_concat(parts: list[Tensor], out: Tensor | None = None, start: int = 0
 
 def column_scatter(src: Tensor, dst: Tensor, start: int, accumulate: bool = False,
                    rows_path: bool | None = None) -> Tensor:
-    """dst[:, start:start+W] = src [M, W] (or += with accumulate). Returns dst. `rows_path`: see _per_row."""
+    """dst[:, start:start+W] = src [M, W] (or += with accumulate). Returns dst. `rows_path`: see checks.rows_kernel."""
     expect("column_scatter", "src", src, (None, None))
     M, W = src.shape
     expect("column_scatter", "dst", dst, (M, None))

@@ -98,6 +98,11 @@ def _shader_module(device, label: str, code: str, checks: int):
     return GPUShaderModule(label, handle, device)
 
 
+def _texture_rows(nbytes: int) -> int:
+    """Rows of the texture that holds `nbytes` of a tensor (at least one)."""
+    return max(1, -(-nbytes // (16 * TEXTURE_ROW)))
+
+
 def _copy_to_texture(encoder, buffer, offset: int, nbytes: int, texture) -> None:
     """Record the copy of a tensor's bytes into its texture (Runtime._texture): its whole rows, then the last,
     partial row (rounded up to a texel: fits_texture checked those bytes are in the buffer)."""
@@ -270,12 +275,13 @@ class Runtime:
         for buf in buffers:
             self._writes[id(buf)] = self._write_count
 
-    def fits_texture(self, t: Tensor) -> bool:
-        """Whether a kernel can read `t` through a texture: its rows fit the device's 2-D texture limit and its
-        bytes start on a texel (16 bytes) and, rounded up to whole texels, lie inside its buffer."""
-        rows = -(-t.nbytes // (16 * TEXTURE_ROW))
-        return (rows <= int(self.limits["max-texture-dimension-2d"]) and t.offset % 16 == 0
-                and t.offset + -(-t.nbytes // 16) * 16 <= t.buffer.size)
+    def fits_texture(self, *tensors: Tensor) -> bool:
+        """Whether a kernel can read every one of `tensors` through a texture: its rows fit the device's 2-D
+        texture limit and its bytes start on a texel (16 bytes) and, rounded up to whole texels, lie inside its
+        buffer."""
+        limit = int(self.limits["max-texture-dimension-2d"])
+        return all(_texture_rows(t.nbytes) <= limit and t.offset % 16 == 0
+                   and t.offset + -(-t.nbytes // 16) * 16 <= t.buffer.size for t in tensors)
 
     def _unread_texture(self):
         """A 1-texel texture to bind where a kernel's pipeline constants leave a texture binding unread (`x_tex=None`:
@@ -296,8 +302,8 @@ class Runtime:
                 raise ShapeError(f"{entry}: tensor {name!r} {t.shape} cannot be read through a texture on this device")
             if len(self._textures) >= _TEXTURE_CACHE:
                 self._textures.clear()
-            rows = max(1, -(-t.nbytes // (16 * TEXTURE_ROW)))
-            texture = self.device.create_texture(size=(TEXTURE_ROW, rows, 1), format=wgpu.TextureFormat.rgba32float,
+            texture = self.device.create_texture(size=(TEXTURE_ROW, _texture_rows(t.nbytes), 1),
+                                                 format=wgpu.TextureFormat.rgba32float,
                                                  usage=wgpu.TextureUsage.TEXTURE_BINDING | wgpu.TextureUsage.COPY_DST)
             hit = self._textures[key] = [texture, texture.create_view(), -1]
         count = self._writes.get(key[0], 0)

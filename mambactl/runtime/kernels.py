@@ -10,8 +10,9 @@ A file that needs a WGSL extension (`enable f16;`) is its own module, so the oth
 without it; it may build on another file with a line `//! extends NAME`: its module is then compiled as its
 `enable` directives, NAME.wgsl, then its own code (so it reuses NAME's bindings and helpers without a copy), and
 it lists only its own entry points. A line `//! include NAME` (any number of them) puts NAME.wgsl's code (helpers,
-no entry points: e.g. texture.wgsl) in front of the module's own the same way. An entry point's `features` name the adapter features it needs: those of
-its module's `enable` lines, and `subgroup` where it uses subgroup operations.
+no entry points: e.g. texture.wgsl) in front of the module's own the same way. An entry point's `features` name
+the adapter features it needs: those of its module's `enable` lines, and `subgroup` where it uses subgroup
+operations.
 """
 
 from __future__ import annotations
