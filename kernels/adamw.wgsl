@@ -1,3 +1,4 @@
+//! include texture
 // AdamW with global-norm clipping, a trust region and a NaN/Inf guard, entirely on the GPU.
 // Per step: optimizer_begin_step (one thread) reads the squared global gradient norm and decides, on the
 // GPU, whether the step happens and with which clip scale; then one adamw_update (adamw_update_vec4 where the
@@ -63,14 +64,19 @@ fn optimizer_begin_step() {
     state.scale = scale;
 }
 
+// The step's values of `state`, read once at the top of an entry point: on lavapipe a load under control flow (past
+// the early return, in the element loop) is a loop over the SIMD lanes, one at the top a single load.
+struct StepValues { scale: f32, bc1: f32, bc2: f32, skip: bool }
+fn step_values() -> StepValues { return StepValues(state.scale, state.bc1, state.bc2, state.skip_now != 0u); }
+
 // One element's update: (param, m, v) from (param, grad, m, v) as the mirror does, and whether it is applied.
 struct Updated { param: f32, m: f32, v: f32, ok: bool }
 
-fn update_element(p0: f32, g0: f32, m0: f32, v0: f32) -> Updated {
-    let g = g0 * state.scale;
+fn update_element(p0: f32, g0: f32, m0: f32, v0: f32, sv: StepValues) -> Updated {
+    let g = g0 * sv.scale;
     let m1 = up.beta1 * m0 + up.one_minus_beta1 * g;
     let v1 = up.beta2 * v0 + up.one_minus_beta2 * g * g;
-    var step = up.lr * (m1 / state.bc1) / (sqrt(v1 / state.bc2) + up.eps);
+    var step = up.lr * (m1 / sv.bc1) / (sqrt(v1 / sv.bc2) + up.eps);
     // A NaN must stay NaN through the trust region (min/max may drop it); an infinite step clamps to
     // ±max_delta, as in the mirror.
     if (up.max_delta > 0.0 && !is_nan(step)) { step = clamp(step, -up.max_delta, up.max_delta); }
@@ -84,9 +90,10 @@ fn update_element(p0: f32, g0: f32, m0: f32, v0: f32) -> Updated {
 // In place over one parameter tensor: param, m, v [n] updated from grad [n].
 @compute @workgroup_size(256)
 fn adamw_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let sv = step_values();
     let i = gid.y * nwg.x * 256u + gid.x;
-    if (i >= up.n || state.skip_now != 0u) { return; }
-    let u = update_element(param[i], grad[i], m[i], v[i]);
+    if (i >= up.n || sv.skip) { return; }
+    let u = update_element(param[i], grad[i], m[i], v[i], sv);
     if (!u.ok) {
         atomicAdd(&state.bad, 1u);
         return;
@@ -103,17 +110,37 @@ fn adamw_update(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_work
 @group(0) @binding(10) var<storage, read_write> m4: array<vec4<f32>>;
 @group(0) @binding(11) var<storage, read_write> v4: array<vec4<f32>>;
 
+// CPU adapters (TEXTURED) read the four through textures (texture.wgsl): each element is read and then written by
+// the same invocation only, so the copies made before the dispatch hold what the buffers held.
+override TEXTURED: bool = false;
+@group(0) @binding(12) var param_tex: texture_2d<f32>;
+@group(0) @binding(13) var grad_tex: texture_2d<f32>;
+@group(0) @binding(14) var m_tex: texture_2d<f32>;
+@group(0) @binding(15) var v_tex: texture_2d<f32>;
+
 @compute @workgroup_size(256)
 fn adamw_update_vec4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let sv = step_values();
     let i = gid.y * nwg.x * 256u + gid.x;
-    if (i * 4u >= up.n || state.skip_now != 0u) { return; }
-    var p = param4[i];
-    let g = grad4[i];
-    var mv = m4[i];
-    var vv = v4[i];
+    if (i * 4u >= up.n || sv.skip) { return; }
+    var p: vec4<f32>;
+    var g: vec4<f32>;
+    var mv: vec4<f32>;
+    var vv: vec4<f32>;
+    if (TEXTURED) {
+        p = texel(param_tex, i);
+        g = texel(grad_tex, i);
+        mv = texel(m_tex, i);
+        vv = texel(v_tex, i);
+    } else {
+        p = param4[i];
+        g = grad4[i];
+        mv = m4[i];
+        vv = v4[i];
+    }
     var bad = 0u;
     for (var k = 0u; k < 4u; k++) {
-        let u = update_element(p[k], g[k], mv[k], vv[k]);
+        let u = update_element(p[k], g[k], mv[k], vv[k], sv);
         if (u.ok) {
             p[k] = u.param;
             mv[k] = u.m;

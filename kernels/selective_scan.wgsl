@@ -123,6 +123,9 @@ struct StepParams { batch: u32, channels: u32, nstate: u32, z_stride: u32, z_col
 @group(0) @binding(41) var dy_tex: texture_2d<f32>;
 @group(0) @binding(42) var B_tex: texture_2d<f32>;
 @group(0) @binding(43) var C_tex: texture_2d<f32>;
+// selective_scan_sum_slices' texture and vec4 view (CPU adapters).
+@group(0) @binding(44) var part_tex: texture_2d<f32>;
+@group(0) @binding(45) var<storage, read_write> total4: array<vec4<f32>>;
 fn sigmoid(x: f32) -> f32 { return 1.0 / (1.0 + exp(-x)); }
 
 // log(1 + e) for e >= 0. WGSL only promises log an absolute error of 2^-21 on [0.5, 2] (llvmpipe uses that
@@ -673,26 +676,41 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
 
 // total[i] = Σ_k part[k·count + i] (dB, dC from the per-workgroup partials) in a fixed order: four running sums
 // over k ≡ 0, 1, 2, 3 (mod 4), added as (s0 + s1) + (s2 + s3). Four loads in flight per thread where one running
-// sum issues each load only after the last one arrived (~1.2 TB/s on an H200). Grid grid_1d(count).
+// sum issues each load only after the last one arrived (~1.2 TB/s on an H200). TEXTURED (CPU adapters, count a
+// multiple of 4): invocation i sums texel i of every slice of part_tex and stores vec4 i of total4 (the same
+// buffer as total), the same sums per element; a texel fetch is a gather where a buffer load is a loop over the
+// lanes per component. Grid grid_1d(count), or grid_1d(count / 4) when TEXTURED.
+override TEXTURED: bool = false;
+// A parameter as lavapipe's uniform inliner cannot follow it (see opaque(), which needs subgroups: this entry
+// point must run without them): shifted by the texture's mip count − 1 = 0. Without it lavapipe recompiled the
+// textured pipeline at every dispatch (its unrolled loop grew the shader).
+fn hidden(x: u32) -> u32 { return x >> (textureNumLevels(part_tex) - 1u); }
+fn slice_part(k: u32, i: u32, count: u32) -> vec4<f32> {
+    if (TEXTURED) { return texel(part_tex, k * (count / 4u) + i); }
+    return vec4<f32>(part[k * count + i], 0.0, 0.0, 0.0);
+}
 @compute @workgroup_size(256)
 fn selective_scan_sum_slices(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.y * nwg.x * 256u + gid.x;
-    if (i >= q.count) { return; }
-    var s0 = 0.0;
-    var s1 = 0.0;
-    var s2 = 0.0;
-    var s3 = 0.0;
+    let count = select(q.count, hidden(q.count), TEXTURED);
+    let slices = select(q.slices, hidden(q.slices), TEXTURED);
+    if (i >= select(count, count / 4u, TEXTURED)) { return; }
+    var s0 = vec4<f32>(0.0);
+    var s1 = vec4<f32>(0.0);
+    var s2 = vec4<f32>(0.0);
+    var s3 = vec4<f32>(0.0);
     var k = 0u;
-    for (; k + 4u <= q.slices; k += 4u) {
-        s0 += part[k * q.count + i];
-        s1 += part[(k + 1u) * q.count + i];
-        s2 += part[(k + 2u) * q.count + i];
-        s3 += part[(k + 3u) * q.count + i];
+    for (; k + 4u <= slices; k += 4u) {
+        s0 += slice_part(k, i, count);
+        s1 += slice_part(k + 1u, i, count);
+        s2 += slice_part(k + 2u, i, count);
+        s3 += slice_part(k + 3u, i, count);
     }
-    if (k < q.slices) { s0 += part[k * q.count + i]; }
-    if (k + 1u < q.slices) { s1 += part[(k + 1u) * q.count + i]; }
-    if (k + 2u < q.slices) { s2 += part[(k + 2u) * q.count + i]; }
-    total[i] = (s0 + s1) + (s2 + s3);
+    if (k < slices) { s0 += slice_part(k, i, count); }
+    if (k + 1u < slices) { s1 += slice_part(k + 1u, i, count); }
+    if (k + 2u < slices) { s2 += slice_part(k + 2u, i, count); }
+    let s = (s0 + s1) + (s2 + s3);
+    if (TEXTURED) { total4[i] = s; } else { total[i] = s.x; }
 }
 
 // Sum param_part over the batch (r.batch rows of r.count = Dc·(N + 2)) and split it into dA_log [Dc, N],

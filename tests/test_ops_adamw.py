@@ -11,6 +11,7 @@ import pytest
 
 from mambactl.errors import ShapeError
 from mambactl.ops.adamw import STATE_FIELDS, AdamWState, adamw_step
+from mambactl.ops.checks import is_cpu
 from mambactl.reference import adamw as ref
 from mambactl.runtime.arena import arena_chunk
 
@@ -83,6 +84,17 @@ def snapshot(params, state):
     return [p.numpy() for p in params], [a.numpy() for a in state.m], [a.numpy() for a in state.v]
 
 
+@pytest.fixture(params=["textures", "buffers"])
+def reads(request, rt, monkeypatch):
+    """CPU adapters read the update's four operands through textures where they fit; "buffers" takes the buffer
+    kernel there too (the one GPUs run), so both are checked on every adapter that has both."""
+    if request.param == "textures" and not is_cpu(rt):
+        pytest.skip("textures are read on CPU adapters only")
+    if request.param == "buffers":
+        monkeypatch.setattr(rt, "fits_texture", lambda *tensors: False)
+    return request.param
+
+
 HP = dict(beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.1, no_decay=NO_DECAY)
 LRS = [1e-2, 8e-3, 6e-3, 4e-3, 2e-3]
 
@@ -92,7 +104,7 @@ LRS = [1e-2, 8e-3, 6e-3, 4e-3, 2e-3]
     (0.0, 0.0, 0.999),    # clipping disabled
     (1e3, 0.0, 0.95),     # clipping enabled but not binding
 ])
-def test_matches_mirror_over_steps(rt, max_grad_norm, max_delta, beta2):
+def test_matches_mirror_over_steps(rt, reads, max_grad_norm, max_delta, beta2):
     rng, host, params, state = setup(rt)
     hp = dict(HP, beta2=beta2, max_grad_norm=max_grad_norm, max_delta=max_delta)
     mirror = Mirror(host)
@@ -170,7 +182,7 @@ def test_element_guard_without_norm_guard(rt):
     assert (c["step"], c["skipped_steps"], c["bad_elements"]) == (len(LRS), 0, 2)
 
 
-def test_element_guard_with_finite_norm(rt):
+def test_element_guard_with_finite_norm(rt, reads):
     """With the norm guard on and clipping active, non-finite moments (e.g. a corrupt checkpoint) are caught
     per element: the step goes ahead, those elements keep their values and are counted."""
     rng, host, params, state = setup(rt, seed=3)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from mambactl.errors import ShapeError
+from mambactl.ops.checks import is_cpu
 from mambactl.ops import selective_scan as scan
 from mambactl.ops.selective_scan import (PATHS, SUBGROUP_LANES, SUBGROUP_MAX_STATE, channel_lanes, direct_per_thread,
                                          lanes_fit, selective_scan, selective_scan_backward, selective_scan_step,
@@ -88,6 +89,22 @@ def test_matches_reference(rt, path, batch, length, channels, nstate, chunk):
     assert rel_err(y, y_ref) < 1e-4
     for name, got, want in zip(GRADS, grads, grads_ref):
         assert got.shape == want.shape, name
+        assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
+
+
+@pytest.mark.parametrize("textures", [True, False])
+def test_slice_sums_from_textures_or_buffers(rt, monkeypatch, textures):
+    """dB and dC are the sums of the direct backward's per-group partials (70 groups here: one channel each): CPU adapters read them
+    through a texture (count a multiple of 4), GPUs from the buffer; both against float64 on every adapter."""
+    if textures and not is_cpu(rt):
+        pytest.skip("the slice sums read a texture on CPU adapters only")
+    if not textures:
+        monkeypatch.setattr(rt, "fits_texture", lambda *tensors: False)
+    x = make_inputs(2, 33, 70, 16, seed=5)
+    dy = np.random.default_rng(6).standard_normal((2, 33, 70)).astype(np.float32)
+    _, grads, _ = run_gpu(rt, x, dy, 16, path="direct", per_thread=1)
+    _, grads_ref = reference(x, dy)
+    for name, got, want in zip(GRADS, grads, grads_ref):
         assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
 
 

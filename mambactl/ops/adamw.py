@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import U32, expect, grid_1d
+from mambactl.ops.checks import U32, expect, grid_1d, is_cpu
 from mambactl.ops.reduce import sum_of_squares
 from mambactl.runtime.arena import Arena, spans
 from mambactl.runtime.tensor import Tensor
@@ -123,8 +123,11 @@ def adamw_step(params: list[Tensor], grads: list[Tensor], state: AdamWState, *, 
         hp = dict(n=p.size, lr=float(lr), beta1=float(beta1), beta2=float(beta2), one_minus_beta1=om1,
                   one_minus_beta2=om2, eps=float(eps), keep=float(keep), max_delta=float(max_delta))
         if p.size % 4 == 0:
-            rt.run("adamw_update_vec4", grid_1d(p.size // 4), state=state.counters, param4=p, grad4=g, m4=m, v4=v,
-                   **hp)
+            textured = is_cpu(rt) and rt.fits_texture(p, g, m, v)
+            tex = dict(param_tex=p, grad_tex=g, m_tex=m, v_tex=v) if textured else dict.fromkeys(
+                ("param_tex", "grad_tex", "m_tex", "v_tex"))
+            rt.run("adamw_update_vec4", grid_1d(p.size // 4), {"TEXTURED": textured}, state=state.counters, param4=p,
+                   grad4=g, m4=m, v4=v, **tex, **hp)
         else:
             rt.run("adamw_update", grid_1d(p.size), state=state.counters, param=p, grad=g, m=m, v=v, **hp)
 

@@ -411,8 +411,10 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
                    dz=dz, dB_part=dB_part, dC_part=dC_part, param_part=param_part, carry=carry, **views, **params)
     dB, dC = rt.empty(s.B.shape), rt.empty(s.C.shape)
     count = batch * length * nstate
-    rt.run("selective_scan_sum_slices", grid_1d(count), part=dB_part, total=dB, count=count, slices=groups)
-    rt.run("selective_scan_sum_slices", grid_1d(count), part=dC_part, total=dC, count=count, slices=groups)
+    for part, total in ((dB_part, dB), (dC_part, dC)):
+        textured = is_cpu(rt) and count % 4 == 0 and rt.fits_texture(part)
+        rt.run("selective_scan_sum_slices", grid_1d(count // 4 if textured else count), {"TEXTURED": textured},
+               part=part, part_tex=part if textured else None, total=total, total4=total, count=count, slices=groups)
     count = channels * (nstate + 2)
     rt.run("selective_scan_param_grads", grid_1d(count), {"ACCUMULATE": accumulate}, part=param_part,
            dA_log=dA_log, dD=dD, ddelta_bias=ddelta_bias, count=count, batch=batch, nstate=nstate)
