@@ -103,17 +103,39 @@ def _texture_rows(nbytes: int) -> int:
     return max(1, -(-nbytes // (16 * TEXTURE_ROW)))
 
 
-def _copy_to_texture(encoder, buffer, offset: int, nbytes: int, texture) -> None:
-    """Record the copy of a tensor's bytes into its texture (Runtime._texture): its whole rows, then the last,
-    partial row (rounded up to a texel: fits_texture checked those bytes are in the buffer)."""
+def _texture_copies(buffer, offset: int, nbytes: int, texture) -> list:
+    """The C arguments of the copies of a tensor's bytes into its texture (Runtime._texture): its whole rows, then
+    the last, partial row (rounded up to a texel: fits_texture checked those bytes are in the buffer). Built once
+    per texture and recorded by `_copy_to_texture`: wgpu's `copy_buffer_to_texture` builds and checks these
+    structs in Python at every call, ~50 µs each on this project's CPU machine (a buffer copy: ~4 µs), and a
+    training step records dozens of copies on lavapipe. -> [buffer, texture, [(source, target, size)]]."""
+    from wgpu.backends.wgpu_native._api import lib, new_struct, new_struct_p
+
     row_bytes = 16 * TEXTURE_ROW
     full, tail = divmod(nbytes, row_bytes)
+    parts = []  # (first texture row, first byte, texels a row, rows)
     if full:
-        encoder.copy_buffer_to_texture({"buffer": buffer, "offset": offset, "bytes_per_row": row_bytes},
-                                       {"texture": texture}, (TEXTURE_ROW, full, 1))
+        parts.append((0, offset, TEXTURE_ROW, full))
     if tail:
-        encoder.copy_buffer_to_texture({"buffer": buffer, "offset": offset + full * row_bytes, "bytes_per_row": row_bytes},
-                                       {"texture": texture, "origin": (0, full, 0)}, (-(-tail // 16), 1, 1))
+        parts.append((full, offset + full * row_bytes, -(-tail // 16), 1))
+    copies = []
+    for row, start, width, rows in parts:
+        source = new_struct_p("WGPUTexelCopyBufferInfo *", buffer=buffer._internal,
+                              layout=new_struct("WGPUTexelCopyBufferLayout", offset=start, bytesPerRow=row_bytes,
+                                                rowsPerImage=rows))
+        target = new_struct_p("WGPUTexelCopyTextureInfo *", texture=texture._internal, mipLevel=0,
+                              origin=new_struct("WGPUOrigin3D", x=0, y=row, z=0), aspect=lib.WGPUTextureAspect_All)
+        size = new_struct_p("WGPUExtent3D *", width=width, height=rows, depthOrArrayLayers=1)
+        copies.append((source, target, size))
+    return [buffer, texture, copies]  # the objects too: the structs hold only their handles
+
+
+def _copy_to_texture(encoder, copies: list) -> None:
+    """Record a tensor's copies into its texture (`_texture_copies`)."""
+    from wgpu.backends.wgpu_native._api import libf
+
+    for source, target, size in copies[2]:
+        libf.wgpuCommandEncoderCopyBufferToTexture(encoder._internal, source, target, size)
 
 
 class Runtime:
@@ -305,10 +327,11 @@ class Runtime:
             texture = self.device.create_texture(size=(TEXTURE_ROW, _texture_rows(t.nbytes), 1),
                                                  format=wgpu.TextureFormat.rgba32float,
                                                  usage=wgpu.TextureUsage.TEXTURE_BINDING | wgpu.TextureUsage.COPY_DST)
-            hit = self._textures[key] = [texture, texture.create_view(), -1]
+            hit = self._textures[key] = [texture, texture.create_view(), -1,
+                                         _texture_copies(t.buffer, t.offset, t.nbytes, texture)]
         count = self._writes.get(key[0], 0)
         if hit[2] != count or self._graph is not None:
-            self._queue(("texture", t.buffer, t.offset, t.nbytes, hit[0]))
+            self._queue(("texture", hit[3]))
             hit[2] = count
         return hit[1]
 
@@ -406,7 +429,7 @@ class Runtime:
                     cpass.end()
                     cpass = None
                 if cmd[0] == "texture":
-                    _copy_to_texture(encoder, *cmd[1:])
+                    _copy_to_texture(encoder, cmd[1])
                     continue
                 _, src, so, dst, do, n = cmd
                 encoder.copy_buffer_to_buffer(src, so, dst, do, n)
