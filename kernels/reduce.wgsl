@@ -1,3 +1,4 @@
+//! include texture
 // Two-pass reductions with no races: pass 1 writes one partial per workgroup (grid-stride over the
 // input) into partials[offset + wid]; pass 2, one workgroup, sums all partials into out[out_index].
 // SQUARE selects Σx² (gradient norms) instead of Σx (losses).
@@ -113,4 +114,39 @@ fn column_sums(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = block * cp.cols + col;
     if (ACCUMULATE) { s += sums[i]; }
     sums[i] = s;
+}
+
+// column_sums on CPU adapters (ops/reduce.py takes it where cols is a multiple of 4 and the matrix fits a texture):
+// thread (c, block) sums columns 4c .. 4c + 3 over the block's rows as texels of matrix_tex, in four running vec4
+// sums over rows ≡ 0, 1, 2, 3 (mod 4) added as (t0 + t1) + (t2 + t3), and stores a vec4 of sums4 (the same buffer
+// as sums). A texel fetch is a gather on lavapipe where a buffer load is a loop over the lanes per component.
+@group(0) @binding(8) var matrix_tex: texture_2d<f32>;
+@group(0) @binding(9) var<storage, read_write> sums4: array<vec4<f32>>;
+
+@compute @workgroup_size(64)
+fn column_sums_texels(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let cols4 = hidden(matrix_tex, cp.cols) / 4u;
+    let c = gid.x;
+    let block = gid.y;
+    if (c >= cols4) { return; }
+    let start = block * hidden(matrix_tex, cp.block_rows);
+    let end = min(hidden(matrix_tex, cp.rows), start + hidden(matrix_tex, cp.block_rows));
+    var t0 = vec4<f32>(0.0);
+    var t1 = vec4<f32>(0.0);
+    var t2 = vec4<f32>(0.0);
+    var t3 = vec4<f32>(0.0);
+    var r = start;
+    for (; r + 4u <= end; r += 4u) {
+        t0 += texel(matrix_tex, r * cols4 + c);
+        t1 += texel(matrix_tex, (r + 1u) * cols4 + c);
+        t2 += texel(matrix_tex, (r + 2u) * cols4 + c);
+        t3 += texel(matrix_tex, (r + 3u) * cols4 + c);
+    }
+    if (r < end) { t0 += texel(matrix_tex, r * cols4 + c); }
+    if (r + 1u < end) { t1 += texel(matrix_tex, (r + 1u) * cols4 + c); }
+    if (r + 2u < end) { t2 += texel(matrix_tex, (r + 2u) * cols4 + c); }
+    var s = (t0 + t1) + (t2 + t3);
+    let i = block * cols4 + c;
+    if (ACCUMULATE) { s += sums4[i]; }
+    sums4[i] = s;
 }

@@ -681,10 +681,6 @@ fn selective_scan_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
 // buffer as total), the same sums per element; a texel fetch is a gather where a buffer load is a loop over the
 // lanes per component. Grid grid_1d(count), or grid_1d(count / 4) when TEXTURED.
 override TEXTURED: bool = false;
-// A parameter as lavapipe's uniform inliner cannot follow it (see opaque(), which needs subgroups: this entry
-// point must run without them): shifted by the texture's mip count − 1 = 0. Without it lavapipe recompiled the
-// textured pipeline at every dispatch (its unrolled loop grew the shader).
-fn hidden(x: u32) -> u32 { return x >> (textureNumLevels(part_tex) - 1u); }
 fn slice_part(k: u32, i: u32, count: u32) -> vec4<f32> {
     if (TEXTURED) { return texel(part_tex, k * (count / 4u) + i); }
     return vec4<f32>(part[k * count + i], 0.0, 0.0, 0.0);
@@ -692,8 +688,9 @@ fn slice_part(k: u32, i: u32, count: u32) -> vec4<f32> {
 @compute @workgroup_size(256)
 fn selective_scan_sum_slices(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let i = gid.y * nwg.x * 256u + gid.x;
-    let count = select(q.count, hidden(q.count), TEXTURED);
-    let slices = select(q.slices, hidden(q.slices), TEXTURED);
+    let count = select(q.count, hidden(part_tex, q.count), TEXTURED);  // hidden: lavapipe recompiled it at every
+    // dispatch without (texture.wgsl)
+    let slices = select(q.slices, hidden(part_tex, q.slices), TEXTURED);
     if (i >= select(count, count / 4u, TEXTURED)) { return; }
     var s0 = vec4<f32>(0.0);
     var s1 = vec4<f32>(0.0);

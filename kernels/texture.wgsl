@@ -16,3 +16,9 @@ fn texture_elem(t: texture_2d<f32>, e: u32) -> f32 {
     let v = texel(t, e >> 2u);
     return v[e & 3u];
 }
+
+// x as lavapipe's uniform inliner cannot follow it: shifted by t's mip count − 1 = 0. Lavapipe recompiles a
+// pipeline at every dispatch when inlining the uniforms behind its loop bounds grew the shader (unrolled loops;
+// docs/architecture.md); a texture query is not an ALU op, so a bound that passes through one is not inlined.
+// (The subgroup kernels use opaque(), a subgroup broadcast; this one needs no subgroups.)
+fn hidden(t: texture_2d<f32>, x: u32) -> u32 { return x >> (textureNumLevels(t) - 1u); }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from mambactl.ops.checks import cpu_subgroups, expect, require_subgroup_lanes
+from mambactl.ops.checks import cpu_subgroups, expect, is_cpu, require_subgroup_lanes
 from mambactl.runtime.arena import spans
 from mambactl.runtime.tensor import Tensor
 
@@ -74,7 +74,20 @@ def column_sums(x: Tensor, out: Tensor | None = None) -> Tensor:
         block = math.isqrt(R - 1) + 1
         blocks = -(-R // block)
         partial = rt.empty((blocks, n))
-        rt.run("column_sums", (-(-n // 64), blocks), matrix=x, sums=partial, rows=R, cols=n, block_rows=block)
+        _column_sums_pass(x, partial, block, blocks, False)
         x, R = partial, blocks
-    rt.run("column_sums", (-(-n // 64), 1), {"ACCUMULATE": accumulate}, matrix=x, sums=out, rows=R, cols=n, block_rows=R)
+    _column_sums_pass(x, out, R, 1, accumulate)
     return out
+
+
+def _column_sums_pass(x: Tensor, sums: Tensor, block_rows: int, blocks: int, accumulate: bool) -> None:
+    """One pass: sums [blocks, n] (+)= the column sums of x [R, n] over blocks of `block_rows` rows. CPU adapters
+    read x through a texture (column_sums_texels) where n is a multiple of 4 and x fits one."""
+    rt = x.runtime
+    R, n = x.shape
+    if is_cpu(rt) and n % 4 == 0 and rt.fits_texture(x):
+        rt.run("column_sums_texels", (-(-n // 256), blocks), {"ACCUMULATE": accumulate}, matrix_tex=x, sums4=sums,
+               rows=R, cols=n, block_rows=block_rows)
+        return
+    rt.run("column_sums", (-(-n // 64), blocks), {"ACCUMULATE": accumulate}, matrix=x, sums=sums, rows=R, cols=n,
+           block_rows=block_rows)
