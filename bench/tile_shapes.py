@@ -7,7 +7,9 @@ Each workgroup computes one TM × TN tile of C[t] = A[t]ᵀ B (A[t] [K, M] k-maj
 [K, --cols] shared, as ssd_tile's M_STATE reads x and B), stepping K by 16 through double-buffered shared
 tiles with one barrier a step, the next step's operands in registers while this one is multiplied (the
 engine's scheme; `/late` after a config: loaded after it, linear.wgsl's order; `/ka`, `/kb`: A or B
-K-contiguous in memory, staged by transposed scalar stores as ssd_tile stages such operands). A config `TMxTN/RMxRN` gives the tile and each thread's register block (threads =
+K-contiguous in memory, staged by transposed scalar stores as ssd_tile stages such operands; a
+config whose padded shared rows would pass the 48 KiB of workgroup memory, such as 128x256/8x16, keeps them unpadded
+and spreads those stores over the banks by an XOR of the vec4 slot with k / 4). A config `TMxTN/RMxRN` gives the tile and each thread's register block (threads =
 TM·TN / (RM·RN)); a thread's rows are RM / 4 vec4s TM / RM rows apart (and likewise its columns), so a warp's
 shared reads stay 8 or 4 consecutive vec4s. `--scale` multiplies each staged A row by exp of a per-row value
 read from memory (the engine's decay-weighted loaders). Prints TFLOP/s (GPU timestamps around a pass of 20
@@ -38,7 +40,10 @@ def shader(m_all: int, n_all: int, tm: int, tn: int, rm: int, rn: int, scale: bo
     """WGSL for one config, every per-thread loop written out; returns (source, threads)."""
     txc, tyc = tn // rn, tm // rm
     threads = txc * tyc
-    arow, brow = tm // 4 + 1, tn // 4 + 1
+    arow, brow = tm // 4 + 1, tn // 4 + 1  # a padding vec4 a row: the transposed stores spread over banks
+    swizzle = 2 * 16 * (arow + brow) * 16 > 49152  # over the 48 KiB of workgroup memory: no padding; the
+    if swizzle:  # transposed stores spread by an XOR of the vec4 slot with k / 4 instead
+        arow, brow = tm // 4, tn // 4
     la, lb = 16 * tm // 4 // threads, 16 * tn // 4 // threads
     assert la >= 1 and lb >= 1 and txc >= 8, (tm, tn, rm, rn)
     qa, qb = rm // 4, rn // 4
@@ -89,8 +94,9 @@ def shader(m_all: int, n_all: int, tm: int, tn: int, rm: int, rn: int, scale: bo
             L.append(f"    {{ let v = tid + {j * threads}u;")
             if kc:  # transposed: the four k values go to four k rows (ssd_tile's e_commit)
                 L.append("      let m = v / 4u; let k = (v % 4u) * 4u;")
+                slot = "((m / 4u) ^ (k / 4u))" if swizzle else "m / 4u"
                 for c in range(4):
-                    L.append(f"      {sh}[(buf * 16u + k + {c}u) * {row}u + m / 4u][m % 4u] = {name}{j}[{c}];")
+                    L.append(f"      {sh}[(buf * 16u + k + {c}u) * {row}u + {slot}][m % 4u] = {name}{j}[{c}];")
                 L.append("    }")
             else:
                 L.append(f"      {sh}[(buf * 16u + v / {width}u) * {row}u + v % {width}u] = {name}{j}; }}")
@@ -98,10 +104,12 @@ def shader(m_all: int, n_all: int, tm: int, tn: int, rm: int, rn: int, scale: bo
     # one k of the register block, called 16 times (as linear.wgsl's kstep: after inlining every shared index but
     # the thread's is a constant)
     L.append("fn kstep(buf: u32, k: u32, tx: u32, ty: u32) {")
+    sw_a = " ^ (k / 4u)" if swizzle and a_kc else ""
+    sw_b = " ^ (k / 4u)" if swizzle and b_kc else ""
     for q in range(qa):
-        L.append(f"    let a{q} = sa[(buf * 16u + k) * {arow}u + ty + {q * tyc}u];")
+        L.append(f"    let a{q} = sa[(buf * 16u + k) * {arow}u + ((ty + {q * tyc}u){sw_a})];")
     for j in range(qb):
-        L.append(f"    let b{j} = sb[(buf * 16u + k) * {brow}u + tx + {j * txc}u];")
+        L.append(f"    let b{j} = sb[(buf * 16u + k) * {brow}u + ((tx + {j * txc}u){sw_b})];")
     for q in range(qa):
         for i in range(4):
             for j in range(qb):
@@ -150,8 +158,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiles", type=int, default=1536, help="A matrices (Mamba-2 M_STATE: B·chunks·H = 1536)")
     ap.add_argument("--rows", type=int, default=64, help="A's columns M (the SSD's P = 64), a multiple of the tiles' TM")
-    ap.add_argument("--cols", type=int, default=128, help="B's columns (the SSD's N = 128), a multiple of TN "
-                    "(on the H200 a 128x256/8x16 config did not finish within a 300-s call)")
+    ap.add_argument("--cols", type=int, default=128, help="B's columns (the SSD's N = 128), a multiple of TN")
     ap.add_argument("--k", type=int, default=128, help="K, a multiple of 16 (the chunk)")
     ap.add_argument("--configs", default="64x64/4x4,64x64/4x4/late,64x64/8x4/late,64x64/8x8/late,64x128/8x8/late")
     ap.add_argument("--scale", action="store_true")

@@ -33,6 +33,15 @@ def test_tile_shapes_every_config_matches_numpy(tmp_path):
         assert line["ms"] > 0 and line["tflops"] > 0
 
 
+def test_tile_shapes_unpadded_swizzled_configs_match_numpy(tmp_path):
+    """128 × 256 tiles fill the workgroup memory unpadded: their K-contiguous operands go through the XOR swizzle."""
+    configs = ["128x256/8x16/late", "128x256/8x16/late/ka", "128x256/8x16/kb"]
+    lines = run_bench("tile_shapes.py", "--tiles", "2", "--rows", "128", "--cols", "256", "--k", "48",
+                      "--configs", ",".join(configs), "--repeats", "1", "--warm-s", "0", out=tmp_path / "w.jsonl")
+    assert [line["config"] for line in lines] == configs
+    assert all(line["max_rel_err"] < 1e-5 for line in lines), lines
+
+
 @pytest.mark.parametrize("op,groups", [("mamba2", "1"), ("siso", "2")])
 def test_ssd_bench_costs_every_tile_pipeline(tmp_path, op, groups):
     (line,) = run_bench("ssd.py", "--op", op, "--batch", "1", "--seq", "80", "--heads", "2", "--headdim", "16",
