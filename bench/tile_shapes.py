@@ -12,7 +12,7 @@ config whose padded shared rows would pass the 48 KiB of workgroup memory, such 
 and spreads those stores over the banks by an XOR of the vec4 slot with k / 4). A config `TMxTN/RMxRN` gives the tile and each thread's register block (threads =
 TM·TN / (RM·RN)); a thread's rows are RM / 4 vec4s TM / RM rows apart (and likewise its columns), so a warp's
 shared reads stay 8 or 4 consecutive vec4s. `--scale` multiplies each staged A row by exp of a per-row value
-read from memory (the engine's decay-weighted loaders). Prints TFLOP/s (GPU timestamps around a pass of 20
+read from memory (the engine's decay-weighted loaders). Prints TFLOP/s (GPU timestamps around a pass of --per-pass (20)
 dispatches where the adapter has them, else wall time around one; median of repeats after --warm-s
 seconds of the same dispatches: on the H200 a GPU left idle for a moment, as while numpy checks the last config,
 ran the next config's first timings up to 4× slower) and checks every config's C against numpy once.
@@ -163,6 +163,7 @@ def main() -> None:
     ap.add_argument("--configs", default="64x64/4x4,64x64/4x4/late,64x64/8x4/late,64x64/8x8/late,64x128/8x8/late")
     ap.add_argument("--scale", action="store_true")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--per-pass", type=int, default=20, help="dispatches per timed pass on GPUs (CPU adapters: 1)")
     ap.add_argument("--warm-s", type=float, default=0.5, help="seconds of dispatches before each config's timing")
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", default=None)
@@ -228,7 +229,7 @@ def main() -> None:
         run(1)
         got = np.frombuffer(dev.queue.read_buffer(buf_c), np.float32).reshape(a.tiles, M, a.cols)
         err = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
-        reps = 1 if is_cpu(rt) else 20
+        reps = 1 if is_cpu(rt) else a.per_pass
         keep_busy(rt, lambda: run(reps), a.warm_s)  # noqa: B023
         times = []
         for _ in range(a.repeats):
