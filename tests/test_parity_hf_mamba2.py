@@ -70,7 +70,9 @@ def hf_in_float64(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "float", lambda t: t if t.dtype == torch.float64 else t.to(torch.float32))
     monkeypatch.setattr(modeling_mamba2.Mamba2RMSNorm, "forward", lambda self, h: self.weight * h * torch.rsqrt(
         h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
-    monkeypatch.setattr(modeling_mamba2.MambaRMSNormGated, "forward", _rmsnorm_gated_f64)
+    # transformers 5 renamed MambaRMSNormGated to Mamba2RMSNormGated
+    gated = getattr(modeling_mamba2, "Mamba2RMSNormGated", None) or modeling_mamba2.MambaRMSNormGated
+    monkeypatch.setattr(gated, "forward", _rmsnorm_gated_f64)
 
 
 CASES = {

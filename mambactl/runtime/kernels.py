@@ -170,9 +170,11 @@ def parse_module(name: str, source: str, base: str = "") -> Module:
 
 def kernel_dir():
     """Where the WGSL files are: the kernels/ folder of the checkout this package was imported from (so a checkout
-    first on sys.path runs its own kernels, whatever is installed), else the installed `mambactl.kernels` data."""
+    first on sys.path runs its own kernels, whatever is installed), else the installed `mambactl.kernels` data.
+    The folder has no __init__.py: a checkout's root on sys.path (`python -m pytest` puts it there) would otherwise
+    shadow the PyPI package `kernels`, which transformers imports; mambactl.kernels is a namespace package."""
     checkout = Path(__file__).resolve().parents[2] / "kernels"
-    if (checkout / "__init__.py").is_file() and any(checkout.glob("*.wgsl")):
+    if any(checkout.glob("*.wgsl")):
         return checkout
     return resources.files("mambactl.kernels")
 
