@@ -620,6 +620,22 @@ def test_fill_and_zeros(rt):
     assert np.count_nonzero(t.numpy()) == 0
     fill.fill(t, 2.5)
     assert np.all(t.numpy() == 2.5)
+    rt.fill(t, np.nan)  # poisoned: a zero fill (a buffer clear) must write every element
+    fill.fill(t, 0.0)
+    assert np.count_nonzero(t.numpy()) == 0
+
+
+def test_zero_fill_of_a_view_leaves_its_neighbours(rt):
+    """A clear covers the view's bytes only, ordered with the dispatches recorded before and after it."""
+    align = int(rt.limits["min-storage-buffer-offset-alignment"]) // 4
+    whole = rt.from_numpy(np.full(4 * align, 7.0, np.float32))
+    activations.silu(whole)  # a dispatch before the clear, reading the buffer it will clear
+    fill.fill(whole.view(align, (2 * align,)), 0.0)
+    after = activations.silu(whole)  # and one after, reading the cleared elements
+    want = np.full(4 * align, 7.0, np.float32)
+    want[align:3 * align] = 0.0
+    np.testing.assert_array_equal(whole.numpy(), want)
+    np.testing.assert_allclose(after.numpy(), want / (1 + np.exp(-want)), rtol=1e-6)
 
 
 @pytest.mark.parametrize("textures", [True, False])

@@ -7,8 +7,12 @@ from mambactl.runtime.tensor import Tensor
 
 
 def fill(t: Tensor, value: float) -> Tensor:
+    """Every element of t = value; zero is a buffer clear (`Runtime.clear`), any other value the fill kernel."""
     expect("fill", "t", t)
-    t.runtime.run("fill", grid_1d(t.size), dst=t, n=t.size, value=float(value))
+    if value == 0.0:
+        t.runtime.clear(t)
+    else:
+        t.runtime.run("fill", grid_1d(t.size), dst=t, n=t.size, value=float(value))
     return t
 
 

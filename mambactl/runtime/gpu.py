@@ -431,6 +431,12 @@ class Runtime:
         self._queue(("copy", src.buffer, src.offset + src_offset, dst.buffer, dst.offset + dst_offset, n))
         self._wrote(dst.buffer)
 
+    def clear(self, t: Tensor) -> None:
+        """Record zeroing t's bytes as a buffer clear (wgpu's clear_buffer: a memset on Mesa lavapipe, where the fill
+        kernel's per-lane stores took 0.45 ms for the tiny model's 98k gradients), ordered with the dispatches."""
+        self._queue(("clear", t.buffer, t.offset, t.nbytes))
+        self._wrote(t.buffer)
+
     def flush(self) -> None:
         """Submit everything recorded so far as one command buffer (compute passes split only by copies)."""
         if not self._pending:
@@ -460,6 +466,9 @@ class Runtime:
                     cpass = None
                 if cmd[0] == "texture":
                     _copy_to_texture(encoder, cmd[1])
+                    continue
+                if cmd[0] == "clear":
+                    encoder.clear_buffer(cmd[1], cmd[2], cmd[3])
                     continue
                 _, src, so, dst, do, n = cmd
                 encoder.copy_buffer_to_buffer(src, so, dst, do, n)
