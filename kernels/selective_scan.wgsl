@@ -748,11 +748,16 @@ fn selective_scan_param_grads(@builtin(global_invocation_id) gid: vec3<u32>, @bu
 // in carry [B, Dc, 2N + 2]. Loop iterations per invocation: see the wrapper.
 const MAX_N: u32 = 128u;  // MAX_STATE in the wrapper
 
+// z_stride, z_col (dz_stride, dz_col): z's (dz's) row stride and first column, so Mamba-1 reads z in place in
+// in_proj's output and writes dz beside the conv's dx in in_proj's gradient (Dc and 0 for a [B, L, Dc] tensor).
 struct DirectParams { batch: u32, len: u32, channels: u32, chunk: u32, nchunks: u32, seg_begin: u32, seg_end: u32,
-                      kc_lo: u32, kc_hi: u32, ngroups: u32, per_thread: u32 }
+                      kc_lo: u32, kc_hi: u32, ngroups: u32, per_thread: u32, z_stride: u32, z_col: u32,
+                      dz_stride: u32, dz_col: u32 }
 @group(0) @binding(31) var<uniform> dp: DirectParams;
 
 fn direct_row(b: u32, t: u32, d: u32) -> u32 { return (b * dp.len + t) * dp.channels + d; }
+fn z_row(b: u32, t: u32, d: u32) -> u32 { return (b * dp.len + t) * dp.z_stride + dp.z_col + d; }
+fn dz_row(b: u32, t: u32, d: u32) -> u32 { return (b * dp.len + t) * dp.dz_stride + dp.dz_col + d; }
 
 // Grid grid_1d(B·Dc) in workgroups of 64: invocation b·Dc + d.
 @compute @workgroup_size(64)
@@ -789,7 +794,7 @@ fn selective_scan_forward_direct(@builtin(global_invocation_id) gid: vec3<u32>,
             h[n] = hn;
             acc += C[bc + n] * hn;
         }
-        let zv = z[row];
+        let zv = z[z_row(b, t, d)];
         y[row] = (skip * uv + acc) * zv * sigmoid(zv);
     }
     for (var n = 0u; n < N; n++) { last_state[base + n] = h[n]; }
@@ -861,7 +866,7 @@ fn selective_scan_backward_direct(@builtin(global_invocation_id) gid: vec3<u32>,
                 let t = t0 + s - 1u;
                 let row = direct_row(b, t, d);
                 let uv = u[row];
-                let zv = z[row];
+                let zv = z[z_row(b, t, d)];
                 let dyv = dy[row];
                 let gate = sigmoid(zv);
                 let dyg = dyv * zv * gate;                            // dy through the gate
@@ -896,7 +901,7 @@ fn selective_scan_backward_direct(@builtin(global_invocation_id) gid: vec3<u32>,
                     dB_part[pb + n] = db;
                     g[n] = gn * decay;
                 }
-                dz[row] = (skip * uv + yc) * dzg;
+                dz[dz_row(b, t, d)] = (skip * uv + yc) * dzg;
                 du[row] = skip * dyg + dt * gb;
                 let dx = (gha + uv * gb) * dsp;
                 ddelta[row] = dx;
@@ -1101,7 +1106,7 @@ fn selective_scan_forward_subgroup(@builtin(global_invocation_id) gid: vec3<u32>
             let bc = (b * dp.len + t) * N;
             h = s_add(s_mul(s_exp(s_scale(a, dt)), h), s_scale(shared_state(B_tex, bc, lane), dt * uv));
             let acc = s_dot(shared_state(C_tex, bc, lane), h);
-            let zv = texture_elem(z_tex, row);
+            let zv = texture_elem(z_tex, z_row(b, t, d));
             if (valid) { y[row] = (skip * uv + acc) * zv * sigmoid(zv); }
         }
     }
@@ -1145,7 +1150,7 @@ fn sg_advance(h: State16, t: u32) -> State16 {
 fn sg_adjoint(t: u32, h: State16, prev: State16, terms: StepTerms) {
     let row = direct_row(sg_b, t, sg_d);
     let uv = terms.uv;
-    let zv = texture_elem(z_tex, row);
+    let zv = texture_elem(z_tex, z_row(sg_b, t, sg_d));
     let dyv = texture_elem(dy_tex, row);
     let gate = sigmoid(zv);
     let dyg = dyv * zv * gate;                            // dy through the gate
@@ -1170,7 +1175,7 @@ fn sg_adjoint(t: u32, h: State16, prev: State16, terms: StepTerms) {
     sg_g = s_mul(gn, decay);
     let dx = (gha + uv * gb) * dsp;
     if (sg_valid) {
-        dz[row] = (sg_skip * uv + yc) * dzg;
+        dz[dz_row(sg_b, t, sg_d)] = (sg_skip * uv + yc) * dzg;
         du[row] = sg_skip * dyg + dt * gb;
         ddelta[row] = dx;
     }

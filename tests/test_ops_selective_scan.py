@@ -92,6 +92,43 @@ def test_matches_reference(rt, path, batch, length, channels, nstate, chunk):
         assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_gate_read_and_dz_written_in_place(rt, path):
+    """z given as columns [start, start + Dc) of wider rows (Mamba-1's in_proj output) and dz written into columns
+    of a wider matrix (its gradient): the same bits as with [B, L, Dc] tensors, NaN in the other columns of z
+    unread, the other columns of the dz matrix left as they were. Ragged L against the 4-step sub-chunks."""
+    batch, length, channels, nstate, start, width = 2, 13, 10, 16, 7, 23
+    skip_unsupported(rt, nstate, path)
+    x = make_inputs(batch, length, channels, nstate, seed=3)
+    dy = np.random.default_rng(4).standard_normal((batch, length, channels)).astype(np.float32)
+    y, grads, _ = run_gpu(rt, x, dy, 8, path=path)
+    wide = np.full((batch, length, width), np.nan, np.float32)
+    wide[:, :, start:start + channels] = x["z"]
+    args = [rt.from_numpy(x[k]) if k != "z" else rt.from_numpy(wide) for k in NAMES]
+    y2, saved = selective_scan(*args, chunk=8, path=path, z_start=start)
+    canvas = np.random.default_rng(5).standard_normal((batch, length, width)).astype(np.float32)
+    dz_out = rt.from_numpy(canvas)
+    out = selective_scan_backward(saved, rt.from_numpy(dy), path=path, dz_out=(dz_out, start - 2))
+    np.testing.assert_array_equal(y2.numpy(), y)
+    for name, got, want in zip(GRADS, out, grads):
+        if name != "dz":
+            np.testing.assert_array_equal(got.numpy(), want, err_msg=name)
+    assert out[GRADS.index("dz")] is dz_out
+    expect = canvas.copy()
+    expect[:, :, start - 2:start - 2 + channels] = grads[GRADS.index("dz")]
+    np.testing.assert_array_equal(dz_out.numpy(), expect)
+
+
+def test_gate_columns_outside_the_rows_are_refused(rt):
+    x = make_inputs(1, 4, 6, 4)
+    args = [rt.from_numpy(x[k]) for k in NAMES]
+    with pytest.raises(ShapeError, match=r"z columns \[3, 9\) outside its 6 columns"):
+        selective_scan(*args, z_start=3)
+    _, saved = selective_scan(*args)
+    with pytest.raises(ShapeError, match=r"dz_out columns \[1, 7\) outside its 6 columns"):
+        selective_scan_backward(saved, rt.from_numpy(x["u"]), dz_out=(rt.from_numpy(x["u"]), 1))
+
+
 @pytest.mark.parametrize("textures", [True, False])
 def test_slice_sums_from_textures_or_buffers(rt, monkeypatch, textures):
     """dB and dC are the sums of the direct backward's per-group partials (70 groups here: one channel each): CPU adapters read them

@@ -20,10 +20,9 @@ def mamba1_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig
     m, di, R, N = cfg.mamba1, cfg.d_inner, cfg.dt_rank, cfg.mamba1.d_state
     rt = x.runtime
     xz = linear.linear(x, p["in_proj.weight"], p.get("in_proj.bias"))
-    z = slice.column_slice(xz, di, di)
     conv_w = p["conv1d.weight"].reshape(di, m.d_conv)
     conv_b = p["conv1d.bias"] if m.conv_bias else zeros(rt, (di,))
-    xz3 = xz.reshape(batch, length, 2 * di)  # the conv reads its x columns [0, d_inner) in place
+    xz3 = xz.reshape(batch, length, 2 * di)  # the conv reads its x columns [0, d_inner), the scan z [d_inner, 2·d_inner)
     u = conv1d.conv1d_silu(xz3, conv_w, conv_b, x_start=0).reshape(-1, di)
     x_dbl = linear.linear(u, p["x_proj.weight"])
     dt_in, Bm, Cm = slice.column_split(x_dbl, [R, N, N])
@@ -31,7 +30,7 @@ def mamba1_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig
     shape3 = (batch, length, di)
     y, scan_saved = selective_scan(
         u.reshape(shape3), delta.reshape(shape3), p["A_log"], Bm.reshape(batch, length, N),
-        Cm.reshape(batch, length, N), p["D"], z.reshape(shape3), p["dt_proj.bias"],
+        Cm.reshape(batch, length, N), p["D"], xz3, p["dt_proj.bias"], z_start=di,
     )
     y = y.reshape(-1, di)
     out = linear.linear(y, p["out_proj.weight"], p.get("out_proj.bias"))
@@ -45,9 +44,10 @@ def mamba1_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfi
     m, di = cfg.mamba1, cfg.d_inner
     s = saved
     dy, _, _ = linear.linear_backward(s["y"], p["out_proj.weight"], dout, dw=g["out_proj.weight"], db=g.get("out_proj.bias"))
-    du, ddelta, _, dB, dC, _, dz, _ = selective_scan_backward(
+    dxz3 = dout.runtime.empty(s["xz3"].shape)  # [dx | dz]: the scan writes dz's columns, the conv dx's
+    du, ddelta, _, dB, dC, _, _, _ = selective_scan_backward(
         s["scan"], dy.reshape(s["batch"], s["length"], di),
-        grads={"A_log": g["A_log"], "D": g["D"], "delta_bias": g["dt_proj.bias"]},
+        grads={"A_log": g["A_log"], "D": g["D"], "delta_bias": g["dt_proj.bias"]}, dz_out=(dxz3, di),
     )
     ddt_in, _, _ = linear.linear_backward(s["dt_in"], p["dt_proj.weight"], ddelta.reshape(-1, di), dw=g["dt_proj.weight"])
     dx_dbl = slice.column_concat([ddt_in, dB.reshape(-1, m.d_state), dC.reshape(-1, m.d_state)])
@@ -55,13 +55,11 @@ def mamba1_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfi
     conv_dw = g["conv1d.weight"].reshape(di, m.d_conv)
     conv_db = g["conv1d.bias"] if m.conv_bias else zeros(dout.runtime, (di,))
     shape3 = (s["batch"], s["length"], di)
-    dxz3 = dout.runtime.empty(s["xz3"].shape)  # [dx | dz]: the conv writes its columns, dz is scattered beside
     conv1d.conv1d_silu_backward(  # u fed the scan (du) and x_proj (du2)
         s["xz3"], s["conv_w"], s["conv_b"], du.reshape(shape3), du2.reshape(shape3), dw=conv_dw, db=conv_db,
         x_start=0, dx_out=(dxz3, 0),
     )
-    dxz = slice.column_scatter(dz.reshape(-1, di), dxz3.reshape(-1, 2 * di), di)
-    dx, _, _ = linear.linear_backward(s["x"], p["in_proj.weight"], dxz, dw=g["in_proj.weight"], db=g.get("in_proj.bias"))
+    dx, _, _ = linear.linear_backward(s["x"], p["in_proj.weight"], dxz3.reshape(-1, 2 * di), dw=g["in_proj.weight"], db=g.get("in_proj.bias"))
     return dx
 
 

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from mambactl.errors import ShapeError
 from mambactl.ops.checks import (LOOP_BUDGET, SEGMENT_BUDGET, SUBGROUP_LANES, cpu_subgroups, expect, grid_1d, is_cpu,
                                  is_llvmpipe, loop_budget, require_subgroup_lanes, segment_length, segments)
+from mambactl.ops.slice import column_scatter, column_slice
 from mambactl.runtime.tensor import Tensor
 
 WORKGROUP = 128  # mirrors WG in kernels/selective_scan.wgsl
@@ -84,6 +85,7 @@ class ScanSaved:
     states: Tensor  # [B, n_chunks, Dc, N]: the state before step k·chunk
     chunk: int
     last_state: Tensor  # [B, Dc, N]: the state after the last step (to continue recurrently)
+    z_start: int = 0  # z's columns [z_start, z_start + Dc) are the gate (z wider than Dc: read in place)
 
 
 def channel_lanes(nstate: int) -> int:
@@ -103,13 +105,17 @@ def channels_per_subgroup(rt, nstate: int) -> int:
     return rt.subgroup_size // channel_lanes(nstate)
 
 
-def _check_inputs(op: str, u, delta, A_log, B, C, D, z, delta_bias) -> tuple[int, int, int, int]:
+def _check_inputs(op: str, u, delta, A_log, B, C, D, z, delta_bias, z_start: int | None = None
+                  ) -> tuple[int, int, int, int]:
     expect(op, "u", u, (None, None, None))
     batch, length, channels = u.shape
     if min(u.shape) < 1:
         raise ShapeError(f"{op}: u has shape {u.shape}; batch, length and channels must be at least 1")
     expect(op, "delta", delta, u.shape)
-    expect(op, "z", z, u.shape)
+    if z_start is None:
+        expect(op, "z", z, u.shape)
+    else:
+        _check_columns(op, "z", z, batch, length, channels, z_start)
     expect(op, "A_log", A_log, (channels, None))
     nstate = A_log.shape[1]
     if not 1 <= nstate <= MAX_STATE:
@@ -121,10 +127,20 @@ def _check_inputs(op: str, u, delta, A_log, B, C, D, z, delta_bias) -> tuple[int
     return batch, length, channels, nstate
 
 
-def _scan_params(batch: int, length: int, channels: int, chunk: int) -> dict:
+def _check_columns(op: str, name: str, t: Tensor, batch: int, length: int, channels: int, start: int) -> None:
+    """t [B, L, W] whose columns [start, start + Dc) an op reads or writes in place."""
+    expect(op, name, t, (batch, length, None))
+    if not 0 <= start <= t.shape[2] - channels:
+        raise ShapeError(f"{op}: {name} columns [{start}, {start + channels}) outside its {t.shape[2]} columns")
+
+
+def _scan_params(batch: int, length: int, channels: int, chunk: int, z: Tensor | None = None, z_start: int = 0,
+                 dz: Tensor | None = None, dz_start: int = 0) -> dict:
+    """The kernels' uniforms; z and dz's row strides and first columns where they are wider than Dc."""
     nchunks = -(-length // chunk)
     return dict(batch=batch, len=length, channels=channels, chunk=chunk, nchunks=nchunks, seg_begin=0,
-                seg_end=length, kc_lo=0, kc_hi=nchunks)
+                seg_end=length, kc_lo=0, kc_hi=nchunks, z_stride=channels if z is None else z.shape[2], z_col=z_start,
+                dz_stride=channels if dz is None else dz.shape[2], dz_col=dz_start)
 
 
 # Loop iterations per invocation (upper bounds, no unrolling assumed), for Mesa llvmpipe's budget of 65,535
@@ -223,8 +239,10 @@ def _lanes_constants(rt, nstate: int) -> dict:
 
 def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor, z: Tensor,
                    delta_bias: Tensor, chunk: int | None = None, segment: int | None = None,
-                   path: str | None = None) -> tuple[Tensor, ScanSaved]:
+                   path: str | None = None, z_start: int | None = None) -> tuple[Tensor, ScanSaved]:
     """u, delta, z [B, L, Dc]; A_log [Dc, N]; B, C [B, L, N]; D, delta_bias [Dc] -> (y [B, L, Dc], saved).
+    With `z_start`, z is [B, L, W] and its columns [z_start, z_start + Dc) are the gate (in_proj's output as it
+    is: the CPU paths read them in place, the GPU path takes a copy).
 
     `chunk` (a positive multiple of 8) is the number of steps between saved states (None: DEFAULT_CHUNK).
     `segment`: steps per dispatch (rounded up to a sub-tile of 4 steps on the tiled path; h carried in
@@ -233,13 +251,16 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
     adapter; see the module docstring).
     """
     op = "selective_scan"
-    batch, length, channels, nstate = _check_inputs(op, u, delta, A_log, B, C, D, z, delta_bias)
+    batch, length, channels, nstate = _check_inputs(op, u, delta, A_log, B, C, D, z, delta_bias, z_start)
     if chunk is not None and (chunk < CHUNK_MULTIPLE or chunk % CHUNK_MULTIPLE):
         raise ShapeError(f"{op}: chunk is {chunk}; it must be a positive multiple of {CHUNK_MULTIPLE}")
     rt = u.runtime
     chunk = chunk or DEFAULT_CHUNK
     chosen = _choose_path(rt, op, path, nstate, min(chunk, length), (u, delta, z, B, C))
-    params = _scan_params(batch, length, channels, chunk)
+    z_start = z_start or 0
+    if chosen == "tiled" and z.shape[2] != channels:  # the GPU kernels read a [B, L, Dc] gate
+        z, z_start = column_slice(z.reshape(-1, z.shape[2]), z_start, channels).reshape(batch, length, channels), 0
+    params = _scan_params(batch, length, channels, chunk, z, z_start)
     y = rt.empty(u.shape)
     states = rt.empty((batch, params["nchunks"], channels, nstate))
     last_state = rt.empty((batch, channels, nstate))
@@ -254,7 +275,7 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
                    {"N": nstate}, u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y,
                    states=states, states4=states, last_state=last_state, ngroups=groups, per_thread=1,
                    u_tex=u, delta_tex=delta, z_tex=z, B_tex=B, C_tex=C, **params)
-        return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
+        return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state, z_start)
     if chosen == "direct":
         seg = segment_length(rt, op, tuple(u.shape), length, direct_forward_loops_per_step(nstate), 2 * nstate,
                              segment=segment)
@@ -263,7 +284,7 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
             rt.run("selective_scan_forward_direct", grid_1d(batch * channels, DIRECT_FORWARD_GROUP), {"N": nstate},
                    u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z, delta_bias=delta_bias, y=y, states=states,
                    last_state=last_state, ngroups=0, per_thread=0, **params)
-        return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
+        return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state, z_start)
     constants = _lanes_constants(rt, nstate)
     grid = (-(-channels * constants["LP"] // WORKGROUP), batch)
     seg = segment_length(rt, op, tuple(u.shape), length, lanes_forward_loops_per_step(nstate), 16,
@@ -272,7 +293,7 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
         params.update(seg_begin=t0, seg_end=t1)
         rt.run("selective_scan_forward", grid, constants, u=u, delta=delta, A_log=A_log, B=B, C=C, D=D, z=z,
                delta_bias=delta_bias, y=y, states=states, last_state=last_state, B4=B, C4=C, **params)
-    return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state)
+    return y, ScanSaved(u, delta, A_log, B, C, D, z, delta_bias, states, chunk, last_state, z_start)
 
 
 def selective_scan_step(state: Tensor, u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor, D: Tensor,
@@ -317,8 +338,10 @@ def selective_scan_step(state: Tensor, u: Tensor, delta: Tensor, A_log: Tensor, 
 
 
 def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Tensor] | None = None,
-                            segment: int | None = None, path: str | None = None, per_thread: int | None = None):
-    """dy [B, L, Dc] -> (du, ddelta, dA_log, dB, dC, dD, dz, ddelta_bias), shaped like the inputs.
+                            segment: int | None = None, path: str | None = None, per_thread: int | None = None,
+                            dz_out: tuple[Tensor, int] | None = None):
+    """dy [B, L, Dc] -> (du, ddelta, dA_log, dB, dC, dD, dz, ddelta_bias), shaped like the inputs; with
+    `dz_out` = (matrix [B, L, W], start), dz goes into its columns [start, start + Dc) and dz is that matrix.
 
     ddelta is the gradient w.r.t. the forward's `delta` (before bias and softplus). `grads`, a mapping with
     keys "A_log", "D" and "delta_bias", makes the parameter gradients add into those tensors (and returns them).
@@ -329,10 +352,12 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
     """
     op = "selective_scan_backward"
     s = saved
-    batch, length, channels, nstate = _check_inputs(op, s.u, s.delta, s.A_log, s.B, s.C, s.D, s.z, s.delta_bias)
+    batch, length, channels, nstate = _check_inputs(op, s.u, s.delta, s.A_log, s.B, s.C, s.D, s.z, s.delta_bias,
+                                                    s.z_start if s.z.shape[2] != s.u.shape[2] else None)
     expect(op, "dy", dy, s.u.shape)
-    params = _scan_params(batch, length, channels, s.chunk)
-    expect(op, "saved states", s.states, (batch, params["nchunks"], channels, nstate))
+    if dz_out is not None:
+        _check_columns(op, "dz_out", dz_out[0], batch, length, channels, dz_out[1])
+    expect(op, "saved states", s.states, (batch, -(-length // s.chunk), channels, nstate))
     accumulate = grads is not None
     if accumulate:
         missing = {"A_log", "D", "delta_bias"} - set(grads)
@@ -344,10 +369,16 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
     rt = dy.runtime
     if not accumulate:
         dA_log, dD, ddelta_bias = rt.empty((channels, nstate)), rt.empty((channels,)), rt.empty((channels,))
-    nchunks = params["nchunks"]
-    du, ddelta, dz = rt.empty(s.u.shape), rt.empty(s.u.shape), rt.empty(s.u.shape)
+    du, ddelta = rt.empty(s.u.shape), rt.empty(s.u.shape)
     param_part = rt.empty((batch, channels, nstate + 2))
     chosen = _choose_path(rt, op, path, nstate, min(s.chunk, length), (s.u, s.delta, s.z, dy, s.B, s.C))
+    z, z_start = s.z, s.z_start
+    if chosen == "tiled" and z.shape[2] != channels:  # the GPU kernels read a [B, L, Dc] gate and write dz so
+        z, z_start = column_slice(z.reshape(-1, z.shape[2]), z_start, channels).reshape(batch, length, channels), 0
+    in_place = dz_out is not None and chosen != "tiled"
+    dz, dz_start = dz_out if in_place else (rt.empty(s.u.shape), 0)
+    params = _scan_params(batch, length, channels, s.chunk, z, z_start, dz, dz_start)
+    nchunks = params["nchunks"]
     if chosen == "subgroup":
         _check_subgroup(rt, op, nstate)
         groups, span = subgroup_groups(channels), min(s.chunk, length)
@@ -362,10 +393,10 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
             rt.run("selective_scan_backward_subgroup", grid_1d(batch * groups * SUBGROUP_LANES, DIRECT_FORWARD_GROUP),
                    {"N": nstate, "WALK": span > SUBGROUP_SUBCHUNK,
                     "TAIL": bool(length % SUBGROUP_SUBCHUNK or s.chunk % SUBGROUP_SUBCHUNK)},
-                   u=s.u, delta=s.delta, A_log=s.A_log, B=s.B, C=s.C, D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy,
+                   u=s.u, delta=s.delta, A_log=s.A_log, B=s.B, C=s.C, D=s.D, z=z, delta_bias=s.delta_bias, dy=dy,
                    saved_states=s.states, saved_states4=s.states, du=du, ddelta=ddelta, dz=dz, dB_part=dB_part,
                    dC_part=dC_part, param_part=param_part, scratch4=scratch, carry=carry, ngroups=groups,
-                   per_thread=1, u_tex=s.u, delta_tex=s.delta, z_tex=s.z, dy_tex=dy, B_tex=s.B, C_tex=s.C, **params)
+                   per_thread=1, u_tex=s.u, delta_tex=s.delta, z_tex=z, dy_tex=dy, B_tex=s.B, C_tex=s.C, **params)
     elif chosen == "direct":
         per, groups = direct_per_thread(rt, batch, length, channels, nstate, s.chunk, per_thread)
         dB_part = rt.empty((groups, batch, length, nstate))
@@ -378,7 +409,7 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
         for hi in range(nchunks, 0, -seg):
             params.update(kc_lo=max(0, hi - seg), kc_hi=hi)
             rt.run("selective_scan_backward_direct", grid_1d(batch * groups, DIRECT_BACKWARD_GROUP), {"N": nstate},
-                   u=s.u, delta=s.delta, A_log=s.A_log, B=s.B, C=s.C, D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy,
+                   u=s.u, delta=s.delta, A_log=s.A_log, B=s.B, C=s.C, D=s.D, z=z, delta_bias=s.delta_bias, dy=dy,
                    saved_states=s.states, du=du, ddelta=ddelta, dz=dz, dB_part=dB_part, dC_part=dC_part,
                    param_part=param_part, tile_states=scratch, carry=carry, ngroups=groups, per_thread=per,
                    **params)
@@ -407,7 +438,7 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
                    delta=s.delta, A_log=s.A_log, B=s.B, delta_bias=s.delta_bias, saved_states=s.states, **views,
                    **params)
             rt.run("selective_scan_backward", grid, constants, u=s.u, delta=s.delta, A_log=s.A_log, B=s.B, C=s.C,
-                   D=s.D, z=s.z, delta_bias=s.delta_bias, dy=dy, saved_states=s.states, du=du, ddelta=ddelta,
+                   D=s.D, z=z, delta_bias=s.delta_bias, dy=dy, saved_states=s.states, du=du, ddelta=ddelta,
                    dz=dz, dB_part=dB_part, dC_part=dC_part, param_part=param_part, carry=carry, **views, **params)
     dB, dC = rt.empty(s.B.shape), rt.empty(s.C.shape)
     count = batch * length * nstate
@@ -418,4 +449,8 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
     count = channels * (nstate + 2)
     rt.run("selective_scan_param_grads", grid_1d(count), {"ACCUMULATE": accumulate}, part=param_part,
            dA_log=dA_log, dD=dD, ddelta_bias=ddelta_bias, count=count, batch=batch, nstate=nstate)
+    if dz_out is not None:
+        if not in_place:
+            column_scatter(dz.reshape(-1, channels), dz_out[0].reshape(-1, dz_out[0].shape[2]), dz_out[1])
+        dz = dz_out[0]
     return du, ddelta, dA_log, dB, dC, dD, dz, ddelta_bias
