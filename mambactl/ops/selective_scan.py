@@ -134,6 +134,15 @@ def _check_columns(op: str, name: str, t: Tensor, batch: int, length: int, chann
         raise ShapeError(f"{op}: {name} columns [{start}, {start + channels}) outside its {t.shape[2]} columns")
 
 
+def _gate(path: str, z: Tensor, z_start: int, channels: int) -> tuple[Tensor, int]:
+    """(z, z_start) as the path's kernels read them: the CPU paths read a wider z in place (strides in their
+    uniforms); the GPU kernels read a [B, L, Dc] gate, so a wider z is copied there."""
+    if path != "tiled" or z.shape[2] == channels:
+        return z, z_start
+    batch, length, width = z.shape
+    return column_slice(z.reshape(-1, width), z_start, channels).reshape(batch, length, channels), 0
+
+
 def _scan_params(batch: int, length: int, channels: int, chunk: int, z: Tensor | None = None, z_start: int = 0,
                  dz: Tensor | None = None, dz_start: int = 0) -> dict:
     """The kernels' uniforms; z and dz's row strides and first columns where they are wider than Dc."""
@@ -257,9 +266,7 @@ def selective_scan(u: Tensor, delta: Tensor, A_log: Tensor, B: Tensor, C: Tensor
     rt = u.runtime
     chunk = chunk or DEFAULT_CHUNK
     chosen = _choose_path(rt, op, path, nstate, min(chunk, length), (u, delta, z, B, C))
-    z_start = z_start or 0
-    if chosen == "tiled" and z.shape[2] != channels:  # the GPU kernels read a [B, L, Dc] gate
-        z, z_start = column_slice(z.reshape(-1, z.shape[2]), z_start, channels).reshape(batch, length, channels), 0
+    z, z_start = _gate(chosen, z, z_start or 0, channels)
     params = _scan_params(batch, length, channels, chunk, z, z_start)
     y = rt.empty(u.shape)
     states = rt.empty((batch, params["nchunks"], channels, nstate))
@@ -372,10 +379,8 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
     du, ddelta = rt.empty(s.u.shape), rt.empty(s.u.shape)
     param_part = rt.empty((batch, channels, nstate + 2))
     chosen = _choose_path(rt, op, path, nstate, min(s.chunk, length), (s.u, s.delta, s.z, dy, s.B, s.C))
-    z, z_start = s.z, s.z_start
-    if chosen == "tiled" and z.shape[2] != channels:  # the GPU kernels read a [B, L, Dc] gate and write dz so
-        z, z_start = column_slice(z.reshape(-1, z.shape[2]), z_start, channels).reshape(batch, length, channels), 0
-    in_place = dz_out is not None and chosen != "tiled"
+    z, z_start = _gate(chosen, s.z, s.z_start, channels)
+    in_place = dz_out is not None and chosen != "tiled"  # the GPU kernels write a [B, L, Dc] dz, scattered below
     dz, dz_start = dz_out if in_place else (rt.empty(s.u.shape), 0)
     params = _scan_params(batch, length, channels, s.chunk, z, z_start, dz, dz_start)
     nchunks = params["nchunks"]
