@@ -25,6 +25,13 @@ def expect(op: str, name: str, t, shape=None, dtype=F32) -> Tensor:
     return t
 
 
+def expect_columns(op: str, name: str, t: Tensor, start: int, count: int) -> None:
+    """t's columns [start, start + count) along its last dimension exist (an op reads or writes them in place)."""
+    width = t.shape[-1]
+    if start < 0 or start + count > width:
+        raise ShapeError(f"{op}: {name} columns [{start}, {start + count}) outside its {width} columns")
+
+
 # --- CPU adapters ------------------------------------------------------------------------------------------------
 # Software adapters (Mesa lavapipe / llvmpipe) take barrier-free kernels; where their subgroups have 8 lanes
 # (lavapipe on AVX2) the *_subgroup kernels, which broadcast from lanes 0-7, share loads across them.

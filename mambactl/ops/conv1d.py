@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from mambactl.errors import ShapeError
 from mambactl.ops import activations
-from mambactl.ops.checks import SEGMENT_BUDGET, expect, grid_1d, is_cpu
+from mambactl.ops.checks import SEGMENT_BUDGET, expect, expect_columns, grid_1d, is_cpu
 from mambactl.ops.reduce import column_sums
 from mambactl.ops.slice import column_concat, column_split
 from mambactl.runtime.tensor import Tensor
@@ -156,8 +156,7 @@ def _backward(op: str, x: Tensor, w: Tensor, b: Tensor | None, dy, dy2: Tensor |
     else:
         dx, dx_col = dx_out
         expect(op, "dx_out", dx, (B, L, None))
-        if dx_col < 0 or dx_col + C > dx.shape[2]:
-            raise ShapeError(f"{op}: dx_out columns [{dx_col}, {dx_col + C}) outside its {dx.shape[2]} columns")
+        expect_columns(op, "dx_out", dx, dx_col, C)
     dims = dict(batch=B, len=L, channels=C, taps=K, block_rows=_BLOCK_ROWS)
     if _walk(K, walk):  # dx and the per-(segment, batch row) partials of dw and db in one walk
         seg = _segment(rt, L, K, segment)

@@ -8,7 +8,7 @@ columns of another (`dz_out`, the combined in_proj gradient), so the model makes
 from __future__ import annotations
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import expect, grid_1d
+from mambactl.ops.checks import expect, expect_columns, grid_1d
 from mambactl.ops.reduce import column_sums
 from mambactl.ops.rmsnorm import per_row, rows_block
 from mambactl.runtime.tensor import Tensor
@@ -62,8 +62,7 @@ def rmsnorm_gated_backward(y: Tensor, z: Tensor, w: Tensor, rstd: Tensor, group_
     else:
         dz, dz_col = dz_out
         expect(op, "dz_out", dz, (M, None))
-        if dz_col < 0 or dz_col + D > dz.shape[1]:
-            raise ShapeError(f"{op}: dz_out columns [{dz_col}, {dz_col + D}) outside its {dz.shape[1]} columns")
+        expect_columns(op, "dz_out", dz, dz_col, D)
     per_row_path = per_row(rt, group_size, rows_path)
     block = rows_block(M, group_size) if per_row_path else GPU_BLOCK_ROWS
     blocks = -(-M // block)

@@ -41,8 +41,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import (LOOP_BUDGET, SEGMENT_BUDGET, SUBGROUP_LANES, cpu_subgroups, expect, grid_1d, is_cpu,
-                                 is_llvmpipe, loop_budget, require_subgroup_lanes, segment_length, segments)
+from mambactl.ops.checks import (LOOP_BUDGET, SEGMENT_BUDGET, SUBGROUP_LANES, cpu_subgroups, expect, expect_columns,
+                                 grid_1d, is_cpu, is_llvmpipe, loop_budget, require_subgroup_lanes, segment_length,
+                                 segments)
 from mambactl.ops.slice import column_scatter, column_slice
 from mambactl.runtime.tensor import Tensor
 
@@ -130,8 +131,7 @@ def _check_inputs(op: str, u, delta, A_log, B, C, D, z, delta_bias, z_start: int
 def _check_columns(op: str, name: str, t: Tensor, batch: int, length: int, channels: int, start: int) -> None:
     """t [B, L, W] whose columns [start, start + Dc) an op reads or writes in place."""
     expect(op, name, t, (batch, length, None))
-    if not 0 <= start <= t.shape[2] - channels:
-        raise ShapeError(f"{op}: {name} columns [{start}, {start + channels}) outside its {t.shape[2]} columns")
+    expect_columns(op, name, t, start, channels)
 
 
 def _gate(path: str, z: Tensor, z_start: int, channels: int) -> tuple[Tensor, int]:
@@ -320,8 +320,7 @@ def selective_scan_step(state: Tensor, u: Tensor, delta: Tensor, A_log: Tensor, 
     expect(op, "delta", delta, (batch, channels))
     expect(op, "z", z, (batch, channels if z_start is None else None))
     z_start = 0 if z_start is None else z_start
-    if not 0 <= z_start <= z.shape[1] - channels:
-        raise ShapeError(f"{op}: z columns [{z_start}, {z_start + channels}) outside its {z.shape[1]}")
+    expect_columns(op, "z", z, z_start, channels)
     if (b_start is None) != (c_start is None):
         raise ShapeError(f"{op}: give b_start and c_start together (B and C in one tensor) or neither")
     if b_start is None:
@@ -333,8 +332,7 @@ def selective_scan_step(state: Tensor, u: Tensor, delta: Tensor, A_log: Tensor, 
         if C is not B:
             raise ShapeError(f"{op}: with b_start and c_start, B and C are the same tensor")
         for name, start in (("B", b_start), ("C", c_start)):
-            if not 0 <= start <= B.shape[1] - nstate:
-                raise ShapeError(f"{op}: {name} columns [{start}, {start + nstate}) outside its {B.shape[1]}")
+            expect_columns(op, name, B, start, nstate)
     expect(op, "D", D, (channels,))
     expect(op, "delta_bias", delta_bias, (channels,))
     y = u.runtime.empty((batch, channels))

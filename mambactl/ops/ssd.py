@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import (SEGMENT_BUDGET, cpu_subgroups, expect, grid_1d, is_cpu, loop_budget,
+from mambactl.ops.checks import (SEGMENT_BUDGET, cpu_subgroups, expect, expect_columns, grid_1d, is_cpu, loop_budget,
                                  require_subgroup_lanes, segment_length, segments)
 from mambactl.runtime.tensor import Tensor
 
@@ -546,8 +546,7 @@ def ssd_step(state: Tensor, x: Tensor, dt_raw: Tensor, A_log: Tensor, B: Tensor,
         expect(op, "dt_raw", dt_raw, (batch, heads))
     else:
         expect(op, "dt_raw", dt_raw, (batch, None))
-        if dt_start < 0 or dt_start + heads > dt_raw.shape[1]:
-            raise ShapeError(f"{op}: dt_raw columns [{dt_start}, {dt_start + heads}) outside its {dt_raw.shape[1]}")
+        expect_columns(op, "dt_raw", dt_raw, dt_start, heads)
     expect(op, "B", B, (batch, None))
     if B.shape[1] % nstate or B.shape[1] < nstate or heads % (B.shape[1] // nstate):
         raise ShapeError(f"{op}: B has shape {B.shape}; its width must be G·{nstate}, G dividing the {heads} heads")
