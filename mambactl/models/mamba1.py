@@ -22,7 +22,7 @@ def mamba1_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig
     xz = linear.linear(x, p["in_proj.weight"], p.get("in_proj.bias"))
     conv_w = p["conv1d.weight"].reshape(di, m.d_conv)
     conv_b = p["conv1d.bias"] if m.conv_bias else zeros(rt, (di,))
-    xz3 = xz.reshape(batch, length, 2 * di)  # the conv reads its x columns [0, d_inner), the scan z [d_inner, 2·d_inner)
+    xz3 = xz.reshape(batch, length, 2 * di)  # the conv reads its x columns [0, d_inner) in place, the scan its z
     u = conv1d.conv1d_silu(xz3, conv_w, conv_b, x_start=0).reshape(-1, di)
     x_dbl = linear.linear(u, p["x_proj.weight"])
     dt_in, Bm, Cm = slice.column_split(x_dbl, [R, N, N])
@@ -59,7 +59,8 @@ def mamba1_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfi
         s["xz3"], s["conv_w"], s["conv_b"], du.reshape(shape3), du2.reshape(shape3), dw=conv_dw, db=conv_db,
         x_start=0, dx_out=(dxz3, 0),
     )
-    dx, _, _ = linear.linear_backward(s["x"], p["in_proj.weight"], dxz3.reshape(-1, 2 * di), dw=g["in_proj.weight"], db=g.get("in_proj.bias"))
+    dx, _, _ = linear.linear_backward(s["x"], p["in_proj.weight"], dxz3.reshape(-1, 2 * di), dw=g["in_proj.weight"],
+                                      db=g.get("in_proj.bias"))
     return dx
 
 

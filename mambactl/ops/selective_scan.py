@@ -358,7 +358,7 @@ def selective_scan_backward(saved: ScanSaved, dy: Tensor, grads: Mapping[str, Te
     op = "selective_scan_backward"
     s = saved
     batch, length, channels, nstate = _check_inputs(op, s.u, s.delta, s.A_log, s.B, s.C, s.D, s.z, s.delta_bias,
-                                                    s.z_start if s.z.shape[2] != s.u.shape[2] else None)
+                                                    s.z_start)
     expect(op, "dy", dy, s.u.shape)
     if dz_out is not None:
         _check_columns(op, "dz_out", dz_out[0], batch, length, channels, dz_out[1])
