@@ -628,14 +628,17 @@ def test_fill_and_zeros(rt):
 def test_zero_fill_of_a_view_leaves_its_neighbours(rt):
     """A clear covers the view's bytes only, ordered with the dispatches recorded before and after it."""
     align = int(rt.limits["min-storage-buffer-offset-alignment"]) // 4
-    whole = rt.from_numpy(np.full(4 * align, 7.0, np.float32))
-    activations.silu(whole)  # a dispatch before the clear, reading the buffer it will clear
+    values = np.random.default_rng(0).standard_normal(4 * align).astype(np.float32)
+    whole = rt.from_numpy(values)
+    before = activations.silu(whole)  # a dispatch before the clear, reading the buffer it will clear
     fill.fill(whole.view(align, (2 * align,)), 0.0)
     after = activations.silu(whole)  # and one after, reading the cleared elements
-    want = np.full(4 * align, 7.0, np.float32)
+    want = values.copy()
     want[align:3 * align] = 0.0
     np.testing.assert_array_equal(whole.numpy(), want)
-    np.testing.assert_allclose(after.numpy(), want / (1 + np.exp(-want)), rtol=1e-6)
+    silu = lambda v: v.astype(np.float64) / (1 + np.exp(-v.astype(np.float64)))  # noqa: E731
+    np.testing.assert_allclose(before.numpy(), silu(values), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(after.numpy(), silu(want), rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("textures", [True, False])
