@@ -438,7 +438,7 @@ class Runtime:
         self._wrote(t.buffer)
 
     def flush(self) -> None:
-        """Submit everything recorded so far as one command buffer (compute passes split only by copies)."""
+        """Submit everything recorded so far as one command buffer (compute passes split only by copies and clears)."""
         if not self._pending:
             return
         if self._uniform_bytes:
