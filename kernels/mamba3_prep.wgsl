@@ -16,11 +16,12 @@
 // partials), so the per-head gradients before the rotation [M, H, R, N] are never stored). The ∂angle and
 // ∂dd_dt columns, sums over heads / angles of the ∂θ running sum, are mamba3_prep_reduce's. Fixed order, no
 // atomics.
-// finish: y_r = ys_r + D v_r; yn = RMSNorm over P per (head, rank) times norm.weight (with NORM) or y;
+// finish: y_r = ys_r + D v_r (SISO: the SSD core adds D v, y = ys); yn = RMSNorm over P per (head, rank) times norm.weight (with NORM) or y;
 // o_r = yn_r ⊙ silu(zr_r); out = Σ_r mimo_o_r ⊙ o_r (SISO: out = o). A workgroup per (row, head, rank).
 // SISO has zr = z (mimo_z = 1), so no zr is stored: the finish reads z in place from proj's columns and writes dz
-// into dproj's (FinishParams' zstride / dzstride: the row strides of zr_in / dzr_out), and mamba3_prep_forward /
-// _backward write neither zr nor the z columns there.
+// into dproj's (FinishParams' zstride / dzstride: the row strides of zr_in / dzr_out); v = x is read in place by
+// the scan (mamba3_prep_forward copies it only for decoding) and its dx written into dproj's x columns by the
+// scan's backward, so mamba3_prep_backward is MIMO's alone.
 
 const MAX_S: u32 = 64u;  // mirrored by mambactl/ops/mamba3_prep.py
 const PI: f32 = 3.14159265358979;
@@ -31,6 +32,8 @@ const TL: u32 = 16u;
 
 override NORM: bool = false;
 override MIMO: bool = true;  // finish backward: mimo_o read and ∂mimo_o partials (false for SISO)
+// finish: the skip D v is added here (MIMO); SISO's scan adds it in the SSD core, so y = ys and no y is stored
+override SKIP: bool = true;
 
 // The θ walks cover steps [seg_begin, seg_end) (the wrapper splits them into dispatches on Mesa llvmpipe, whose
 // per-invocation loop budget is 65,535 iterations): the forward's running θ enters from theta at step
@@ -303,8 +306,8 @@ fn mamba3_prep_rotate(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(nu
     }
 }
 
-// Channel c of (row, h): dproj's x and z columns (SISO: dx = dv + D dys, dz is already in dproj from
-// mamba3_finish_backward), dvx, dzz (MIMO).
+// Channel c of (row, h), MIMO: dproj's x and z columns, dvx, dzz. (SISO's are written in place by the scan's
+// backward, dx, and mamba3_finish_backward, dz.)
 @compute @workgroup_size(256)
 fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let H = p.heads;
@@ -319,10 +322,6 @@ fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
         let c = it.c;
         let rh = it.row * H + h;
         let pr = it.row * p.cols;
-        if (p.mimo == 0u) {
-            dproj[pr + di + h * P + c] = dv[rh * P + c] + D[h] * dys_in[rh * P + c];
-            continue;
-        }
         let xv = proj[pr + di + h * P + c];
         let zv = proj[pr + h * P + c];
         var dx = 0.0;
@@ -627,7 +626,13 @@ fn finish_sum(local: u32, lane: u32, part: f32) -> f32 {
     return total;
 }
 
-// y = ys + D v, yn = RMSNorm(y) ⊙ w (NORM) or y, o = yn ⊙ silu(zr). With SISO o is already out (R = 1, mimo_o = 1).
+// y = ys + D v (SKIP; else y = ys, not stored), yn = RMSNorm(y) ⊙ w (NORM) or y, o = yn ⊙ silu(zr). With SISO o
+// is already out (R = 1, mimo_o = 1).
+fn finish_y(i: u32) -> f32 {
+    if (SKIP) { return y[i]; }
+    return ys[i];
+}
+
 @compute @workgroup_size(64)
 fn mamba3_finish_forward(@builtin(local_invocation_index) local: u32, @builtin(workgroup_id) wid: vec3<u32>,
                          @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -640,8 +645,11 @@ fn mamba3_finish_forward(@builtin(local_invocation_index) local: u32, @builtin(w
     let zbase = (i / (fp.frank * fp.fheads)) * fp.zstride + (i % (fp.frank * fp.fheads)) * P;
     var ss = 0.0;
     for (var c = it.lane; c < walk; c += FL) {
-        let yv = ys[base + c] + D[h] * v_in[base + c];
-        y[base + c] = yv;
+        var yv = ys[base + c];
+        if (SKIP) {
+            yv += D[h] * v_in[base + c];
+            y[base + c] = yv;
+        }
         if (NORM) {
             ss += yv * yv;
         } else {  // one pass: o from the y in hand
@@ -655,7 +663,7 @@ fn mamba3_finish_forward(@builtin(local_invocation_index) local: u32, @builtin(w
     if (!NORM) { return; }
     for (var c = it.lane; c < walk; c += FL) {
         let zv = zr_in[zbase + c];
-        o[base + c] = y[base + c] * rs * norm_w[h * P + c] * zv * sigmoid(zv);
+        o[base + c] = finish_y(base + c) * rs * norm_w[h * P + c] * zv * sigmoid(zv);
     }
 }
 
@@ -675,7 +683,8 @@ fn mamba3_finish_sum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
     out[i] = acc;
 }
 
-// dys (gradient reaching the scan output and, times D, v), dzr and the per-item parameter partials; MIMO also
+// dys (gradient reaching the scan output and, times D, v), dzr and the per-item parameter partials (∂D's with
+// SKIP); MIMO also
 // dout ⊙ o (-> ∂mimo_o) and reads mimo_o (SISO: 1). Workgroups as mamba3_finish_forward.
 @compute @workgroup_size(64)
 fn mamba3_finish_backward(@builtin(local_invocation_index) local: u32, @builtin(workgroup_id) wid: vec3<u32>,
@@ -712,7 +721,7 @@ fn mamba3_finish_backward(@builtin(local_invocation_index) local: u32, @builtin(
         if (NORM) {
             dot += dyn * norm_w[h * P + c] * y_in[base + c] * rs;
             dnw_part[(row * fp.frank + r) * fp.fheads * P + h * P + c] = dyn * y_in[base + c] * rs;
-        } else {
+        } else if (SKIP) {
             dd += dyn * v_in[base + c];
         }
     }
@@ -721,9 +730,10 @@ fn mamba3_finish_backward(@builtin(local_invocation_index) local: u32, @builtin(
         for (var c = it.lane; c < walk; c += FL) {
             let g = rs * (dys[base + c] * norm_w[h * P + c] - y_in[base + c] * rs * dot / f32(P));
             dys[base + c] = g;
-            dd += g * v_in[base + c];
+            if (SKIP) { dd += g * v_in[base + c]; }
         }
     }
+    if (!SKIP) { return; }
     dd = finish_sum(local, it.lane, dd);
     if (it.live && it.lane == 0u) { dD_part[(row * fp.frank + r) * fp.fheads + h] = dd; }
 }

@@ -738,10 +738,13 @@ override VEC4: bool = false;  // P, N, the chunk and L multiples of 4: every ope
 
 // batch..nchunks as Dims; hsplit: M_DCB's workgroups per group (each takes heads_per_split of its heads,
 // writing its own dCB plane; dB and dC add the planes in order).
+// x_stride, x_col: x's row stride and first column (H·P and 0, or a wider matrix read in place: Mamba-3's
+// in_proj output); dx_stride, dx_col: the same for M_DXD's dx (written into in_proj's gradient in place).
 struct TileDims { batch: u32, len: u32, heads: u32, ngroups: u32, headdim: u32, nstate: u32, chunk: u32,
-                  nchunks: u32, hsplit: u32, heads_per_split: u32 }
+                  nchunks: u32, hsplit: u32, heads_per_split: u32, x_stride: u32, x_col: u32, dx_stride: u32,
+                  dx_col: u32 }
 @group(0) @binding(43) var<uniform> td: TileDims;
-@group(0) @binding(44) var<storage, read> xv: array<vec4<f32>>;      // x [B, L, H, P]
+@group(0) @binding(44) var<storage, read> xv: array<vec4<f32>>;      // x [B, L, H, P], rows x_stride apart
 @group(0) @binding(45) var<storage, read> dyv: array<vec4<f32>>;     // dy [B, L, H, P]
 @group(0) @binding(46) var<storage, read> bv: array<vec4<f32>>;      // B [B, L, G, N]
 @group(0) @binding(47) var<storage, read> cv: array<vec4<f32>>;      // C [B, L, G, N]
@@ -842,7 +845,14 @@ fn ld4_pair(i: u32, valid: u32, planes: u32) -> vec4<f32> {
     return v;
 }
 
-fn e_xi(pos: u32, h: u32, p: u32) -> u32 { return ((e_b * td.len + e_t0 + pos) * td.heads + h) * td.headdim + p; }
+// Element (position pos of the chunk, head h, channel p) of x, of dy and y ([B, L, H, P]), and of dx.
+fn e_xi(pos: u32, h: u32, p: u32) -> u32 {
+    return (e_b * td.len + e_t0 + pos) * td.x_stride + td.x_col + h * td.headdim + p;
+}
+fn e_yi(pos: u32, h: u32, p: u32) -> u32 { return ((e_b * td.len + e_t0 + pos) * td.heads + h) * td.headdim + p; }
+fn e_dxi(pos: u32, h: u32, p: u32) -> u32 {
+    return (e_b * td.len + e_t0 + pos) * td.dx_stride + td.dx_col + h * td.headdim + p;
+}
 fn e_bci(pos: u32, n: u32) -> u32 { return ((e_b * td.len + e_t0 + pos) * td.ngroups + e_g) * td.nstate + n; }
 fn e_pri(t: u32, s: u32) -> u32 {
     return (((e_b * td.nchunks + e_c) * td.ngroups + e_g) * td.chunk + t) * td.chunk + s;
@@ -925,7 +935,7 @@ fn fetch_a(t: u32, k0: u32, phase2: bool) -> vec4<f32> {
         var w = 0.0;
         if (s < e_ke1) { w = t_red[s]; }  // stage_state_weights
         let valid = select(0u, count4(e_m0 + m4, td.headdim), s < e_ke1);
-        if (GRAD) { return ld4_dy(e_xi(min(s, e_steps - 1u), e_h, e_m0 + m4), valid) * w; }
+        if (GRAD) { return ld4_dy(e_yi(min(s, e_steps - 1u), e_h, e_m0 + m4), valid) * w; }
         return ld4_x(e_xi(min(s, e_steps - 1u), e_h, e_m0 + m4), valid) * w;
     }
     if (MODE == M_DXD && !phase2) {
@@ -948,7 +958,7 @@ fn fetch_a(t: u32, k0: u32, phase2: bool) -> vec4<f32> {
         return v;
     }
     if (MODE == M_DCB) {
-        return ld4_dy(e_xi(e_m0 + r, e_h, kk), select(0u, count4(kk, td.headdim), e_m0 + r < e_steps));
+        return ld4_dy(e_yi(e_m0 + r, e_h, kk), select(0u, count4(kk, td.headdim), e_m0 + r < e_steps));
     }
     if (MODE == M_DB && !phase2) {  // dCB[t, s .. s + 3]: rows s, k = t ≥ m0
         let tpos = km;
@@ -964,7 +974,7 @@ fn fetch_a(t: u32, k0: u32, phase2: bool) -> vec4<f32> {
     let rr = min(row, td.chunk - 1u);
     var v = vec4<f32>(0.0);
     if (MODE == M_DB) { v = ld4_x(e_xi(min(row, e_steps - 1u), e_g * hpg, kk), valid); }
-    else { v = ld4_dy(e_xi(min(row, e_steps - 1u), e_g * hpg, kk), valid); }
+    else { v = ld4_dy(e_yi(min(row, e_steps - 1u), e_g * hpg, kk), valid); }
     if (VEC4) {  // P is a multiple of 4: the 4 elements are of one head
         let h = e_g * hpg + min(kk / td.headdim, hpg - 1u);
         var w = 0.0;
@@ -1001,7 +1011,7 @@ fn fetch_b(t: u32, k0: u32, phase2: bool) -> vec4<f32> {
         if (GRAD) { return ld4_c(e_bci(kmc, n4), valid); }
         return ld4_b(e_bci(kmc, n4), valid);
     }
-    if (MODE == M_DXD) { return ld4_dy(e_xi(kmc, e_h, n4), select(0u, count4(n4, td.headdim), km < e_ke2)); }
+    if (MODE == M_DXD) { return ld4_dy(e_yi(kmc, e_h, n4), select(0u, count4(n4, td.headdim), km < e_ke2)); }
     if (MODE == M_DCB) {
         return ld4_x(e_xi(e_n0 + cn, e_h, kk), select(0u, count4(kk, td.headdim), e_n0 + cn < e_steps));
     }
@@ -1487,7 +1497,7 @@ fn store_block() {
             if (r < e_steps) {
                 var v = e_acc[i];
                 if (HAS_D) { v += skip[e_h] * ld4_x(e_xi(r, e_h, n), count4(n, td.headdim)); }
-                store_row(e_xi(r, e_h, n), v, count4(n, td.headdim));
+                store_row(e_yi(r, e_h, n), v, count4(n, td.headdim));
             }
         } else if (MODE == M_STATE) {
             if (r < td.headdim) { store_row(e_sti(e_h, r, n), e_acc[i], count4(n, td.nstate)); }
@@ -1506,13 +1516,13 @@ fn dxd_block() -> vec4<f32> {
         if (r < e_steps) {
             let valid = count4(n, td.headdim);
             let xo = ld4_x(e_xi(r, e_h, n), valid);
-            let go = ld4_dy(e_xi(r, e_h, n), valid);
+            let go = ld4_dy(e_yi(r, e_h, n), valid);
             let row = e_ty * 4u + i;
             var v = e_acc[i] * t_row_sc[row];
             if (HAS_D) { v += skip[e_h] * go; }
             if (HAS_DIAG) { v += (t_col_rlo[row] * t_col_lo[row]) * go; }  // the diagonal: diag_s (C_s·B_s) dy_s
             dd[i] = dot(xo, go);
-            store_row(e_xi(r, e_h, n), v, valid);
+            store_row(e_dxi(r, e_h, n), v, valid);
         }
     }
     return dd;

@@ -100,19 +100,23 @@ def reference(d, x, g):
 
 def run_gpu(gpu, d, x, g, segment=None):
     t = {k: gpu.from_numpy(v) for k, v in {**x, **g}.items()}
-    dzr, dproj = t["dzr"], None
+    dzr, dproj, dv, D, dys = t["dzr"], None, t["dv"], t["D"], t["dys"]
     if not d.mimo:
         t["mimo_x"] = t["mimo_z"] = None
-        # SISO takes dz in place: dproj arrives with its z columns written (mamba3_finish_backward's dz_into) and
-        # every other column NaN, so a column the prep backward misses (or overwrites) fails
+        # SISO takes dz and dx in place: dproj arrives with its z columns written (mamba3_finish_backward's dz_into)
+        # and its x columns (mamba3_scan_backward's dv_out: dv with the skip's D dys) and every other column NaN,
+        # so a column the prep backward misses (or overwrites) fails
         host = np.full((d.rows, d.cols), np.nan, np.float32)
-        host[:, :d.heads * d.headdim] = g["dzr"].reshape(d.rows, -1)
-        dzr, dproj = None, gpu.from_numpy(host)
+        di = d.heads * d.headdim
+        host[:, :di] = g["dzr"].reshape(d.rows, -1)
+        host[:, di:2 * di] = (g["dv"].reshape(d.rows, d.heads, -1)
+                              + x["D"][:, None] * g["dys"].reshape(d.rows, d.heads, -1)).reshape(d.rows, -1)
+        dzr, dproj, dv, D, dys = None, gpu.from_numpy(host), None, None, None
     pr = mamba3_prep(t["proj"], t["dt_bias"], t["B_norm_w"], t["C_norm_w"], t["B_bias"], t["C_bias"], t["mimo_x"],
                      t["mimo_z"], d, A_FLOOR, ref.NORM_EPS, segment=segment)
     bw = mamba3_prep_backward(t["proj"], t["dt_bias"], t["B_norm_w"], t["C_norm_w"], t["B_bias"], t["C_bias"],
-                              t["mimo_x"], t["mimo_z"], t["D"], pr, t["dq"], t["dk"], t["dv"], dzr, t["dadt"],
-                              t["ddt"], t["dlam"], t["dys"], d, A_FLOOR, ref.NORM_EPS, segment=segment, dproj=dproj)
+                              t["mimo_x"], t["mimo_z"], D, pr, t["dq"], t["dk"], dv, dzr, t["dadt"],
+                              t["ddt"], t["dlam"], dys, d, A_FLOOR, ref.NORM_EPS, segment=segment, dproj=dproj)
     fwd = {k: v.numpy() for k, v in pr.items()}
     if not d.mimo:  # zr = z in place: "zr" is proj itself
         assert pr["zr"] is t["proj"]
@@ -208,6 +212,25 @@ def test_siso_takes_no_mimo_tensors(gpu):
                     None, d, A_FLOOR, ref.NORM_EPS)
 
 
+def test_siso_without_v_and_in_place_gradients(gpu):
+    """SISO's parallel forward (with_v False): no v stored and every other output the same bits; its backward
+    refuses the MIMO-only inputs (dx comes in dproj's x columns)."""
+    d = Mamba3Dims(2, 21, 4, 4, 1, 2, 12, 3, False)
+    x, g = make_inputs(d, seed=5)
+    t = {k: gpu.from_numpy(v) for k, v in {**x, **g}.items()}
+    args = (t["proj"], t["dt_bias"], t["B_norm_w"], t["C_norm_w"], t["B_bias"], t["C_bias"], None, None, d, A_FLOOR,
+            ref.NORM_EPS)
+    full, bare = mamba3_prep(*args), mamba3_prep(*args, with_v=False)
+    assert bare["v"] is None and full["v"] is not None
+    for name in ("q", "k", "adt", "dt", "lam", "theta", "Bn", "Cn"):
+        np.testing.assert_array_equal(bare[name].numpy(), full[name].numpy(), err_msg=name)
+    dproj = gpu.from_numpy(np.zeros((d.rows, d.cols), np.float32))
+    with pytest.raises(ShapeError, match="SISO takes dz and dx in place"):
+        mamba3_prep_backward(t["proj"], t["dt_bias"], t["B_norm_w"], t["C_norm_w"], t["B_bias"], t["C_bias"], None,
+                             None, None, bare, t["dq"], t["dk"], t["dv"], None, t["dadt"], t["ddt"], t["dlam"], None,
+                             d, A_FLOOR, ref.NORM_EPS, dproj=dproj)
+
+
 def finish_reference(d, f, norm):
     """mambactl/reference/mamba3.py's _finish and its backward (mamba3_block_backward's first lines), float64."""
     f = {k: v.astype(np.float64) for k, v in f.items()}
@@ -239,6 +262,8 @@ SISO_IN_PLACE = [(5, 3, 4, 1, False, False), (3, 2, 130, 1, False, True), (2, 24
 
 
 def finish_case(gpu, d, rows, heads, headdim, rank, mimo, norm, lanes, in_place=False):
+    """in_place: SISO as the model runs it, z read from proj and dz written into dproj in place, and no skip here
+    (D None: the scan's core added D v, so y = ys and ∂D is the scan's)."""
     rng = np.random.default_rng(7)
     M, H, R, P = d.rows, heads, rank, headdim
     f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
@@ -252,10 +277,14 @@ def finish_case(gpu, d, rows, heads, headdim, rank, mimo, norm, lanes, in_place=
         proj = f32(M, d.cols)
         proj[:, :H * P] = f["zr"].reshape(M, -1)
         zr, dz_into = gpu.from_numpy(proj), gpu.from_numpy(np.full((M, d.cols), np.nan, np.float32))
-    out, saved = mamba3_finish(t["ys"], t["v"], zr, t["D"], norm_w, mimo_o, d, ref.NORM_EPS, lanes=lanes)
-    back = mamba3_finish_backward(saved, t["v"], zr, t["D"], norm_w, mimo_o, t["dout"], d, ref.NORM_EPS,
+    v, D = (None, None) if in_place else (t["v"], t["D"])
+    out, saved = mamba3_finish(t["ys"], v, zr, D, norm_w, mimo_o, d, ref.NORM_EPS, lanes=lanes)
+    back = mamba3_finish_backward(saved, v, zr, D, norm_w, mimo_o, t["dout"], d, ref.NORM_EPS,
                                   lanes=lanes, dz_into=dz_into)
-    out_ref, back_ref = finish_reference(d, f, norm)
+    out_ref, back_ref = finish_reference(d, {**f, "D": np.zeros_like(f["D"])} if in_place else f, norm)
+    if in_place:
+        assert back["dD"] is None and saved["y"] is t["ys"]
+        del back_ref["dD"]
     assert rel(out.numpy(), out_ref) < 1e-5
     if in_place:
         assert back["dzr"] is None

@@ -72,6 +72,50 @@ def test_matches_reference(gpu, batch, length, heads, rank, nstate, headdim, chu
         assert rel_err(got, want) < 1e-4, (name, rel_err(got, want))
 
 
+@pytest.mark.parametrize("batch,length,heads,nstate,headdim,chunk,start,extra", [
+    (2, 33, 3, 6, 5, 16, 3, 2),    # scalar loads (odd P, stride, first column)
+    (1, 70, 2, 16, 8, 64, 8, 4),   # vec4 loads
+])
+def test_siso_skip_and_v_in_place(gpu, batch, length, heads, nstate, headdim, chunk, start, extra):
+    """SISO as the block runs it: v read from columns [start, start + H·P) of a wider matrix, the skip D v added
+    in the core, dv (with D dy) written into another matrix's columns and ∂D added into dD; against float64."""
+    x = make_inputs(batch, length, heads, 1, nstate, headdim, seed=3)
+    rng = np.random.default_rng(4)
+    D = rng.standard_normal(heads).astype(np.float32)
+    dy = rng.standard_normal((batch, length, heads, 1, headdim)).astype(np.float32)
+    width = start + heads * headdim + extra
+    wide = rng.standard_normal((batch, length, width)).astype(np.float32)
+    wide[:, :, start:start + heads * headdim] = x["v"].reshape(batch, length, -1)
+    t = {k: gpu.from_numpy(v) for k, v in x.items()}
+    rest = [t[k] for k in ("adt", "dt", "lam")]
+    y, saved = mamba3_scan(t["q"], t["k"], gpu.from_numpy(wide), *rest, chunk=chunk, D=gpu.from_numpy(D),
+                           v_start=start, headdim=headdim)
+    dv_wide = gpu.from_numpy(np.full((batch, length, width), np.nan, np.float32))
+    dD0 = np.array(rng.standard_normal(heads), np.float32)
+    dD = gpu.from_numpy(dD0)
+    grads = mamba3_scan_backward(saved, gpu.from_numpy(dy), dD=dD, dv_out=(dv_wide, start))
+    assert grads[2] is dv_wide
+    x64 = [x[k].astype(np.float64) for k in NAMES]
+    v64, dy64 = x64[2], dy.astype(np.float64)
+    y_ref = ref.mamba3_scan(*x64, chunk_size=8) + D[:, None, None] * v64
+    assert rel_err(y.numpy(), y_ref) < 1e-4
+    want = list(ref.mamba3_scan_backward(*x64, dy64))
+    want[2] = want[2] + D[:, None, None] * dy64
+    got_dv = dv_wide.numpy()
+    assert np.all(np.isnan(got_dv[:, :, :start])) and np.all(np.isnan(got_dv[:, :, start + heads * headdim:]))
+    got = [g.numpy() for g in grads]
+    got[2] = got_dv[:, :, start:start + heads * headdim].reshape(want[2].shape)
+    for name, g, w in zip(GRADS, got, want):
+        assert rel_err(g.reshape(w.shape), w) < 1e-4, (name, rel_err(g.reshape(w.shape), w))
+    dD_want = dD0 + np.sum(dy64 * v64, axis=(0, 1, 3, 4))
+    assert rel_err(dD.numpy(), dD_want) < 1e-5
+    with pytest.raises(ShapeError, match="dD is missing"):
+        mamba3_scan_backward(saved, gpu.from_numpy(dy))
+    with pytest.raises(ShapeError, match="D is for SISO"):
+        m = make_inputs(1, 4, 2, 2, 4, 3)
+        mamba3_scan(*(gpu.from_numpy(m[k]) for k in NAMES), D=gpu.from_numpy(np.ones(2, np.float32)))
+
+
 def test_deterministic_and_chunk_independent(gpu):
     x = make_inputs(2, 40, 2, 2, 8, 4, seed=2)
     dy = np.random.default_rng(3).standard_normal((2, 40, 2, 2, 4)).astype(np.float32)

@@ -324,6 +324,50 @@ def test_core_with_diag(rt, engine, batch, length, heads, headdim, groups, nstat
                with_diag=True)
 
 
+@pytest.mark.parametrize("batch,length,heads,headdim,groups,nstate,chunk,start,extra", [
+    (2, 37, 4, 5, 4, 6, 8, 3, 2),        # scalar loads: P, the row stride and the first column odd
+    (1, 150, 3, 64, 3, 128, 64, 8, 12),  # Mamba-3's P, N and chunk with vec4 loads: stride and column multiples of 4
+    (2, 45, 6, 8, 2, 12, 16, 4, 0),      # x's columns the matrix's last ones
+])
+def test_core_reads_x_and_writes_dx_in_place(rt, engine, batch, length, heads, headdim, groups, nstate, chunk,
+                                             start, extra):
+    """x read as columns [start, start + H·P) of a wider matrix (x_start) and dx written into those of another
+    (dx_out): the same bits as the contiguous call, with D and the diagonal weight (Mamba-3 SISO's form), and
+    nothing else of dx_out written (NaN-poisoned). The contiguous call is checked against float64 too."""
+    x = core_inputs(batch, length, heads, headdim, groups, nstate, seed=11, strong=True)
+    dy = rt.from_numpy(np.random.default_rng(12).standard_normal(x["x"].shape).astype(np.float32))
+    rng = np.random.default_rng(13)
+    width = start + heads * headdim + extra
+    wide = rng.standard_normal((batch, length, width)).astype(np.float32)
+    wide[:, :, start:start + heads * headdim] = x["x"].reshape(batch, length, -1)
+    t = {k: rt.from_numpy(v) for k, v in x.items()}
+    rest = [t[k] for k in ("adt", "scale", "B", "C")]
+    y0, s0 = ssd_chunked(t["x"], *rest, t["D"], chunk=chunk, diag=t["diag"])
+    g0 = ssd_chunked_backward(s0, dy)
+    y1, s1 = ssd_chunked(rt.from_numpy(wide), *rest, t["D"], chunk=chunk, diag=t["diag"], x_start=start,
+                         headdim=headdim)
+    dx_host = np.full((batch, length, width), np.nan, np.float32)
+    dx_wide = rt.from_numpy(dx_host)
+    g1 = ssd_chunked_backward(s1, dy, dx_out=(dx_wide, start))
+    assert g1[0] is dx_wide
+    np.testing.assert_array_equal(y1.numpy(), y0.numpy())
+    got = dx_wide.numpy()
+    np.testing.assert_array_equal(got[:, :, start:start + heads * headdim].reshape(x["x"].shape), g0[0].numpy())
+    assert np.all(np.isnan(got[:, :, :start])) and np.all(np.isnan(got[:, :, start + heads * headdim:]))
+    for name, a, b in zip(CORE[1:], g0[1:], g1[1:]):
+        np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=name)
+    f = {k: v.astype(np.float64) for k, v in x.items()}
+    args = [f[k] for k in ("x", "adt", "scale", "B", "C")]
+    assert rel_err(y0.numpy(), ref.ssd_chunked(*args, chunk, f["D"], f["diag"])) < 1e-4
+    want = ref.ssd_chunked_backward(*args, dy.numpy().astype(np.float64), f["D"], f["diag"])
+    for name, got_t, w in zip(CORE, g0, want):
+        assert rel_err(got_t.numpy(), w) < 1e-4, name
+    with pytest.raises(ShapeError, match="x columns"):
+        ssd_chunked(rt.from_numpy(wide), *rest, x_start=start + extra + 1, headdim=headdim)
+    with pytest.raises(ShapeError, match="dx_out columns"):
+        ssd_chunked_backward(s1, dy, dx_out=(dx_wide, start + extra + 1))
+
+
 def test_core_dd_accumulates_and_shape_errors(rt):
     x = core_inputs(1, 9, 2, 3, 1, 4, seed=6)
     names = ("x", "adt", "scale", "B", "C")

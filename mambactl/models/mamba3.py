@@ -33,11 +33,12 @@ def _mimo(p: dict, d: Mamba3Dims):
     return None, None, None
 
 
-def _project(p: dict, x: Tensor, d: Mamba3Dims, mimo, cfg: ModelConfig) -> dict:
-    """in_proj, mamba3_prep (with the RMSNorm of B and C): what the parallel forward and the step share."""
+def _project(p: dict, x: Tensor, d: Mamba3Dims, mimo, cfg: ModelConfig, with_v: bool = True) -> dict:
+    """in_proj, mamba3_prep (with the RMSNorm of B and C): what the parallel forward and the step share
+    (`with_v` False: SISO's v = x stays in proj, where the parallel scan reads it)."""
     proj = linear.linear(x, p["in_proj.weight"])
     pr = mamba3_prep(proj, p["dt_bias"], p["B_norm.weight"], p["C_norm.weight"], p["B_bias"], p["C_bias"], mimo[0],
-                     mimo[1], d, cfg.mamba3.A_floor, NORM_EPS)
+                     mimo[1], d, cfg.mamba3.A_floor, NORM_EPS, with_v=with_v)
     return dict(proj=proj, prep=pr)
 
 
@@ -46,15 +47,19 @@ def mamba3_forward(p: dict, x: Tensor, batch: int, length: int, cfg: ModelConfig
     d = _dims(cfg, batch, length)
     M = d.rows
     mimo = _mimo(p, d)
-    proj_saved = _project(p, x, d, mimo, cfg)
+    proj_saved = _project(p, x, d, mimo, cfg, with_v=d.mimo)
     pr = proj_saved["prep"]
     shape5 = lambda t: t.reshape(batch, length, d.heads, d.rank, -1)  # noqa: E731
     shape3 = lambda t: t.reshape(batch, length, d.heads)  # noqa: E731
-    ys, scan_saved = mamba3_scan(shape5(pr["q"]), shape5(pr["k"]), shape5(pr["v"]), shape3(pr["adt"]),
-                                 shape3(pr["dt"]), shape3(pr["lam"]))  # the op picks its chunk, not chunk_size
+    scalars = shape3(pr["adt"]), shape3(pr["dt"]), shape3(pr["lam"])
+    if d.mimo:  # the op picks its chunk, not chunk_size
+        ys, scan_saved = mamba3_scan(shape5(pr["q"]), shape5(pr["k"]), shape5(pr["v"]), *scalars)
+    else:  # v = x read in place from proj's columns, the skip D v added in the SSD core
+        ys, scan_saved = mamba3_scan(shape5(pr["q"]), shape5(pr["k"]), proj_saved["proj"].reshape(batch, length, -1),
+                                     *scalars, D=p["D"], v_start=d.heads * d.headdim, headdim=d.headdim)
     norm_w = p["norm.weight"] if cfg.mamba3.is_outproj_norm else None
-    out, fin = mamba3_finish(ys.reshape(M, d.heads, d.rank, d.headdim), pr["v"], pr["zr"], p["D"], norm_w, mimo[2],
-                             d, NORM_EPS)
+    out, fin = mamba3_finish(ys.reshape(M, d.heads, d.rank, d.headdim), pr["v"], pr["zr"], p["D"] if d.mimo else None,
+                             norm_w, mimo[2], d, NORM_EPS)
     result = linear.linear(out, p["out_proj.weight"])
     saved = dict(x=x, **proj_saved, scan=scan_saved, fin=fin, out=out, dims=d, mimo=mimo)
     return result, saved
@@ -69,20 +74,28 @@ def mamba3_backward(p: dict, g: dict, saved: dict, dout: Tensor, cfg: ModelConfi
     pr = s["prep"]
     dout_mix, _, _ = linear.linear_backward(s["out"], p["out_proj.weight"], dout, dw=g["out_proj.weight"])
     norm_w = p["norm.weight"] if cfg.mamba3.is_outproj_norm else None
-    # SISO: dz goes straight into dproj's z columns (z is read in place there)
+    # SISO: dz and dx go straight into dproj's z and x columns (z and x are read in place there), and ∂D is the
+    # scan's (its core adds the skip)
     dproj = None if d.mimo else dout.runtime.empty((M, d.cols))
-    fb = mamba3_finish_backward(s["fin"], pr["v"], pr["zr"], p["D"], norm_w, mimo_o, dout_mix, d, NORM_EPS,
+    D = p["D"] if d.mimo else None
+    fb = mamba3_finish_backward(s["fin"], pr["v"], pr["zr"], D, norm_w, mimo_o, dout_mix, d, NORM_EPS,
                                 dz_into=dproj)
     if norm_w is not None:
         column_sums(fb["dnw"], out=g["norm.weight"])
-    column_sums(fb["dD"], out=g["D"])
-    if d.mimo:
-        column_sums(fb["dmo"], out=g["mimo_o"].reshape(-1))
-    dq, dk, dv, dadt, ddt, dlam = mamba3_scan_backward(s["scan"], fb["dys"].reshape(d.batch, d.length, H, R, P))
+    dys = fb["dys"].reshape(d.batch, d.length, H, R, P)
     flat = lambda t: t.reshape(M, -1)  # noqa: E731
+    if d.mimo:
+        column_sums(fb["dD"], out=g["D"])
+        column_sums(fb["dmo"], out=g["mimo_o"].reshape(-1))
+        dq, dk, dv, dadt, ddt, dlam = mamba3_scan_backward(s["scan"], dys)
+        dv, dys_in = flat(dv), fb["dys"]
+    else:
+        dq, dk, _, dadt, ddt, dlam = mamba3_scan_backward(s["scan"], dys, dD=g["D"],
+                                                          dv_out=(dproj.reshape(d.batch, d.length, -1), H * P))
+        dv = dys_in = None
     bw = mamba3_prep_backward(s["proj"], p["dt_bias"], p["B_norm.weight"], p["C_norm.weight"], p["B_bias"],
-                              p["C_bias"], mimo_x, mimo_z, p["D"], pr, flat(dq), flat(dk), flat(dv), fb["dzr"],
-                              flat(dadt), flat(ddt), flat(dlam), fb["dys"], d, cfg.mamba3.A_floor, NORM_EPS,
+                              p["C_bias"], mimo_x, mimo_z, D, pr, flat(dq), flat(dk), dv, fb["dzr"],
+                              flat(dadt), flat(ddt), flat(dlam), dys_in, d, cfg.mamba3.A_floor, NORM_EPS,
                               dproj=dproj)
     dproj = bw["dproj"]
     column_sums(bw["dB_bias_part"], out=g["B_bias"].reshape(-1))
@@ -109,8 +122,13 @@ def mamba3_decode_state(saved: dict, cfg: ModelConfig) -> dict:
 
     h = saved["scan"].last_state
     h = slice.column_slice(h.reshape(B, H * P * N), 0, H * P * N).reshape(B, H, P, N)  # a copy: steps write it
+    if pr["v"] is not None:
+        v = last(pr["v"], H * R * P, (B, H, R, P))
+    else:  # SISO: v = x, columns [H·P, 2·H·P) of the last row's proj
+        v = slice.column_slice(saved["proj"].reshape(B, L * d.cols), (L - 1) * d.cols + H * P, H * P)
+        v = v.reshape(B, H, R, P)
     return {"theta": last(pr["theta"], H * S, (B, H, S)), "h": h, "k": last(pr["k"], H * R * N, (B, H, R, N)),
-            "v": last(pr["v"], H * R * P, (B, H, R, P))}
+            "v": v}
 
 
 def mamba3_step(p: dict, x: Tensor, state: dict, cfg: ModelConfig) -> Tensor:

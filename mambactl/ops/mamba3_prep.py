@@ -148,12 +148,13 @@ def rotate_blocks(d: Mamba3Dims) -> int:
 
 def mamba3_prep(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tensor, B_bias: Tensor,
                 C_bias: Tensor, mimo_x: Tensor, mimo_z: Tensor, d: Mamba3Dims, a_floor: float, norm_eps: float,
-                segment: int | None = None) -> dict:
+                segment: int | None = None, with_v: bool = True) -> dict:
     """-> dict of q, k [M, H, R, N], v, zr [M, H, R, P], adt, dt, lam [M, H], theta [M, H, S], and the normalized
     Bn, Cn [M, R·G·N] (the rotation's backward rebuilds q, k from them and the biases). B_norm_w, C_norm_w
     [N]: the RMSNorm (epsilon norm_eps) of each (rank, group) of proj's B and C columns, read in place. mimo_x,
     mimo_z [H, R, P] for MIMO, None for SISO (v = x, zr = z there). SISO stores no zr: "zr" is proj itself, whose
-    first H·P columns are z, and mamba3_finish reads them in place.
+    first H·P columns are z, and mamba3_finish reads them in place. SISO with `with_v` False stores no v either
+    ("v" is None: v = x, which mamba3_scan then reads in place from proj's columns, v_start).
 
     `segment`: steps per dispatch of the θ walk (None: all, except on Mesa llvmpipe, whose loop budget sets it)."""
     op = "mamba3_prep"
@@ -167,7 +168,8 @@ def mamba3_prep(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tenso
         expect(op, name, t, (H, R, N))
     mimo_x, mimo_z = _mimo_or_stand_in(op, d, dt_bias, mimo_x=mimo_x, mimo_z=mimo_z)
     rt = proj.runtime
-    out = dict(q=rt.empty((M, H, R, N)), k=rt.empty((M, H, R, N)), v=rt.empty((M, H, R, P)),
+    with_v = with_v or d.mimo
+    out = dict(q=rt.empty((M, H, R, N)), k=rt.empty((M, H, R, N)), v=rt.empty((M, H, R, P)) if with_v else None,
                zr=rt.empty((M, H, R, P) if d.mimo else (1,)), adt=rt.empty((M, H)), dt=rt.empty((M, H)),
                lam=rt.empty((M, H)), theta=rt.empty((M, H, max(d.angles, 1))))
     params = _prep_params(d, a_floor, norm_eps)
@@ -176,8 +178,9 @@ def mamba3_prep(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tenso
             params.update(seg_begin=t0, seg_end=t1)
             rt.run("mamba3_prep_theta", _walk_grid(d), proj=proj, dt_bias=dt_bias, theta=out["theta"], **params)
     params.update(seg_begin=0, seg_end=d.length)
-    rt.run("mamba3_prep_forward", _item_grid(rt, d, R), proj=proj, mimo_x=mimo_x, mimo_z=mimo_z, v=out["v"],
-           zr=out["zr"], **params)
+    if with_v:
+        rt.run("mamba3_prep_forward", _item_grid(rt, d, R), proj=proj, mimo_x=mimo_x, mimo_z=mimo_z, v=out["v"],
+               zr=out["zr"], **params)
     Bn, Cn = out["Bn"], out["Cn"] = rt.empty((M, d.rgn)), rt.empty((M, d.rgn))
     norm_loops = 1 + 2 * R * d.groups * (1 + norm_threads(d).bit_length())
     rt.run("mamba3_prep_norm", _strided_grid(rt, d, op, d.rows, norm_loops), {"NW": norm_threads(d)}, proj=proj,
@@ -192,16 +195,16 @@ def mamba3_prep(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tenso
 
 
 def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tensor, B_bias: Tensor,
-                         C_bias: Tensor, mimo_x: Tensor, mimo_z: Tensor, D: Tensor, prep: dict, dq: Tensor,
-                         dk: Tensor, dv: Tensor, dzr: Tensor | None, dadt: Tensor, ddt: Tensor, dlam: Tensor,
-                         dys: Tensor, d: Mamba3Dims, a_floor: float, norm_eps: float, segment: int | None = None,
-                         dproj: Tensor | None = None) -> dict:
-    """Gradients of `mamba3_prep` (dv is the scan's; D·dys, the skip's share, is added here). mimo_x, mimo_z:
-    None for SISO.
+                         C_bias: Tensor, mimo_x: Tensor | None, mimo_z: Tensor | None, D: Tensor | None, prep: dict,
+                         dq: Tensor, dk: Tensor, dv: Tensor | None, dzr: Tensor | None, dadt: Tensor, ddt: Tensor,
+                         dlam: Tensor, dys: Tensor | None, d: Mamba3Dims, a_floor: float, norm_eps: float,
+                         segment: int | None = None, dproj: Tensor | None = None) -> dict:
+    """Gradients of `mamba3_prep`. mimo_x, mimo_z: None for SISO.
 
-    SISO (zr = z in place): dzr must be None and `dproj` [M, cols] given, with its z columns already written by
-    `mamba3_finish_backward(..., dz_into=dproj)`; this writes the rest of it. MIMO: dzr [M, H, R, P], and dproj
-    None (made here).
+    SISO (z and x in place): dzr, dv, D and dys must be None and `dproj` [M, cols] given, with its z columns
+    already written by `mamba3_finish_backward(..., dz_into=dproj)` and its x columns by the scan
+    (`mamba3_scan_backward(..., dv_out=)`, the skip's D dy included); this writes the rest of it. MIMO: dzr,
+    dv [M, H, R, P] (the scan's; D·dys, the skip's share, is added here), and dproj None (made here).
 
     -> dict: dproj [M, cols], every column written, dB_bias_part, dC_bias_part [rotate_blocks(d), H·R·N] and
     dB_norm_part, dC_norm_part [rotate_blocks(d), N] (∂B_bias, ∂C_bias, ∂B_norm_w, ∂C_norm_w per block of
@@ -220,14 +223,18 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm
     if d.mimo:
         if dproj is not None:
             raise ShapeError(f"{op}: dproj is given for MIMO layers (it is made here; their dz comes as dzr)")
-        expect(op, "dzr", dzr, (M, H, R, P))
+        for name, t, size in (("dzr", dzr, M * H * R * P), ("dv", dv, M * H * R * P), ("dys", dys, M * H * R * P),
+                              ("D", D, H)):
+            if t is None or expect(op, name, t).size != size:  # [M, H, R, P] or its rows flat
+                raise ShapeError(f"{op}: MIMO needs {name} of {size} elements, got "
+                                 f"{'none' if t is None else t.shape}")
         dproj = rt.empty((M, d.cols))
     else:
-        if dzr is not None or dproj is None:
-            raise ShapeError(f"{op}: SISO takes dz in place: give dproj (its z columns written by "
-                             "mamba3_finish_backward's dz_into) and no dzr")
+        if any(t is not None for t in (dzr, dv, D, dys)) or dproj is None:
+            raise ShapeError(f"{op}: SISO takes dz and dx in place: give dproj (its z columns written by "
+                             "mamba3_finish_backward's dz_into, its x columns by mamba3_scan_backward's dv_out) "
+                             "and no dzr, dv, D or dys")
         expect(op, "dproj", dproj, (M, d.cols))
-        dzr = dt_bias  # not read
     # SISO writes no ∂mimo partials: one-element stand-ins fill those bindings
     mimo_shape = (M, H, R, P) if d.mimo else (1,)
     blocks = rotate_blocks(d)
@@ -239,8 +246,9 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm
     # ∂ of the normalized B, C, summed over each split of a group's heads
     dBn, dCn = rt.empty((splits, M, d.rgn)), rt.empty((splits, M, d.rgn))
     params = _prep_params(d, a_floor, norm_eps)
-    rt.run("mamba3_prep_backward", _item_grid(rt, d, R), proj=proj, mimo_x=mimo_x, mimo_z=mimo_z, D=D, dv=dv,
-           dzr=dzr, dys_in=dys, dproj=dproj, dvx=res["dvx"], dzz=res["dzz"], **params)
+    if d.mimo:  # SISO's x and z columns are written
+        rt.run("mamba3_prep_backward", _item_grid(rt, d, R), proj=proj, mimo_x=mimo_x, mimo_z=mimo_z, D=D, dv=dv,
+               dzr=dzr, dys_in=dys, dproj=dproj, dvx=res["dvx"], dzz=res["dzz"], **params)
     rotate_loops = R * (-(-H // d.groups // splits) * (ROTATE_ROWS + 1) + ROTATE_ROWS + 1)
     rotate_grid = _strided_grid(rt, d, op, blocks, rotate_loops, -(-d.groups * N // 64), splits)
     rt.run("mamba3_prep_rotate_backward", rotate_grid, Bn=prep["Bn"], Cn=prep["Cn"], B_bias=B_bias, C_bias=C_bias,
@@ -294,23 +302,38 @@ def finish_loops(headdim: int, lanes: int) -> int:
     return 2 * -(-headdim // lanes) + 2 * (lanes.bit_length() - 1)
 
 
-def mamba3_finish(ys: Tensor, v: Tensor, zr: Tensor, D: Tensor, norm_w: Tensor | None, mimo_o: Tensor | None,
-                  d: Mamba3Dims, eps: float, lanes: int | None = None) -> tuple[Tensor, dict]:
-    """ys, v, zr [M, H, R, P] -> (out [M, H·P], saved: y, rstd, o). mimo_o [H, R, P] for MIMO, None for SISO
-    (out is o itself there: R = 1 and mimo_o = 1); SISO's zr may be proj [M, cols] (z in place: mamba3_prep's).
-    `lanes`: see `finish_lanes`."""
+def _skip(op: str, d: Mamba3Dims, v: Tensor | None, D: Tensor | None, stand_in: Tensor) -> tuple[Tensor, Tensor]:
+    """(v, D) as the finish kernels bind them: checked when the skip D v is added here, else (D None: the scan
+    added it, as SISO's SSD core does) stand-ins for bindings that are not read."""
+    if D is None:
+        return stand_in, stand_in
+    expect(op, "D", D, (d.heads,))
+    return expect(op, "v", v, (d.rows, d.heads, d.rank, d.headdim)), D
+
+
+def mamba3_finish(ys: Tensor, v: Tensor | None, zr: Tensor, D: Tensor | None, norm_w: Tensor | None,
+                  mimo_o: Tensor | None, d: Mamba3Dims, eps: float, lanes: int | None = None) -> tuple[Tensor, dict]:
+    """ys, v, zr [M, H, R, P] -> (out [M, H·P], saved: y, rstd, o): y = ys + D v, or ys itself (not copied) with
+    D None (the scan added the skip: SISO's SSD core; v is not read then). mimo_o [H, R, P] for MIMO, None for
+    SISO (out is o itself there: R = 1 and mimo_o = 1); SISO's zr may be proj [M, cols] (z in place:
+    mamba3_prep's). `lanes`: see `finish_lanes`."""
     op = "mamba3_finish"
     M, H, R, P = d.rows, d.heads, d.rank, d.headdim
     rt = ys.runtime
-    (mimo_o,) = _mimo_or_stand_in(op, d, D, mimo_o=mimo_o)
+    expect(op, "ys", ys, (M, H, R, P))
+    (mimo_o,) = _mimo_or_stand_in(op, d, ys, mimo_o=mimo_o)
+    skip = D is not None
+    v, D = _skip(op, d, v, D, ys)
     zstride = _z_stride(op, d, "zr", zr)
     lanes = finish_lanes(rt, lanes)
     loop_budget(rt, op, (M, H, R, P), finish_loops(P, lanes))
     norm = norm_w is not None
-    y, rstd, o = rt.empty((M, H, R, P)), rt.empty((M, H, R)), rt.empty((M, H, R, P))
+    y = rt.empty((M, H, R, P)) if skip else ys
+    rstd, o = rt.empty((M, H, R)), rt.empty((M, H, R, P))
     nw = norm_w if norm else D  # an unused binding when there is no norm
-    rt.run("mamba3_finish_forward", grid_1d(M * H * R * lanes, FINISH_GROUP), {"NORM": norm, "FL": lanes}, ys=ys,
-           v_in=v, zr_in=zr, D=D, norm_w=nw, y=y, rstd=rstd, o=o, **_finish_params(d, eps, zstride))
+    rt.run("mamba3_finish_forward", grid_1d(M * H * R * lanes, FINISH_GROUP),
+           {"NORM": norm, "FL": lanes, "SKIP": skip}, ys=ys, v_in=v, zr_in=zr, D=D, norm_w=nw,
+           y=y if skip else rt.empty((1,)), rstd=rstd, o=o, **_finish_params(d, eps, zstride))
     if not d.mimo:
         return o.reshape(M, H * P), dict(y=y, rstd=rstd, o=o)
     out = rt.empty((M, H * P))
@@ -319,17 +342,19 @@ def mamba3_finish(ys: Tensor, v: Tensor, zr: Tensor, D: Tensor, norm_w: Tensor |
     return out, dict(y=y, rstd=rstd, o=o)
 
 
-def mamba3_finish_backward(saved: dict, v: Tensor, zr: Tensor, D: Tensor, norm_w: Tensor | None,
+def mamba3_finish_backward(saved: dict, v: Tensor | None, zr: Tensor, D: Tensor | None, norm_w: Tensor | None,
                            mimo_o: Tensor | None, dout: Tensor, d: Mamba3Dims, eps: float,
                            lanes: int | None = None, dz_into: Tensor | None = None) -> dict:
     """dout [M, H·P] -> dict: dys, dzr [M, H, R, P]; per-row partials dnw [M·R, H·P] (with the norm),
-    dmo [M, H·R·P] (MIMO; None for SISO, whose mimo_o is None) and dD [M·R, H], to be summed over rows.
-    `dz_into` (SISO, with zr in proj): dproj [M, cols], whose z columns get dz in place; dzr is None then.
-    `lanes`: see `finish_lanes`."""
+    dmo [M, H·R·P] (MIMO; None for SISO, whose mimo_o is None) and dD [M·R, H] (None with D None: the skip was
+    the scan's, and so is ∂D), to be summed over rows. `dz_into` (SISO, with zr in proj): dproj [M, cols], whose
+    z columns get dz in place; dzr is None then. `lanes`: see `finish_lanes`."""
     op = "mamba3_finish_backward"
     M, H, R, P = d.rows, d.heads, d.rank, d.headdim
     rt = dout.runtime
-    (mimo_o,) = _mimo_or_stand_in(op, d, D, mimo_o=mimo_o)
+    (mimo_o,) = _mimo_or_stand_in(op, d, dout, mimo_o=mimo_o)
+    skip = D is not None
+    v, D = _skip(op, d, v, D, dout)
     zstride = _z_stride(op, d, "zr", zr)
     dzr = rt.empty((M, H, R, P)) if dz_into is None else dz_into
     dzstride = _z_stride(op, d, "dz_into", dzr)
@@ -338,11 +363,11 @@ def mamba3_finish_backward(saved: dict, v: Tensor, zr: Tensor, D: Tensor, norm_w
     norm = norm_w is not None
     res = dict(dys=rt.empty((M, H, R, P)), dzr=dzr if dz_into is None else None,
                dmo=rt.empty((M, H * R * P)) if d.mimo else None,
-               dD=rt.empty((M * R, H)), dnw=rt.empty((M * R, H * P)) if norm else rt.empty((1,)))
+               dD=rt.empty((M * R, H)) if skip else None, dnw=rt.empty((M * R, H * P)) if norm else rt.empty((1,)))
     rt.run("mamba3_finish_backward", grid_1d(M * H * R * lanes, FINISH_GROUP),
-           {"NORM": norm, "MIMO": d.mimo, "FL": lanes}, y_in=saved["y"],
+           {"NORM": norm, "MIMO": d.mimo, "FL": lanes, "SKIP": skip}, y_in=saved["y"],
            rstd_in=saved["rstd"], o_in=saved["o"], v_in=v, zr_in=zr, norm_w=norm_w if norm else D, mimo_o=mimo_o,
            dout=dout, dys=res["dys"], dzr_out=dzr, dnw_part=res["dnw"],
-           dmo_part=res["dmo"] if d.mimo else rt.empty((1,)), dD_part=res["dD"],
+           dmo_part=res["dmo"] if d.mimo else rt.empty((1,)), dD_part=res["dD"] if skip else rt.empty((1,)),
            **_finish_params(d, eps, zstride, dzstride))
     return res

@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mambactl.errors import ShapeError
-from mambactl.ops.checks import expect, grid_1d, segment_length, segments
+from mambactl.ops.checks import expect, expect_columns, grid_1d, segment_length, segments
 from mambactl.ops.mamba3_fold import mamba3_fold_backward, mamba3_fold_scale
 from mambactl.ops import ssd
 from mambactl.ops.ssd import MAX_CHUNK, SSDSaved, kernel_chunk, ssd_chunked, ssd_chunked_backward
@@ -74,9 +74,16 @@ class Mamba3ScanSaved:
     chunk: int
     last_state: Tensor  # [B, H, P, N]: g after the last step (= h there)
     core: SSDSaved | None = None  # SISO: the SSD core's (x = v, B = k, C = q, scale and diag: mamba3_fold_scale)
+    v_start: int | None = None  # SISO: v's first column in a wider matrix v [B, L, W] (None: v is [B, L, H, R, P])
+    headdim: int | None = None  # P where v_start is set
+
+    def dims(self, op: str) -> tuple[int, int, int, int, int, int]:
+        """(batch, length, heads, rank, nstate, headdim), the saved inputs checked as the forward took them."""
+        return _check_inputs(op, self.q, self.k, self.v, self.adt, self.dt, self.lam, self.v_start, self.headdim)
 
 
-def _check_inputs(op: str, q, k, v, adt, dt, lam) -> tuple[int, int, int, int, int, int]:
+def _check_inputs(op: str, q, k, v, adt, dt, lam, v_start: int | None = None,
+                  headdim: int | None = None) -> tuple[int, int, int, int, int, int]:
     expect(op, "q", q, (None, None, None, None, None))
     batch, length, heads, rank, nstate = q.shape
     if min(q.shape) < 1:
@@ -86,10 +93,16 @@ def _check_inputs(op: str, q, k, v, adt, dt, lam) -> tuple[int, int, int, int, i
     if rank > MAX_RANK:
         raise ShapeError(f"{op}: q has shape {q.shape}; the rank R must be at most {MAX_RANK}")
     expect(op, "k", k, q.shape)
-    expect(op, "v", v, (batch, length, heads, rank, None))
-    headdim = v.shape[4]
-    if headdim < 1:
-        raise ShapeError(f"{op}: v has shape {v.shape}; the head dimension must be at least 1")
+    if v_start is None:
+        expect(op, "v", v, (batch, length, heads, rank, None))
+        headdim = v.shape[4]
+    else:  # SISO's v = x read in place from in_proj's output
+        if rank != 1:
+            raise ShapeError(f"{op}: v_start is for SISO (rank 1); q has rank {rank}")
+        expect(op, "v", v, (batch, length, None))
+        expect_columns(op, "v", v, v_start, heads * (headdim or 0))
+    if headdim is None or headdim < 1:
+        raise ShapeError(f"{op}: the head dimension is {headdim}; it must be at least 1")
     for name, t in (("adt", adt), ("dt", dt), ("lam", lam)):
         expect(op, name, t, (batch, length, heads))
     return batch, length, heads, rank, nstate, headdim
@@ -137,7 +150,8 @@ _FIXED = 4 * MAX_STATE + 64  # per dispatch: the state's init and store, the p-b
 
 
 def mamba3_scan(q: Tensor, k: Tensor, v: Tensor, adt: Tensor, dt: Tensor, lam: Tensor,
-                chunk: int | None = None, segment: int | None = None) -> tuple[Tensor, Mamba3ScanSaved]:
+                chunk: int | None = None, segment: int | None = None, *, D: Tensor | None = None,
+                v_start: int | None = None, headdim: int | None = None) -> tuple[Tensor, Mamba3ScanSaved]:
     """-> (y [B, L, H, R, P], saved). `chunk` (positive) is the number of steps between saved states (SISO: the
     SSD core's chunk, min(chunk, MAX_CHUNK, L); the result does not depend on it beyond float rounding). None:
     SISO takes the core's pick for the adapter and shape (ops/ssd.py `kernel_chunk`), MIMO DEFAULT_CHUNK (both
@@ -145,16 +159,24 @@ def mamba3_scan(q: Tensor, k: Tensor, v: Tensor, adt: Tensor, dt: Tensor, lam: T
 
     `segment`: steps per dispatch of the walks over time (SISO: the core's walk over chunks goes in dispatches of
     ceil(segment / chunk) chunks). None: all in one dispatch, except on Mesa llvmpipe, whose per-invocation loop
-    budget sets it (mambactl/ops/checks.py)."""
+    budget sets it (mambactl/ops/checks.py).
+
+    SISO only: D [H] adds the skip D v to y inside the core (y = h q + D v), and with `v_start` (and `headdim`
+    P) v is a wider matrix [B, L, W] whose columns [v_start, v_start + H·P) are v, read in place (the block's
+    in_proj output); y is [B, L, H, 1, P] either way."""
     op = "mamba3_scan"
-    dims = _check_inputs(op, q, k, v, adt, dt, lam)
+    dims = _check_inputs(op, q, k, v, adt, dt, lam, v_start, headdim)
     if chunk is not None and int(chunk) < 1:
         raise ShapeError(f"{op}: chunk is {chunk}; it must be a positive number of steps")
     batch, length, heads, rank, nstate, headdim = dims
     if rank == 1:
+        if D is not None:
+            expect(op, "D", D, (heads,))
         if chunk is None:
             chunk = kernel_chunk(q.runtime, length, heads, heads)
-        return _siso_scan(q, k, v, adt, dt, lam, int(chunk), segment)
+        return _siso_scan(q, k, v, adt, dt, lam, int(chunk), segment, D, v_start, headdim)
+    if D is not None:
+        raise ShapeError(f"{op}: D is for SISO (rank 1); MIMO's skip is mamba3_finish's")
     if chunk is None:
         chunk = DEFAULT_CHUNK if ssd.FORCE_CHUNK is None else ssd.FORCE_CHUNK
     params = _params(*dims, int(chunk))
@@ -178,11 +200,11 @@ def mamba3_scan(q: Tensor, k: Tensor, v: Tensor, adt: Tensor, dt: Tensor, lam: T
     return y, Mamba3ScanSaved(q, k, v, adt, dt, lam, states, int(chunk), last_state)
 
 
-def _siso_views(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+def _siso_views(q: Tensor, k: Tensor, v: Tensor, v_start: int | None) -> tuple[Tensor, Tensor, Tensor]:
     """q, k [B, L, H, 1, N], v [B, L, H, 1, P] -> the core's C, B [B, L, H, N] (one group per head) and x
-    [B, L, H, P]: views, nothing copied."""
+    [B, L, H, P] (v as it is with v_start): views, nothing copied."""
     b, l, h, _, n = q.shape
-    return q.reshape(b, l, h, n), k.reshape(b, l, h, n), v.reshape(b, l, h, v.shape[4])
+    return q.reshape(b, l, h, n), k.reshape(b, l, h, n), v if v_start is not None else v.reshape(b, l, h, v.shape[4])
 
 
 def _core_segment(segment: int | None, chunk: int) -> int | None:
@@ -190,20 +212,27 @@ def _core_segment(segment: int | None, chunk: int) -> int | None:
     return None if segment is None else max(1, -(-int(segment) // chunk))
 
 
-def _siso_scan(q, k, v, adt, dt, lam, chunk: int, segment: int | None) -> tuple[Tensor, Mamba3ScanSaved]:
-    q4, k4, v4 = _siso_views(q, k, v)
+def _siso_scan(q, k, v, adt, dt, lam, chunk: int, segment: int | None, D, v_start: int | None,
+               headdim: int) -> tuple[Tensor, Mamba3ScanSaved]:
+    q4, k4, v4 = _siso_views(q, k, v, v_start)
     scale, diag = mamba3_fold_scale(dt, lam)
     chunk = min(chunk, MAX_CHUNK)
-    y, core = ssd_chunked(v4, adt, scale, k4, q4, chunk=chunk, segment=_core_segment(segment, chunk), diag=diag)
-    return y.reshape(v.shape), Mamba3ScanSaved(q, k, v, adt, dt, lam, core.states, core.chunk, core.last_state,
-                                               core)
+    y, core = ssd_chunked(v4, adt, scale, k4, q4, D, chunk=chunk, segment=_core_segment(segment, chunk), diag=diag,
+                          x_start=v_start, headdim=headdim if v_start is not None else None)
+    b, l, h = adt.shape
+    return y.reshape(b, l, h, 1, headdim), Mamba3ScanSaved(q, k, v, adt, dt, lam, core.states, core.chunk,
+                                                           core.last_state, core, v_start, headdim)
 
 
-def _siso_scan_backward(s: Mamba3ScanSaved, dy: Tensor, segment: int | None):
-    dy4 = dy.reshape(_siso_views(s.q, s.k, s.v)[2].shape)
-    dv, dadt, dscale, dk, dq, _, ddiag = ssd_chunked_backward(s.core, dy4, segment=_core_segment(segment, s.chunk))
+def _siso_scan_backward(s: Mamba3ScanSaved, dy: Tensor, segment: int | None, dD, dv_out):
+    b, l, h, _, p = dy.shape
+    grads = None if dD is None else {"D": dD}
+    dv, dadt, dscale, dk, dq, _, ddiag = ssd_chunked_backward(s.core, dy.reshape(b, l, h, p), grads,
+                                                              _core_segment(segment, s.chunk), dv_out)
     ddt, dlam = mamba3_fold_backward(s.dt, s.lam, dscale, ddiag)
-    return dq.reshape(s.q.shape), dk.reshape(s.k.shape), dv.reshape(s.v.shape), dadt, ddt, dlam
+    if dv_out is None:
+        dv = dv.reshape(b, l, h, 1, p)
+    return dq.reshape(s.q.shape), dk.reshape(s.k.shape), dv, dadt, ddt, dlam
 
 
 def backward_buffers(batch: int, length: int, heads: int, rank: int, nstate: int, headdim: int,
@@ -246,19 +275,29 @@ def _backward_segments(rt, op: str, shape, length: int, rank: int, nstate: int, 
     return out
 
 
-def mamba3_scan_backward(saved: Mamba3ScanSaved, dy: Tensor, segment: int | None = None):
-    """dy [B, L, H, R, P] -> (dq, dk, dv, dadt, ddt, dlam), shaped as the inputs. Exact.
+def mamba3_scan_backward(saved: Mamba3ScanSaved, dy: Tensor, segment: int | None = None, *,
+                         dD: Tensor | None = None, dv_out: tuple[Tensor, int] | None = None):
+    """dy [B, L, H, R, P] -> (dq, dk, dv, dadt, ddt, dlam), shaped as the inputs (dv [B, L, H, R, P]). Exact.
 
     `segment`: steps per dispatch of the recompute and of the adjoint (G carried between dispatches in a
     [B, H, P, N] buffer; SISO: the core's walks over chunks, as in `mamba3_scan`). None: one dispatch, except on
-    Mesa llvmpipe (see `mamba3_scan`)."""
+    Mesa llvmpipe (see `mamba3_scan`). SISO only: with the forward's D, ∂D is added into `dD` [H] (required
+    then); `dv_out` = (matrix [B, L, W], start) puts dv (the skip's D dy included) into its columns
+    [start, start + H·P) and nothing else of it, and dv is that matrix."""
     op = "mamba3_scan_backward"
     s = saved
-    dims = _check_inputs(op, s.q, s.k, s.v, s.adt, s.dt, s.lam)
+    dims = s.dims(op)
     batch, length, heads, rank, nstate, headdim = dims
-    expect(op, "dy", dy, s.v.shape)
+    expect(op, "dy", dy, (batch, length, heads, rank, headdim))
+    has_d = s.core is not None and s.core.D is not None
+    if has_d != (dD is not None):
+        raise ShapeError(f"{op}: dD is {'missing' if has_d else 'given'}; give it exactly when the forward had D")
+    if dD is not None:
+        expect(op, "dD", dD, (heads,))
     if s.core is not None:
-        return _siso_scan_backward(s, dy, segment)
+        return _siso_scan_backward(s, dy, segment, dD, dv_out)
+    if dv_out is not None:
+        raise ShapeError(f"{op}: dv_out is for SISO (rank 1)")
     params = _params(*dims, s.chunk)
     expect(op, "saved states", s.states, (batch, params["nchunks"], heads, headdim, nstate))
     rt = dy.runtime

@@ -238,6 +238,13 @@ class SSDSaved:
     dec: Tensor  # [B, H, n_chunks, 6, chunk]: the in-chunk decay sums and diag (ssd_prep), kept for the backward
     cb: Tensor  # [B, n_chunks, G, chunk, chunk]: C Bᵀ per chunk (M_CB), kept for the backward
     diag: Tensor | None = None  # [B, L, H]: the diagonal weight, or None (scale's)
+    x_start: int | None = None  # x's first column in a wider matrix x [B, L, W] (None: x is [B, L, H, P])
+    headdim: int | None = None  # P where x_start is set
+
+    def core_dims(self, op: str) -> tuple[int, int, int, int, int, int]:
+        """(batch, length, heads, headdim, groups, nstate), the saved inputs checked as the forward took them."""
+        return _check_core(op, self.x, self.adt, self.scale, self.B, self.C, self.D, self.diag, self.x_start,
+                           self.headdim)
 
 
 @dataclass
@@ -268,11 +275,23 @@ class Mamba2SSDSaved:
         return self.core.last_state
 
 
-def _check_core(op: str, x, adt, scale, B, C, D, diag=None) -> tuple[int, int, int, int, int, int]:
-    expect(op, "x", x, (None, None, None, None))
-    batch, length, heads, headdim = x.shape
-    if min(x.shape) < 1:
-        raise ShapeError(f"{op}: x has shape {x.shape}; batch, length, heads and headdim must be at least 1")
+def _check_core(op: str, x, adt, scale, B, C, D, diag=None, x_start: int | None = None,
+                headdim: int | None = None) -> tuple[int, int, int, int, int, int]:
+    """(batch, length, heads, headdim, groups, nstate). x is [B, L, H, P], or with `x_start` a wider matrix
+    [B, L, W] whose columns [x_start, x_start + H·headdim) are x (H from adt)."""
+    if x_start is None:
+        expect(op, "x", x, (None, None, None, None))
+        batch, length, heads, headdim = x.shape
+        if min(x.shape) < 1:
+            raise ShapeError(f"{op}: x has shape {x.shape}; batch, length, heads and headdim must be at least 1")
+    else:
+        expect(op, "adt", adt, (None, None, None))
+        batch, length, heads = adt.shape
+        if min(adt.shape) < 1 or headdim is None or headdim < 1:
+            raise ShapeError(f"{op}: adt has shape {adt.shape} and headdim is {headdim}; batch, length, heads and "
+                             "headdim must be at least 1")
+        expect(op, "x", x, (batch, length, None))
+        expect_columns(op, "x", x, x_start, heads * headdim)
     expect(op, "adt", adt, (batch, length, heads))
     expect(op, "scale", scale, (batch, length, heads))
     expect(op, "B", B, (batch, length, None, None))
@@ -299,7 +318,7 @@ def _dims(batch, length, heads, headdim, groups, nstate, chunk, dt_limit=(0.0, N
     nchunks = -(-length // chunk)
     return dict(batch=batch, len=length, heads=heads, ngroups=groups, headdim=headdim, nstate=nstate, chunk=chunk,
                 nchunks=nchunks, dt_min=float(lo), dt_max=float(min(hi, NO_LIMIT)), seg_lo=0, seg_hi=nchunks,
-                dt_stride=heads, dt_col=0)
+                dt_stride=heads, dt_col=0, x_stride=heads * headdim, x_col=0, dx_stride=heads * headdim, dx_col=0)
 
 
 def _check_chunk(op: str, rt, chunk: int | None, length: int, heads: int, groups: int) -> int:
@@ -366,7 +385,7 @@ def _tile(rt, dims: dict, mode: int, grid, dec: Tensor, consts: dict | None = No
     grid). Bindings the mode does not use get one-element scratches (read-only ones may share `dec`; writable ones
     get their own)."""
     P, N, Q, L = dims["headdim"], dims["nstate"], dims["chunk"], dims["len"]
-    vec4 = P % 4 == 0 and N % 4 == 0 and Q % 4 == 0 and L % 4 == 0
+    vec4 = all(v % 4 == 0 for v in (P, N, Q, L, dims["x_stride"], dims["x_col"], dims["dx_stride"], dims["dx_col"]))
     args = {name: bufs.get(name, dec) for name in ("xv", "dyv", "bv", "cv", "pairv", "stv", "skip")}
     for name in ("tile_out", "row_part", "row_part2", "tile_part", "x_part"):
         args[name] = bufs[name] if name in bufs else rt.empty((1,))
@@ -376,7 +395,8 @@ def _tile(rt, dims: dict, mode: int, grid, dec: Tensor, consts: dict | None = No
     if entry == "ssd_tile_lanes" and mode == M_DCB:
         consts["F_SKEW"] = 0  # no bank conflicts to spread on a CPU: T's row of 4 columns as one vec4 store
     rt.run(entry, grid, consts, dec=dec, decv=dec, **args,
-           **{k: dims[k] for k in ("batch", "len", "heads", "ngroups", "headdim", "nstate", "chunk", "nchunks")},
+           **{k: dims[k] for k in ("batch", "len", "heads", "ngroups", "headdim", "nstate", "chunk", "nchunks",
+                                   "x_stride", "x_col", "dx_stride", "dx_col")},
            hsplit=planes, heads_per_split=per)
 
 
@@ -396,8 +416,8 @@ def _chunk_products(rt, dims: dict, dec, B, C) -> Tensor:
 
 
 def ssd_chunked(x: Tensor, adt: Tensor, scale: Tensor, B: Tensor, C: Tensor, D: Tensor | None = None,
-                chunk: int | None = None, segment: int | None = None,
-                diag: Tensor | None = None) -> tuple[Tensor, SSDSaved]:
+                chunk: int | None = None, segment: int | None = None, diag: Tensor | None = None,
+                x_start: int | None = None, headdim: int | None = None) -> tuple[Tensor, SSDSaved]:
     """The SSD core: x [B, L, H, P], adt, scale [B, L, H], B, C [B, L, G, N], D [H] or None ->
     (y [B, L, H, P], saved) with S_t = exp(adt_t) S_{t−1} + scale_t x_t B_tᵀ, y_t = S_t C_t (+ D x_t); with
     diag [B, L, H], y_t = exp(adt_t) S_{t−1} C_t + diag_t (B_t·C_t) x_t (+ D x_t).
@@ -406,13 +426,18 @@ def ssd_chunked(x: Tensor, adt: Tensor, scale: Tensor, B: Tensor, C: Tensor, D: 
     (None: `kernel_chunk`'s pick for the adapter and shape; the result does not depend on it beyond float
     rounding); any L works (the last chunk is masked). `segment`: chunks per dispatch of the state passing
     (None: all, except on Mesa llvmpipe, whose loop budget sets it; mambactl/ops/checks.py). saved.last_state
-    [B, H, P, N] is the state after the last step."""
+    [B, H, P, N] is the state after the last step.
+
+    With `x_start` (and `headdim` P), x is a wider matrix [B, L, W] whose columns [x_start, x_start + H·P) are
+    x, read in place (Mamba-3's in_proj output); y is [B, L, H, P] either way."""
     op = "ssd_chunked"
-    batch, length, heads, headdim, groups, nstate = _check_core(op, x, adt, scale, B, C, D, diag)
+    batch, length, heads, headdim, groups, nstate = _check_core(op, x, adt, scale, B, C, D, diag, x_start, headdim)
     rt = x.runtime
     chunk = _check_chunk(op, rt, chunk, length, heads, groups)
     dims = _dims(batch, length, heads, headdim, groups, nstate, chunk)
-    shape = tuple(x.shape)
+    if x_start is not None:
+        dims.update(x_stride=x.shape[2], x_col=x_start)
+    shape = (batch, length, heads, headdim)
     _check_loops(rt, op, shape, kernel_loops(chunk, headdim, nstate, heads, groups), ("ssd_prep", "ssd_tile"))
     grids = _grids(dims)
     dec = _prep(rt, dims, adt, scale, diag)
@@ -421,25 +446,35 @@ def ssd_chunked(x: Tensor, adt: Tensor, scale: Tensor, B: Tensor, C: Tensor, D: 
     _tile(rt, dims, M_STATE, grids["state"], dec, xv=x, bv=B, tile_out=states)
     last_state = rt.empty((batch, heads, headdim, nstate))
     state_passing(rt, dims, dec, states, last_state, shape, segment)
-    y = rt.empty(x.shape)
+    y = rt.empty(shape)
     _tile(rt, dims, M_Y, grids["rows_p"], dec, {"HAS_D": D is not None, "HAS_DIAG": diag is not None},
           xv=x, cv=C, pairv=cb, stv=states, skip=dec if D is None else D, tile_out=y)
-    return y, SSDSaved(x, adt, scale, B, C, D, states, chunk, last_state, dec, cb, diag)
+    return y, SSDSaved(x, adt, scale, B, C, D, states, chunk, last_state, dec, cb, diag, x_start,
+                       None if x_start is None else headdim)
 
 
 def ssd_chunked_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor] | None = None,
-                         segment: int | None = None):
-    """dy [B, L, H, P] -> (dx, dadt, dscale, dB, dC, dD, ddiag), shaped like the core's inputs (dD None without
-    D, ddiag None without diag).
+                         segment: int | None = None, dx_out: tuple[Tensor, int] | None = None):
+    """dy [B, L, H, P] -> (dx, dadt, dscale, dB, dC, dD, ddiag), shaped like the core's inputs (dx [B, L, H, P];
+    dD None without D, ddiag None without diag).
 
     `grads`, a mapping with key "D" (when the forward had D), makes dD add into that tensor (and returns it).
     `segment`: chunks (and (batch, chunk) partials) per dispatch of the walks over chunks, as in `ssd_chunked`.
+    `dx_out` = (matrix [B, L, W], start): dx goes into its columns [start, start + H·P) (in_proj's gradient, in
+    place), nothing else of it is written, and dx is that matrix.
     """
     op = "ssd_chunked_backward"
     s = saved
-    batch, length, heads, headdim, groups, nstate = _check_core(op, s.x, s.adt, s.scale, s.B, s.C, s.D, s.diag)
-    expect(op, "dy", dy, s.x.shape)
+    batch, length, heads, headdim, groups, nstate = s.core_dims(op)
+    expect(op, "dy", dy, (batch, length, heads, headdim))
     dims = _dims(batch, length, heads, headdim, groups, nstate, s.chunk)
+    if s.x_start is not None:
+        dims.update(x_stride=s.x.shape[2], x_col=s.x_start)
+    if dx_out is not None:
+        matrix, start = dx_out
+        expect(op, "dx_out", matrix, (batch, length, None))
+        expect_columns(op, "dx_out", matrix, start, heads * headdim)
+        dims.update(dx_stride=matrix.shape[2], dx_col=start)
     nc = dims["nchunks"]
     expect(op, "saved states", s.states, (batch, nc, heads, headdim, nstate))
     has_d, has_diag = s.D is not None, s.diag is not None
@@ -468,7 +503,8 @@ def ssd_chunked_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor
     # heads one by one (head h's part of dC is exp(cs_t) E_hᵀ dy_t) and dots each with C_t (H200, Mamba-2 130m
     # layer: 4.6 ms a step less than a pass of M_Y without pairs for U, 2026-12-02)
     u_part = rt.empty((batch, heads, nc, _cdiv(nstate, TILE), s.chunk))
-    dx, xd_part, v_part = rt.empty(s.x.shape), rt.empty(rows), rt.empty(rows)
+    dx = rt.empty((batch, length, heads, headdim)) if dx_out is None else dx_out[0]
+    xd_part, v_part = rt.empty(rows), rt.empty(rows)
     diag_part = rt.empty(rows if has_diag else (1,))
     d_part = rt.empty((batch, nc, heads, tq * tp))
     _tile(rt, dims, M_DXD, grids["rows_p"], dec, {"HAS_D": has_d, "HAS_DIAG": has_diag}, xv=s.x, dyv=dy, bv=s.B,
