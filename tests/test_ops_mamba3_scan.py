@@ -74,7 +74,8 @@ def test_matches_reference(gpu, batch, length, heads, rank, nstate, headdim, chu
 
 @pytest.mark.parametrize("batch,length,heads,nstate,headdim,chunk,start,extra", [
     (2, 33, 3, 6, 5, 16, 3, 2),    # scalar loads (odd P, stride, first column)
-    (1, 70, 2, 16, 8, 64, 8, 4),   # vec4 loads
+    (1, 72, 2, 16, 8, 64, 8, 4),   # vec4 loads
+    (1, 72, 2, 16, 8, 64, 6, 1),   # vec4 shape, v and dv rows not (stride 23, as the tiny model's 298): copied
 ])
 def test_siso_skip_and_v_in_place(gpu, batch, length, heads, nstate, headdim, chunk, start, extra):
     """SISO as the block runs it: v read from columns [start, start + H·P) of a wider matrix, the skip D v added

@@ -328,6 +328,7 @@ def test_core_with_diag(rt, engine, batch, length, heads, headdim, groups, nstat
     (2, 37, 4, 5, 4, 6, 8, 3, 2),        # scalar loads: P, the row stride and the first column odd
     (1, 150, 3, 64, 3, 128, 64, 8, 12),  # Mamba-3's P, N and chunk with vec4 loads: stride and column multiples of 4
     (2, 45, 6, 8, 2, 12, 16, 4, 0),      # x's columns the matrix's last ones
+    (2, 48, 6, 8, 2, 12, 16, 2, 1),      # a shape for vec4 loads, x and dx rows not (stride 51, first column 2): copied
 ])
 def test_core_reads_x_and_writes_dx_in_place(rt, engine, batch, length, heads, headdim, groups, nstate, chunk,
                                              start, extra):

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from mambactl.errors import ShapeError
 from mambactl.ops.checks import (SEGMENT_BUDGET, cpu_subgroups, expect, expect_columns, grid_1d, is_cpu, loop_budget,
                                  require_subgroup_lanes, segment_length, segments)
+from mambactl.ops.slice import column_scatter, column_slice
 from mambactl.runtime.tensor import Tensor
 
 WORKGROUP = 256  # mirrors kernels/ssd.wgsl's WG
@@ -384,8 +385,7 @@ def _tile(rt, dims: dict, mode: int, grid, dec: Tensor, consts: dict | None = No
     """One dispatch of the tile engine (`tile_engine`'s: kernels/ssd.wgsl's ssd_tile or ssd_tile_lanes, the same
     grid). Bindings the mode does not use get one-element scratches (read-only ones may share `dec`; writable ones
     get their own)."""
-    P, N, Q, L = dims["headdim"], dims["nstate"], dims["chunk"], dims["len"]
-    vec4 = all(v % 4 == 0 for v in (P, N, Q, L, dims["x_stride"], dims["x_col"], dims["dx_stride"], dims["dx_col"]))
+    vec4 = _vec4(dims) and all(dims[k] % 4 == 0 for k in ("x_stride", "x_col", "dx_stride", "dx_col"))
     args = {name: bufs.get(name, dec) for name in ("xv", "dyv", "bv", "cv", "pairv", "stv", "skip")}
     for name in ("tile_out", "row_part", "row_part2", "tile_part", "x_part"):
         args[name] = bufs[name] if name in bufs else rt.empty((1,))
@@ -398,6 +398,23 @@ def _tile(rt, dims: dict, mode: int, grid, dec: Tensor, consts: dict | None = No
            **{k: dims[k] for k in ("batch", "len", "heads", "ngroups", "headdim", "nstate", "chunk", "nchunks",
                                    "x_stride", "x_col", "dx_stride", "dx_col")},
            hsplit=planes, heads_per_split=per)
+
+
+def _vec4(dims: dict) -> bool:
+    """Whether P, N, the chunk and L allow the tile engine's vec4 loads (x and dx also need their row strides
+    and first columns multiples of 4: `_aligned_x`)."""
+    return all(dims[k] % 4 == 0 for k in ("headdim", "nstate", "chunk", "len"))
+
+
+def _aligned_x(dims: dict, x: Tensor, x_start: int) -> tuple[Tensor, int]:
+    """(x, x_start) to read: a wider x [B, L, W] whose rows break the vec4 alignment the shape otherwise allows
+    is copied to [B, L, H·P] first (one copy, so every load stays a vec4 load; lavapipe's scalar loads are
+    per-lane loops), else x as it is."""
+    if not _vec4(dims) or (x.shape[2] % 4 == 0 and x_start % 4 == 0):
+        return x, x_start
+    batch, length, width = x.shape
+    cols = dims["heads"] * dims["headdim"]
+    return column_slice(x.reshape(-1, width), x_start, cols).reshape(batch, length, cols), 0
 
 
 def _grids(dims: dict) -> dict:
@@ -436,6 +453,7 @@ def ssd_chunked(x: Tensor, adt: Tensor, scale: Tensor, B: Tensor, C: Tensor, D: 
     chunk = _check_chunk(op, rt, chunk, length, heads, groups)
     dims = _dims(batch, length, heads, headdim, groups, nstate, chunk)
     if x_start is not None:
+        x, x_start = _aligned_x(dims, x, x_start)
         dims.update(x_stride=x.shape[2], x_col=x_start)
     shape = (batch, length, heads, headdim)
     _check_loops(rt, op, shape, kernel_loops(chunk, headdim, nstate, heads, groups), ("ssd_prep", "ssd_tile"))
@@ -470,11 +488,15 @@ def ssd_chunked_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor
     dims = _dims(batch, length, heads, headdim, groups, nstate, s.chunk)
     if s.x_start is not None:
         dims.update(x_stride=s.x.shape[2], x_col=s.x_start)
+    scatter = None  # dx_out whose rows break vec4 alignment: dx is made contiguous and copied there
     if dx_out is not None:
         matrix, start = dx_out
         expect(op, "dx_out", matrix, (batch, length, None))
         expect_columns(op, "dx_out", matrix, start, heads * headdim)
-        dims.update(dx_stride=matrix.shape[2], dx_col=start)
+        if _vec4(dims) and (matrix.shape[2] % 4 or start % 4):
+            scatter, dx_out = dx_out, None
+        else:
+            dims.update(dx_stride=matrix.shape[2], dx_col=start)
     nc = dims["nchunks"]
     expect(op, "saved states", s.states, (batch, nc, heads, headdim, nstate))
     has_d, has_diag = s.D is not None, s.diag is not None
@@ -519,6 +541,10 @@ def ssd_chunked_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor
     _tile(rt, dims, M_DB, grids["rows_n"], dec, xv=s.x, cv=s.C, pairv=dcb, stv=dstates, tile_out=dB, split=split)
     _tile(rt, dims, M_DC, grids["rows_n"], dec, dyv=dy, bv=s.B, cv=s.C, pairv=dcb, stv=s.states, tile_out=dC,
           row_part=u_part, split=split)
+    if scatter is not None:
+        matrix, start = scatter
+        column_scatter(dx.reshape(batch * length, -1), matrix.reshape(batch * length, -1), start)
+        dx = matrix
     dadt, dscale = rt.empty(s.adt.shape), rt.empty(s.scale.shape)
     ddiag = rt.empty(s.adt.shape) if has_diag else None
     param_part = rt.empty((batch, nc, heads) if has_d else (1,))
