@@ -16,8 +16,9 @@
 // partials), so the per-head gradients before the rotation [M, H, R, N] are never stored). The ∂angle and
 // ∂dd_dt columns, sums over heads / angles of the ∂θ running sum, are mamba3_prep_reduce's. Fixed order, no
 // atomics.
-// finish: y_r = ys_r + D v_r (SISO: the SSD core adds D v, y = ys); yn = RMSNorm over P per (head, rank) times norm.weight (with NORM) or y;
-// o_r = yn_r ⊙ silu(zr_r); out = Σ_r mimo_o_r ⊙ o_r (SISO: out = o). A workgroup per (row, head, rank).
+// finish: y_r = ys_r + D v_r (SISO: the SSD core adds D v, y = ys); yn = RMSNorm over P per (head, rank) times
+// norm.weight (with NORM) or y; o_r = yn_r ⊙ silu(zr_r); out = Σ_r mimo_o_r ⊙ o_r (SISO: out = o). A workgroup
+// per (row, head, rank).
 // SISO has zr = z (mimo_z = 1), so no zr is stored: the finish reads z in place from proj's columns and writes dz
 // into dproj's (FinishParams' zstride / dzstride: the row strides of zr_in / dzr_out); v = x is read in place by
 // the scan (mamba3_prep_forward copies it only for decoding) and its dx written into dproj's x columns by the
@@ -684,8 +685,7 @@ fn mamba3_finish_sum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num
 }
 
 // dys (gradient reaching the scan output and, times D, v), dzr and the per-item parameter partials (∂D's with
-// SKIP); MIMO also
-// dout ⊙ o (-> ∂mimo_o) and reads mimo_o (SISO: 1). Workgroups as mamba3_finish_forward.
+// SKIP); MIMO also dout ⊙ o (-> ∂mimo_o) and reads mimo_o (SISO: 1). Workgroups as mamba3_finish_forward.
 @compute @workgroup_size(64)
 fn mamba3_finish_backward(@builtin(local_invocation_index) local: u32, @builtin(workgroup_id) wid: vec3<u32>,
                           @builtin(num_workgroups) nwg: vec3<u32>) {

@@ -385,7 +385,7 @@ def _tile(rt, dims: dict, mode: int, grid, dec: Tensor, consts: dict | None = No
     """One dispatch of the tile engine (`tile_engine`'s: kernels/ssd.wgsl's ssd_tile or ssd_tile_lanes, the same
     grid). Bindings the mode does not use get one-element scratches (read-only ones may share `dec`; writable ones
     get their own)."""
-    vec4 = _vec4(dims) and all(dims[k] % 4 == 0 for k in ("x_stride", "x_col", "dx_stride", "dx_col"))
+    vec4 = _vec4(dims)  # x's and dx's rows are aligned wherever it holds (ssd_chunked / _backward copy if not)
     args = {name: bufs.get(name, dec) for name in ("xv", "dyv", "bv", "cv", "pairv", "stv", "skip")}
     for name in ("tile_out", "row_part", "row_part2", "tile_part", "x_part"):
         args[name] = bufs[name] if name in bufs else rt.empty((1,))
@@ -401,16 +401,20 @@ def _tile(rt, dims: dict, mode: int, grid, dec: Tensor, consts: dict | None = No
 
 
 def _vec4(dims: dict) -> bool:
-    """Whether P, N, the chunk and L allow the tile engine's vec4 loads (x and dx also need their row strides
-    and first columns multiples of 4: `_aligned_x`)."""
+    """Whether P, N, the chunk and L allow the tile engine's vec4 loads (x and dx in wider matrices also need
+    their row strides and first columns multiples of 4: `_breaks_vec4`)."""
     return all(dims[k] % 4 == 0 for k in ("headdim", "nstate", "chunk", "len"))
 
 
+def _breaks_vec4(dims: dict, matrix: Tensor, start: int) -> bool:
+    """Whether x or dx as columns [start, ...) of matrix [B, L, W] would break the vec4 accesses the shape
+    allows: they are then copied to or from [B, L, H·P] once (lavapipe's scalar loads are per-lane loops)."""
+    return _vec4(dims) and (matrix.shape[2] % 4 != 0 or start % 4 != 0)
+
+
 def _aligned_x(dims: dict, x: Tensor, x_start: int) -> tuple[Tensor, int]:
-    """(x, x_start) to read: a wider x [B, L, W] whose rows break the vec4 alignment the shape otherwise allows
-    is copied to [B, L, H·P] first (one copy, so every load stays a vec4 load; lavapipe's scalar loads are
-    per-lane loops), else x as it is."""
-    if not _vec4(dims) or (x.shape[2] % 4 == 0 and x_start % 4 == 0):
+    """(x, x_start) to read: x as it is, or a copy [B, L, H·P] where its rows break vec4 (`_breaks_vec4`)."""
+    if not _breaks_vec4(dims, x, x_start):
         return x, x_start
     batch, length, width = x.shape
     cols = dims["heads"] * dims["headdim"]
@@ -493,7 +497,7 @@ def ssd_chunked_backward(saved: SSDSaved, dy: Tensor, grads: Mapping[str, Tensor
         matrix, start = dx_out
         expect(op, "dx_out", matrix, (batch, length, None))
         expect_columns(op, "dx_out", matrix, start, heads * headdim)
-        if _vec4(dims) and (matrix.shape[2] % 4 or start % 4):
+        if _breaks_vec4(dims, matrix, start):
             scatter, dx_out = dx_out, None
         else:
             dims.update(dx_stride=matrix.shape[2], dx_col=start)
