@@ -198,25 +198,18 @@ fn item_of(i: u32) -> Item {
 
 fn item_count() -> u32 { return p.batch * p.len * p.heads * p.headdim; }
 
-// State dim n's place in the rotation: (partner dim, angle j, kind) with kind 0 for a dim that is not turned,
-// 1 for the first dim of angle j's pair, 2 for the second. Pairs (2j, 2j + 1) SISO, (j, j + N/2) MIMO, j < S.
-fn pair_of(n: u32) -> vec3<u32> {
-    let S = p.angles;
-    if (p.mimo == 0u) {
-        if (n < 2u * S) { return vec3<u32>(n ^ 1u, n / 2u, 1u + (n & 1u)); }
-        return vec3<u32>(n, 0u, 0u);
-    }
-    let half = p.nstate / 2u;
-    if (n < S) { return vec3<u32>(n + half, n, 1u); }
-    if (n >= half && n < half + S) { return vec3<u32>(n - half, n - half, 2u); }
-    return vec3<u32>(n, 0u, 0u);
+// Pair slot j < ⌈N/2⌉ -> its two state dims (first, second): (2j, 2j + 1) SISO, (j, j + N/2) MIMO; slot j < S
+// is turned by angle j (first' = first cos θ − second sin θ, second' = second cos θ + first sin θ), the rest are
+// not. The last slot of an odd N holds one dim, (N − 1, N − 1).
+fn pair_dims(j: u32) -> vec2<u32> {
+    let N = p.nstate;
+    if (p.mimo == 0u) { return vec2<u32>(2u * j, min(2u * j + 1u, N - 1u)); }
+    if (j < N / 2u) { return vec2<u32>(j, j + N / 2u); }
+    return vec2<u32>(N - 1u, N - 1u);
 }
 
-// -1 for a pair's first dim, +1 for its second: rotated_n = x_n cos θ + sign · x_partner sin θ.
-fn pair_sign(kind: u32) -> f32 { return select(1.0, -1.0, kind == 1u); }
-
-// One dim of a rotated pair: x cos θ + partner · sn, sn = its sign · sin θ (the forward's q, k and the backward's
-// rebuilt ones both come from here, so they are the same values).
+// One dim of a rotated pair: x cos θ + partner · sn, sn = −sin θ for the first, sin θ for the second (the forward's
+// q, k and the backward's rebuilt ones both come from here, so they are the same values).
 fn rotated(x: f32, partner: f32, cs: f32, sn: f32) -> f32 { return x * cs + partner * sn; }
 
 // Channel c of (row, h): v, zr over the ranks (SISO: v = x; zr = z is read in place).
@@ -248,11 +241,11 @@ fn mamba3_prep_forward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(n
     }
 }
 
-// k = rot(θ, Bn + B_bias), q = rot(θ, Cn + C_bias): thread (x, z) is column x = (r·G + g)·N + n of Bn / Cn for
-// rows z, z + rows, ... (grid (ceil(R·G·N / 64), 1, row blocks)), reading its row's Bn, Cn (and the pair
-// partner's) once and walking the heads of group g, so consecutive threads write consecutive n of q and k.
-// Column x < H also writes head x's dt, adt, lam (x, x + R·G·N, ... when there are more heads than columns):
-// here, not in the channel kernel, where one thread in 64 doing them held up its whole warp.
+// k = rot(θ, Bn + B_bias), q = rot(θ, Cn + C_bias): thread (x, z) is pair slot x = (r·G + g)·⌈N/2⌉ + j
+// (`pair_dims`) for rows z, z + rows, ... (grid (ceil(R·G·⌈N/2⌉ / 64), 1, row blocks)), reading its row's two dims
+// of Bn, Cn once, taking each head's cos and sin once and walking the heads of group g. Slot x < H also writes
+// head x's dt, adt, lam (x, x + slots, ... when there are more heads than slots): here, not in the channel kernel,
+// where one thread in 64 doing them held up its whole warp.
 @compute @workgroup_size(64)
 fn mamba3_prep_rotate(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let H = p.heads;
@@ -261,19 +254,21 @@ fn mamba3_prep_rotate(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(nu
     let S = p.angles;
     let G = p.ngroups;
     let rgn = R * G * N;
-    let col = gid.x;
-    if (col >= rgn) { return; }
-    let r = col / (G * N);
-    let g = (col / N) % G;
-    let n = col % N;
+    let slots = (N + 1u) / 2u;
+    let width = R * G * slots;
+    let slot = gid.x;
+    if (slot >= width) { return; }
+    let r = slot / (G * slots);
+    let g = (slot / slots) % G;
+    let j = slot % slots;
+    let pd = pair_dims(j);
+    let paired = pd.y != pd.x;
+    let turned = j < S;
     let per = H / G;
-    let pj = pair_of(n);
-    let m = pj.x;
-    let sg = pair_sign(pj.z);
     let M = p.batch * p.len;
     let off = 2u * H * p.headdim + 2u * rgn;  // dd_dt
     for (var row = gid.z; row < M; row += nwg.z) {
-        for (var hh = col; hh < H; hh += rgn) {
+        for (var hh = slot; hh < H; hh += width) {
             let pr = row * p.cols;
             let dtv = softplus(proj[pr + off + hh] + dt_bias[hh]);
             let a = -max(heavy_tail(proj[pr + off + H + hh]), p.a_floor);
@@ -281,28 +276,37 @@ fn mamba3_prep_rotate(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(nu
             adt[row * H + hh] = a * dtv;
             lam[row * H + hh] = sigmoid(proj[pr + off + 2u * H + hh]);
         }
-        let src = row * rgn + col;
-        let bn = Bn[src];
-        let cn = Cn[src];
-        let bm = Bn[src - n + m];
-        let cm = Cn[src - n + m];
+        let src = row * rgn + (r * G + g) * N;
+        let b0 = Bn[src + pd.x];
+        let b1 = Bn[src + pd.y];
+        let c0 = Cn[src + pd.x];
+        let c1 = Cn[src + pd.y];
         for (var e = 0u; e < per; e++) {
             let h = g * per + e;
             let rh = row * H + h;
             let bias = (h * R + r) * N;
-            let dst = (rh * R + r) * N + n;
-            let k0 = bn + B_bias[bias + n];
-            let q0 = cn + C_bias[bias + n];
-            if (pj.z == 0u) {
-                k[dst] = k0;
-                q[dst] = q0;
-                continue;
+            let dst = (rh * R + r) * N;
+            var k0 = b0 + B_bias[bias + pd.x];
+            var q0 = c0 + C_bias[bias + pd.x];
+            var k1 = b1 + B_bias[bias + pd.y];
+            var q1 = c1 + C_bias[bias + pd.y];
+            if (turned) {
+                let th = theta[rh * S + j];
+                let cs = cos(th);
+                let sn = sin(th);
+                let rk = vec2<f32>(rotated(k0, k1, cs, -sn), rotated(k1, k0, cs, sn));
+                let rq = vec2<f32>(rotated(q0, q1, cs, -sn), rotated(q1, q0, cs, sn));
+                k0 = rk.x;
+                k1 = rk.y;
+                q0 = rq.x;
+                q1 = rq.y;
             }
-            let th = theta[rh * S + pj.y];
-            let cs = cos(th);
-            let sn = sg * sin(th);
-            k[dst] = rotated(k0, bm + B_bias[bias + m], cs, sn);
-            q[dst] = rotated(q0, cm + C_bias[bias + m], cs, sn);
+            k[dst + pd.x] = k0;
+            q[dst + pd.x] = q0;
+            if (paired) {
+                k[dst + pd.y] = k1;
+                q[dst + pd.y] = q1;
+            }
         }
     }
 }
@@ -342,15 +346,17 @@ fn mamba3_prep_backward(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(
     }
 }
 
-// The rotation's backward with its sums over heads and rows: thread (x, y, z) is (group g, state dim n) =
-// x < G·N and split y < p.splits of the group's heads, for the blocks of RB rows z, z + blocks, ... (grid
-// (ceil(G·N / 64), splits, blocks)). Per rank r and head h of its split it turns dq, dk back by θ (the bias
-// gradient's rows, never stored): their sums over the split's heads, in order, are dCn, dBn [splits, M, R, G, N]
-// (mamba3_prep_norm_backward adds the splits in order); their sums over the block's rows, in order, are the block's
-// partials dC_bias_part, dB_bias_part [blocks, H, R, N] (the wrapper sums them over blocks); the first dim of a
-// pair also writes ∂loss/∂θ = Σ_r d1·out0 − d0·out1 over q and k into dth (rank 0 stores, later ranks add), with
-// the rotated pair out0, out1 rebuilt from Bn, Cn and the biases as the forward made it: reading the stored q, k
-// [M, H, R, N] instead was 200 of the ~540 MB this kernel moved at the mamba3-130m shape.
+// The rotation's backward with its sums over heads and rows: thread (x, y, z) is (group g, pair slot j) =
+// x < G·⌈N/2⌉ and split y < p.splits of the group's heads, for the blocks of RB rows z, z + blocks, ... (grid
+// (ceil(G·⌈N/2⌉ / 64), splits, blocks)). Slot j holds both dims of pair j (`pair_dims`), so each dq, dk element is
+// read once and each angle's cos and sin are taken once, with no lane of a warp idle while its partner works out
+// dθ. Per rank r and head h of its split it turns dq, dk back by θ (the bias gradient's rows, never stored): their
+// sums over the split's heads, in order, are dCn, dBn [splits, M, R, G, N] (mamba3_prep_norm_backward adds the
+// splits in order); their sums over the block's rows, in order, are the block's partials dC_bias_part,
+// dB_bias_part [blocks, H, R, N] (the wrapper sums them over blocks); a turned pair also writes ∂loss/∂θ =
+// Σ_r d1·out0 − d0·out1 over q and k into dth (rank 0 stores, later ranks add), with the rotated pair out0, out1
+// rebuilt from Bn, Cn and the biases as the forward made it: reading the stored q, k [M, H, R, N] instead was 200
+// of the ~540 MB this kernel moved at the mamba3-130m shape.
 const RB: u32 = 8u;  // rows per block, mirrored by ROTATE_ROWS in mambactl/ops/mamba3_prep.py
 @compute @workgroup_size(64)
 fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
@@ -362,72 +368,85 @@ fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
     let G = p.ngroups;
     let rgn = R * G * N;
     let M = p.batch * p.len;
-    if (gid.x >= G * N) { return; }
-    let g = gid.x / N;
-    let n = gid.x % N;
+    let slots = (N + 1u) / 2u;
+    if (gid.x >= G * slots) { return; }
+    let g = gid.x / slots;
+    let j = gid.x % slots;
+    let pd = pair_dims(j);
+    let n0 = pd.x;
+    let n1 = pd.y;  // == n0 for the unpaired last dim of an odd state: its values are computed and not stored
+    let paired = n1 != n0;
+    let turned = j < S;
     let per = H / G;
     let hs = (per + p.splits - 1u) / p.splits;  // heads per split
     let e0 = min(per, gid.y * hs);
     let e1 = min(per, e0 + hs);
     let part = gid.y * M * rgn;  // this split's dBn, dCn
-    let pj = pair_of(n);
-    let m = pj.x;
-    let sg = pair_sign(pj.z);
     let blocks = (M + RB - 1u) / RB;
     for (var blk = gid.z; blk < blocks; blk += nwg.z) {
         let row0 = blk * RB;
         let rows = min(RB, M - row0);
         for (var r = 0u; r < R; r++) {
-            var aq = array<f32, RB>();  // zeros for each rank (explicit: the loop re-enters it)
-            var ak = array<f32, RB>();
+            var aq0 = array<f32, RB>();  // zeros for each rank (explicit: the loop re-enters it)
+            var aq1 = array<f32, RB>();
+            var ak0 = array<f32, RB>();
+            var ak1 = array<f32, RB>();
             for (var e = e0; e < e1; e++) {
                 let h = g * per + e;
-                var bq = 0.0;
-                var bk = 0.0;
+                var bq = vec2<f32>(0.0);
+                var bk = vec2<f32>(0.0);
                 // a fixed trip count, unrollable: the rows past the end (the last block) read the last row and
                 // add nothing
                 for (var i = 0u; i < RB; i++) {
                     let live = i < rows;
                     let rh = min(row0 + i, M - 1u) * H + h;
                     let base = (rh * R + r) * N;
-                    var xq = dq[base + n];
-                    var xk = dk[base + n];
-                    if (pj.z != 0u) {
-                        let dqm = dq[base + m];
-                        let dkm = dk[base + m];
-                        let th = theta_in[rh * S + pj.y];
+                    var xq = vec2<f32>(dq[base + n0], dq[base + n1]);
+                    var xk = vec2<f32>(dk[base + n0], dk[base + n1]);
+                    if (turned) {
+                        let th = theta_in[rh * S + j];
                         let cs = cos(th);
-                        let sn = sg * sin(th);
-                        if (pj.z == 1u && live) {
-                            // the forward's q, k pair (mamba3_prep_rotate; the partner's sign is −sg)
+                        let sn = sin(th);
+                        if (live) {
+                            // the forward's q, k pair (mamba3_prep_rotate)
                             let src = (row0 + i) * rgn + (r * G + g) * N;
                             let bias = (h * R + r) * N;
-                            let q0 = Cn[src + n] + C_bias[bias + n];
-                            let q1 = Cn[src + m] + C_bias[bias + m];
-                            let k0 = Bn[src + n] + B_bias[bias + n];
-                            let k1 = Bn[src + m] + B_bias[bias + m];
-                            let t = dqm * rotated(q0, q1, cs, sn) - xq * rotated(q1, q0, cs, -sn)
-                                    + dkm * rotated(k0, k1, cs, sn) - xk * rotated(k1, k0, cs, -sn);
-                            if (r == 0u) { dth[rh * S + pj.y] = t; } else { dth[rh * S + pj.y] += t; }
+                            let q0 = Cn[src + n0] + C_bias[bias + n0];
+                            let q1 = Cn[src + n1] + C_bias[bias + n1];
+                            let k0 = Bn[src + n0] + B_bias[bias + n0];
+                            let k1 = Bn[src + n1] + B_bias[bias + n1];
+                            let t = xq.y * rotated(q0, q1, cs, -sn) - xq.x * rotated(q1, q0, cs, sn)
+                                    + xk.y * rotated(k0, k1, cs, -sn) - xk.x * rotated(k1, k0, cs, sn);
+                            if (r == 0u) { dth[rh * S + j] = t; } else { dth[rh * S + j] += t; }
                         }
-                        xq = xq * cs - dqm * sn;
-                        xk = xk * cs - dkm * sn;
+                        xq = vec2<f32>(xq.x * cs + xq.y * sn, xq.y * cs - xq.x * sn);
+                        xk = vec2<f32>(xk.x * cs + xk.y * sn, xk.y * cs - xk.x * sn);
                     }
-                    xq = select(0.0, xq, live);
-                    xk = select(0.0, xk, live);
-                    aq[i] += xq;
-                    ak[i] += xk;
+                    xq = select(vec2<f32>(0.0), xq, live);
+                    xk = select(vec2<f32>(0.0), xk, live);
+                    aq0[i] += xq.x;
+                    aq1[i] += xq.y;
+                    ak0[i] += xk.x;
+                    ak1[i] += xk.y;
                     bq += xq;
                     bk += xk;
                 }
-                let bi = ((blk * H + h) * R + r) * N + n;
-                dC_bias_part[bi] = bq;
-                dB_bias_part[bi] = bk;
+                let bi = ((blk * H + h) * R + r) * N;
+                dC_bias_part[bi + n0] = bq.x;
+                dB_bias_part[bi + n0] = bk.x;
+                if (paired) {
+                    dC_bias_part[bi + n1] = bq.y;
+                    dB_bias_part[bi + n1] = bk.y;
+                }
             }
             for (var i = 0u; i < rows; i++) {
-                let dst = part + (row0 + i) * rgn + (r * G + g) * N + n;
-                dCn[dst] = aq[i];
-                dBn[dst] = ak[i];
+                let dst = part + (row0 + i) * rgn + (r * G + g) * N;
+                dCn[dst + n0] = aq0[i];
+                dBn[dst + n0] = ak0[i];
+                if (paired) {
+                    dCn[dst + n1] = aq1[i];
+                    dBn[dst + n1] = ak1[i];
+                }
             }
         }
     }

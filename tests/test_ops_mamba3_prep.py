@@ -150,6 +150,8 @@ SHAPES = [
     (2, 1, 2, 4, 1, 1, 8, 2, False),      # one token (decode)
     (1, 300, 6, 16, 1, 3, 32, 8, False),  # more columns than a θ workgroup's 16 or a rotation workgroup's 64
     (2, 5, 12, 2, 1, 1, 4, 1, False),     # more heads than B's columns (a rotation thread's per-head scalars)
+    (2, 13, 2, 4, 1, 1, 9, 3, False),     # SISO, an odd state: the last dim unpaired
+    (1, 11, 2, 3, 2, 2, 9, 3, True),      # MIMO, an odd state: dims (j, j + 4) and the last unpaired
 ]
 
 
