@@ -171,7 +171,16 @@ fn mamba3_prep_theta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     let j = wk.c % max(S, 1u);
     var sum = 0.0;
     if (wk.ok) {
-        for (var t = wk.t0; t < wk.t1; t++) { sum += theta_inc(wk.b, t, h, j); }
+        var t = wk.t0;
+        for (; t + 4u <= wk.t1; t += 4u) {  // four steps' loads in flight at once (the walk is latency-bound)
+            let v = vec4<f32>(theta_inc(wk.b, t, h, j), theta_inc(wk.b, t + 1u, h, j), theta_inc(wk.b, t + 2u, h, j),
+                              theta_inc(wk.b, t + 3u, h, j));
+            sum += v.x;
+            sum += v.y;
+            sum += v.z;
+            sum += v.w;
+        }
+        for (; t < wk.t1; t++) { sum += theta_inc(wk.b, t, h, j); }
     }
     lane_sum[l] = sum;
     workgroupBarrier();
@@ -179,9 +188,24 @@ fn mamba3_prep_theta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     var acc = 0.0;
     if (p.seg_begin > 0u) { acc = theta[((wk.b * p.len + p.seg_begin - 1u) * p.heads + h) * S + j]; }
     for (var e = l % TC; e < l - l % TC; e += TC) { acc += lane_sum[e]; }
-    for (var t = wk.t0; t < wk.t1; t++) {
+    let at = (wk.b * p.len * p.heads + h) * S + j;  // θ's index at t = 0; a step is H·S further
+    let step = p.heads * S;
+    var t = wk.t0;
+    for (; t + 4u <= wk.t1; t += 4u) {
+        let v = vec4<f32>(theta_inc(wk.b, t, h, j), theta_inc(wk.b, t + 1u, h, j), theta_inc(wk.b, t + 2u, h, j),
+                          theta_inc(wk.b, t + 3u, h, j));
+        acc += v.x;
+        theta[at + t * step] = acc;
+        acc += v.y;
+        theta[at + (t + 1u) * step] = acc;
+        acc += v.z;
+        theta[at + (t + 2u) * step] = acc;
+        acc += v.w;
+        theta[at + (t + 3u) * step] = acc;
+    }
+    for (; t < wk.t1; t++) {
         acc += theta_inc(wk.b, t, h, j);
-        theta[((wk.b * p.len + t) * p.heads + h) * S + j] = acc;
+        theta[at + t * step] = acc;
     }
 }
 
@@ -557,20 +581,43 @@ fn mamba3_prep_dtheta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
     let S = p.angles;
     let h = wk.c / max(S, 1u);
     let j = wk.c % max(S, 1u);
+    let at = (wk.b * p.len * p.heads + h) * S + j;  // dth's index at t = 0; a step is H·S further
+    let step = p.heads * S;
     var sum = 0.0;
     if (wk.ok) {
-        for (var t = wk.t0; t < wk.t1; t++) { sum += dth[((wk.b * p.len + t) * p.heads + h) * S + j]; }
+        var t = wk.t0;
+        for (; t + 4u <= wk.t1; t += 4u) {  // four loads in flight at once (the walk is latency-bound)
+            let v = vec4<f32>(dth[at + t * step], dth[at + (t + 1u) * step], dth[at + (t + 2u) * step],
+                              dth[at + (t + 3u) * step]);
+            sum += v.x;
+            sum += v.y;
+            sum += v.z;
+            sum += v.w;
+        }
+        for (; t < wk.t1; t++) { sum += dth[at + t * step]; }
     }
     lane_sum[l] = sum;
     workgroupBarrier();
     if (!wk.ok) { return; }
     var acc = 0.0;
-    if (p.seg_end < p.len) { acc = dth[((wk.b * p.len + p.seg_end) * p.heads + h) * S + j]; }
+    if (p.seg_end < p.len) { acc = dth[at + p.seg_end * step]; }
     for (var e = l + TC; e < TC * TL; e += TC) { acc += lane_sum[e]; }
-    for (var tt = wk.t1; tt > wk.t0; tt--) {
-        let idx = ((wk.b * p.len + tt - 1u) * p.heads + h) * S + j;
-        acc += dth[idx];
-        dth[idx] = acc;
+    var t = wk.t1;
+    for (; t >= wk.t0 + 4u; t -= 4u) {  // steps t − 1 down to t − 4: loaded before any is stored
+        let v = vec4<f32>(dth[at + (t - 1u) * step], dth[at + (t - 2u) * step], dth[at + (t - 3u) * step],
+                          dth[at + (t - 4u) * step]);
+        acc += v.x;
+        dth[at + (t - 1u) * step] = acc;
+        acc += v.y;
+        dth[at + (t - 2u) * step] = acc;
+        acc += v.z;
+        dth[at + (t - 3u) * step] = acc;
+        acc += v.w;
+        dth[at + (t - 4u) * step] = acc;
+    }
+    for (; t > wk.t0; t--) {
+        acc += dth[at + (t - 1u) * step];
+        dth[at + (t - 1u) * step] = acc;
     }
 }
 
