@@ -143,6 +143,12 @@ fn theta_inc(b: u32, t: u32, h: u32, j: u32) -> f32 {
     return dtv * PI * safe_tanh(proj[pr + off + 3u * p.heads + j]);
 }
 
+// θ's increments at steps t .. t + 3, loaded together (the walk is latency-bound).
+fn theta_inc4(b: u32, t: u32, h: u32, j: u32) -> vec4<f32> {
+    return vec4<f32>(theta_inc(b, t, h, j), theta_inc(b, t + 1u, h, j), theta_inc(b, t + 2u, h, j),
+                     theta_inc(b, t + 3u, h, j));
+}
+
 // The θ walks' layout: workgroup w -> (batch b, column c = h·S + j, or c >= H·S past the end) for local thread
 // l = lane·TC + (c mod TC), and lane's steps [x, y) of [seg_begin, seg_end).
 struct Walk { b: u32, c: u32, ok: bool, t0: u32, t1: u32 }
@@ -172,9 +178,8 @@ fn mamba3_prep_theta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     var sum = 0.0;
     if (wk.ok) {
         var t = wk.t0;
-        for (; t + 4u <= wk.t1; t += 4u) {  // four steps' loads in flight at once (the walk is latency-bound)
-            let v = vec4<f32>(theta_inc(wk.b, t, h, j), theta_inc(wk.b, t + 1u, h, j), theta_inc(wk.b, t + 2u, h, j),
-                              theta_inc(wk.b, t + 3u, h, j));
+        for (; t + 4u <= wk.t1; t += 4u) {
+            let v = theta_inc4(wk.b, t, h, j);
             sum += v.x;
             sum += v.y;
             sum += v.z;
@@ -192,8 +197,7 @@ fn mamba3_prep_theta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     let step = p.heads * S;
     var t = wk.t0;
     for (; t + 4u <= wk.t1; t += 4u) {
-        let v = vec4<f32>(theta_inc(wk.b, t, h, j), theta_inc(wk.b, t + 1u, h, j), theta_inc(wk.b, t + 2u, h, j),
-                          theta_inc(wk.b, t + 3u, h, j));
+        let v = theta_inc4(wk.b, t, h, j);
         acc += v.x;
         theta[at + t * step] = acc;
         acc += v.y;
@@ -232,9 +236,10 @@ fn pair_dims(j: u32) -> vec2<u32> {
     return vec2<u32>(N - 1u, N - 1u);
 }
 
-// One dim of a rotated pair: x cos θ + partner · sn, sn = −sin θ for the first, sin θ for the second (the forward's
-// q, k and the backward's rebuilt ones both come from here, so they are the same values).
-fn rotated(x: f32, partner: f32, cs: f32, sn: f32) -> f32 { return x * cs + partner * sn; }
+// A pair (first, second) turned by θ (cs = cos θ, sn = sin θ): (first cos θ − second sin θ, second cos θ + first
+// sin θ); sn = −sin θ turns it back. The forward's q, k, the backward's rebuilt ones and its turned-back gradients
+// all come from here, so the rebuilt pairs are the forward's values.
+fn turned(x: vec2<f32>, cs: f32, sn: f32) -> vec2<f32> { return vec2<f32>(x.x * cs + x.y * -sn, x.y * cs + x.x * sn); }
 
 // Channel c of (row, h): v, zr over the ranks (SISO: v = x; zr = z is read in place).
 @compute @workgroup_size(256)
@@ -287,7 +292,7 @@ fn mamba3_prep_rotate(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(nu
     let j = slot % slots;
     let pd = pair_dims(j);
     let paired = pd.y != pd.x;
-    let turned = j < S;
+    let is_turned = j < S;
     let per = H / G;
     let M = p.batch * p.len;
     let off = 2u * H * p.headdim + 2u * rgn;  // dd_dt
@@ -310,26 +315,20 @@ fn mamba3_prep_rotate(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(nu
             let rh = row * H + h;
             let bias = (h * R + r) * N;
             let dst = (rh * R + r) * N;
-            var k0 = b0 + B_bias[bias + pd.x];
-            var q0 = c0 + C_bias[bias + pd.x];
-            var k1 = b1 + B_bias[bias + pd.y];
-            var q1 = c1 + C_bias[bias + pd.y];
-            if (turned) {
+            var kp = vec2<f32>(b0 + B_bias[bias + pd.x], b1 + B_bias[bias + pd.y]);
+            var qp = vec2<f32>(c0 + C_bias[bias + pd.x], c1 + C_bias[bias + pd.y]);
+            if (is_turned) {
                 let th = theta[rh * S + j];
                 let cs = cos(th);
                 let sn = sin(th);
-                let rk = vec2<f32>(rotated(k0, k1, cs, -sn), rotated(k1, k0, cs, sn));
-                let rq = vec2<f32>(rotated(q0, q1, cs, -sn), rotated(q1, q0, cs, sn));
-                k0 = rk.x;
-                k1 = rk.y;
-                q0 = rq.x;
-                q1 = rq.y;
+                kp = turned(kp, cs, sn);
+                qp = turned(qp, cs, sn);
             }
-            k[dst + pd.x] = k0;
-            q[dst + pd.x] = q0;
+            k[dst + pd.x] = kp.x;
+            q[dst + pd.x] = qp.x;
             if (paired) {
-                k[dst + pd.y] = k1;
-                q[dst + pd.y] = q1;
+                k[dst + pd.y] = kp.y;
+                q[dst + pd.y] = qp.y;
             }
         }
     }
@@ -400,7 +399,7 @@ fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
     let n0 = pd.x;
     let n1 = pd.y;  // == n0 for the unpaired last dim of an odd state: its values are computed and not stored
     let paired = n1 != n0;
-    let turned = j < S;
+    let is_turned = j < S;
     let per = H / G;
     let hs = (per + p.splits - 1u) / p.splits;  // heads per split
     let e0 = min(per, gid.y * hs);
@@ -427,7 +426,7 @@ fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
                     let base = (rh * R + r) * N;
                     var xq = vec2<f32>(dq[base + n0], dq[base + n1]);
                     var xk = vec2<f32>(dk[base + n0], dk[base + n1]);
-                    if (turned) {
+                    if (is_turned) {
                         let th = theta_in[rh * S + j];
                         let cs = cos(th);
                         let sn = sin(th);
@@ -435,16 +434,15 @@ fn mamba3_prep_rotate_backward(@builtin(global_invocation_id) gid: vec3<u32>,
                             // the forward's q, k pair (mamba3_prep_rotate)
                             let src = (row0 + i) * rgn + (r * G + g) * N;
                             let bias = (h * R + r) * N;
-                            let q0 = Cn[src + n0] + C_bias[bias + n0];
-                            let q1 = Cn[src + n1] + C_bias[bias + n1];
-                            let k0 = Bn[src + n0] + B_bias[bias + n0];
-                            let k1 = Bn[src + n1] + B_bias[bias + n1];
-                            let t = xq.y * rotated(q0, q1, cs, -sn) - xq.x * rotated(q1, q0, cs, sn)
-                                    + xk.y * rotated(k0, k1, cs, -sn) - xk.x * rotated(k1, k0, cs, sn);
+                            let oq = turned(vec2<f32>(Cn[src + n0] + C_bias[bias + n0],
+                                                      Cn[src + n1] + C_bias[bias + n1]), cs, sn);
+                            let ok = turned(vec2<f32>(Bn[src + n0] + B_bias[bias + n0],
+                                                      Bn[src + n1] + B_bias[bias + n1]), cs, sn);
+                            let t = xq.y * oq.x - xq.x * oq.y + xk.y * ok.x - xk.x * ok.y;
                             if (r == 0u) { dth[rh * S + j] = t; } else { dth[rh * S + j] += t; }
                         }
-                        xq = vec2<f32>(xq.x * cs + xq.y * sn, xq.y * cs - xq.x * sn);
-                        xk = vec2<f32>(xk.x * cs + xk.y * sn, xk.y * cs - xk.x * sn);
+                        xq = turned(xq, cs, -sn);
+                        xk = turned(xk, cs, -sn);
                     }
                     xq = select(vec2<f32>(0.0), xq, live);
                     xk = select(vec2<f32>(0.0), xk, live);

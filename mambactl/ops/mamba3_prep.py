@@ -63,8 +63,9 @@ def _prep_params(d: Mamba3Dims, a_floor: float, norm_eps: float) -> dict:
 
 THETA_COLUMNS, THETA_LANES = 16, 16  # mirror TC, TL in kernels/mamba3_prep.wgsl (a θ walk's workgroup)
 ROTATE_ROWS = 8  # mirrors RB: rows per block of mamba3_prep_rotate_backward (its bias partials' rows)
-# splits of a group's heads in mamba3_prep_rotate_backward (threads per pair of state dims and block): 2 measured best on
-# the H200 at the mamba3-130m shape (rotate backward 0.19 ms per layer at 2, 3 or 4, 0.26 at 1)
+# splits of a group's heads in mamba3_prep_rotate_backward (threads per pair of state dims and block): 2 measured
+# best on the H200 at the mamba3-130m shape when the kernel took a thread per state dim (rotate backward 0.19 ms per
+# layer at 2, 3 or 4, 0.26 at 1); not re-measured for a thread per pair
 ROTATE_SPLITS = 2
 MAX_NORM_STATE = 256  # the B / C RMSNorm kernels' workgroup holds a thread per state dim
 
@@ -141,6 +142,12 @@ def _strided_grid(rt, d: Mamba3Dims, op: str, items: int, loops_per_item: int, x
     return x, y, groups
 
 
+def pair_slots(d: Mamba3Dims) -> int:
+    """⌈N/2⌉: the pairs of state dims (an odd N's last dim alone) of each (rank, group), a thread each in the
+    rotation kernels (kernels/mamba3_prep.wgsl `pair_dims`)."""
+    return -(-d.nstate // 2)
+
+
 def rotate_blocks(d: Mamba3Dims) -> int:
     """Row blocks of mamba3_prep_rotate_backward: the rows of its bias partials."""
     return -(-d.rows // ROTATE_ROWS)
@@ -185,7 +192,7 @@ def mamba3_prep(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm_w: Tenso
     norm_loops = 1 + 2 * R * d.groups * (1 + norm_threads(d).bit_length())
     rt.run("mamba3_prep_norm", _strided_grid(rt, d, op, d.rows, norm_loops), {"NW": norm_threads(d)}, proj=proj,
            B_norm_w=B_norm_w, C_norm_w=C_norm_w, Bn=Bn, Cn=Cn, **params)
-    slots = d.rank * d.groups * -(-N // 2)  # a pair of state dims a thread
+    slots = d.rank * d.groups * pair_slots(d)
     rotate_loops = 2 + -(-H // slots) + H // d.groups
     rt.run("mamba3_prep_rotate", _row_grid(rt, d, slots, 1, rotate_loops), proj=proj, dt_bias=dt_bias, Bn=Bn,
            Cn=Cn, B_bias=B_bias, C_bias=C_bias, theta=out["theta"], q=out["q"], k=out["k"], dt=out["dt"],
@@ -251,8 +258,7 @@ def mamba3_prep_backward(proj: Tensor, dt_bias: Tensor, B_norm_w: Tensor, C_norm
         rt.run("mamba3_prep_backward", _item_grid(rt, d, R), proj=proj, mimo_x=mimo_x, mimo_z=mimo_z, D=D, dv=dv,
                dzr=dzr, dys_in=dys, dproj=dproj, dvx=res["dvx"], dzz=res["dzz"], **params)
     rotate_loops = R * (-(-H // d.groups // splits) * (ROTATE_ROWS + 1) + ROTATE_ROWS + 1)
-    pair_threads = d.groups * -(-N // 2)  # a pair of state dims a thread
-    rotate_grid = _strided_grid(rt, d, op, blocks, rotate_loops, -(-pair_threads // 64), splits)
+    rotate_grid = _strided_grid(rt, d, op, blocks, rotate_loops, -(-d.groups * pair_slots(d) // 64), splits)
     rt.run("mamba3_prep_rotate_backward", rotate_grid, Bn=prep["Bn"], Cn=prep["Cn"], B_bias=B_bias, C_bias=C_bias,
            theta_in=prep["theta"], dq=dq, dk=dk, dth=dth, dBn=dBn, dCn=dCn,
            dB_bias_part=res["dB_bias_part"], dC_bias_part=res["dC_bias_part"], **params)
